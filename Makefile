@@ -1,0 +1,32 @@
+# Two commands for a fresh machine with only Python 3 and pip:
+#   make demo   installs into .venv and runs the main job (analyze ResNet-50 training on an H100)
+#   make test   installs into .venv and runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dlperf-installed
+# torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: demo test install clean bench-analyze
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_PINS)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dlperf analyze resnet50 --device h100-sxm --batch-size 256 --dtype bf16 --train \
+		--json dlperf-report.json
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench-analyze: $(STAMP)
+	$(BIN)/python benchmarks/bench_analyze.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache dlperf-report.json

@@ -1,0 +1,194 @@
+"""`dlperf.analyze`: model -> capture -> costs -> roofline -> rules, as one plain function."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from dlperf.analysis import capture as capture_mod
+from dlperf.analysis.costs import Cost, all_costs
+from dlperf.analysis.roofline import (LAUNCH_OVERHEAD_S, MATH_EFFICIENCY, MEMORY_EFFICIENCY,
+                                      MISALIGNED_EFFICIENCY, Prediction, predict)
+from dlperf.errors import DlperfError
+from dlperf.hardware.specs import DeviceSpec, get_device
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    model: str
+    input_shape: tuple[int, ...]  # including the batch dimension
+    dtype: str = "bf16"  # mixed precision as CUDA autocast runs it; fp32 = no autocast
+    tf32: bool = False  # with fp32: GEMMs on TF32 Tensor Cores
+    train: bool = True
+    channels_last: bool = False
+    device: str = "h100-sxm"
+
+
+@dataclass
+class Analysis:
+    """Everything the report shows; ``to_dict`` is the documented JSON shape."""
+
+    device: DeviceSpec
+    config: AnalysisConfig
+    predictions: list[Prediction]
+    uncounted: dict[str, int]
+    capture_seconds: float = 0.0
+    findings: list = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.input_shape[0]
+
+    def totals(self) -> dict:
+        preds = self.predictions
+        time_s = sum(p.time_s for p in preds)
+        mem = sum(p.time_s for p in preds if p.bound == "memory")
+        by_phase: dict[str, float] = {}
+        for p in preds:
+            by_phase[p.cost.phase] = by_phase.get(p.cost.phase, 0.0) + p.time_s
+        flops = sum(p.cost.flops for p in preds)
+        return {
+            "flops": flops,
+            "macs": flops // 2,
+            "bytes": sum(p.cost.bytes for p in preds),
+            "predicted_time_s": time_s,
+            "samples_per_s": self.batch_size / time_s if time_s else math.inf,
+            "kernels": sum(p.cost.kernels for p in preds),
+            "memory_bound_time_share": mem / time_s if time_s else 0.0,
+            "compute_time_s": sum(max(p.math_time_s, p.memory_time_s) for p in preds
+                                  if p.math_time_s >= p.memory_time_s),
+            "memory_time_s": sum(max(p.math_time_s, p.memory_time_s) for p in preds
+                                 if p.math_time_s < p.memory_time_s),
+            "launch_time_s": sum(p.launch_time_s for p in preds),
+            "time_by_phase_s": by_phase,
+            "gemm_flops_share": (sum(p.cost.flops for p in preds
+                                     if p.cost.kind in ("gemm", "fused")) / flops) if flops else 0.0,
+            "achieved_flops_per_s": flops / time_s if time_s else 0.0,
+        }
+
+    def layers(self) -> list[dict]:
+        out = []
+        for p in self.predictions:
+            c = p.cost
+            q = p.quantization
+            out.append({
+                "module": c.module, "module_type": c.module_type, "op": c.op, "phase": c.phase,
+                "kind": c.kind, "dtype": c.dtype, "math_unit": p.unit, "flops": c.flops,
+                "bytes": c.bytes, "intensity": None if math.isinf(p.intensity) else p.intensity,
+                "bound": p.bound,
+                "gemm": None if c.gemm is None else {"m": c.gemm.m, "n": c.gemm.n,
+                                                     "k": c.gemm.k, "batch": c.gemm.batch},
+                "tensor_core_aligned": p.aligned, "misaligned_dims": list(p.misaligned),
+                "quantization_efficiency": p.quantization_efficiency,
+                "tile": None if q is None else list(q.tile),
+                "tile_efficiency": None if q is None else q.tile_efficiency,
+                "wave_efficiency": None if q is None else q.wave_efficiency,
+                "waves": None if q is None else q.waves,
+                "math_time_s": p.math_time_s, "memory_time_s": p.memory_time_s,
+                "predicted_time_s": p.time_s, "kernels": c.kernels,
+            })
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device.to_dict(),
+            "config": asdict(self.config),
+            "model_constants": {"math_efficiency": MATH_EFFICIENCY,
+                                "memory_efficiency": MEMORY_EFFICIENCY,
+                                "misaligned_efficiency": MISALIGNED_EFFICIENCY,
+                                "launch_overhead_s": LAUNCH_OVERHEAD_S,
+                                "flops_convention": "2 FLOPs per multiply-add"},
+            "totals": self.totals(),
+            "layers": self.layers(),
+            "uncounted": [{"op": op, "count": n} for op, n in sorted(self.uncounted.items())],
+            "findings": [f.to_dict() for f in self.findings],
+            "capture_seconds": self.capture_seconds,
+        }
+
+
+def _meta_inputs(input_shape, input_dtype, channels_last: bool) -> tuple:
+    if input_dtype.is_floating_point:
+        x = torch.empty(input_shape, device="meta", dtype=input_dtype)
+        if channels_last and len(input_shape) == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return (x,)
+    return (torch.empty(input_shape, device="meta", dtype=input_dtype),)
+
+
+def _meta_forward(model: torch.nn.Module, channels_last: bool):
+    """A forward that runs ``model`` with meta stand-ins for its tensors, leaving it untouched."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+    def like(t: torch.Tensor, grad: bool) -> torch.Tensor:
+        if channels_last and t.dim() == 4:
+            m = torch.empty(t.shape, dtype=t.dtype, device="meta").contiguous(memory_format=fmt)
+        else:
+            m = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        return m.requires_grad_(grad)
+
+    on_meta = all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    if on_meta and not channels_last:
+        return None, None
+    params = {id(p): like(p, p.requires_grad) for p in model.parameters()}  # tied weights stay tied
+    state = {n: params[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
+    state.update({n: like(b, False) for n, b in model.named_buffers(remove_duplicate=False)})
+
+    def forward(*args):
+        return torch.func.functional_call(model, state, args, tie_weights=True)
+
+    return forward, list(params.values())
+
+
+def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec | None = None,
+                  input_dtype: torch.dtype = torch.float32) -> Analysis:
+    if config.dtype not in DTYPES:
+        raise DlperfError(f"--dtype {config.dtype!r}: choose one of {', '.join(DTYPES)}")
+    spec = spec or get_device(config.device)
+    inputs = _meta_inputs(config.input_shape, input_dtype, config.channels_last)
+    start = time.perf_counter()
+    forward, params = _meta_forward(model, config.channels_last)
+    try:
+        cap = capture_mod.capture(model, inputs, train=config.train,
+                                  autocast_dtype=DTYPES[config.dtype], forward=forward,
+                                  params=params)
+    except DlperfError:
+        raise
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DlperfError(f"model {config.model!r} failed on input shape "
+                          f"{list(config.input_shape)}: {first} "
+                          "(check --input-shape)") from None
+    costs, uncounted = all_costs(cap.records, cap.regions)
+    predictions = [predict(c, spec, tf32=config.tf32) for c in costs]
+    analysis = Analysis(device=spec, config=config, predictions=predictions, uncounted=uncounted,
+                        capture_seconds=time.perf_counter() - start)
+    from dlperf.analysis.rules import findings
+
+    analysis.findings = findings(analysis)
+    return analysis
+
+
+def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",
+            train: bool = True, tf32: bool = False, channels_last: bool = False,
+            input_dtype: torch.dtype | None = None) -> Analysis:
+    """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
+
+    ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
+    token model, ``(batch, seq_len)`` with ``input_dtype=torch.long``.
+    """
+    name = model if isinstance(model, str) else type(model).__name__
+    default_dtype = torch.float32
+    if isinstance(model, str):
+        from dlperf.models.registry import build_model
+
+        model, model_input = build_model(model)
+        default_dtype = model_input.dtype
+    spec = device if isinstance(device, DeviceSpec) else get_device(device)
+    cfg = AnalysisConfig(model=name, input_shape=tuple(example_input_shape), dtype=dtype,
+                         tf32=tf32, train=train, channels_last=channels_last, device=spec.name)
+    return analyze_model(model, cfg, spec, input_dtype or default_dtype)

@@ -1,0 +1,345 @@
+"""Capture every aten op a model runs, forward and backward, without allocating real memory.
+
+The model runs on the ``meta`` device under two modes:
+
+* :class:`_AutocastEmulation` (a TorchFunctionMode, above autograd) applies CUDA autocast's
+  per-op precision rules itself, because autocast does nothing for meta tensors (NOTES.md). Casts
+  are real ``.to()`` calls, so the cast kernels autocast launches show up as copies, and autograd
+  records their backward exactly as it would under autocast. It also remembers which module (and
+  which fused region, e.g. one scaled-dot-product-attention call) created each autograd node.
+* :class:`_Recorder` (a TorchDispatchMode, below autograd) records each aten op with shapes,
+  dtypes, strides, the owning module and the phase. In backward the running autograd node tells
+  which module's forward created the work; an op whose result has the shape of one of that
+  module's parameters is weight-gradient work (wgrad), anything else is data-gradient work (dgrad).
+  ``convolution_backward`` does both at once; costs.py splits it by its ``output_mask``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+               torch.float64: "fp64", torch.int64: "int64", torch.int32: "int32",
+               torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+               torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8"}
+
+# CUDA autocast op lists (PyTorch docs, "Autocast Op Reference", CUDA). Names are matched against
+# the torch function's __name__, which is the same for torch.f, Tensor.f and F.f.
+AUTOCAST_LOWER = frozenset({
+    "__matmul__", "__rmatmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm",
+    "chain_matmul", "multi_dot", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "conv_tbc", "linear", "matmul", "mm", "mv", "prelu",
+    "scaled_dot_product_attention", "_convolution", "convolution", "einsum"})
+AUTOCAST_FP32 = frozenset({
+    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "cosh", "erfinv", "exp",
+    "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh", "tan", "pow",
+    "softplus", "layer_norm", "group_norm", "norm", "nuclear_norm", "frobenius_norm", "cosine_similarity",
+    "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss",
+    "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "softmax", "softmin", "log_softmax", "cross_entropy", "cumprod", "cumsum", "prod", "sum",
+    "normalize"})
+AUTOCAST_PROMOTE = frozenset({
+    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sample", "index_put",
+    "scatter_add", "tensordot"})
+
+# Torch functions whose whole forward (and backward) runs as one fused kernel on a GPU; their
+# decomposed aten ops on meta are grouped into one region (costs.py charges only its external
+# tensors). Flash/cuDNN attention never writes the L x L score matrix to memory.
+FUSED_FUNCTIONS = frozenset({"scaled_dot_product_attention"})
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: str
+    stride: tuple[int, ...]
+    key: int  # storage identity: views of one tensor share it
+    offset: int = 0  # storage offset, so q/k/v views of one buffer count as three reads
+
+    @property
+    def view_id(self) -> tuple:
+        return (self.key, self.offset, self.shape, self.stride)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int64": 8, "int32": 4, "int16": 2,
+                "int8": 1, "uint8": 1, "bool": 1, "fp8": 1}.get(self.dtype, 4)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def channels_last(self) -> bool:
+        """4-D tensor stored NHWC (stride of C is 1 while W's is not)."""
+        if len(self.shape) != 4 or self.shape[1] == 1:
+            return False
+        return self.stride[1] == 1 and self.stride[3] != 1
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    index: int
+    op: str  # aten overload packet name, e.g. "convolution"
+    module: str  # dotted module path, "" for the root, "loss" for the loss
+    module_type: str
+    phase: str  # "forward" | "dgrad" | "wgrad" | "backward" (convolution_backward, split later)
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    args: tuple = ()  # non-tensor positional args (strides, flags), for cost rules
+    region: str | None = None  # fused region id, e.g. "scaled_dot_product_attention#0"
+    pointwise: bool = False  # aten tag: elementwise op
+    is_view: bool = False  # aliases its input: no kernel, no traffic
+
+
+@dataclass
+class Capture:
+    records: list[OpRecord] = field(default_factory=list)
+    module_types: dict[str, str] = field(default_factory=dict)
+    param_shapes: dict[str, set] = field(default_factory=dict)  # module path -> param shapes
+    # Storage keys of parameters and of their autocast copies: a backward op that reads one is
+    # computing a data gradient (dgrad mm reads W), one that only writes a W-shaped result is wgrad.
+    weight_keys: set = field(default_factory=set)
+    # Fused regions: id -> what the analytic cost needs (costs.attention_cost).
+    regions: dict = field(default_factory=dict)
+    # Storages seen, kept alive so their addresses (our tensor identity) are never reused.
+    keepalive: list = field(default_factory=list, repr=False)
+
+
+def _meta(t: torch.Tensor, keepalive: list | None = None) -> TensorMeta:
+    try:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if keepalive is not None:
+            keepalive.append(storage)
+    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested)
+        key = id(t)
+    return TensorMeta(tuple(t.shape), DTYPE_NAMES.get(t.dtype, str(t.dtype)), tuple(t.stride()),
+                      key, t.storage_offset())
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
+
+
+def _scalars(args) -> tuple:
+    out = []
+    for a in args:
+        if isinstance(a, (bool, int, float, str)) or a is None:
+            out.append(a)
+        elif isinstance(a, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in a):
+            out.append(tuple(a))
+        else:
+            out.append("<tensor>" if isinstance(a, torch.Tensor) else type(a).__name__)
+    return tuple(out)
+
+
+class _State:
+    """Module stack and autograd-node ownership shared by the two modes."""
+
+    def __init__(self):
+        self.stack: list[str] = [""]
+        self.region: str | None = None
+        self.region_counter = itertools.count()
+        self.in_backward = False
+        # Sorted (last sequence number created by a top-level torch call, module, region).
+        self.seq_marks: list[int] = []
+        self.seq_owner: list[tuple[str, str | None]] = []
+
+    def mark(self, outputs, module: str, region: str | None):
+        seqs = [t.grad_fn._sequence_nr() for t in _tensors(outputs) if t.grad_fn is not None]
+        if seqs:
+            top = max(seqs)
+            if not self.seq_marks or top > self.seq_marks[-1]:
+                self.seq_marks.append(top)
+                self.seq_owner.append((module, region))
+
+    def owner_of_current_node(self) -> tuple[str, str | None]:
+        node = torch._C._current_autograd_node()
+        if node is None:  # the engine's own work before any node runs: seeding the loss grad
+            return "loss", None
+        seq = node._sequence_nr()
+        i = bisect.bisect_left(self.seq_marks, seq)
+        if i == len(self.seq_marks):  # AccumulateGrad and friends: no forward owner
+            return "(autograd)", None
+        return self.seq_owner[i]
+
+
+class _AutocastEmulation(TorchFunctionMode):
+    def __init__(self, state: _State, low: torch.dtype | None, capture: Capture):
+        super().__init__()
+        self.state = state
+        self.low = low
+        self.capture = capture
+        self.cache: dict[int, torch.Tensor] = {}  # autocast caches casts of leaf parameters
+
+    def _cast(self, obj, dtype, only_from):
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point() and obj.dtype in only_from and obj.dtype != dtype:
+                if obj.is_leaf and obj.requires_grad:
+                    key = id(obj)
+                    if key not in self.cache:
+                        self.cache[key] = obj.to(dtype)
+                        self.capture.weight_keys.add(_meta(self.cache[key]).key)
+                    return self.cache[key]
+                return obj.to(dtype)
+            return obj
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._cast(o, dtype, only_from) for o in obj)
+        return obj
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if self.low is not None and not self.state.in_backward:
+            if name in AUTOCAST_LOWER:
+                args = self._cast(args, self.low, (torch.float32,))
+                kwargs = {k: self._cast(v, self.low, (torch.float32,)) for k, v in kwargs.items()}
+            elif name in AUTOCAST_FP32:
+                lows = (torch.float16, torch.bfloat16)
+                args = self._cast(args, torch.float32, lows)
+                kwargs = {k: self._cast(v, torch.float32, lows) for k, v in kwargs.items()}
+            elif name in AUTOCAST_PROMOTE:
+                floats = [t.dtype for t in _tensors((args, kwargs)) if t.is_floating_point()]
+                if len(set(floats)) > 1:
+                    widest = max(floats, key=lambda d: torch.finfo(d).bits)
+                    args = self._cast(args, widest, tuple(set(floats)))
+                    kwargs = {k: self._cast(v, widest, tuple(set(floats))) for k, v in kwargs.items()}
+        region_opened = False
+        if name in FUSED_FUNCTIONS and self.state.region is None:
+            self.state.region = f"{name}#{next(self.state.region_counter)}"
+            self.capture.regions[self.state.region] = _sdpa_info(args, kwargs)
+            region_opened = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            region = self.state.region
+            if region_opened:
+                self.state.region = None
+        if not self.state.in_backward:
+            self.state.mark(out, self.state.stack[-1], region)
+        return out
+
+
+def _sdpa_info(args, kwargs) -> dict:
+    """What flash attention's cost depends on: q/k/v shapes and dtype, causal masking."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    return {"kind": "attention", "q": tuple(q.shape), "k": tuple(k.shape), "v": tuple(v.shape),
+            "dtype": DTYPE_NAMES.get(q.dtype, str(q.dtype)),
+            "causal": bool(bound.get("is_causal", False)),
+            "mask": bound.get("attn_mask") is not None}
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, state: _State, capture: Capture):
+        super().__init__()
+        self.state = state
+        self.capture = capture
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        keep = self.capture.keepalive
+        inputs = tuple(_meta(t, keep) for t in _tensors((args, kwargs)))
+        outputs = tuple(_meta(t, keep) for t in _tensors(out))
+        if self.state.in_backward:
+            module, region = self.state.owner_of_current_node()
+            op = func._overloadpacket.__name__
+            if op == "convolution_backward":
+                phase = "backward"
+            else:
+                shapes = self.capture.param_shapes.get(module, ())
+                wgrad = (bool(outputs)
+                         and all(o.shape in shapes or tuple(reversed(o.shape)) in shapes
+                                 for o in outputs)
+                         and not any(i.key in self.capture.weight_keys for i in inputs))
+                phase = "wgrad" if wgrad and region is None else "dgrad"
+        else:
+            module, region, phase = self.state.stack[-1], self.state.region, "forward"
+        self.capture.records.append(OpRecord(
+            index=len(self.capture.records), op=func._overloadpacket.__name__, module=module,
+            module_type=self.capture.module_types.get(module, "loss" if module == "loss" else ""),
+            phase=phase, inputs=inputs, outputs=outputs, args=_scalars(args), region=region,
+            pointwise=torch.Tag.pointwise in func.tags, is_view=func.is_view))
+        return out
+
+
+def _default_loss(output) -> torch.Tensor:
+    """Cross-entropy for logits ([B, C] or [B, T, V]), else a sum: enough to drive backward."""
+    tensors = _tensors(output)
+    if not tensors:
+        raise ValueError("the model returned no tensor to differentiate")
+    out = tensors[0]
+    if out.is_floating_point() and out.dim() in (2, 3):
+        logits = out.reshape(-1, out.shape[-1])
+        target = torch.zeros(logits.shape[0], dtype=torch.long, device=out.device)
+        return torch.nn.functional.cross_entropy(logits, target)
+    return out.float().sum()
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
+            autocast_dtype: torch.dtype | None = None, loss_fn=None, forward=None,
+            params=None) -> Capture:
+    """Run ``model(*example_inputs)`` (+ loss and backward when ``train``) and record every op.
+
+    Inputs should live on the meta device, and so should the model's tensors, or ``forward``
+    runs the model with meta stand-ins (api.py uses torch.func.functional_call) so the user's
+    model is not touched. ``autocast_dtype`` emulates ``torch.autocast('cuda', dtype)``. The
+    model's train/eval flags are restored afterwards. ``params``: the tensors ``forward`` uses
+    as parameters (default: the model's own).
+    """
+    result = Capture()
+    state = _State()
+    hooks = []
+    for p in list(model.parameters() if params is None else params):
+        result.weight_keys.add(_meta(p, result.keepalive).key)
+    for name, mod in model.named_modules():
+        result.module_types[name] = type(mod).__name__
+        result.param_shapes[name] = {tuple(p.shape) for p in mod.parameters(recurse=False)}
+
+        def pre(_m, _a, name=name):
+            state.stack.append(name)
+
+        def post(_m, _a, _o):
+            state.stack.pop()
+
+        hooks.append(mod.register_forward_pre_hook(pre))
+        hooks.append(mod.register_forward_hook(post, always_call=True))
+    modes = {m: m.training for m in model.modules()}
+    model.train(train)
+    forward = forward or model
+    try:
+        with _AutocastEmulation(state, autocast_dtype, result), _Recorder(state, result):
+            with torch.set_grad_enabled(train):
+                output = forward(*example_inputs)
+                if train:
+                    state.stack.append("loss")
+                    loss = (loss_fn or _default_loss)(output)
+                    state.stack.pop()
+                    state.in_backward = True
+                    loss.backward()
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, mode in modes.items():
+            m.training = mode
+    return result

@@ -1,0 +1,347 @@
+"""Pure cost rules: OpRecord -> Cost (FLOPs, minimum bytes, GEMM M/N/K per pass).
+
+Conventions (performance guide 2.1 and its "Understanding Performance" background):
+
+* FLOPs count 2 per multiply-add; one operation per output element for elementwise ops
+  (ReLU: 1 op per element, so 1 / (2 + 2) bytes = 0.25 FLOP/B in FP16).
+* Minimum bytes = every input tensor read once + every output written once, at its dtype size.
+  Real kernels can move more (re-reads, workspaces) or less (L2 hits); this is the guide's bound.
+* GEMM mapping (guide's linear/convolution tables, column-major like cuBLAS):
+  linear forward M=outputs, N=batch, K=inputs; activation gradient M=inputs, N=batch,
+  K=outputs; weight gradient M=inputs, N=outputs, K=batch. Convolution as implicit GEMM:
+  fprop M=N*P*Q, N=K, K=C*R*S; dgrad M=N*H*W, N=C, K=K*R*S; wgrad M=K, N=C*R*S, K=N*P*Q.
+  Grouped convolutions are ``groups`` independent GEMMs (GemmShape.batch) with C and K divided
+  by ``groups``. All three passes do the same number of multiply-adds as fprop (strided dgrad
+  included), which is also how torch.utils.flop_counter counts them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dlperf.analysis.capture import OpRecord, TensorMeta
+from dlperf.analysis.gemm import GemmShape
+
+# Ops that launch no kernel and move no data (metadata, allocation without initialisation).
+FREE_OPS = frozenset({
+    "detach", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "as_strided",
+    "slice", "select", "unsqueeze", "squeeze", "alias", "_reshape_alias", "empty", "empty_like",
+    "empty_strided", "new_empty", "new_empty_strided", "split", "split_with_sizes", "unbind",
+    "chunk", "narrow", "lift_fresh", "diagonal", "unfold", "view_as_real", "view_as_complex",
+    "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "set_", "resize_",
+    "_to_copy_noop", "lift_fresh_copy", "is_same_size", "_has_compatible_shallow_copy_type"})
+
+# Kernels that only write their output (fills, index ranges, masks).
+FILL_OPS = frozenset({"zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "fill_",
+                      "zero_", "fill", "arange", "scalar_tensor", "new_zeros", "new_ones",
+                      "new_full", "tril", "triu", "eye", "linspace", "rand", "randn", "randint",
+                      "rand_like", "randn_like", "bernoulli_", "uniform_", "normal_"})
+
+# Copies: flagged as layout transposes when the element order in memory changes.
+COPY_OPS = frozenset({"_to_copy", "copy_", "clone", "contiguous", "_copy_from", "copy",
+                      "_to_copy_", "to"})
+
+# Memory-bound ops that are not tagged pointwise, with FLOPs per element of their largest tensor
+# (our estimate of the arithmetic; they are memory-bound at any of these values, guide 2.1).
+MEMORY_OPS_FLOPS_PER_ELEMENT = {
+    # normalisation: statistics (sum, sum of squares) + scale and shift
+    "native_batch_norm": 5, "_native_batch_norm_legit": 5, "_native_batch_norm_legit_functional": 5,
+    "_native_batch_norm_legit_no_training": 2, "cudnn_batch_norm": 5,
+    "native_batch_norm_backward": 8, "cudnn_batch_norm_backward": 8,
+    "batch_norm_backward": 8, "native_layer_norm": 5, "native_layer_norm_backward": 8,
+    "native_group_norm": 5, "native_group_norm_backward": 8, "_fused_rms_norm": 4,
+    "_fused_rms_norm_backward": 6,
+    # softmax family: max, subtract, exp, sum, divide
+    "_softmax": 5, "_log_softmax": 5, "_safe_softmax": 5, "_softmax_backward_data": 3,
+    "_log_softmax_backward_data": 3,
+    # reductions: one op per input element
+    "sum": 1, "mean": 1, "amax": 1, "amin": 1, "max": 1, "min": 1, "var": 2, "var_mean": 3,
+    "std": 2, "norm": 2, "linalg_vector_norm": 2, "prod": 1, "argmax": 1, "argmin": 1,
+    "any": 1, "all": 1, "logsumexp": 3, "cumsum": 1,
+    # losses
+    "nll_loss_forward": 1, "nll_loss_backward": 1, "nll_loss2d_forward": 1,
+    "nll_loss2d_backward": 1, "mse_loss": 3, "mse_loss_backward": 3,
+    "binary_cross_entropy_with_logits": 4,
+    # pooling (window size handled separately for max/avg pool)
+    "adaptive_avg_pool2d": 1, "_adaptive_avg_pool2d": 1, "_adaptive_avg_pool2d_backward": 1,
+    "adaptive_avg_pool3d": 1, "_adaptive_avg_pool3d": 1,
+    "max_pool2d_with_indices_backward": 1, "avg_pool2d_backward": 1,
+    "upsample_nearest2d": 1, "upsample_bilinear2d": 8, "upsample_nearest2d_backward": 1,
+    "upsample_bilinear2d_backward": 8,
+    # data movement with indexing
+    "cat": 0, "stack": 0, "embedding": 0, "embedding_dense_backward": 1, "index": 0,
+    "index_select": 0, "gather": 0, "scatter": 0, "scatter_add": 1, "index_add": 1,
+    "index_put": 0, "index_put_": 0, "_index_put_impl_": 0, "constant_pad_nd": 0, "roll": 0,
+    "flip": 0, "repeat": 0, "masked_fill": 1, "masked_fill_": 1, "native_dropout": 2,
+    "native_dropout_backward": 1, "topk": 2, "sort": 4, "one_hot": 1, "_unsafe_index": 0,
+    "select_backward": 0, "slice_backward": 0, "select_scatter": 0, "slice_scatter": 0,
+    "col2im": 1, "im2col": 0, "pixel_shuffle": 0, "channel_shuffle": 0,
+}
+POOL_OPS = frozenset({"max_pool2d_with_indices", "max_pool2d", "avg_pool2d", "max_pool3d",
+                      "max_pool3d_with_indices", "avg_pool3d", "max_pool1d", "avg_pool1d"})
+
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot",
+                      "convolution", "convolution_backward", "_int_mm", "_scaled_mm"})
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The guide's view of one kernel (or fused group of kernels)."""
+
+    module: str
+    module_type: str
+    op: str
+    phase: str  # forward | dgrad | wgrad
+    kind: str  # gemm | memory | copy | transpose | fill | fused
+    flops: int
+    bytes: int
+    dtype: str  # element type of the math (GEMM inputs) or of the largest tensor
+    gemm: GemmShape | None = None
+    kernels: int = 1
+    records: tuple[int, ...] = ()
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else math.inf if self.flops else 0.0
+
+
+# ---------------------------------------------------------------- guide examples as functions
+def linear_gemm(batch: int, in_features: int, out_features: int, phase: str = "forward") -> GemmShape:
+    """The guide's linear-layer GEMM for each pass (column-major, cuBLAS convention)."""
+    table = {"forward": (out_features, batch, in_features),
+             "dgrad": (in_features, batch, out_features),
+             "wgrad": (in_features, out_features, batch)}
+    m, n, k = table[phase]
+    return GemmShape(m, n, k)
+
+
+def gemm_bytes(shape: GemmShape, itemsize: int, out_itemsize: int | None = None) -> int:
+    """Minimum traffic of C = A @ B: read A (MxK) and B (KxN), write C (MxN)."""
+    out_itemsize = itemsize if out_itemsize is None else out_itemsize
+    return shape.batch * ((shape.m * shape.k + shape.k * shape.n) * itemsize
+                          + shape.m * shape.n * out_itemsize)
+
+
+def elementwise_intensity(flops_per_element: float, bytes_per_element: float) -> float:
+    return flops_per_element / bytes_per_element
+
+
+def conv_gemms(n: int, c: int, k: int, in_spatial: int, out_spatial: int, rs: int,
+               groups: int = 1) -> dict[str, GemmShape]:
+    """Implicit-GEMM shapes of a regular convolution's three passes (guide's conv table).
+
+    n batch, c input channels, k output channels, in_spatial = H*W(*D), out_spatial = P*Q(*Z),
+    rs = R*S(*T) filter taps.
+    """
+    cg, kg = c // groups, k // groups
+    return {"forward": GemmShape(n * out_spatial, kg, cg * rs, groups),
+            "dgrad": GemmShape(n * in_spatial, cg, kg * rs, groups),
+            "wgrad": GemmShape(kg, cg * rs, n * out_spatial, groups)}
+
+
+def conv_flops(n: int, c: int, k: int, out_spatial: int, rs: int, groups: int = 1) -> int:
+    """2 x multiply-adds of a convolution pass: N*P*Q * K * (C/groups)*R*S (any of the passes)."""
+    return 2 * n * out_spatial * k * (c // groups) * rs
+
+
+# ---------------------------------------------------------------- rules over captured records
+def _prod(xs) -> int:
+    return math.prod(xs) if xs else 1
+
+
+def _bytes(tensors) -> int:
+    return sum(t.nbytes for t in tensors)
+
+
+def _conv_geometry(x: TensorMeta, w: TensorMeta, y: TensorMeta, transposed: bool, groups: int):
+    """(n, c, k, in_spatial, out_spatial, rs) of the equivalent *regular* convolution.
+
+    A transposed convolution is the data gradient of a regular one with input and output swapped.
+    """
+    n = x.shape[0]
+    rs = _prod(w.shape[2:])
+    if not transposed:
+        return n, x.shape[1], y.shape[1], _prod(x.shape[2:]), _prod(y.shape[2:]), rs
+    return n, y.shape[1], x.shape[1], _prod(y.shape[2:]), _prod(x.shape[2:]), rs
+
+
+def _common(r: OpRecord) -> dict:
+    return {"module": r.module, "module_type": r.module_type, "records": (r.index,)}
+
+
+def _conv_costs(r: OpRecord) -> list[Cost]:
+    if r.op == "convolution":
+        x, w = r.inputs[0], r.inputs[1]
+        y = r.outputs[0]
+        transposed, groups = bool(r.args[6]), int(r.args[8])
+        n, c, k, ins, outs, rs = _conv_geometry(x, w, y, transposed, groups)
+        shapes = conv_gemms(n, c, k, ins, outs, rs, groups)
+        shape = shapes["dgrad" if transposed else "forward"]
+        return [Cost(op="convolution", phase="forward", kind="gemm",
+                     flops=conv_flops(n, c, k, outs, rs, groups),
+                     bytes=_bytes(r.inputs) + _bytes(r.outputs), dtype=x.dtype, gemm=shape,
+                     **_common(r))]
+    # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    #                      transposed, output_padding, groups, output_mask)
+    gy, x, w = r.inputs[0], r.inputs[1], r.inputs[2]
+    transposed, groups, mask = bool(r.args[7]), int(r.args[9]), tuple(r.args[10])
+    n, c, k, ins, outs, rs = _conv_geometry(x, w, gy, transposed, groups)
+    shapes = conv_gemms(n, c, k, ins, outs, rs, groups)
+    flops = conv_flops(n, c, k, outs, rs, groups)
+    outputs = iter(r.outputs)
+    costs = []
+    if mask[0]:
+        gx = next(outputs)
+        costs.append(Cost(op="convolution_backward", phase="dgrad", kind="gemm", flops=flops,
+                          bytes=gy.nbytes + w.nbytes + gx.nbytes, dtype=gy.dtype,
+                          gemm=shapes["forward" if transposed else "dgrad"], **_common(r)))
+    if mask[1]:
+        gw = next(outputs)
+        costs.append(Cost(op="convolution_backward", phase="wgrad", kind="gemm", flops=flops,
+                          bytes=gy.nbytes + x.nbytes + gw.nbytes, dtype=gy.dtype,
+                          gemm=shapes["wgrad"], **_common(r)))
+    if len(mask) > 2 and mask[2]:
+        gb = next(outputs)
+        costs.append(Cost(op="convolution_backward", phase="wgrad", kind="memory",
+                          flops=gy.numel, bytes=gy.nbytes + gb.nbytes, dtype=gy.dtype,
+                          **_common(r)))
+    return costs
+
+
+def _matmul_cost(r: OpRecord) -> Cost:
+    op = r.op
+    ins = r.inputs
+    if op in ("mm", "_int_mm", "_scaled_mm"):
+        a, b = ins[0], ins[1]
+        shape = GemmShape(b.shape[1], a.shape[0], a.shape[1])
+    elif op == "addmm":
+        a, b = ins[1], ins[2]
+        shape = GemmShape(b.shape[1], a.shape[0], a.shape[1])
+    elif op == "bmm":
+        a, b = ins[0], ins[1]
+        shape = GemmShape(b.shape[2], a.shape[1], a.shape[2], a.shape[0])
+    elif op == "baddbmm":
+        a, b = ins[1], ins[2]
+        shape = GemmShape(b.shape[2], a.shape[1], a.shape[2], a.shape[0])
+    elif op in ("mv", "addmv"):
+        a = ins[0] if op == "mv" else ins[1]
+        shape = GemmShape(a.shape[0], 1, a.shape[1])
+    else:  # dot, vdot
+        a = ins[0]
+        shape = GemmShape(1, 1, a.shape[0])
+    # The pre-multiplied term of addmm/baddbmm (bias, beta*C) is read once: included in bytes.
+    return Cost(op=op, phase=r.phase, kind="gemm", flops=shape.flops,
+                bytes=_bytes(ins) + _bytes(r.outputs), dtype=a.dtype,
+                gemm=shape if shape.n > 1 and shape.m > 1 else None, **_common(r))
+
+
+def _largest(r: OpRecord) -> TensorMeta | None:
+    tensors = r.inputs + r.outputs
+    return max(tensors, key=lambda t: t.numel) if tensors else None
+
+
+def _order(t: TensorMeta) -> tuple[int, ...]:
+    """Dimension order from outermost to innermost in memory (size-1 dims ignored)."""
+    dims = [d for d in range(len(t.shape)) if t.shape[d] != 1]
+    return tuple(sorted(dims, key=lambda d: -t.stride[d]))
+
+
+def is_layout_transpose(src: TensorMeta, dst: TensorMeta) -> bool:
+    """A copy that reorders elements in memory (e.g. NCHW <-> NHWC), not just a cast."""
+    return src.shape == dst.shape and _order(src) != _order(dst)
+
+
+def record_costs(r: OpRecord) -> list[Cost] | None:
+    """Costs of one captured op: [] for free ops, None when no rule covers it (uncounted)."""
+    op = r.op
+    if op in FREE_OPS or r.is_view:
+        return []
+    if op in ("convolution", "convolution_backward"):
+        return _conv_costs(r)
+    if op in GEMM_OPS:
+        return [_matmul_cost(r)]
+    big = _largest(r)
+    if big is None:
+        return []
+    common = dict(op=op, phase=r.phase, dtype=big.dtype, **_common(r))
+    if op in FILL_OPS:
+        return [Cost(kind="fill", flops=0, bytes=_bytes(r.outputs), **common)]
+    if op in COPY_OPS:
+        src = r.inputs[0] if r.inputs else big
+        dst = r.outputs[0] if r.outputs else big
+        kind = "transpose" if is_layout_transpose(src, dst) else "copy"
+        return [Cost(kind=kind, flops=0, bytes=src.nbytes + dst.nbytes, **common)]
+    if op in POOL_OPS:
+        # max/avg pool: one op per window element per output (3x3 -> 9 ops per output element).
+        window = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], tuple) else (1,)
+        out = r.outputs[0]
+        return [Cost(kind="memory", flops=out.numel * _prod(window),
+                     bytes=_bytes(r.inputs) + _bytes(r.outputs), **common)]
+    if r.pointwise:
+        out = r.outputs[0] if r.outputs else big
+        return [Cost(kind="memory", flops=out.numel,
+                     bytes=_bytes(r.inputs) + _bytes(r.outputs), **common)]
+    if op in MEMORY_OPS_FLOPS_PER_ELEMENT:
+        return [Cost(kind="memory", flops=MEMORY_OPS_FLOPS_PER_ELEMENT[op] * big.numel,
+                     bytes=_bytes(r.inputs) + _bytes(r.outputs), **common)]
+    return None
+
+
+# Flash attention's backward recomputes the scores and runs five matmuls (S = QK^T, dP = dO V^T,
+# dV = P^T dO, dQ = dS K, dK = dS^T Q) against the forward's two.
+ATTENTION_BACKWARD_MATMULS = 5
+
+
+def attention_cost(info: dict, phase: str, module: str, module_type: str,
+                   records: tuple[int, ...] = ()) -> Cost:
+    """scaled_dot_product_attention as one fused (flash) kernel per pass.
+
+    Forward: S = Q K^T (2*B*H*Lq*Lk*D FLOPs) and O = P V (2*B*H*Lq*Lk*Dv); the softmax of the
+    Lq x Lk scores stays on chip, so traffic is Q, K, V read and O (+ fp32 log-sum-exp) written.
+    A causal mask lets the kernel skip the upper triangle: half the matmul work when Lq == Lk.
+    Backward: five matmuls; reads Q, K, V, O, dO, LSE and writes dQ, dK, dV.
+    """
+    q, k, v = info["q"], info["k"], info["v"]
+    itemsize = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}.get(info["dtype"], 4)
+    batch_heads = _prod(q[:-2])
+    lq, lk, d, dv = q[-2], k[-2], q[-1], v[-1]
+    fraction = 0.5 if info["causal"] and lq == lk else 1.0
+    scores_flops = 2 * batch_heads * lq * lk * d * fraction
+    pv_flops = 2 * batch_heads * lq * lk * dv * fraction
+    q_b, k_b, v_b = (_prod(t) * itemsize for t in (q, k, v))
+    o_b = batch_heads * lq * dv * itemsize
+    lse_b = batch_heads * lq * 4
+    if phase == "forward":
+        flops, nbytes, op = scores_flops + pv_flops, q_b + k_b + v_b + o_b + lse_b, "attention"
+    else:
+        flops = (scores_flops + pv_flops) * ATTENTION_BACKWARD_MATMULS / 2
+        nbytes = 2 * (q_b + k_b + v_b) + 2 * o_b + lse_b
+        op = "attention_backward"
+    return Cost(module=module, module_type=module_type, op=op, phase=phase, kind="fused",
+                flops=int(flops), bytes=int(nbytes), dtype=info["dtype"], records=records)
+
+
+def all_costs(records: list[OpRecord], regions: dict | None = None
+              ) -> tuple[list[Cost], dict[str, int]]:
+    """Costs of a whole capture, fused regions costed as one kernel per pass; plus the
+    {op: count} of uncounted ops (no rule: listed, never silently dropped)."""
+    regions = regions or {}
+    costs: list[Cost] = []
+    uncounted: dict[str, int] = {}
+    grouped: dict[tuple[str, bool], list[OpRecord]] = {}
+    for r in records:
+        if r.region is not None and r.region in regions:
+            grouped.setdefault((r.region, r.phase == "forward"), []).append(r)
+            continue
+        found = record_costs(r)
+        if found is None:
+            uncounted[r.op] = uncounted.get(r.op, 0) + 1
+        else:
+            costs.extend(found)
+    for (region, forward), group in grouped.items():
+        costs.append(attention_cost(regions[region], "forward" if forward else "dgrad",
+                                    group[0].module, group[0].module_type,
+                                    tuple(r.index for r in group)))
+    costs.sort(key=lambda c: c.records[0] if c.records else 0)  # execution order
+    return costs, uncounted

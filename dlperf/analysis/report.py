@@ -1,0 +1,73 @@
+"""Terminal table for an Analysis (rich); the JSON comes from Analysis.to_dict()."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from dlperf.report import seconds, si
+
+
+def _gemm_text(c) -> str:
+    if c.gemm is None:
+        return ""
+    g = c.gemm
+    text = f"{g.m}x{g.n}x{g.k}"
+    return f"{text} x{g.batch}" if g.batch > 1 else text
+
+
+def render(analysis, console: Console | None = None, top: int = 25, macs: bool = False) -> None:
+    console = console or Console()
+    totals = analysis.totals()
+    cfg = analysis.config
+    spec = analysis.device
+    total_time = totals["predicted_time_s"] or 1.0
+    work = "MACs" if macs else "FLOPs"
+    scale = 0.5 if macs else 1.0
+
+    table = Table(title=f"Top {top} kernels by predicted time: {cfg.model}, batch "
+                        f"{analysis.batch_size}, {cfg.dtype}{' +tf32' if cfg.tf32 else ''}, "
+                        f"{'train' if cfg.train else 'inference'} on {spec.display_name}",
+                  title_justify="left", header_style="bold")
+    for col, just in (("layer", "left"), ("op", "left"), ("phase", "left"),
+                      ("GEMM MxNxK", "right"), (work, "right"), ("bytes", "right"),
+                      ("FLOP/B", "right"), ("bound", "left"), ("TC-aligned", "left"),
+                      ("tile x wave", "right"), ("time", "right"), ("share", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    ranked = sorted(analysis.predictions, key=lambda p: -p.time_s)[:top]
+    for p in ranked:
+        c = p.cost
+        aligned = "" if p.aligned is None else (
+            "yes" if p.aligned else "[red]no: " + ",".join(d.upper() for d in p.misaligned) + "[/]")
+        bound = "[yellow]memory[/]" if p.bound == "memory" else p.bound
+        intensity = "inf" if p.intensity == float("inf") else f"{p.intensity:.3g}"
+        table.add_row(c.module or "(model)", c.op, c.phase, _gemm_text(c),
+                      si(c.flops * scale), si(c.bytes, "B"), intensity, bound, aligned,
+                      f"{p.quantization_efficiency:.0%}" if p.quantization else "",
+                      seconds(p.time_s), f"{p.time_s / total_time:.1%}")
+    console.print(table)
+
+    ratio = spec.ops_per_byte("fp32")
+    units = sorted({p.unit for p in analysis.predictions if p.cost.kind in ("gemm", "fused")})
+    ratios = ", ".join(f"{u} {spec.ops_per_byte(u):.1f}" for u in units if spec.ops_per_byte(u))
+    console.print(
+        f"[bold]Predicted step[/]: {seconds(totals['predicted_time_s'])} "
+        f"= [bold]{totals['samples_per_s']:,.0f} samples/s[/] at batch {analysis.batch_size}; "
+        f"{si(totals['flops'] * scale)}{work} ({'MACs' if macs else '2 FLOPs per multiply-add'}), "
+        f"{si(totals['bytes'], 'B')} moved, {totals['kernels']} kernels.")
+    phases = ", ".join(f"{k} {seconds(v)}" for k, v in totals["time_by_phase_s"].items())
+    console.print(
+        f"Time split: math-limited {seconds(totals['compute_time_s'])}, memory-limited "
+        f"{seconds(totals['memory_time_s'])}, launch {seconds(totals['launch_time_s'])}; "
+        f"memory-bound kernels take {totals['memory_bound_time_share']:.0%} of the time "
+        f"while GEMMs hold {totals['gemm_flops_share']:.0%} of the FLOPs. By phase: {phases}.")
+    console.print(f"Ops:byte ratio of {spec.display_name}: {ratios}"
+                  f"{'; ' if ratios else ''}fp32 (CUDA cores) {ratio:.1f} FLOP/B.")
+    if analysis.uncounted:
+        items = ", ".join(f"{op} x{n}" for op, n in sorted(analysis.uncounted.items()))
+        console.print(f"[yellow]Uncounted ops (no cost rule, not in the totals)[/]: {items}")
+    if analysis.findings:
+        console.print("[bold]What the guide says to do[/]:")
+        for f in analysis.findings:
+            gain = f" (saves ~{seconds(f.saving_s)} per step)" if f.saving_s > 0 else ""
+            console.print(f"  - [{f.rule}] {f.message}{gain}")

@@ -1,0 +1,231 @@
+"""`dlperf analyze | devices | probe`: one parser, one subcommand per stage.
+
+User mistakes (DlperfError, bad flags) print one line and exit 2; bugs keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dlperf.errors import DlperfError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not a usage dump (brief: bad input -> one clear line)
+        raise DlperfError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dlperf",
+        description="Make deep-learning training on NVIDIA Tensor Core GPUs fast, and explain why "
+                    "it is slow. Start with `dlperf analyze resnet50 --train`.")
+    from dlperf import __version__
+
+    parser.add_argument("--version", action="version", version=f"dlperf {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    a = sub.add_parser(
+        "analyze", help="per-layer roofline of a model on a GPU (no GPU needed)",
+        description="Apply NVIDIA's performance guide to every kernel of a model, forward and "
+                    "(with --train) backward: FLOPs (2 per multiply-add), bytes moved, arithmetic "
+                    "intensity, compute- or memory-bound, Tensor Core alignment, tile and wave "
+                    "quantization, predicted time. Runs on meta tensors: no GPU, no memory.")
+    a.add_argument("model", help="torchvision name (resnet50, vit_b_16, ...), gpt, or "
+                                 "path/to/file.py:factory returning an nn.Module")
+    a.add_argument("--device", default="h100-sxm",
+                   help="GPU preset (see `dlperf devices`), a spec file from `dlperf probe` "
+                        "(.json/.toml), or cpu for a fresh probe of this machine [h100-sxm]")
+    a.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="samples per step [256 for image models, 8 for gpt]")
+    a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="bf16/fp16: mixed precision as torch.autocast runs it; fp32: no autocast")
+    a.add_argument("--tf32", action="store_true", help="with --dtype fp32: GEMMs on TF32 Tensor Cores")
+    a.add_argument("--train", action="store_true",
+                   help="also the loss and backward pass (dgrad and wgrad)")
+    a.add_argument("--channels-last", action="store_true",
+                   help="model and input in NHWC (channels_last) memory format")
+    a.add_argument("--input-shape", help="per-sample shape without batch: C,H,W (3,224,224) or "
+                                         "FEATURES for non-image models")
+    a.add_argument("--num-classes", type=_positive_int, help="classifier outputs (torchvision)")
+    a.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    a.add_argument("--top", type=_positive_int, default=25, help="rows in the table [25]")
+    a.add_argument("--macs", action="store_true", help="show multiply-accumulates, not FLOPs")
+    g = a.add_argument_group("gpt (built-in GPT-style decoder)")
+    g.add_argument("--layers", type=_positive_int, default=12)
+    g.add_argument("--d-model", type=_positive_int, default=768)
+    g.add_argument("--heads", type=_positive_int, default=12)
+    g.add_argument("--vocab", type=_positive_int, default=50257)
+    g.add_argument("--seq-len", type=_positive_int, default=1024)
+
+    sub.add_parser("devices", help="list the GPU presets and their datasheet figures",
+                   description="List device presets: SMs, memory bandwidth, dense peak FLOP/s "
+                               "per math unit and ops:byte ratios, with each source.")
+
+    p = sub.add_parser("probe", help="measure this machine's matmul/conv FLOP/s and bandwidth",
+                       description="Measure matmul (and conv) FLOP/s per dtype and copy bandwidth "
+                                   "on this machine (GPU if present, else CPU), print them beside "
+                                   "the datasheet preset, and save a spec file for "
+                                   "`dlperf analyze --device PATH`.")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="what to measure [auto: cuda if present, else cpu]")
+    p.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    p.add_argument("--compare", default=None,
+                   help="preset to print beside the measurement (default: none on CPU)")
+    p.add_argument("--out", default="dlperf-probe.json", help="spec file to write [dlperf-probe.json]")
+    return parser
+
+
+def _console():
+    """Rich console; 160 columns when output is not a terminal (logs, CI) so tables stay legible."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _cmd_analyze(args) -> int:
+
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+    from dlperf.analysis.report import render
+    from dlperf.models.registry import build_model, parse_input_shape
+    from dlperf.report import write_json_atomic
+
+    console = _console()
+    gpt = None
+    if args.model == "gpt":
+        from dlperf.models.gpt import GPTConfig
+
+        try:
+            gpt = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads,
+                            vocab=args.vocab, seq_len=args.seq_len)
+        except ValueError as exc:
+            raise DlperfError(str(exc)) from None
+    if args.device == "cpu":
+        from dlperf.hardware.probe import ProbeConfig, probe
+
+        with console.status("probing this CPU's ceilings (--device cpu)..."):
+            spec, _ = probe(ProbeConfig(device="cpu", quick=True))
+    else:
+        from dlperf.hardware.specs import get_device
+
+        spec = get_device(args.device)
+    model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
+    sample_shape = parse_input_shape(args.input_shape) if args.input_shape else model_input.shape
+    batch = args.batch_size or (8 if model_input.kind == "tokens" else 256)
+    cfg = AnalysisConfig(model=args.model, input_shape=(batch, *sample_shape), dtype=args.dtype,
+                         tf32=args.tf32, train=args.train, channels_last=args.channels_last,
+                         device=spec.name)
+    if args.tf32 and args.dtype != "fp32":
+        raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
+    analysis = analyze_model(model, cfg, spec, model_input.dtype)
+    render(analysis, console, top=args.top, macs=args.macs)
+    if args.json:
+        write_json_atomic(args.json, analysis.to_dict())
+        console.print(f"Wrote {args.json}")
+    return 0
+
+
+def _cmd_devices(_args) -> int:
+    from rich.table import Table
+
+    from dlperf.hardware.specs import MATH_UNITS, PRESETS
+
+    table = Table(title="Device presets (dense peaks; sparse figures are never used)",
+                  title_justify="left", header_style="bold")
+    for col in ("name", "device", "SMs", "HBM GB/s", *(f"{u} TF/s" for u in MATH_UNITS),
+                "bf16/fp16 ops:B"):
+        table.add_column(col, justify="left" if col in ("name", "device") else "right")
+    for spec in PRESETS.values():
+        tc = spec.ops_per_byte("bf16") or spec.ops_per_byte("fp16")
+        table.add_row(spec.name, spec.display_name, str(spec.sm_count),
+                      f"{spec.mem_bandwidth / 1e9:,.0f}",
+                      *(f"{spec.peak[u] / 1e12:,.1f}" if u in spec.peak else "-" for u in MATH_UNITS),
+                      f"{tc:.1f}" if tc else "-")
+    console = _console()
+    console.print(table)
+    console.print("cpu: measured on this machine by `dlperf probe` (or `analyze --device cpu`). "
+                  "Each preset's datasheet address is in dlperf/hardware/specs.py (field source).")
+    return 0
+
+
+def _cmd_probe(args) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dlperf.hardware.probe import ProbeConfig, probe, probe_task_count
+    from dlperf.hardware.specs import get_device
+    from dlperf.report import write_json_atomic
+
+    cfg = ProbeConfig(device=args.device, quick=args.quick)
+    preset = get_device(args.compare) if args.compare else None
+    console = _console()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("measuring", total=probe_task_count(cfg))
+        spec, measurements = probe(cfg, progress=lambda: bar.advance(task))
+    table = Table(title=f"Measured ceilings: {spec.display_name}", title_justify="left")
+    for col in ("kind", "unit", "shape", "measured", "preset" if preset else ""):
+        if col:
+            table.add_column(col)
+    for m in measurements:
+        if m.kind == "copy":
+            value = f"{m.value / 1e9:,.1f} GB/s"
+            ref = f"{preset.mem_bandwidth / 1e9:,.0f} GB/s" if preset else None
+        elif m.kind == "launch":
+            value, ref = f"{m.value * 1e6:.2f} µs/op", None
+        else:
+            value = f"{m.value / 1e12:,.3f} TFLOP/s"
+            ref = (f"{preset.peak[m.unit] / 1e12:,.1f} TFLOP/s" if preset and m.unit in preset.peak
+                   else None)
+        table.add_row(m.kind, m.unit, m.shape, value, *([ref or "-"] if preset else []))
+    console.print(table)
+    write_json_atomic(args.out, {"spec": spec.to_dict(),
+                                 "measurements": [m.to_dict() for m in measurements],
+                                 "environment": _environment()})
+    console.print(f"Wrote {args.out}; use it with `dlperf analyze MODEL --device {args.out}`.")
+    return 0
+
+
+def _environment() -> dict:
+    import platform
+
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
+
+
+COMMANDS = {"analyze": _cmd_analyze, "devices": _cmd_devices, "probe": _cmd_probe}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return EXIT_USAGE
+        return COMMANDS[args.command](args)
+    except DlperfError as exc:
+        print(f"dlperf: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dlperf: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

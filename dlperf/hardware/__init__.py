@@ -1,0 +1,1 @@
+"""Hardware facts: the preset table (`specs`) and this machine's measured ceilings (`probe`)."""

@@ -1,0 +1,221 @@
+"""Measure this machine's ceilings: matmul and convolution FLOP/s per dtype, copy bandwidth.
+
+The result is a measured DeviceSpec (efficiency already included, so the roofline uses it with
+efficiency 1.0) that ``dlperf analyze --device PATH`` accepts. NOTES.md: on CPUs oneDNN's
+channels_last convolutions can beat the matmul rate, so the probe keeps the best of several
+shapes and kinds per dtype; otherwise predictions inherit the probe's error.
+
+Timing (DESIGN.md convention 9): warm-up runs first, then the median of repeated runs, with CUDA
+events on a GPU.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dlperf.hardware.specs import DeviceSpec
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    device: str = "auto"  # auto | cpu | cuda
+    quick: bool = False  # small sizes, few repeats (tests, `analyze --device cpu`)
+    repeats: int = 5
+    warmup: int = 2
+
+
+@dataclass
+class Measurement:
+    kind: str  # matmul | conv | copy | launch
+    unit: str  # math unit (fp32, tf32, bf16 ...) or "bytes" / "seconds"
+    shape: str
+    value: float  # FLOP/s, bytes/s or seconds
+    times_s: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "unit": self.unit, "shape": self.shape, "value": self.value,
+                "median_s": statistics.median(self.times_s) if self.times_s else None}
+
+
+def _timer(device: torch.device):
+    if device.type == "cuda":
+        def run(fn, repeats, warmup):
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize(device)
+            out = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                out.append(start.elapsed_time(end) / 1e3)
+            return out
+    else:
+        def run(fn, repeats, warmup):
+            for _ in range(warmup):
+                fn()
+            out = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+            return out
+    return run
+
+
+def _matmul(n: int, dtype, device, unit, cfg, timer) -> Measurement:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    times = timer(lambda: torch.mm(a, b), cfg.repeats, cfg.warmup)
+    return Measurement("matmul", unit, f"{n}x{n}x{n}", 2 * n**3 / statistics.median(times), times)
+
+
+def _fp8_matmul(n: int, device, cfg, timer) -> Measurement | None:
+    if not hasattr(torch, "_scaled_mm") or torch.cuda.get_device_capability(device) < (8, 9):
+        return None
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major B
+    one = torch.ones((), device=device)
+    try:
+        times = timer(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                               out_dtype=torch.bfloat16), cfg.repeats, cfg.warmup)
+    except RuntimeError:
+        return None
+    return Measurement("matmul", "fp8", f"{n}x{n}x{n}", 2 * n**3 / statistics.median(times), times)
+
+
+def _conv(batch, channels, size, dtype, device, unit, cfg, timer) -> Measurement:
+    """A ResNet-style 3x3 convolution in channels_last (the fast layout on both CPU and GPU)."""
+    x = torch.randn(batch, channels, size, size, device=device).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(channels, channels, 3, 3, device=device).to(dtype)
+    w = w.contiguous(memory_format=torch.channels_last)
+    flops = 2 * batch * size * size * channels * channels * 9
+    with torch.no_grad():
+        times = timer(lambda: torch.nn.functional.conv2d(x, w, padding=1), cfg.repeats, cfg.warmup)
+    return Measurement("conv", unit, f"N{batch} C{channels} {size}x{size} 3x3",
+                       flops / statistics.median(times), times)
+
+
+def _copy(nbytes: int, device, cfg, timer) -> Measurement:
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    times = timer(lambda: dst.copy_(src), cfg.repeats, cfg.warmup)
+    # A copy reads and writes every byte: bandwidth counts both (guide's "bytes moved").
+    return Measurement("copy", "bytes", f"{nbytes >> 20} MiB", 2 * nbytes / statistics.median(times),
+                       times)
+
+
+def _launch(device, cfg, timer) -> Measurement:
+    x = torch.zeros(1, device=device)
+    n = 200
+    times = timer(lambda: [x.add_(1) for _ in range(n)], cfg.repeats, cfg.warmup)
+    return Measurement("launch", "seconds", "1-element add", statistics.median(times) / n,
+                       [t / n for t in times])
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        from dlperf.errors import DlperfError
+
+        raise DlperfError("--device cuda: no CUDA GPU is visible to PyTorch here; use cpu")
+    return torch.device(name)
+
+
+def probe(cfg: ProbeConfig = ProbeConfig(), progress=None) -> tuple[DeviceSpec, list[Measurement]]:
+    """Measure ceilings on ``cfg.device``; returns (measured DeviceSpec, raw measurements)."""
+    device = resolve_device(cfg.device)
+    timer = _timer(device)
+    gpu = device.type == "cuda"
+    tasks = []
+    if gpu:
+        n = 4096 if cfg.quick else 8192
+        tasks += [("fp32", lambda: _tf32_off(lambda: _matmul(n, torch.float32, device, "fp32",
+                                                                cfg, timer))),
+                  ("tf32", lambda: _tf32_on(lambda: _matmul(n, torch.float32, device, "tf32",
+                                                              cfg, timer))),
+                  ("bf16", lambda: _matmul(n, torch.bfloat16, device, "bf16", cfg, timer)),
+                  ("fp16", lambda: _matmul(n, torch.float16, device, "fp16", cfg, timer)),
+                  ("fp8", lambda: _fp8_matmul(n, device, cfg, timer)),
+                  ("bf16", lambda: _conv(64, 256, 56, torch.bfloat16, device, "bf16", cfg, timer)),
+                  ("copy", lambda: _copy((1 << 28) if cfg.quick else (1 << 30), device, cfg, timer))]
+    else:
+        sizes = (512, 1024) if cfg.quick else (1024, 2048)
+        conv = (4, 64, 28) if cfg.quick else (16, 128, 56)
+        for unit in ("fp32", "bf16", "fp16"):
+            for n in sizes:
+                tasks.append((unit, lambda n=n, u=unit: _matmul(n, DTYPES[u], device, u, cfg, timer)))
+            tasks.append((unit, lambda u=unit: _conv(*conv, DTYPES[u], device, u, cfg, timer)))
+        tasks.append(("copy", lambda: _copy((1 << 26) if cfg.quick else (1 << 28), device, cfg,
+                                             timer)))
+    tasks.append(("launch", lambda: _launch(device, cfg, timer)))
+
+    measurements: list[Measurement] = []
+    for _, task in tasks:
+        m = task()
+        if m is not None:
+            measurements.append(m)
+        if progress:
+            progress()
+    return _to_spec(device, measurements), measurements
+
+
+def probe_task_count(cfg: ProbeConfig) -> int:
+    device = resolve_device(cfg.device)
+    return 8 if device.type == "cuda" else 3 * 3 + 2
+
+
+def _tf32_on(fn):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _tf32_off(fn):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _to_spec(device: torch.device, ms: list[Measurement]) -> DeviceSpec:
+    peak: dict[str, float] = {}
+    for m in ms:
+        if m.kind in ("matmul", "conv"):
+            peak[m.unit] = max(peak.get(m.unit, 0.0), m.value)
+    bandwidth = max(m.value for m in ms if m.kind == "copy")
+    launch = next(m.value for m in ms if m.kind == "launch")
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return DeviceSpec(
+            name=f"probed-{props.name.lower().replace(' ', '-')}",
+            display_name=f"{props.name} (measured)", sm_count=props.multi_processor_count,
+            mem_bandwidth=bandwidth, peak=peak, l2_bytes=getattr(props, "L2_cache_size", None),
+            memory_bytes=props.total_memory, tensor_cores=props.major >= 7, measured=True,
+            launch_overhead_s=launch,
+            source=f"dlperf probe, torch {torch.__version__}, CUDA {torch.version.cuda}",
+            notes="Sustained rates measured by dlperf probe; efficiency already included.")
+    cores = torch.get_num_threads()
+    cpu = platform.processor() or platform.machine()
+    return DeviceSpec(
+        name="cpu", display_name=f"CPU {cpu}, {cores} threads (measured)", sm_count=cores,
+        mem_bandwidth=bandwidth, peak=peak, tensor_cores=False, measured=True,
+        launch_overhead_s=launch, source=f"dlperf probe, torch {torch.__version__}",
+        notes="Best of matmul and channels_last 3x3 conv per dtype; copy bandwidth counts bytes "
+              "read + written; launch = eager per-op overhead.")

@@ -1,0 +1,214 @@
+"""Device presets: one table of datasheet facts, each with its source.
+
+Peaks are *dense* FLOP/s (structured-sparsity figures are kept in ``sparse_peak`` and never used
+by default, DESIGN.md convention 6). Tensor Core math units are named by their input dtype:
+``tf32``, ``fp16``, ``bf16``, ``fp8``, ``int8``; ``fp32`` means the CUDA cores (FMA pipes).
+
+Performance guide 2.2: Tensor Cores are most efficient when the key GEMM dimensions are multiples
+of 16 bytes (4 TF32, 8 FP16/BF16, 16 INT8/FP8 elements); on A100 the guide's matmul page adds that
+128-byte multiples are best. ``tc_alignment_bytes`` / ``tc_best_alignment_bytes`` hold those.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from dlperf.errors import DlperfError, close_matches
+
+MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+T = 1e12
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the roofline needs to know about one accelerator (or a measured CPU)."""
+
+    name: str
+    display_name: str
+    sm_count: int  # streaming multiprocessors (CPU: cores), the unit of wave quantization
+    mem_bandwidth: float  # bytes/s, DRAM (HBM/GDDR)
+    peak: dict = field(default_factory=dict)  # math unit -> dense FLOP/s
+    sparse_peak: dict = field(default_factory=dict)  # 2:4 sparsity figures, informational only
+    boost_clock_mhz: float | None = None
+    l2_bytes: int | None = None
+    memory_bytes: int | None = None
+    tc_alignment_bytes: int = 16
+    tc_best_alignment_bytes: int = 128
+    tensor_cores: bool = True
+    source: str = ""
+    notes: str = ""
+    measured: bool = False  # True when the figures come from `dlperf probe`
+    launch_overhead_s: float | None = None  # per-kernel fixed cost; None = roofline default
+
+    def peak_flops(self, unit: str) -> float | None:
+        """Dense peak for a math unit, or None when the device has no such unit."""
+        value = self.peak.get(unit)
+        return float(value) if value else None
+
+    def ops_per_byte(self, unit: str) -> float | None:
+        """The guide's ops:byte ratio (2.1): peak math rate over memory bandwidth."""
+        peak = self.peak_flops(unit)
+        return peak / self.mem_bandwidth if peak else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str = "spec") -> "DeviceSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise DlperfError(f"{origin}: unknown device field(s) {', '.join(unknown)}; "
+                              f"allowed: {', '.join(sorted(known))}")
+        missing = [k for k in ("name", "sm_count", "mem_bandwidth", "peak") if k not in data]
+        if missing:
+            raise DlperfError(f"{origin}: missing device field(s) {', '.join(missing)}")
+        peak = data["peak"]
+        if not isinstance(peak, dict) or not peak:
+            raise DlperfError(f"{origin}: 'peak' must map math units ({', '.join(MATH_UNITS)}) "
+                              "to FLOP/s")
+        for unit, value in {**peak, **data.get("sparse_peak", {})}.items():
+            if unit not in MATH_UNITS:
+                raise DlperfError(f"{origin}: unknown math unit {unit!r} in peak; "
+                                  f"use one of {', '.join(MATH_UNITS)}")
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise DlperfError(f"{origin}: peak[{unit!r}] must be a positive FLOP/s number")
+        for key in ("sm_count", "mem_bandwidth"):
+            value = data[key]
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise DlperfError(f"{origin}: {key} must be a positive number, got {value!r}")
+        data = dict(data)
+        data.setdefault("display_name", data["name"])
+        return cls(**data)
+
+
+def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None, mem_gb=None,
+          source="", notes="", tensor_cores=True) -> DeviceSpec:
+    return DeviceSpec(
+        name=name, display_name=display, sm_count=sms, boost_clock_mhz=clock,
+        mem_bandwidth=bw_gbs * 1e9,
+        peak={k: v * T for k, v in peaks_t.items()},
+        sparse_peak={k: v * T for k, v in (sparse_t or {}).items()},
+        l2_bytes=int(l2_mb * 2**20) if l2_mb else None,
+        memory_bytes=int(mem_gb * 2**30) if mem_gb else None,
+        source=source, notes=notes, tensor_cores=tensor_cores)
+
+
+_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+
+# SM counts and boost clocks come from the architecture whitepapers (Volta, Turing, GA100, GA102,
+# AD102/AD104, GH100); peaks and bandwidth from each product's datasheet at `source`.
+PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
+    _spec("v100-sxm2", "NVIDIA V100-SXM2 (32 GB)", 80, 1530, 900,
+          {"fp32": 15.7, "fp16": 125.0}, l2_mb=6, mem_gb=32,
+          source="https://images.nvidia.com/content/technologies/volta/pdf/"
+                 "volta-v100-datasheet-update-us-1165301-r5.pdf",
+          notes="The guide's example GPU: FP16 ops:byte = 125 TFLOP/s / 900 GB/s = 138.9."),
+    _spec("t4", "NVIDIA T4", 40, 1590, 320,
+          {"fp32": 8.1, "fp16": 65.0, "int8": 130.0}, l2_mb=4, mem_gb=16,
+          source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
+                 "t4-tensor-core-datasheet-951643.pdf",
+          notes="70 W part: sustained clocks are often below boost."),
+    _spec("a10", "NVIDIA A10", 72, 1695, 600,
+          {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0, "int8": 250.0},
+          {"tf32": 125.0, "fp16": 250.0, "bf16": 250.0, "int8": 500.0}, l2_mb=6, mem_gb=24,
+          source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/"
+                 "datasheet-new/nvidia-a10-datasheet.pdf"),
+    _spec("a100-40gb", "NVIDIA A100-SXM4-40GB", 108, 1410, 1555,
+          {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
+          {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=40,
+          source=_A100),
+    _spec("a100-80gb", "NVIDIA A100-SXM4-80GB", 108, 1410, 2039,
+          {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
+          {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=80,
+          source=_A100),
+    _spec("l4", "NVIDIA L4", 58, 2040, 300,
+          {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0, "fp8": 242.5,
+           "int8": 242.5},
+          {"tf32": 120.0, "fp16": 242.0, "bf16": 242.0, "fp8": 485.0, "int8": 485.0},
+          l2_mb=48, mem_gb=24,
+          source="https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet",
+          notes="72 W part: sustained clocks are often below boost."),
+    _spec("l40s", "NVIDIA L40S", 142, 2520, 864,
+          {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05, "fp8": 733.0,
+           "int8": 733.0},
+          {"tf32": 366.0, "fp16": 733.0, "bf16": 733.0, "fp8": 1466.0, "int8": 1466.0},
+          l2_mb=96, mem_gb=48,
+          source="https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"),
+    _spec("h100-sxm", "NVIDIA H100-SXM5-80GB", 132, 1980, 3350,
+          {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
+           "int8": 1978.9},
+          {"tf32": 989.4, "fp16": 1978.9, "bf16": 1978.9, "fp8": 3957.8, "int8": 3957.8},
+          l2_mb=50, mem_gb=80, source=_H100),
+    _spec("h100-pcie", "NVIDIA H100-PCIe-80GB", 114, 1755, 2000,
+          {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0,
+           "int8": 1513.0},
+          {"tf32": 756.0, "fp16": 1513.0, "bf16": 1513.0, "fp8": 3026.0, "int8": 3026.0},
+          l2_mb=50, mem_gb=80, source=_H100),
+    _spec("h200", "NVIDIA H200-SXM-141GB", 132, 1980, 4800,
+          {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
+           "int8": 1978.9},
+          {"tf32": 989.4, "fp16": 1978.9, "bf16": 1978.9, "fp8": 3957.8, "int8": 3957.8},
+          l2_mb=50, mem_gb=141,
+          source="https://www.nvidia.com/en-us/data-center/h200/",
+          notes="Same GH100 compute as H100-SXM with HBM3e."),
+    _spec("b200", "NVIDIA B200 (HGX, 1000 W)", 148, None, 8000,
+          {"fp32": 75.0, "tf32": 1125.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0,
+           "int8": 4500.0},
+          {"tf32": 2250.0, "fp16": 4500.0, "bf16": 4500.0, "fp8": 9000.0, "int8": 9000.0},
+          mem_gb=180,
+          source="https://www.nvidia.com/en-us/data-center/hgx/",
+          notes="Per-GPU figures are the HGX B200 8-GPU platform figures divided by 8; NVIDIA "
+                "publishes no boost clock or L2 size in the datasheet."),
+)}
+
+ALIASES = {"v100": "v100-sxm2", "a100": "a100-80gb", "h100": "h100-sxm", "h200-sxm": "h200",
+           "a100-sxm": "a100-80gb", "h100-sxm5": "h100-sxm"}
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def load_spec_file(path: str | Path) -> DeviceSpec:
+    """Read a user's DeviceSpec from JSON or TOML (the format `dlperf probe` writes)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DlperfError(f"{path}: cannot read device spec ({exc.strerror})") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            data = tomllib.loads(raw.decode())
+        else:
+            data = json.loads(raw)
+    except Exception as exc:  # json/toml/unicode errors all mean "not a valid spec file"
+        raise DlperfError(f"{path}: not a valid device spec file ({exc})") from None
+    if isinstance(data, dict) and "spec" in data and isinstance(data["spec"], dict):
+        data = data["spec"]  # a probe result: {"spec": {...}, "measurements": [...]}
+    if not isinstance(data, dict):
+        raise DlperfError(f"{path}: a device spec must be a JSON/TOML object")
+    return DeviceSpec.from_dict(data, origin=str(path))
+
+
+def get_device(name_or_path: str) -> DeviceSpec:
+    """A preset by name (case/underscore-insensitive, a few aliases) or a spec file path.
+
+    ``cpu`` is not a preset: callers that accept it run a fresh probe (hardware.probe).
+    """
+    key = _normalise(name_or_path)
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    if name_or_path.lower().endswith((".json", ".toml")) or Path(name_or_path).is_file():
+        return load_spec_file(name_or_path)
+    raise DlperfError(f"unknown device {name_or_path!r}"
+                      f"{close_matches(key, list(PRESETS) + ['cpu'])}; "
+                      "run `dlperf devices` for the list, or pass a spec file (.json/.toml)")

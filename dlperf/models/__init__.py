@@ -1,0 +1,1 @@
+"""Model factories: torchvision names, ``file.py:factory`` and the built-in GPT."""

@@ -1,0 +1,99 @@
+"""Turn a model name from the command line into an nn.Module and its example input.
+
+* torchvision names (``resnet50``, ``vit_b_16``, ``mobilenet_v3_large`` ...), built on the meta
+  device so construction allocates nothing and skips weight initialisation;
+* ``path/to/file.py:factory`` where ``factory()`` returns an ``nn.Module``;
+* ``gpt`` (dlperf.models.gpt) with its GPTConfig.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dlperf.errors import DlperfError, close_matches
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """Per-sample input shape (no batch dimension) and dtype: images, features or token ids."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+    kind: str = "image"  # image | features | tokens
+
+
+def torchvision_names() -> list[str]:
+    import torchvision
+
+    return sorted(torchvision.models.list_models())
+
+
+def parse_input_shape(text: str) -> tuple[int, ...]:
+    """'3,224,224' -> (3, 224, 224); one positive integer per dimension."""
+    try:
+        dims = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise DlperfError(f"--input-shape {text!r}: give positive integers like 3,224,224 or "
+                          "a feature count like 1024 (no batch dimension)")
+    return dims
+
+
+def _load_factory(target: str) -> torch.nn.Module:
+    path_text, _, factory_name = target.rpartition(":")
+    path = Path(path_text)
+    if not path.is_file():
+        raise DlperfError(f"{path}: model file not found (expected path/to/file.py:factory)")
+    spec = importlib.util.spec_from_file_location(f"dlperf_user_model_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise DlperfError(f"{path}: importing the model file failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
+        raise DlperfError(f"{path}: no callable {factory_name!r}{close_matches(factory_name, names)}")
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except Exception as exc:
+        raise DlperfError(f"{target}: the factory raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise DlperfError(f"{target}: the factory returned {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    return model
+
+
+def build_model(name: str, gpt=None, num_classes: int | None = None
+                ) -> tuple[torch.nn.Module, ModelInput]:
+    """(model on the meta device, default per-sample input) for a command-line model name."""
+    if ":" in name and name.rpartition(":")[0].endswith(".py"):
+        return _load_factory(name), ModelInput((3, 224, 224))
+    if name == "gpt":
+        from dlperf.models.gpt import GPT, GPTConfig
+
+        cfg = gpt or GPTConfig()
+        with torch.device("meta"):
+            return GPT(cfg), ModelInput((cfg.seq_len,), torch.long, "tokens")
+    names = torchvision_names()
+    if name not in names:
+        raise DlperfError(f"unknown model {name!r}{close_matches(name, names + ['gpt'])}; "
+                          "use a torchvision name, gpt, or path/to/file.py:factory")
+    import torchvision
+
+    kwargs = {"num_classes": num_classes} if num_classes else {}
+    default = ModelInput((3, 299, 299)) if name == "inception_v3" else ModelInput((3, 224, 224))
+    if name in ("inception_v3", "googlenet"):
+        kwargs["aux_logits"] = False
+        kwargs["init_weights"] = False
+    with torch.device("meta"):
+        return torchvision.models.get_model(name, **kwargs), default
