@@ -71,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab", type=_positive_int, default=50257)
     g.add_argument("--seq-len", type=_positive_int, default=1024)
 
-    sub.add_parser("devices", help="list the GPU presets and their datasheet figures",
-                   description="List device presets: SMs, memory bandwidth, dense peak FLOP/s "
-                               "per math unit and ops:byte ratios, with each source.")
+    d = sub.add_parser("devices", help="list the GPU presets and their datasheet figures",
+                       description="List device presets: SMs, memory bandwidth, dense peak "
+                                   "FLOP/s per math unit and ops:byte ratios, with each source.")
+    d.add_argument("--json", action="store_true",
+                   help="print every preset as JSON (all fields, sparse peaks and sources)")
 
     p = sub.add_parser("probe", help="measure this machine's matmul/conv FLOP/s and bandwidth",
                        description="Measure matmul (and conv) FLOP/s per dtype and copy bandwidth "
@@ -128,7 +130,7 @@ def _cmd_analyze(args) -> int:
     batch = args.batch_size or (8 if model_input.kind == "tokens" else 256)
     cfg = AnalysisConfig(model=args.model, input_shape=(batch, *sample_shape), dtype=args.dtype,
                          tf32=args.tf32, train=args.train, channels_last=args.channels_last,
-                         device=spec.name)
+                         device=spec.name, tokens=model_input.kind == "tokens")
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     analysis = analyze_model(model, cfg, spec, model_input.dtype)
@@ -139,10 +141,16 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
-def _cmd_devices(_args) -> int:
+def _cmd_devices(args) -> int:
     from rich.table import Table
 
     from dlperf.hardware.specs import MATH_UNITS, PRESETS
+
+    if args.json:
+        import json
+
+        print(json.dumps([s.to_dict() for s in PRESETS.values()], indent=1))
+        return 0
 
     table = Table(title="Device presets (dense peaks; sparse figures are never used)",
                   title_justify="left", header_style="bold")
@@ -158,7 +166,7 @@ def _cmd_devices(_args) -> int:
     console = _console()
     console.print(table)
     console.print("cpu: measured on this machine by `dlperf probe` (or `analyze --device cpu`). "
-                  "Each preset's datasheet address is in dlperf/hardware/specs.py (field source).")
+                  "`dlperf devices --json` shows each preset's datasheet address (field source).")
     return 0
 
 

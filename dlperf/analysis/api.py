@@ -27,6 +27,7 @@ class AnalysisConfig:
     train: bool = True
     channels_last: bool = False
     device: str = "h100-sxm"
+    tokens: bool = False  # integer token-id input [batch, seq_len]: report tokens/s too
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Analysis:
             "bytes": sum(p.cost.bytes for p in preds),
             "predicted_time_s": time_s,
             "samples_per_s": self.batch_size / time_s if time_s else math.inf,
+            **({"tokens_per_s": self.batch_size * self.config.input_shape[1] / time_s
+                if time_s else math.inf} if self.config.tokens else {}),
             "kernels": sum(p.cost.kernels for p in preds),
             "memory_bound_time_share": mem / time_s if time_s else 0.0,
             "compute_time_s": sum(max(p.math_time_s, p.memory_time_s) for p in preds
@@ -189,6 +192,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
         model, model_input = build_model(model)
         default_dtype = model_input.dtype
     spec = device if isinstance(device, DeviceSpec) else get_device(device)
+    input_dtype = input_dtype or default_dtype
     cfg = AnalysisConfig(model=name, input_shape=tuple(example_input_shape), dtype=dtype,
-                         tf32=tf32, train=train, channels_last=channels_last, device=spec.name)
-    return analyze_model(model, cfg, spec, input_dtype or default_dtype)
+                         tf32=tf32, train=train, channels_last=channels_last, device=spec.name,
+                         tokens=not input_dtype.is_floating_point and len(example_input_shape) == 2)
+    return analyze_model(model, cfg, spec, input_dtype)

@@ -52,7 +52,9 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
     ratios = ", ".join(f"{u} {spec.ops_per_byte(u):.1f}" for u in units if spec.ops_per_byte(u))
     console.print(
         f"[bold]Predicted step[/]: {seconds(totals['predicted_time_s'])} "
-        f"= [bold]{totals['samples_per_s']:,.0f} samples/s[/] at batch {analysis.batch_size}; "
+        f"= [bold]{totals['samples_per_s']:,.0f} samples/s[/]"
+        + (f" ([bold]{totals['tokens_per_s']:,.0f} tokens/s[/])" if "tokens_per_s" in totals else "")
+        + f" at batch {analysis.batch_size}; "
         f"{si(totals['flops'] * scale)}{work} ({'MACs' if macs else '2 FLOPs per multiply-add'}), "
         f"{si(totals['bytes'], 'B')} moved, {totals['kernels']} kernels.")
     phases = ", ".join(f"{k} {seconds(v)}" for k, v in totals["time_by_phase_s"].items())

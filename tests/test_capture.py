@@ -1,0 +1,89 @@
+"""Capture: autocast emulation, phases, module attribution, no mutation of the user's model."""
+
+import torch
+import torchvision
+from torch import nn
+
+import dlperf
+from dlperf.analysis.capture import capture
+
+
+def _resnet_records(dtype=None, train=True, channels_last=False):
+    with torch.device("meta"):
+        model = torchvision.models.resnet18()
+    x = torch.empty(4, 3, 64, 64, device="meta")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return capture(model, (x,), train=train, autocast_dtype=dtype).records
+
+
+def test_autocast_runs_convs_in_bf16_and_casts_weights_once():
+    records = _resnet_records(torch.bfloat16)
+    convs = [r for r in records if r.op == "convolution"]
+    assert convs and all(r.inputs[0].dtype == "bf16" and r.inputs[1].dtype == "bf16"
+                         for r in convs)
+    # CUDA autocast casts each fp32 weight to bf16 once per forward (cached) and the fp32 input
+    # once: 20 conv weights + the fc weight and bias + the input -> forward fp32->bf16 copies.
+    casts = [r for r in records if r.op == "_to_copy" and r.phase == "forward"
+             and r.inputs[0].dtype == "fp32" and r.outputs[0].dtype == "bf16"]
+    assert len(casts) == 20 + 2 + 1
+
+
+def test_fp32_capture_has_no_casts():
+    records = _resnet_records(None)
+    assert not [r for r in records if r.op == "_to_copy"]
+    assert all(r.inputs[0].dtype == "fp32" for r in records if r.op == "convolution")
+
+
+def test_autocast_fp32_list_ops_run_in_fp32():
+    # layer_norm and softmax are on CUDA autocast's fp32 list: a bf16 input is cast up.
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 64)
+            self.ln = nn.LayerNorm(64)
+
+        def forward(self, x):
+            return torch.softmax(self.ln(self.fc(x)), dim=-1)
+
+    with torch.device("meta"):
+        model = M()
+    recs = capture(model, (torch.empty(8, 64, device="meta"),), train=False,
+                   autocast_dtype=torch.bfloat16).records
+    by_op = {r.op: r for r in recs}
+    assert by_op["addmm"].outputs[0].dtype == "bf16"
+    assert by_op["native_layer_norm"].inputs[0].dtype == "fp32"
+    assert by_op["_softmax"].outputs[0].dtype == "fp32"
+
+
+def test_backward_ops_attributed_to_their_module_and_phase():
+    records = _resnet_records(None)
+    bwd = [r for r in records if r.op == "convolution_backward"]
+    assert {r.module for r in bwd} == {r.module for r in records if r.op == "convolution"}
+    relu_bwd = [r for r in records if r.op == "threshold_backward"]
+    assert relu_bwd and all(r.module.endswith("relu") for r in relu_bwd)
+    assert all(r.phase in ("dgrad", "wgrad") for r in records if r.op == "threshold_backward")
+    fc = [r for r in records if r.module == "fc" and r.op == "mm"]
+    assert sorted(r.phase for r in fc) == ["dgrad", "wgrad"]
+
+
+def test_inference_capture_has_no_backward():
+    records = _resnet_records(None, train=False)
+    assert {r.phase for r in records} == {"forward"}
+
+
+def test_channels_last_input_stays_nhwc():
+    records = _resnet_records(torch.bfloat16, train=False, channels_last=True)
+    conv = next(r for r in records if r.op == "convolution")
+    assert conv.inputs[0].channels_last
+
+
+def test_user_model_is_not_touched():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    a = dlperf.analyze(model, (2, 3, 16, 16), device="a100-80gb", train=True)
+    assert a.totals()["flops"] > 0
+    assert not model.training and not model[1].training  # eval mode restored
+    for k, v in model.state_dict().items():
+        assert v.device.type == "cpu" and torch.equal(v, before[k])

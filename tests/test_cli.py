@@ -1,0 +1,165 @@
+"""The CLI end to end on CPU: tables, JSON shape, one-line errors, spec files."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dlperf.cli import main
+
+LAYER_KEYS = {"module", "op", "phase", "flops", "bytes", "intensity", "bound", "gemm",
+              "tensor_core_aligned", "quantization_efficiency", "predicted_time_s"}
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_analyze_resnet50_train_json_shape(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    code, out, err = _run(["analyze", "resnet50", "--device", "h100-sxm", "--batch-size", "64",
+                           "--dtype", "bf16", "--train", "--json", str(path)], capsys)
+    assert code == 0, err
+    assert "Predicted step" in out and "convolution" in out
+    data = json.loads(path.read_text())
+    assert set(data) >= {"device", "config", "totals", "layers", "uncounted"}
+    assert set(data["totals"]) >= {"flops", "bytes", "predicted_time_s"}
+    assert data["device"]["name"] == "h100-sxm" and data["config"]["train"] is True
+    for layer in data["layers"]:
+        assert LAYER_KEYS <= set(layer)
+    phases = {layer["phase"] for layer in data["layers"]}
+    assert phases == {"forward", "dgrad", "wgrad"}
+    convs = [layer for layer in data["layers"] if layer["gemm"] is not None]
+    assert convs and all(set(layer["gemm"]) >= {"m", "n", "k"} for layer in convs)
+    # Time adds up: the total is the sum over kernels.
+    total = sum(layer["predicted_time_s"] for layer in data["layers"])
+    assert data["totals"]["predicted_time_s"] == pytest.approx(total)
+    # Forward+backward at batch 64 is about 3x the forward: 3 x 8.18 GFLOP x 64 = 1.57 TFLOP
+    # (plus a little memory-bound arithmetic).
+    assert data["totals"]["flops"] == pytest.approx(3 * 8.178e9 * 64, rel=0.03)
+
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(100, 1000)   # 100 is not a multiple of 8: misaligned K
+        self.fc2 = nn.Linear(1000, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+def make():
+    return Net()
+'''
+
+
+def test_analyze_factory_file_and_features_input(tmp_path, capsys):
+    f = tmp_path / "net.py"
+    f.write_text(MODEL_FILE)
+    path = tmp_path / "out.json"
+    code, out, err = _run(["analyze", f"{f}:make", "--input-shape", "100", "--batch-size", "512",
+                           "--train", "--device", "a100-80gb", "--dtype", "fp16",
+                           "--json", str(path)], capsys)
+    assert code == 0, err
+    layers = json.loads(path.read_text())["layers"]
+    fc1_fwd = next(x for x in layers if x["module"] == "fc1" and x["phase"] == "forward"
+                   and x["gemm"])
+    # forward GEMM M=1000 outputs, N=512 batch, K=100 inputs; 100 % 8 != 0 -> K misaligned,
+    # and 1000 % 8 == 0, 512 % 8 == 0
+    assert fc1_fwd["gemm"] == {"m": 1000, "n": 512, "k": 100, "batch": 1}
+    assert fc1_fwd["tensor_core_aligned"] is False and fc1_fwd["misaligned_dims"] == ["k"]
+    assert "no: K" in out
+
+
+def test_gpt_analysis(capsys):
+    code, out, err = _run(["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "4",
+                           "--vocab", "1000", "--seq-len", "128", "--batch-size", "2",
+                           "--train", "--top", "500"], capsys)
+    assert code == 0, err
+    assert "attention_backward" in out and "tokens/s" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["analyze", "resnet5"], "unknown model 'resnet5' (did you mean: resnet50"),
+    (["analyze", "resnet50", "--device", "h10-sxm"], "unknown device 'h10-sxm' (did you mean:"),
+    (["analyze", "resnet50", "--input-shape", "3,abc"], "--input-shape '3,abc'"),
+    (["analyze", "resnet50", "--batch-size", "0"], "expected a positive integer"),
+    (["analyze", "nope.py:make"], "nope.py: model file not found"),
+    (["analyze", "resnet50", "--dtype", "fp64"], "invalid choice: 'fp64'"),
+    (["analyze", "resnet50", "--device", "missing.json"], "missing.json: cannot read device spec"),
+    (["analyze", "resnet50", "--input-shape", "1,64,64"], "failed on input shape"),
+    (["analyze", "resnet50", "--device", "v100-sxm2", "--dtype", "bf16"], "has no bf16 math"),
+    (["analyze", "gpt", "--d-model", "100", "--heads", "3"], "divisible by heads"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_gives_one_line_and_exit_2(argv, needle, capsys):
+    code, out, err = _run(argv, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert needle in lines[0] and "Traceback" not in err
+
+
+def test_bad_spec_file_names_the_field(tmp_path, capsys):
+    spec = tmp_path / "gpu.json"
+    spec.write_text(json.dumps({"name": "x", "sm_count": 10, "mem_bandwidth": 1e12,
+                                "peak": {"bf17": 1e15}}))
+    code, _, err = _run(["analyze", "resnet50", "--device", str(spec)], capsys)
+    assert code == 2 and "unknown math unit 'bf17'" in err
+
+
+def test_user_spec_file_toml(tmp_path, capsys):
+    spec = tmp_path / "mygpu.toml"
+    spec.write_text('name = "mygpu"\nsm_count = 100\nmem_bandwidth = 2e12\n'
+                    '[peak]\nfp32 = 50e12\nbf16 = 500e12\n')
+    path = tmp_path / "o.json"
+    code, _, err = _run(["analyze", "resnet18", "--device", str(spec), "--batch-size", "8",
+                         "--json", str(path)], capsys)
+    assert code == 0, err
+    assert json.loads(path.read_text())["device"]["name"] == "mygpu"
+
+
+def test_devices_lists_every_preset(capsys):
+    code, out, _ = _run(["devices"], capsys)
+    assert code == 0
+    for name in ("v100-sxm2", "t4", "a10", "a100-40gb", "a100-80gb", "l4", "l40s", "h100-sxm",
+                 "h100-pcie", "h200", "b200"):
+        assert name in out
+    assert "138.9" in out  # V100 fp16 ops:byte
+    code, out, _ = _run(["devices", "--json"], capsys)
+    specs = {s["name"]: s for s in json.loads(out)}
+    assert len(specs) == 11 and all(s["source"].startswith("https://") for s in specs.values())
+    # dense and sparse kept apart: sparse is exactly 2x dense where NVIDIA publishes both
+    h100 = specs["h100-sxm"]
+    assert h100["sparse_peak"]["bf16"] == pytest.approx(2 * h100["peak"]["bf16"], rel=1e-3)
+
+
+@pytest.mark.parametrize("sub", [[], ["analyze"], ["devices"], ["probe"]])
+def test_help_explains_itself(sub):
+    proc = subprocess.run([sys.executable, "-m", "dlperf", *sub, "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0
+    assert "usage: dlperf" in proc.stdout and len(proc.stdout) > 200
+
+
+@pytest.mark.slow
+def test_probe_writes_spec_that_analyze_accepts(tmp_path, capsys):
+    path = tmp_path / "probe.json"
+    code, out, err = _run(["probe", "--device", "cpu", "--quick", "--out", str(path)], capsys)
+    assert code == 0, err
+    data = json.loads(path.read_text())
+    spec = data["spec"]
+    assert spec["measured"] is True and spec["name"] == "cpu"
+    assert spec["peak"]["fp32"] > 1e9 and spec["mem_bandwidth"] > 1e9
+    assert {m["kind"] for m in data["measurements"]} >= {"matmul", "conv", "copy", "launch"}
+    code, out, err = _run(["analyze", "resnet18", "--device", str(path), "--batch-size", "2",
+                           "--dtype", "fp32"], capsys)
+    assert code == 0, err
+    assert "(measured)" in out
