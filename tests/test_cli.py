@@ -95,6 +95,8 @@ def test_gpt_analysis(capsys):
     (["analyze", "resnet50", "--dtype", "fp64"], "invalid choice: 'fp64'"),
     (["analyze", "resnet50", "--device", "missing.json"], "missing.json: cannot read device spec"),
     (["analyze", "resnet50", "--input-shape", "1,64,64"], "failed on input shape"),
+    (["analyze", "resnet18", "--batch-size", "1", "--input-shape", "3,32,32", "--train"],
+     "Expected more than 1 value per channel"),
     (["analyze", "resnet50", "--device", "v100-sxm2", "--dtype", "bf16"], "has no bf16 math"),
     (["analyze", "gpt", "--d-model", "100", "--heads", "3"], "divisible by heads"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -161,7 +161,8 @@ def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSp
                                   params=params)
     except DlperfError:
         raise
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as exc:
+        # The model rejected the input (shape, dtype): a user mistake, reported in one line.
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DlperfError(f"model {config.model!r} failed on input shape "
                           f"{list(config.input_shape)}: {first} "

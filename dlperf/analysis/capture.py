@@ -249,6 +249,38 @@ def _sdpa_info(args, kwargs) -> dict:
             "mask": bound.get("attn_mask") is not None}
 
 
+# Ops whose output layout the caller chooses (memory_format=...) or that alias their input.
+_LAYOUT_EXPLICIT = frozenset({"_to_copy", "clone", "contiguous", "copy_", "empty_like",
+                              "empty_strided", "as_strided", "view", "_unsafe_view"})
+
+
+def _keep_channels_last(func, args, out):
+    """Give fresh 4-D outputs of a channels_last input the channels_last layout.
+
+    Several meta kernels (batch norm, pooling, convolution_backward) allocate contiguous NCHW
+    outputs, while the CUDA and CPU kernels follow the input's suggested memory format; without
+    this, one BatchNorm would silently turn a channels_last model into NCHW in the capture.
+    """
+    if func.is_view or func._overloadpacket.__name__ in _LAYOUT_EXPLICIT:
+        return out
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if (first is None or first.dim() != 4 or first.shape[1] == 1
+            or not first.is_contiguous(memory_format=torch.channels_last)
+            or first.is_contiguous()):
+        return out
+    inputs = {id(a) for a in args if isinstance(a, torch.Tensor)}
+
+    def fix(t):
+        if (isinstance(t, torch.Tensor) and t.dim() == 4 and id(t) not in inputs
+                and t.shape[1] != 1 and t.is_contiguous()):
+            return t.contiguous(memory_format=torch.channels_last)
+        return t
+
+    if isinstance(out, (tuple, list)):
+        return type(out)(fix(t) for t in out)
+    return fix(out)
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self, state: _State, capture: Capture):
         super().__init__()
@@ -258,6 +290,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        out = _keep_channels_last(func, args, out)
         keep = self.capture.keepalive
         inputs = tuple(_meta(t, keep) for t in _tensors((args, kwargs)))
         outputs = tuple(_meta(t, keep) for t in _tensors(out))

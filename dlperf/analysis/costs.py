@@ -27,7 +27,7 @@ from dlperf.analysis.gemm import GemmShape
 FREE_OPS = frozenset({
     "detach", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "as_strided",
     "slice", "select", "unsqueeze", "squeeze", "alias", "_reshape_alias", "empty", "empty_like",
-    "empty_strided", "new_empty", "new_empty_strided", "split", "split_with_sizes", "unbind",
+    "empty_strided", "new_empty", "new_empty_strided", "as_strided_", "split", "split_with_sizes", "unbind",
     "chunk", "narrow", "lift_fresh", "diagonal", "unfold", "view_as_real", "view_as_complex",
     "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "set_", "resize_",
     "_to_copy_noop", "lift_fresh_copy", "is_same_size", "_has_compatible_shallow_copy_type"})
@@ -100,6 +100,9 @@ class Cost:
     gemm: GemmShape | None = None
     kernels: int = 1
     records: tuple[int, ...] = ()
+    output_bytes: int = 0  # the part of `bytes` that is written (what a fusion saves re-reading)
+    nhwc: bool | None = None  # convolutions: activations in channels_last (None: not a conv)
+    activation_bytes: int = 0  # convolutions: activation traffic (what an NCHW transpose moves)
 
     @property
     def intensity(self) -> float:
@@ -170,6 +173,13 @@ def _common(r: OpRecord) -> dict:
     return {"module": r.module, "module_type": r.module_type, "records": (r.index,)}
 
 
+def _nhwc(x: TensorMeta, y: TensorMeta) -> bool | None:
+    """Activations of a 2-D conv in channels_last; None for 1-D/3-D convs (no NHWC rule)."""
+    if len(x.shape) != 4:
+        return None
+    return x.channels_last or y.channels_last
+
+
 def _conv_costs(r: OpRecord) -> list[Cost]:
     if r.op == "convolution":
         x, w = r.inputs[0], r.inputs[1]
@@ -181,7 +191,8 @@ def _conv_costs(r: OpRecord) -> list[Cost]:
         return [Cost(op="convolution", phase="forward", kind="gemm",
                      flops=conv_flops(n, c, k, outs, rs, groups),
                      bytes=_bytes(r.inputs) + _bytes(r.outputs), dtype=x.dtype, gemm=shape,
-                     **_common(r))]
+                     output_bytes=_bytes(r.outputs), nhwc=_nhwc(x, y),
+                     activation_bytes=x.nbytes + y.nbytes, **_common(r))]
     # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     #                      transposed, output_padding, groups, output_mask)
     gy, x, w = r.inputs[0], r.inputs[1], r.inputs[2]
@@ -189,23 +200,27 @@ def _conv_costs(r: OpRecord) -> list[Cost]:
     n, c, k, ins, outs, rs = _conv_geometry(x, w, gy, transposed, groups)
     shapes = conv_gemms(n, c, k, ins, outs, rs, groups)
     flops = conv_flops(n, c, k, outs, rs, groups)
+    nhwc = _nhwc(x, gy)
     outputs = iter(r.outputs)
     costs = []
     if mask[0]:
         gx = next(outputs)
         costs.append(Cost(op="convolution_backward", phase="dgrad", kind="gemm", flops=flops,
                           bytes=gy.nbytes + w.nbytes + gx.nbytes, dtype=gy.dtype,
-                          gemm=shapes["forward" if transposed else "dgrad"], **_common(r)))
+                          gemm=shapes["forward" if transposed else "dgrad"],
+                          output_bytes=gx.nbytes, nhwc=nhwc,
+                          activation_bytes=gy.nbytes + gx.nbytes, **_common(r)))
     if mask[1]:
         gw = next(outputs)
         costs.append(Cost(op="convolution_backward", phase="wgrad", kind="gemm", flops=flops,
                           bytes=gy.nbytes + x.nbytes + gw.nbytes, dtype=gy.dtype,
-                          gemm=shapes["wgrad"], **_common(r)))
+                          gemm=shapes["wgrad"], output_bytes=gw.nbytes, nhwc=nhwc,
+                          activation_bytes=gy.nbytes + x.nbytes, **_common(r)))
     if len(mask) > 2 and mask[2]:
         gb = next(outputs)
         costs.append(Cost(op="convolution_backward", phase="wgrad", kind="memory",
                           flops=gy.numel, bytes=gy.nbytes + gb.nbytes, dtype=gy.dtype,
-                          **_common(r)))
+                          output_bytes=gb.nbytes, **_common(r)))
     return costs
 
 
@@ -233,6 +248,7 @@ def _matmul_cost(r: OpRecord) -> Cost:
     # The pre-multiplied term of addmm/baddbmm (bias, beta*C) is read once: included in bytes.
     return Cost(op=op, phase=r.phase, kind="gemm", flops=shape.flops,
                 bytes=_bytes(ins) + _bytes(r.outputs), dtype=a.dtype,
+                output_bytes=_bytes(r.outputs),
                 gemm=shape if shape.n > 1 and shape.m > 1 else None, **_common(r))
 
 
@@ -264,7 +280,8 @@ def record_costs(r: OpRecord) -> list[Cost] | None:
     big = _largest(r)
     if big is None:
         return []
-    common = dict(op=op, phase=r.phase, dtype=big.dtype, **_common(r))
+    common = dict(op=op, phase=r.phase, dtype=big.dtype, output_bytes=_bytes(r.outputs),
+                  **_common(r))
     if op in FILL_OPS:
         return [Cost(kind="fill", flops=0, bytes=_bytes(r.outputs), **common)]
     if op in COPY_OPS:

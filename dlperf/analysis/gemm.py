@@ -116,10 +116,9 @@ def best_quantization(shape: GemmShape, sm_count: int) -> Quantization:
     """
     best = None
     for tile in TILES:
+        output_tiles = math.ceil(shape.m / tile[0]) * math.ceil(shape.n / tile[1]) * shape.batch
         for split in SPLIT_K_CHOICES:
-            if split > 1 and (shape.k // split < MIN_SPLIT_K_DEPTH
-                              or math.ceil(shape.m / tile[0]) * math.ceil(shape.n / tile[1])
-                              * shape.batch * split // 2 >= sm_count):
+            if split > 1 and (output_tiles >= sm_count or shape.k // split < MIN_SPLIT_K_DEPTH):
                 break
             q = quantize(shape.m, shape.n, tile, sm_count, shape.batch, split)
             if best is None or (q.efficiency * q.intrinsic_efficiency

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dlperf.report import seconds, si
@@ -72,4 +73,4 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
         console.print("[bold]What the guide says to do[/]:")
         for f in analysis.findings:
             gain = f" (saves ~{seconds(f.saving_s)} per step)" if f.saving_s > 0 else ""
-            console.print(f"  - [{f.rule}] {f.message}{gain}")
+            console.print(f"  - {escape('[' + f.rule + ']')} {escape(f.message)}{gain}")

@@ -25,6 +25,11 @@ MEMORY_EFFICIENCY = 0.85
 MISALIGNED_EFFICIENCY = 0.50
 # GPU time per kernel that does no useful work (launch, ramp-up and tail), back to back.
 LAUNCH_OVERHEAD_S = 3e-6
+# Tensor Core convolutions in cuDNN work on NHWC data; given NCHW tensors, cuDNN transposes the
+# activations into NHWC and back around the kernel (the record ResNet-50 blog's reason to keep
+# NHWC end to end). Modelled as one extra read + write of every activation the pass touches,
+# in this many extra kernels.
+NCHW_TRANSPOSE_KERNELS = 2
 
 
 def math_unit(dtype: str, tf32: bool) -> str:
@@ -46,6 +51,7 @@ class Prediction:
     math_time_s: float
     memory_time_s: float
     launch_time_s: float
+    transpose_time_s: float = 0.0  # NCHW <-> NHWC around a Tensor Core convolution
 
     @property
     def quantization_efficiency(self) -> float:
@@ -53,7 +59,7 @@ class Prediction:
 
     @property
     def time_s(self) -> float:
-        return max(self.math_time_s, self.memory_time_s) + self.launch_time_s
+        return max(self.math_time_s, self.memory_time_s) + self.transpose_time_s + self.launch_time_s
 
 
 def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: float | None = None,
@@ -85,6 +91,10 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: f
         if spec.tensor_cores:  # tile/wave model of cuBLAS on SMs; CPUs have no such waves
             quant = best_quantization(cost.gemm, spec.sm_count)
             efficiency *= quant.efficiency * quant.intrinsic_efficiency
+    transpose_s, kernels = 0.0, cost.kernels
+    if cost.nhwc is False and spec.tensor_cores and unit != "fp32" and cost.activation_bytes:
+        transpose_s = 2 * cost.activation_bytes / (spec.mem_bandwidth * b_eff)
+        kernels += NCHW_TRANSPOSE_KERNELS
     intensity = cost.intensity
     ratio = peak / spec.mem_bandwidth
     bound = "none" if not cost.flops and not cost.bytes else (
@@ -93,4 +103,4 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: f
         cost=cost, unit=unit, intensity=intensity, bound=bound, aligned=aligned, misaligned=miss,
         quantization=quant, math_time_s=cost.flops / (peak * efficiency) if cost.flops else 0.0,
         memory_time_s=cost.bytes / (spec.mem_bandwidth * b_eff) if cost.bytes else 0.0,
-        launch_time_s=cost.kernels * launch)
+        launch_time_s=kernels * launch, transpose_time_s=transpose_s)
