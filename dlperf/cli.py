@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "FEATURES for non-image models")
     a.add_argument("--num-classes", type=_positive_int, help="classifier outputs (torchvision)")
     a.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    a.add_argument("--html", metavar="PATH",
+                   help="write a self-contained HTML report with the roofline plot")
     a.add_argument("--top", type=_positive_int, default=25, help="rows in the table [25]")
     a.add_argument("--macs", action="store_true", help="show multiply-accumulates, not FLOPs")
     g = a.add_argument_group("gpt (built-in GPT-style decoder)")
@@ -138,6 +140,12 @@ def _cmd_analyze(args) -> int:
     if args.json:
         write_json_atomic(args.json, analysis.to_dict())
         console.print(f"Wrote {args.json}")
+    if args.html:
+        from dlperf.analysis.html import render_html
+        from dlperf.report import write_text_atomic
+
+        write_text_atomic(args.html, render_html(analysis))
+        console.print(f"Wrote {args.html}")
     return 0
 
 

@@ -26,16 +26,21 @@ def seconds(value: float) -> str:
     return f"{value * 1e6:.3g} µs"
 
 
-def write_json_atomic(path: str | Path, data) -> Path:
-    """Write JSON via temp file + fsync + rename, so readers never see a half-written file."""
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write via temp file + fsync + rename, so readers never see a half-written file."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
+    if not path.parent.exists():
         raise DlperfError(f"{path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise DlperfError(f"{path}: cannot write ({exc.strerror})") from None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone to read
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -44,3 +49,7 @@ def write_json_atomic(path: str | Path, data) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json_atomic(path: str | Path, data) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")

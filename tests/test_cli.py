@@ -42,6 +42,23 @@ def test_analyze_resnet50_train_json_shape(tmp_path, capsys):
     assert data["totals"]["flops"] == pytest.approx(3 * 8.178e9 * 64, rel=0.03)
 
 
+def test_html_report_is_self_contained(tmp_path, capsys):
+    path = tmp_path / "r.html"
+    code, _, err = _run(["analyze", "resnet18", "--batch-size", "8", "--train", "--html",
+                         str(path)], capsys)
+    assert code == 0, err
+    text = path.read_text()
+    assert text.startswith("<!doctype html>") and "<svg" in text
+    assert "<script" not in text and "src=" not in text and "href=" not in text
+    # one circle per kernel that has both math and traffic
+    import dlperf
+
+    a = dlperf.analyze("resnet18", (8, 3, 224, 224), train=True)
+    expected = sum(1 for p in a.predictions if p.cost.flops > 0 and p.cost.bytes > 0)
+    assert text.count("<circle") == expected
+    assert "What the guide says to do" in text
+
+
 MODEL_FILE = '''
 import torch
 from torch import nn
@@ -149,6 +166,14 @@ def test_help_explains_itself(sub):
                           text=True, timeout=120)
     assert proc.returncode == 0
     assert "usage: dlperf" in proc.stdout and len(proc.stdout) > 200
+
+
+@pytest.mark.slow
+def test_analyze_device_cpu_runs_a_fresh_probe(capsys):
+    code, out, err = _run(["analyze", "resnet18", "--device", "cpu", "--batch-size", "2",
+                           "--dtype", "fp32"], capsys)
+    assert code == 0, err
+    assert "(measured)" in out and "Predicted step" in out
 
 
 @pytest.mark.slow

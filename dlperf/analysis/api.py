@@ -68,6 +68,7 @@ class Analysis:
             "memory_time_s": sum(max(p.math_time_s, p.memory_time_s) for p in preds
                                  if p.math_time_s < p.memory_time_s),
             "launch_time_s": sum(p.launch_time_s for p in preds),
+            "nchw_transpose_time_s": sum(p.transpose_time_s for p in preds),
             "time_by_phase_s": by_phase,
             "gemm_flops_share": (sum(p.cost.flops for p in preds
                                      if p.cost.kind in ("gemm", "fused")) / flops) if flops else 0.0,

@@ -61,7 +61,10 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
     phases = ", ".join(f"{k} {seconds(v)}" for k, v in totals["time_by_phase_s"].items())
     console.print(
         f"Time split: math-limited {seconds(totals['compute_time_s'])}, memory-limited "
-        f"{seconds(totals['memory_time_s'])}, launch {seconds(totals['launch_time_s'])}; "
+        f"{seconds(totals['memory_time_s'])}, "
+        + (f"NCHW transposes {seconds(totals['nchw_transpose_time_s'])}, "
+           if totals["nchw_transpose_time_s"] else "")
+        + f"launch {seconds(totals['launch_time_s'])}; "
         f"memory-bound kernels take {totals['memory_bound_time_share']:.0%} of the time "
         f"while GEMMs hold {totals['gemm_flops_share']:.0%} of the FLOPs. By phase: {phases}.")
     console.print(f"Ops:byte ratio of {spec.display_name}: {ratios}"

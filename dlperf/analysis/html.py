@@ -1,0 +1,136 @@
+"""A self-contained HTML report: the roofline plot (inline SVG, no scripts), totals, findings
+and the kernel table. Opens offline in any browser; nothing is fetched."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from dlperf.report import seconds, si
+
+W, H, PAD_L, PAD_B, PAD_T, PAD_R = 760, 460, 70, 50, 20, 20
+COLORS = {"compute": "#1f77b4", "memory": "#d62728", "none": "#999999"}
+
+
+def _log_scale(lo: float, hi: float, a: float, b: float):
+    llo, lhi = math.log10(lo), math.log10(hi)
+
+    def f(v: float) -> float:
+        return a + (math.log10(max(v, lo)) - llo) / (lhi - llo) * (b - a)
+
+    return f
+
+
+def roofline_svg(analysis) -> str:
+    spec = analysis.device
+    preds = [p for p in analysis.predictions if p.cost.flops > 0 and p.cost.bytes > 0 and p.time_s]
+    units = sorted({p.unit for p in preds} | {"fp32"}, key=lambda u: spec.peak_flops(u) or 0)
+    top_peak = max(spec.peak_flops(u) or 0 for u in units)
+    xs = [p.intensity for p in preds] or [1.0]
+    x_lo = 10 ** math.floor(math.log10(max(min(xs), 1e-2)))
+    x_hi = 10 ** math.ceil(math.log10(max(max(xs), spec.ops_per_byte(units[-1]) or 1) * 2))
+    y_hi = 10 ** math.ceil(math.log10(top_peak * 1.5))
+    achieved = [p.cost.flops / p.time_s for p in preds] or [top_peak / 1e3]
+    # Six decades below the top peak is enough: slower kernels (a scalar loss division) sit on
+    # the bottom edge instead of squashing the plot.
+    y_lo = 10 ** math.floor(math.log10(max(min(min(achieved), x_lo * spec.mem_bandwidth),
+                                           top_peak / 1e6)))
+    fx = _log_scale(x_lo, x_hi, PAD_L, W - PAD_R)
+    fy = _log_scale(y_lo, y_hi, H - PAD_B, PAD_T)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" '
+           f'height="{H - PAD_T - PAD_B}" fill="none" stroke="#888"/>']
+    decade = x_lo
+    while decade <= x_hi * 1.001:
+        x = fx(decade)
+        out.append(f'<line x1="{x:.1f}" y1="{PAD_T}" x2="{x:.1f}" y2="{H - PAD_B}" stroke="#eee"/>'
+                   f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{decade:g}</text>')
+        decade *= 10
+    decade = y_lo
+    while decade <= y_hi * 1.001:
+        y = fy(decade)
+        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="#eee"/>'
+                   f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end">{si(decade)}</text>')
+        decade *= 10
+    out.append(f'<text x="{(W + PAD_L) / 2}" y="{H - 12}" text-anchor="middle">arithmetic '
+               'intensity (FLOP/byte)</text>'
+               f'<text x="16" y="{H / 2}" transform="rotate(-90 16 {H / 2})" '
+               'text-anchor="middle">FLOP/s (predicted)</text>')
+    for unit in units:  # one roof per math unit: min(peak, intensity x bandwidth)
+        peak = spec.peak_flops(unit)
+        ridge = peak / spec.mem_bandwidth
+        pts = [(x_lo, x_lo * spec.mem_bandwidth), (ridge, peak), (x_hi, peak)]
+        path = " ".join(f"{fx(a):.1f},{fy(b):.1f}" for a, b in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="#333" stroke-width="1.5"/>'
+                   f'<text x="{W - PAD_R - 4}" y="{fy(peak) - 4:.1f}" text-anchor="end">'
+                   f'{unit} peak {si(peak)}FLOP/s, ridge {ridge:.0f} FLOP/B</text>')
+    total = sum(p.time_s for p in preds) or 1.0
+    for p in sorted(preds, key=lambda p: -p.time_s):
+        r = 2 + 10 * math.sqrt(p.time_s / total)
+        label = html.escape(f"{p.cost.module or '(model)'} {p.cost.op} {p.cost.phase}: "
+                            f"{p.intensity:.3g} FLOP/B, {seconds(p.time_s)}")
+        out.append(f'<circle cx="{fx(p.intensity):.1f}" '
+                   f'cy="{fy(max(p.cost.flops / p.time_s, y_lo)):.1f}" '
+                   f'r="{r:.1f}" fill="{COLORS[p.bound]}" fill-opacity="0.45" '
+                   f'stroke="{COLORS[p.bound]}"><title>{label}</title></circle>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render_html(analysis, top: int = 50) -> str:
+    cfg, spec, t = analysis.config, analysis.device, analysis.totals()
+    esc = html.escape
+    rows = []
+    for p in sorted(analysis.predictions, key=lambda p: -p.time_s)[:top]:
+        c = p.cost
+        gemm = f"{c.gemm.m}x{c.gemm.n}x{c.gemm.k}" + (f" x{c.gemm.batch}" if c.gemm and
+                                                      c.gemm.batch > 1 else "") if c.gemm else ""
+        aligned = "" if p.aligned is None else ("yes" if p.aligned else
+                                                "no: " + ",".join(p.misaligned).upper())
+        rows.append(
+            f"<tr><td>{esc(c.module or '(model)')}</td><td>{esc(c.op)}</td><td>{c.phase}</td>"
+            f"<td>{gemm}</td><td>{si(c.flops)}</td><td>{si(c.bytes, 'B')}</td>"
+            f"<td>{'inf' if math.isinf(p.intensity) else f'{p.intensity:.3g}'}</td>"
+            f"<td class='{p.bound}'>{p.bound}</td><td>{aligned}</td>"
+            f"<td>{f'{p.quantization_efficiency:.0%}' if p.quantization else ''}</td>"
+            f"<td>{seconds(p.time_s)}</td><td>{p.time_s / t['predicted_time_s']:.1%}</td></tr>")
+    findings = "".join(f"<li><b>{esc(f.rule)}</b>: {esc(f.message)}"
+                       f"{f' <i>(saves ~{seconds(f.saving_s)} per step)</i>' if f.saving_s > 0 else ''}"
+                       "</li>" for f in analysis.findings)
+    uncounted = ", ".join(f"{esc(op)} x{n}" for op, n in sorted(analysis.uncounted.items()))
+    rate = (f"{t['samples_per_s']:,.0f} samples/s"
+            + (f" ({t['tokens_per_s']:,.0f} tokens/s)" if "tokens_per_s" in t else ""))
+    title = (f"dlperf analyze: {cfg.model}, batch {cfg.input_shape[0]}, {cfg.dtype}"
+             f"{' +tf32' if cfg.tf32 else ''}{', channels_last' if cfg.channels_last else ''}, "
+             f"{'train' if cfg.train else 'inference'} on {spec.display_name}")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{esc(title)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 24px; color: #222; }}
+table {{ border-collapse: collapse; font-size: 12px; }}
+td, th {{ border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
+td:first-child, td:nth-child(2), td:nth-child(3) {{ text-align: left; }}
+.memory {{ color: #d62728; }} .compute {{ color: #1f77b4; }}
+.totals span {{ display: inline-block; margin-right: 24px; }}
+</style></head><body>
+<h2>{esc(title)}</h2>
+<p class="totals"><span><b>Predicted step</b> {seconds(t['predicted_time_s'])}</span>
+<span><b>{rate}</b></span><span>{si(t['flops'])}FLOP (2 per multiply-add)</span>
+<span>{si(t['bytes'], 'B')} moved</span><span>{t['kernels']} kernels</span>
+<span>memory-bound time {t['memory_bound_time_share']:.0%}</span></p>
+<h3>Roofline</h3>
+<p>Each circle is one kernel (area ~ its share of the step; hover for the name); red is
+memory-bound, blue compute-bound by the guide's definition (intensity vs the ops:byte ratio).</p>
+{roofline_svg(analysis)}
+<h3>What the guide says to do</h3><ul>{findings or '<li>Nothing above the reporting threshold.</li>'}</ul>
+<h3>Top {top} kernels by predicted time</h3>
+<table><tr><th>layer</th><th>op</th><th>phase</th><th>GEMM MxNxK</th><th>FLOPs</th><th>bytes</th>
+<th>FLOP/B</th><th>bound</th><th>TC-aligned</th><th>tile x wave</th><th>time</th><th>share</th></tr>
+{''.join(rows)}</table>
+<p>{('Uncounted ops (no cost rule, not in the totals): ' + uncounted) if uncounted else 'Every op was costed.'}</p>
+<p style="color:#888">Model constants and the device's datasheet source are in the JSON
+(<code>--json</code>). Predictions are a roofline: max(FLOPs / math rate, bytes / bandwidth) +
+launch cost per kernel.</p>
+</body></html>
+"""

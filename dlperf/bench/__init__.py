@@ -1,0 +1,1 @@
+"""Benchmarks: a baseline plus one change, medians, results saved with their environment."""

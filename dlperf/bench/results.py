@@ -1,0 +1,67 @@
+"""Benchmark result files: hardware, library versions, git commit and full config, atomically."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from dlperf.report import write_json_atomic
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=cwd, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=cwd, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def environment() -> dict:
+    """What a reader needs to compare a number: machine, versions, commit."""
+    import torch
+
+    env = {
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": platform.node(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "git_commit": git_commit(Path(__file__).resolve().parent),
+    }
+    try:
+        import torchvision
+
+        env["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+def save_result(path: str | Path, name: str, config: dict, results: dict) -> Path:
+    return write_json_atomic(path, {"benchmark": name, "environment": environment(),
+                                    "config": config, "results": results})
