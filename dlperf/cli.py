@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model and input in NHWC (channels_last) memory format")
     a.add_argument("--input-shape", help="per-sample shape without batch: C,H,W (3,224,224) or "
                                          "FEATURES for non-image models")
+    a.add_argument("--input-dtype", choices=("float32", "int64"), default=None,
+                   help="input element type: int64 for token ids (embedding models) "
+                        "[float32; int64 for gpt]")
     a.add_argument("--num-classes", type=_positive_int, help="classifier outputs (torchvision)")
     a.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     a.add_argument("--html", metavar="PATH",
@@ -102,6 +105,8 @@ def _console():
 
 
 def _cmd_analyze(args) -> int:
+    import torch
+
 
     from dlperf.analysis.api import AnalysisConfig, analyze_model
     from dlperf.analysis.report import render
@@ -130,12 +135,15 @@ def _cmd_analyze(args) -> int:
     model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
     sample_shape = parse_input_shape(args.input_shape) if args.input_shape else model_input.shape
     batch = args.batch_size or (8 if model_input.kind == "tokens" else 256)
+    tokens = (args.input_dtype or ("int64" if model_input.kind == "tokens" else "")) == "int64"
     cfg = AnalysisConfig(model=args.model, input_shape=(batch, *sample_shape), dtype=args.dtype,
                          tf32=args.tf32, train=args.train, channels_last=args.channels_last,
-                         device=spec.name, tokens=model_input.kind == "tokens")
+                         device=spec.name, tokens=tokens and len(sample_shape) == 1)
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
-    analysis = analyze_model(model, cfg, spec, model_input.dtype)
+    input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
+                                                                      model_input.dtype)
+    analysis = analyze_model(model, cfg, spec, input_dtype)
     render(analysis, console, top=args.top, macs=args.macs)
     if args.json:
         write_json_atomic(args.json, analysis.to_dict())

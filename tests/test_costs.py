@@ -169,3 +169,45 @@ def test_unknown_op_is_listed_as_uncounted_not_dropped():
     costs, uncounted = _costs(FFT(), x, train=False)
     assert any("fft" in op for op in uncounted), uncounted
     assert any(c.op == "abs" for c in costs)
+
+
+def test_conv_alignment_is_about_channels_not_pixels():
+    # Guide 2.2: for convolutions the rule concerns input/output channels. N*H*W = 4*73*73 =
+    # 21,316 is not a multiple of 8 but must not be flagged; 3 input channels must be.
+    import dlperf
+
+    model = nn.Sequential(nn.Conv2d(3, 64, 3), nn.Conv2d(64, 128, 3))
+    a = dlperf.analyze(model, (4, 3, 75, 75), device="h100-sxm", dtype="bf16", train=True,
+                       channels_last=True)
+    by = {(p.cost.module, p.cost.phase): p for p in a.predictions if p.cost.kind == "gemm"}
+    assert by[("0", "forward")].misaligned == ("c_in",)
+    assert by[("1", "forward")].aligned is True
+    assert by[("1", "dgrad")].cost.gemm.m == 4 * 73 * 73 and by[("1", "dgrad")].aligned is True
+
+
+def test_depthwise_conv_runs_on_cuda_cores():
+    import dlperf
+
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, groups=64))
+    a = dlperf.analyze(model, (8, 64, 56, 56), device="h100-sxm", dtype="bf16", train=True,
+                       channels_last=True)
+    convs = [p for p in a.predictions if p.cost.kind == "gemm"]
+    assert convs and all(p.unit == "fp32" and p.aligned is None and p.quantization is None
+                         for p in convs)
+
+
+MODELS = ["resnet18", "resnext50_32x4d", "wide_resnet50_2", "densenet121", "efficientnet_b0",
+          "mobilenet_v2", "shufflenet_v2_x0_5", "squeezenet1_1", "convnext_tiny", "swin_t",
+          "maxvit_t", "regnet_x_400mf", "vit_b_32", "alexnet", "vgg11_bn", "mnasnet0_5"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_torchvision_models_are_fully_costed(name):
+    # Every op of forward + backward has a cost rule (nothing uncounted), for a spread of
+    # architectures: grouped/depthwise convs, concatenation, attention, window shifts, SE blocks.
+    import dlperf
+
+    a = dlperf.analyze(name, (2, 3, 224, 224), device="a100-80gb", dtype="bf16", train=True)
+    assert a.uncounted == {}
+    assert a.totals()["flops"] > 0 and a.totals()["predicted_time_s"] > 0

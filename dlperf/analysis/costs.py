@@ -45,6 +45,12 @@ COPY_OPS = frozenset({"_to_copy", "copy_", "clone", "contiguous", "_copy_from", 
 # Memory-bound ops that are not tagged pointwise, with FLOPs per element of their largest tensor
 # (our estimate of the arithmetic; they are memory-bound at any of these values, guide 2.1).
 MEMORY_OPS_FLOPS_PER_ELEMENT = {
+    # activations PyTorch does not tag pointwise (their in-place forms and backwards)
+    "hardswish": 4, "hardswish_": 4, "hardswish_backward": 4, "hardsigmoid": 3,
+    "hardsigmoid_": 3, "hardsigmoid_backward": 2, "gelu": 8, "gelu_": 8, "leaky_relu_backward": 2,
+    "elu_backward": 3, "hardtanh_backward": 2, "softplus_backward": 4, "mish_backward": 8,
+    "log_sigmoid_backward": 4, "log_sigmoid_forward": 4, "prelu_backward": 3,
+    "_prelu_kernel": 2, "_prelu_kernel_backward": 3, "rrelu_with_noise_backward": 2,
     # normalisation: statistics (sum, sum of squares) + scale and shift
     "native_batch_norm": 5, "_native_batch_norm_legit": 5, "_native_batch_norm_legit_functional": 5,
     "_native_batch_norm_legit_no_training": 2, "cudnn_batch_norm": 5,
@@ -103,6 +109,10 @@ class Cost:
     output_bytes: int = 0  # the part of `bytes` that is written (what a fusion saves re-reading)
     nhwc: bool | None = None  # convolutions: activations in channels_last (None: not a conv)
     activation_bytes: int = 0  # convolutions: activation traffic (what an NCHW transpose moves)
+    # Guide 2.2: for convolutions the 16-byte rule concerns the channel counts (per group), not
+    # the GEMM dims built from batch and pixels; (name, size) pairs. None: check M, N and K.
+    align_dims: tuple[tuple[str, int], ...] | None = None
+    groups: int = 1
 
     @property
     def intensity(self) -> float:
@@ -188,7 +198,8 @@ def _conv_costs(r: OpRecord) -> list[Cost]:
         n, c, k, ins, outs, rs = _conv_geometry(x, w, y, transposed, groups)
         shapes = conv_gemms(n, c, k, ins, outs, rs, groups)
         shape = shapes["dgrad" if transposed else "forward"]
-        return [Cost(op="convolution", phase="forward", kind="gemm",
+        conv = dict(align_dims=(("c_in", c // groups), ("c_out", k // groups)), groups=groups)
+        return [Cost(op="convolution", phase="forward", kind="gemm", **conv,
                      flops=conv_flops(n, c, k, outs, rs, groups),
                      bytes=_bytes(r.inputs) + _bytes(r.outputs), dtype=x.dtype, gemm=shape,
                      output_bytes=_bytes(r.outputs), nhwc=_nhwc(x, y),
@@ -201,18 +212,19 @@ def _conv_costs(r: OpRecord) -> list[Cost]:
     shapes = conv_gemms(n, c, k, ins, outs, rs, groups)
     flops = conv_flops(n, c, k, outs, rs, groups)
     nhwc = _nhwc(x, gy)
+    conv = dict(align_dims=(("c_in", c // groups), ("c_out", k // groups)), groups=groups)
     outputs = iter(r.outputs)
     costs = []
     if mask[0]:
         gx = next(outputs)
-        costs.append(Cost(op="convolution_backward", phase="dgrad", kind="gemm", flops=flops,
+        costs.append(Cost(op="convolution_backward", phase="dgrad", kind="gemm", flops=flops, **conv,
                           bytes=gy.nbytes + w.nbytes + gx.nbytes, dtype=gy.dtype,
                           gemm=shapes["forward" if transposed else "dgrad"],
                           output_bytes=gx.nbytes, nhwc=nhwc,
                           activation_bytes=gy.nbytes + gx.nbytes, **_common(r)))
     if mask[1]:
         gw = next(outputs)
-        costs.append(Cost(op="convolution_backward", phase="wgrad", kind="gemm", flops=flops,
+        costs.append(Cost(op="convolution_backward", phase="wgrad", kind="gemm", flops=flops, **conv,
                           bytes=gy.nbytes + x.nbytes + gw.nbytes, dtype=gy.dtype,
                           gemm=shapes["wgrad"], output_bytes=gw.nbytes, nhwc=nhwc,
                           activation_bytes=gy.nbytes + x.nbytes, **_common(r)))

@@ -72,12 +72,23 @@ def alignment_elements(unit: str, align_bytes: int = 16) -> int | None:
     return align_bytes // ELEMENT_BYTES[unit]
 
 
-def misaligned_dims(shape: GemmShape, unit: str, align_bytes: int = 16) -> list[str]:
-    """Names of the GEMM dimensions (of 'm', 'n', 'k') that break the Tensor Core rule."""
+def gemm_dims(shape: GemmShape) -> tuple[tuple[str, int], ...]:
+    """The dimensions the 16-byte rule applies to for a plain GEMM: all of M, N and K."""
+    return (("m", shape.m), ("n", shape.n), ("k", shape.k))
+
+
+def misaligned_dims(dims, unit: str, align_bytes: int = 16) -> list[str]:
+    """Names of the dimensions that break the Tensor Core rule (guide 2.2).
+
+    ``dims`` is a GemmShape (M, N, K all checked: for a linear layer those are batch, inputs
+    and outputs) or named (name, size) pairs, e.g. a convolution's channel counts.
+    """
     multiple = alignment_elements(unit, align_bytes)
     if multiple is None:
         return []
-    return [d for d in ("m", "n", "k") if getattr(shape, d) % multiple]
+    if isinstance(dims, GemmShape):
+        dims = gemm_dims(dims)
+    return [name for name, size in dims if size % multiple]
 
 
 def wave_efficiency(tiles: int, sm_count: int) -> float:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlperf.analysis.costs import Cost
-from dlperf.analysis.gemm import Quantization, best_quantization, misaligned_dims
+from dlperf.analysis.gemm import (Quantization, alignment_elements, best_quantization,
+                                  misaligned_dims)
 from dlperf.errors import DlperfError
 from dlperf.hardware.specs import DeviceSpec
 
@@ -82,9 +83,15 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: f
         unit, peak = "fp32", spec.peak_flops("fp32")
     efficiency = m_eff
     quant, miss, aligned = None, (), None
-    if cost.gemm is not None and cost.kind == "gemm":
+    if is_matmul and cost.groups > 1 and cost.align_dims and unit != "fp32" and min(
+            size for _, size in cost.align_dims) < (alignment_elements(unit) or 1):
+        # Depthwise and narrow grouped convolutions (fewer channels per group than one Tensor
+        # Core fragment) run in cuDNN's CUDA-core kernels: no Tensor Cores, no tile model.
+        unit, peak = "fp32", spec.peak_flops("fp32")
+    elif cost.gemm is not None and cost.kind == "gemm":
         if spec.tensor_cores and unit != "fp32":
-            miss = tuple(misaligned_dims(cost.gemm, unit, spec.tc_alignment_bytes))
+            miss = tuple(misaligned_dims(cost.align_dims or cost.gemm, unit,
+                                         spec.tc_alignment_bytes))
             aligned = not miss
             if miss:
                 efficiency *= MISALIGNED_EFFICIENCY

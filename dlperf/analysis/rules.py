@@ -32,7 +32,10 @@ FUSIBLE_POINTWISE = frozenset({"relu", "relu_", "threshold_backward", "add", "ad
                                "hardswish", "hardswish_", "hardsigmoid", "div", "sub",
                                "hardtanh", "hardtanh_", "clamp_min", "clamp", "dropout",
                                "native_dropout", "tanh", "sigmoid_backward", "silu_backward",
-                               "hardswish_backward", "hardsigmoid_backward", "where"})
+                               "hardswish_backward", "hardsigmoid_backward", "where",
+                               "hardsigmoid_", "gelu_", "leaky_relu", "leaky_relu_",
+                               "leaky_relu_backward", "elu", "elu_", "elu_backward",
+                               "hardtanh_backward", "tanh_backward", "mish", "mish_backward"})
 MEMORY_KINDS = ("memory", "copy", "transpose", "fill")
 
 
@@ -166,17 +169,23 @@ def _alignment(analysis, step_s) -> list[Finding]:
     saving = 0.0
     examples = []
     for p in bad:
-        c, g = p.cost, p.cost.gemm
+        c = p.cost
         multiple = alignment_elements(p.unit, spec.tc_alignment_bytes)
-        padded = GemmShape(*(_pad(getattr(g, d), multiple) if d in p.misaligned else getattr(g, d)
-                             for d in ("m", "n", "k")), g.batch)
-        grow = padded.flops / g.flops
-        fixed = dataclasses.replace(c, gemm=padded, flops=padded.flops,
+        named = dict(c.align_dims or ()) or {"m": c.gemm.m, "n": c.gemm.n, "k": c.gemm.k}
+        padded = {d: _pad(v, multiple) if d in p.misaligned else v for d, v in named.items()}
+        grow = math.prod(padded.values()) / math.prod(named.values())
+        # Padding adds work in proportion (FLOPs x grow) but lets the aligned kernels run.
+        fixed = dataclasses.replace(c, align_dims=tuple(padded.items()), flops=int(c.flops * grow),
                                     bytes=int(c.bytes * grow ** (2 / 3)))
+        if c.align_dims is None:
+            fixed = dataclasses.replace(fixed, gemm=GemmShape(padded["m"], padded["n"],
+                                                              padded["k"], c.gemm.batch))
         gain = p.time_s - _repredict(analysis, fixed).time_s
         saving += max(gain, 0.0)
-        dims = ", ".join(f"{d.upper()}={getattr(g, d)}->{getattr(padded, d)}" for d in p.misaligned)
+        dims = ", ".join(f"{d.upper()}={named[d]}->{padded[d]}" for d in p.misaligned)
         examples.append((gain, f"{c.module or '(model)'} {c.phase} ({dims})"))
+    if saving / step_s < MIN_SHARE:  # e.g. padding a 3-channel stem to 8 costs more than it saves
+        return []
     examples.sort(reverse=True)
     shown = "; ".join(e for _, e in examples[:4])
     unit = bad[0].unit
@@ -184,8 +193,9 @@ def _alignment(analysis, step_s) -> list[Finding]:
         "alignment",
         f"{len(bad)} Tensor Core GEMMs have a dimension that is not a multiple of "
         f"{alignment_elements(unit, spec.tc_alignment_bytes)} elements ({spec.tc_alignment_bytes} "
-        f"bytes of {unit}, guide 2.2): pad channels / features / vocabulary (e.g. the 3-channel "
-        f"stem to 4 or 8 in NHWC, a vocabulary to a multiple of 64). Predicted gain "
+        f"bytes of {unit}, guide 2.2: channels for convolutions; batch, inputs and outputs for "
+        f"linear layers): pad them (the 3-channel stem to 4 or 8 in NHWC, a vocabulary to a "
+        f"multiple of 64). Predicted gain "
         f"~{saving * 1e3:.3g} ms. Worst: {shown}.", saving,
         tuple(sorted({p.cost.module for p in bad})))]
 

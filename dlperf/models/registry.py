@@ -45,6 +45,20 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _construct(build):
+    """Build a model on the meta device (no memory, no init); builders that compute with
+    tensors while constructing (regnet's .tolist()) are built on the CPU and moved to meta."""
+    try:
+        with torch.device("meta"):
+            return build()
+    except (NotImplementedError, RuntimeError) as exc:
+        if "meta" not in str(exc):
+            raise
+    with torch.no_grad():
+        model = build()
+    return model.to("meta") if isinstance(model, torch.nn.Module) else model
+
+
 def _load_factory(target: str) -> torch.nn.Module:
     path_text, _, factory_name = target.rpartition(":")
     path = Path(path_text)
@@ -63,8 +77,7 @@ def _load_factory(target: str) -> torch.nn.Module:
         names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
         raise DlperfError(f"{path}: no callable {factory_name!r}{close_matches(factory_name, names)}")
     try:
-        with torch.device("meta"):
-            model = factory()
+        model = _construct(factory)
     except Exception as exc:
         raise DlperfError(f"{target}: the factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
@@ -90,10 +103,17 @@ def build_model(name: str, gpt=None, num_classes: int | None = None
                           "use a torchvision name, gpt, or path/to/file.py:factory")
     import torchvision
 
-    kwargs = {"num_classes": num_classes} if num_classes else {}
+    # weights=None and weights_backbone=None: never download anything (detection and
+    # segmentation builders fetch ImageNet backbone weights by default).
+    kwargs = {"weights": None, **({"num_classes": num_classes} if num_classes else {})}
     default = ModelInput((3, 299, 299)) if name == "inception_v3" else ModelInput((3, 224, 224))
+    if name.startswith(("r3d", "mc3", "r2plus1d", "s3d", "mvit", "swin3d")):
+        default = ModelInput((3, 16, 112, 112))  # video models: C, T, H, W
     if name in ("inception_v3", "googlenet"):
         kwargs["aux_logits"] = False
         kwargs["init_weights"] = False
-    with torch.device("meta"):
-        return torchvision.models.get_model(name, **kwargs), default
+    try:
+        return _construct(lambda: torchvision.models.get_model(
+            name, weights_backbone=None, **kwargs)), default
+    except TypeError:  # builders without a backbone argument
+        return _construct(lambda: torchvision.models.get_model(name, **kwargs)), default
