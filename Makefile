@@ -8,7 +8,7 @@ STAMP := $(VENV)/.dlperf-installed
 # torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test install clean bench-analyze
+.PHONY: demo test install clean bench-analyze bench-predict
 
 install: $(STAMP)
 
@@ -30,3 +30,6 @@ bench-analyze: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache dlperf-report.json
+
+bench-predict: $(STAMP)
+	$(BIN)/python benchmarks/bench_predict_vs_measure.py

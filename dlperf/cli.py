@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input element type: int64 for token ids (embedding models) "
                         "[float32; int64 for gpt]")
     a.add_argument("--num-classes", type=_positive_int, help="classifier outputs (torchvision)")
+    a.add_argument("--measure", action="store_true",
+                   help="also run the step for real on this machine (--device cpu, or a GPU "
+                        "preset when that GPU is present) and show measured beside predicted "
+                        "time per kernel")
+    a.add_argument("--measure-steps", type=_positive_int, default=3,
+                   help="timed steps for --measure, after one warm-up step [3]")
     a.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     a.add_argument("--html", metavar="PATH",
                    help="write a self-contained HTML report with the roofline plot")
@@ -145,8 +151,11 @@ def _cmd_analyze(args) -> int:
                                                                       model_input.dtype)
     analysis = analyze_model(model, cfg, spec, input_dtype)
     render(analysis, console, top=args.top, macs=args.macs)
+    result = analysis.to_dict()
+    if args.measure:
+        result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
     if args.json:
-        write_json_atomic(args.json, analysis.to_dict())
+        write_json_atomic(args.json, result)
         console.print(f"Wrote {args.json}")
     if args.html:
         from dlperf.analysis.html import render_html
@@ -155,6 +164,31 @@ def _cmd_analyze(args) -> int:
         write_text_atomic(args.html, render_html(analysis))
         console.print(f"Wrote {args.html}")
     return 0
+
+
+def _measure(args, cfg, spec, gpt, input_dtype, console):
+    import torch
+    from rich.progress import Progress
+
+    from dlperf.analysis.measure import MeasureConfig, measure
+    from dlperf.analysis.report import render_measurement
+    from dlperf.models.registry import build_model
+
+    if args.device == "cpu":
+        device = "cpu"
+    elif torch.cuda.is_available():
+        device = "cuda"
+    else:
+        raise DlperfError(f"--measure runs the model here, and no CUDA GPU is visible for "
+                          f"--device {args.device}; use --device cpu to measure this CPU")
+    model, _ = build_model(args.model, gpt=gpt, num_classes=args.num_classes, real=True)
+    mcfg = MeasureConfig(steps=args.measure_steps)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"measuring on {device}", total=mcfg.steps + mcfg.warmup)
+        result = measure(model, cfg, spec, device, input_dtype, mcfg,
+                         progress=lambda: bar.advance(task))
+    render_measurement(result, console, top=args.top)
+    return result
 
 
 def _cmd_devices(args) -> int:

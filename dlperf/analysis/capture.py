@@ -62,12 +62,8 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: str
     stride: tuple[int, ...]
-    key: int  # storage identity: views of one tensor share it
-    offset: int = 0  # storage offset, so q/k/v views of one buffer count as three reads
-
-    @property
-    def view_id(self) -> tuple:
-        return (self.key, self.offset, self.shape, self.stride)
+    key: int  # storage identity: views of one tensor share it (parameters stay alive, so a
+    #           parameter's key is never reused by another live tensor during a capture)
 
     @property
     def numel(self) -> int:
@@ -106,6 +102,7 @@ class OpRecord:
     region: str | None = None  # fused region id, e.g. "scaled_dot_product_attention#0"
     pointwise: bool = False  # aten tag: elementwise op
     is_view: bool = False  # aliases its input: no kernel, no traffic
+    measured_s: float | None = None  # wall time of the kernel when captured on a real device
 
 
 @dataclass
@@ -118,20 +115,15 @@ class Capture:
     weight_keys: set = field(default_factory=set)
     # Fused regions: id -> what the analytic cost needs (costs.attention_cost).
     regions: dict = field(default_factory=dict)
-    # Storages seen, kept alive so their addresses (our tensor identity) are never reused.
-    keepalive: list = field(default_factory=list, repr=False)
 
 
-def _meta(t: torch.Tensor, keepalive: list | None = None) -> TensorMeta:
+def _meta(t: torch.Tensor) -> TensorMeta:
     try:
-        storage = t.untyped_storage()
-        key = storage._cdata
-        if keepalive is not None:
-            keepalive.append(storage)
+        key = t.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested)
         key = id(t)
     return TensorMeta(tuple(t.shape), DTYPE_NAMES.get(t.dtype, str(t.dtype)), tuple(t.stride()),
-                      key, t.storage_offset())
+                      key)
 
 
 def _tensors(obj) -> list[torch.Tensor]:
@@ -264,7 +256,7 @@ def _keep_channels_last(func, args, out):
     if func.is_view or func._overloadpacket.__name__ in _LAYOUT_EXPLICIT:
         return out
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if (first is None or first.dim() != 4 or first.shape[1] == 1
+    if (first is None or not first.is_meta or first.dim() != 4 or first.shape[1] == 1
             or not first.is_contiguous(memory_format=torch.channels_last)
             or first.is_contiguous()):
         return out
@@ -282,18 +274,22 @@ def _keep_channels_last(func, args, out):
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, state: _State, capture: Capture):
+    def __init__(self, state: _State, capture: Capture, timer=None):
         super().__init__()
         self.state = state
         self.capture = capture
+        self.timer = timer  # (func, args, kwargs) -> (out, seconds): measure.py on real tensors
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        if self.timer is None:
+            out = func(*args, **kwargs)
+            elapsed = None
+        else:
+            out, elapsed = self.timer(func, args, kwargs)
         out = _keep_channels_last(func, args, out)
-        keep = self.capture.keepalive
-        inputs = tuple(_meta(t, keep) for t in _tensors((args, kwargs)))
-        outputs = tuple(_meta(t, keep) for t in _tensors(out))
+        inputs = tuple(_meta(t) for t in _tensors((args, kwargs)))
+        outputs = tuple(_meta(t) for t in _tensors(out))
         if self.state.in_backward:
             module, region = self.state.owner_of_current_node()
             op = func._overloadpacket.__name__
@@ -312,7 +308,8 @@ class _Recorder(TorchDispatchMode):
             index=len(self.capture.records), op=func._overloadpacket.__name__, module=module,
             module_type=self.capture.module_types.get(module, "loss" if module == "loss" else ""),
             phase=phase, inputs=inputs, outputs=outputs, args=_scalars(args), region=region,
-            pointwise=torch.Tag.pointwise in func.tags, is_view=func.is_view))
+            pointwise=torch.Tag.pointwise in func.tags, is_view=func.is_view,
+            measured_s=elapsed))
         return out
 
 
@@ -331,20 +328,20 @@ def _default_loss(output) -> torch.Tensor:
 
 def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
             autocast_dtype: torch.dtype | None = None, loss_fn=None, forward=None,
-            params=None) -> Capture:
+            params=None, timer=None) -> Capture:
     """Run ``model(*example_inputs)`` (+ loss and backward when ``train``) and record every op.
 
     Inputs should live on the meta device, and so should the model's tensors, or ``forward``
     runs the model with meta stand-ins (api.py uses torch.func.functional_call) so the user's
     model is not touched. ``autocast_dtype`` emulates ``torch.autocast('cuda', dtype)``. The
     model's train/eval flags are restored afterwards. ``params``: the tensors ``forward`` uses
-    as parameters (default: the model's own).
+    as parameters (default: the model's own). ``timer`` times every kernel (real tensors only).
     """
     result = Capture()
     state = _State()
     hooks = []
     for p in list(model.parameters() if params is None else params):
-        result.weight_keys.add(_meta(p, result.keepalive).key)
+        result.weight_keys.add(_meta(p).key)
     for name, mod in model.named_modules():
         result.module_types[name] = type(mod).__name__
         result.param_shapes[name] = {tuple(p.shape) for p in mod.parameters(recurse=False)}
@@ -361,7 +358,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
     model.train(train)
     forward = forward or model
     try:
-        with _AutocastEmulation(state, autocast_dtype, result), _Recorder(state, result):
+        with _AutocastEmulation(state, autocast_dtype, result), _Recorder(state, result, timer):
             with torch.set_grad_enabled(train):
                 output = forward(*example_inputs)
                 if train:

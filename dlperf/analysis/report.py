@@ -77,3 +77,31 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
         for f in analysis.findings:
             gain = f" (saves ~{seconds(f.saving_s)} per step)" if f.saving_s > 0 else ""
             console.print(f"  - {escape('[' + f.rule + ']')} {escape(f.message)}{gain}")
+
+
+def render_measurement(m, console: Console | None = None, top: int = 25) -> None:
+    """Measured beside predicted, per kernel, largest measured first."""
+    console = console or Console()
+    t = m.totals()
+    table = Table(title=f"Measured on {m.device} (median of {m.steps} steps) vs predicted for "
+                        f"{m.analysis.device.display_name}", title_justify="left",
+                  header_style="bold")
+    for col, just in (("layer", "left"), ("op", "left"), ("phase", "left"), ("kind", "left"),
+                      ("predicted", "right"), ("measured", "right"), ("measured/predicted", "right"),
+                      ("share", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    rows = sorted(zip(m.analysis.predictions, m.measured_s), key=lambda pm: -pm[1])[:top]
+    for p, measured in rows:
+        ratio = f"{measured / p.time_s:.2f}x" if p.time_s else ""
+        table.add_row(p.cost.module or "(model)", p.cost.op, p.cost.phase, p.cost.kind,
+                      seconds(p.time_s), seconds(measured), ratio,
+                      f"{measured / t['measured_s']:.1%}" if t["measured_s"] else "")
+    console.print(table)
+    kinds = ", ".join(f"{k} {v['measured_s'] / v['predicted_s']:.2f}x"
+                      for k, v in t["by_kind"].items() if v["predicted_s"] > 0)
+    console.print(
+        f"[bold]Measured[/] {seconds(t['measured_s'])} in costed kernels (+{seconds(t['free_ops_s'])}"
+        f" in view/metadata ops) vs predicted {seconds(t['predicted_s'])}: "
+        f"{t['measured_over_predicted']:.2f}x; by kind: {kinds}. Time-weighted median per-kernel "
+        f"error {t['weighted_median_abs_error']:.0%}. Measured {t['measured_samples_per_s']:,.1f} "
+        "samples/s (kernel time only).")

@@ -45,21 +45,25 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def _construct(build):
+def _construct(build, real: bool = False):
     """Build a model on the meta device (no memory, no init); builders that compute with
-    tensors while constructing (regnet's .tolist()) are built on the CPU and moved to meta."""
-    try:
-        with torch.device("meta"):
-            return build()
-    except (NotImplementedError, RuntimeError) as exc:
-        if "meta" not in str(exc):
-            raise
+    tensors while constructing (regnet's .tolist()) are built on the CPU and moved to meta.
+    ``real``: build on the CPU with initialised weights (for measurement)."""
+    if not real:
+        try:
+            with torch.device("meta"):
+                return build()
+        except (NotImplementedError, RuntimeError) as exc:
+            if "meta" not in str(exc):
+                raise
     with torch.no_grad():
         model = build()
-    return model.to("meta") if isinstance(model, torch.nn.Module) else model
+    if real or not isinstance(model, torch.nn.Module):
+        return model
+    return model.to("meta")
 
 
-def _load_factory(target: str) -> torch.nn.Module:
+def _load_factory(target: str, real: bool = False) -> torch.nn.Module:
     path_text, _, factory_name = target.rpartition(":")
     path = Path(path_text)
     if not path.is_file():
@@ -77,7 +81,7 @@ def _load_factory(target: str) -> torch.nn.Module:
         names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
         raise DlperfError(f"{path}: no callable {factory_name!r}{close_matches(factory_name, names)}")
     try:
-        model = _construct(factory)
+        model = _construct(factory, real)
     except Exception as exc:
         raise DlperfError(f"{target}: the factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
@@ -86,17 +90,19 @@ def _load_factory(target: str) -> torch.nn.Module:
     return model
 
 
-def build_model(name: str, gpt=None, num_classes: int | None = None
+def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool = False
                 ) -> tuple[torch.nn.Module, ModelInput]:
-    """(model on the meta device, default per-sample input) for a command-line model name."""
+    """(model on the meta device, default per-sample input) for a command-line model name.
+
+    ``real=True`` builds it on the CPU with initialised weights instead (for --measure).
+    """
     if ":" in name and name.rpartition(":")[0].endswith(".py"):
-        return _load_factory(name), ModelInput((3, 224, 224))
+        return _load_factory(name, real), ModelInput((3, 224, 224))
     if name == "gpt":
         from dlperf.models.gpt import GPT, GPTConfig
 
         cfg = gpt or GPTConfig()
-        with torch.device("meta"):
-            return GPT(cfg), ModelInput((cfg.seq_len,), torch.long, "tokens")
+        return _construct(lambda: GPT(cfg), real), ModelInput((cfg.seq_len,), torch.long, "tokens")
     names = torchvision_names()
     if name not in names:
         raise DlperfError(f"unknown model {name!r}{close_matches(name, names + ['gpt'])}; "
@@ -114,6 +120,6 @@ def build_model(name: str, gpt=None, num_classes: int | None = None
         kwargs["init_weights"] = False
     try:
         return _construct(lambda: torchvision.models.get_model(
-            name, weights_backbone=None, **kwargs)), default
+            name, weights_backbone=None, **kwargs), real), default
     except TypeError:  # builders without a backbone argument
-        return _construct(lambda: torchvision.models.get_model(name, **kwargs)), default
+        return _construct(lambda: torchvision.models.get_model(name, **kwargs), real), default

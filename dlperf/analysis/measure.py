@@ -1,0 +1,162 @@
+"""Measure the analysed kernels on the real device and put the numbers beside the prediction.
+
+The same capture that drives the analysis runs on real tensors with a timer around every aten
+kernel, so each measured time lands on exactly the Cost it belongs to (module, op, phase): no
+name matching against a profiler trace. Each step runs with gradients reset to None, so every
+step launches the same kernel sequence; the first ``warmup`` steps are dropped and the median of
+the rest is kept per kernel (DESIGN.md convention 9).
+
+On CPU the timer is wall time around the kernel (CPU kernels are synchronous). On a GPU it
+synchronises before and after each kernel, which serialises the step: per-kernel times include
+launch latency, as the roofline's launch term does.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dlperf.analysis.api import DTYPES, Analysis, AnalysisConfig
+from dlperf.analysis.capture import capture
+from dlperf.analysis.costs import all_costs
+from dlperf.analysis.roofline import predict
+from dlperf.errors import DlperfError
+from dlperf.hardware.specs import DeviceSpec
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    steps: int = 3
+    warmup: int = 1
+    seed: int = 0
+
+
+def kernel_timer(device: torch.device):
+    if device.type == "cuda":
+        def timer(func, args, kwargs):
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            torch.cuda.synchronize(device)
+            return out, time.perf_counter() - t0
+    else:
+        def timer(func, args, kwargs):
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            return out, time.perf_counter() - t0
+    return timer
+
+
+def _inputs(config: AnalysisConfig, input_dtype: torch.dtype, device, generator):
+    shape = config.input_shape
+    if input_dtype.is_floating_point:
+        x = torch.randn(shape, generator=generator).to(device)
+        if config.channels_last and len(shape) == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return (x,)
+    return (torch.zeros(shape, dtype=input_dtype, device=device),)  # token 0 exists in any vocab
+
+
+@dataclass
+class Measurement:
+    analysis: Analysis  # predictions for the kernels that were measured
+    measured_s: list[float]  # per prediction, same order
+    free_ops_s: float  # time in ops with no kernel cost (views, detach): dispatch overhead
+    steps: int
+    device: str
+
+    def totals(self) -> dict:
+        predicted = sum(p.time_s for p in self.analysis.predictions)
+        measured = sum(self.measured_s)
+        pairs = [(p.time_s, m) for p, m in zip(self.analysis.predictions, self.measured_s)
+                 if p.time_s > 0 and m > 0]
+        # Time-weighted median of |log(predicted / measured)|: how far off a typical second is.
+        errors = sorted((abs(math.log(p / m)), m) for p, m in pairs)
+        half, acc, median_log = sum(m for _, m in errors) / 2, 0.0, 0.0
+        for err, weight in errors:
+            acc += weight
+            if acc >= half:
+                median_log = err
+                break
+        by_kind: dict[str, dict] = {}
+        for p, m in zip(self.analysis.predictions, self.measured_s):
+            k = by_kind.setdefault(p.cost.kind, {"predicted_s": 0.0, "measured_s": 0.0})
+            k["predicted_s"] += p.time_s
+            k["measured_s"] += m
+        return {"predicted_s": predicted, "measured_s": measured,
+                "measured_over_predicted": measured / predicted if predicted else math.inf,
+                "free_ops_s": self.free_ops_s,
+                "weighted_median_abs_error": math.exp(median_log) - 1,
+                "by_kind": by_kind, "steps": self.steps, "device": self.device,
+                "measured_samples_per_s": (self.analysis.batch_size / (measured + self.free_ops_s)
+                                           if measured else math.inf)}
+
+    def to_dict(self) -> dict:
+        layers = [{"module": p.cost.module, "op": p.cost.op, "phase": p.cost.phase,
+                   "kind": p.cost.kind, "predicted_time_s": p.time_s, "measured_time_s": m}
+                  for p, m in zip(self.analysis.predictions, self.measured_s)]
+        return {"totals": self.totals(), "layers": layers}
+
+
+def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
+            device: str | torch.device = "cpu", input_dtype: torch.dtype = torch.float32,
+            cfg: MeasureConfig = MeasureConfig(), progress=None) -> Measurement:
+    """Run ``model`` for real (moved to ``device``) and time every kernel of the analysed step.
+
+    The model is moved and, with ``config.channels_last``, converted in place: pass a model you
+    built for this (the CLI builds its own).
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DlperfError("--measure: no CUDA GPU is visible here; use --device cpu")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if any(t.is_meta for t in model.parameters()):
+        raise DlperfError("--measure needs a model with real weights, not one on the meta device")
+    model = model.to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    inputs = _inputs(config, input_dtype, device, gen)
+    timer = kernel_timer(device)
+    runs = []
+    for step in range(cfg.warmup + cfg.steps):
+        model.zero_grad(set_to_none=True)  # same kernels every step (no grad accumulation)
+        try:
+            cap = capture(model, inputs, train=config.train, autocast_dtype=DTYPES[config.dtype],
+                          timer=timer)
+        except torch.OutOfMemoryError:
+            raise DlperfError(f"--measure: out of memory at batch {config.input_shape[0]}; "
+                              "try a smaller --batch-size") from None
+        if step >= cfg.warmup:
+            runs.append(cap)
+        if progress:
+            progress()
+    first = runs[0]
+    ops = [r.op for r in first.records]
+    if any([r.op for r in c.records] != ops for c in runs[1:]):
+        raise DlperfError("--measure: the model ran different kernels in different steps "
+                          "(data-dependent control flow?); cannot attribute times")
+    per_record = [statistics.median(c.records[i].measured_s for c in runs)
+                  for i in range(len(ops))]
+    costs, uncounted = all_costs(first.records, first.regions)
+    predictions = [predict(c, spec, tf32=config.tf32) for c in costs]
+    # A record costed as several kernels (convolution_backward: dgrad + wgrad) shares its
+    # measured time among them in proportion to their predicted times.
+    share: dict[int, float] = {}
+    for p in predictions:
+        for i in p.cost.records:
+            share[i] = share.get(i, 0.0) + p.time_s
+    measured = []
+    for p in predictions:
+        total = 0.0
+        for i in p.cost.records:
+            total += per_record[i] * (p.time_s / share[i] if share[i] else 1 / len(p.cost.records))
+        measured.append(total)
+    costed = {i for p in predictions for i in p.cost.records}
+    free = sum(t for i, t in enumerate(per_record) if i not in costed)
+    analysis = Analysis(device=spec, config=config, predictions=predictions, uncounted=uncounted)
+    return Measurement(analysis=analysis, measured_s=measured, free_ops_s=free,
+                       steps=cfg.steps, device=str(device))

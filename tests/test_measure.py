@@ -1,0 +1,61 @@
+"""--measure: the analysed kernels timed for real on this CPU, attributed 1:1 to predictions."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from dlperf.analysis.api import AnalysisConfig, analyze_model
+from dlperf.analysis.measure import MeasureConfig, measure
+from dlperf.cli import main
+from dlperf.hardware.specs import DeviceSpec
+
+# A made-up measured CPU spec: the test checks attribution, not the machine's speed.
+CPU = DeviceSpec(name="cpu", display_name="test cpu", sm_count=2, mem_bandwidth=20e9,
+                 peak={"fp32": 100e9, "bf16": 200e9}, tensor_cores=False, measured=True,
+                 launch_overhead_s=2e-6)
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def test_every_measured_kernel_lands_on_its_prediction():
+    cfg = AnalysisConfig(model="net", input_shape=(4, 3, 32, 32), dtype="fp32", train=True,
+                         device="cpu")
+    m = measure(_net(), cfg, CPU, "cpu", cfg=MeasureConfig(steps=2, warmup=1))
+    assert len(m.measured_s) == len(m.analysis.predictions) > 0
+    assert all(t > 0 for t, p in zip(m.measured_s, m.analysis.predictions) if p.cost.kernels)
+    # The real run costs the same kernels as the meta analysis of the same model.
+    meta = analyze_model(_net().to("meta"), cfg, CPU)
+    assert sorted((p.cost.module, p.cost.op, p.cost.phase) for p in meta.predictions) == \
+        sorted((p.cost.module, p.cost.op, p.cost.phase) for p in m.analysis.predictions)
+    t = m.totals()
+    assert t["measured_s"] == sum(m.measured_s) and t["predicted_s"] > 0
+    assert 0 <= t["weighted_median_abs_error"] < 1e4
+    # convolution_backward's one measured time is shared between dgrad and wgrad
+    conv_bwd = [x for x, p in zip(m.measured_s, m.analysis.predictions)
+                if p.cost.op == "convolution_backward"]
+    assert len(conv_bwd) == 2 and all(x > 0 for x in conv_bwd)
+
+
+def test_cli_measure_on_cpu_writes_measurement(tmp_path, capsys):
+    path = tmp_path / "m.json"
+    code = main(["analyze", "resnet18", "--device", "cpu", "--batch-size", "2", "--input-shape",
+                 "3,64,64", "--train", "--measure", "--measure-steps", "1", "--json", str(path)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "measured/predicted" in out.out
+    data = json.loads(path.read_text())
+    assert data["measurement"]["totals"]["measured_s"] > 0
+    assert len(data["measurement"]["layers"]) > 50
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cli_measure_needs_the_hardware(capsys):
+    code = main(["analyze", "resnet18", "--device", "h100-sxm", "--measure"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no CUDA GPU is visible" in err and len(err.strip().splitlines()) == 1
