@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to measure [auto: cuda if present, else cpu]")
     p.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     p.add_argument("--compare", default=None,
-                   help="preset to print beside the measurement (default: none on CPU)")
+                   help="preset to print beside the measurement (default: the preset matching "
+                        "this GPU's name; none on CPU)")
     p.add_argument("--out", default="dlperf-probe.json", help="spec file to write [dlperf-probe.json]")
     return parser
 
@@ -230,6 +231,13 @@ def _cmd_probe(args) -> int:
 
     cfg = ProbeConfig(device=args.device, quick=args.quick)
     preset = get_device(args.compare) if args.compare else None
+    if preset is None and args.device != "cpu":
+        import torch
+
+        from dlperf.hardware.specs import match_preset
+
+        if torch.cuda.is_available():  # print the datasheet beside what we measure
+            preset = match_preset(torch.cuda.get_device_name())
     console = _console()
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("measuring", total=probe_task_count(cfg))

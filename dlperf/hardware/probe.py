@@ -141,10 +141,10 @@ def probe(cfg: ProbeConfig = ProbeConfig(), progress=None) -> tuple[DeviceSpec, 
     tasks = []
     if gpu:
         n = 4096 if cfg.quick else 8192
-        tasks += [("fp32", lambda: _tf32_off(lambda: _matmul(n, torch.float32, device, "fp32",
-                                                                cfg, timer))),
-                  ("tf32", lambda: _tf32_on(lambda: _matmul(n, torch.float32, device, "tf32",
-                                                              cfg, timer))),
+        tasks += [("fp32", lambda: _with_tf32(False, lambda: _matmul(n, torch.float32, device,
+                                                                      "fp32", cfg, timer))),
+                  ("tf32", lambda: _with_tf32(True, lambda: _matmul(n, torch.float32, device,
+                                                                     "tf32", cfg, timer))),
                   ("bf16", lambda: _matmul(n, torch.bfloat16, device, "bf16", cfg, timer)),
                   ("fp16", lambda: _matmul(n, torch.float16, device, "fp16", cfg, timer)),
                   ("fp8", lambda: _fp8_matmul(n, device, cfg, timer)),
@@ -176,18 +176,10 @@ def probe_task_count(cfg: ProbeConfig) -> int:
     return 8 if device.type == "cuda" else 3 * 3 + 2
 
 
-def _tf32_on(fn):
+def _with_tf32(enabled: bool, fn):
+    """Run ``fn`` with cuBLAS TF32 on or off, restoring the caller's setting afterwards."""
     old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        return fn()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
-def _tf32_off(fn):
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
         return fn()
     finally:

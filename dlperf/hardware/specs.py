@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -212,3 +213,20 @@ def get_device(name_or_path: str) -> DeviceSpec:
     raise DlperfError(f"unknown device {name_or_path!r}"
                       f"{close_matches(key, list(PRESETS) + ['cpu'])}; "
                       "run `dlperf devices` for the list, or pass a spec file (.json/.toml)")
+
+
+# (pattern on the CUDA device name, preset), most specific first: "A10" must not catch "A100".
+_NAME_PATTERNS = (
+    (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"), (r"\bh200\b", "h200"),
+    (r"\bb200\b", "b200"), (r"\ba100\b.*80\s*gb", "a100-80gb"), (r"\ba100\b", "a100-40gb"),
+    (r"\ba10\b", "a10"), (r"\bl40s\b", "l40s"), (r"\bl4\b", "l4"), (r"\bt4\b", "t4"),
+    (r"\bv100\b", "v100-sxm2"))
+
+
+def match_preset(device_name: str) -> DeviceSpec | None:
+    """The preset for a CUDA device name (torch.cuda.get_device_name), or None."""
+    name = device_name.lower().replace("-", " ")
+    for pattern, preset in _NAME_PATTERNS:
+        if re.search(pattern, name):
+            return PRESETS[preset]
+    return None
