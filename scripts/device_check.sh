@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The one prepared GPU run (brief: installs nothing, < 8 minutes, JSON results under $OUT).
+# On the lent device machine: python3 there already holds torch, torchvision and rich; dlperf is
+# pure Python and runs from this checkout via PYTHONPATH. Copy $OUT/*.json to
+# benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/device}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > "$OUT/gpu.csv" || true
+
+# 1. Ceilings: matmul fp32/tf32/bf16/fp16/fp8, conv bf16, copy bandwidth, launch overhead.
+timeout 120 $PY -m dlperf probe --device cuda --out "$OUT/probe.json"
+
+# 2. Predicted (datasheet preset) vs measured, per kernel: ResNet-50 training, the record recipe's
+#    layout and precision, then the NCHW fp32 baseline, then a GPT block stack.
+timeout 150 $PY -m dlperf analyze resnet50 --device h200 --batch-size 256 --dtype bf16 --train \
+    --channels-last --measure --measure-steps 5 --top 15 --json "$OUT/resnet50-bf16-cl.json"
+timeout 100 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtype fp32 --train \
+    --measure --measure-steps 3 --top 10 --json "$OUT/resnet50-fp32-nchw.json"
+timeout 100 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
+    --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
+    --json "$OUT/gpt-350m-bf16.json"
+ls -la "$OUT"
