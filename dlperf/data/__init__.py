@@ -1,0 +1,1 @@
+"""The input pipeline: sources -> decode -> augment -> loader (uint8 NHWC batches + labels)."""

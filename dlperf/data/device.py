@@ -1,0 +1,34 @@
+"""The device side of the loader contract: uint8 NHWC -> normalised, channels_last, in one step.
+
+The loader hands over uint8 [N, H, W, C]; viewing it as [N, C, H, W] with permute is free and is
+exactly channels_last memory, so the model gets NHWC end to end (the record ResNet-50's layout)
+with no transpose. Mean/std are applied after the dtype conversion, on the device, where the
+work is trivial next to the model (and torch.compile fuses it into one kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def normalize_nhwc(images: torch.Tensor, device: torch.device | str | None = None,
+                   dtype: torch.dtype = torch.float32, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                   non_blocking: bool = True) -> torch.Tensor:
+    """uint8 [N, H, W, C] -> ``dtype`` [N, C, H, W] in channels_last memory, (x - mean) / std.
+
+    With C = 4 (the stem padded for Tensor Core alignment) the 4th channel stays exactly 0.
+    """
+    if images.dtype != torch.uint8 or images.dim() != 4:
+        raise ValueError(f"expected uint8 [N, H, W, C], got {images.dtype} {list(images.shape)}")
+    x = images.to(device or images.device, non_blocking=non_blocking)
+    x = x.permute(0, 3, 1, 2)  # a view: [N, C, H, W] with NHWC strides = channels_last
+    c = x.shape[1]
+    mean_t = torch.zeros(c, dtype=torch.float32, device=x.device)
+    std_t = torch.ones(c, dtype=torch.float32, device=x.device)
+    mean_t[:3] = torch.tensor(mean, dtype=torch.float32)
+    std_t[:3] = torch.tensor(std, dtype=torch.float32)
+    out = (x.float() - mean_t.view(1, c, 1, 1)) / std_t.view(1, c, 1, 1)
+    return out.to(dtype).contiguous(memory_format=torch.channels_last)

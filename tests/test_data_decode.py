@@ -1,0 +1,146 @@
+"""Decoding: every awkward kind of file is decoded correctly or refused with a reason."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+import io
+
+from dlperf.data.augment import CropPlan, EvalAugment, center_crop_plan
+from dlperf.data.decode import (BadImage, DecodeLimits, decode_into, decode_reference,
+                                exif_orientation, image_header)
+from imagegen import (cmyk_jpeg_bytes, exif_jpeg_bytes, jpeg_bytes, png16_bytes, png_bytes,
+                      smooth_rgb)
+
+EXACT = DecodeLimits(fast_idct=False)
+
+
+def _full(data, limits=EXACT):
+    """Decode the whole upright image at its own size through the fast path's entry point."""
+    h, w, _, _ = image_header(data, limits)
+    out = np.empty((h, w, 3), np.uint8)
+    decode_into(data, lambda hh, ww: CropPlan(0, 0, hh, ww), out, limits)
+    return out
+
+
+def _pillow_rgb(data):
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def test_baseline_jpeg_matches_pillow():
+    data = jpeg_bytes(smooth_rgb(90, 130))
+    diff = np.abs(_full(data).astype(int) - _pillow_rgb(data).astype(int))
+    # Same libjpeg-turbo algorithm (islow IDCT); builds may differ by a level here and there.
+    assert diff.mean() < 0.5 and diff.max() <= 4
+
+
+def test_progressive_and_grayscale_jpeg():
+    img = smooth_rgb(64, 80)
+    prog = jpeg_bytes(img, progressive=True)
+    assert np.abs(_full(prog).astype(int) - _pillow_rgb(prog).astype(int)).mean() < 0.5
+    gray = jpeg_bytes(img[:, :, 1])
+    out = _full(gray)
+    assert out.shape == (64, 80, 3)
+    assert (out[:, :, 0] == out[:, :, 1]).all() and (out[:, :, 1] == out[:, :, 2]).all()
+    assert np.abs(out[:, :, 0].astype(int) - _pillow_rgb(gray)[:, :, 0]).mean() < 0.5
+
+
+def test_cmyk_jpeg_matches_pillow():
+    data = cmyk_jpeg_bytes(smooth_rgb(48, 64))
+    assert image_header(data)[3] is False  # not the fast path
+    assert np.array_equal(_full(data), _pillow_rgb(data))
+
+
+def test_png_named_jpeg_decodes():
+    arr = smooth_rgb(40, 50)
+    assert np.array_equal(_full(png_bytes(arr)), arr)
+
+
+def test_16bit_png_is_scaled_not_clipped():
+    out = _full(png16_bytes(16, 16))
+    # 0..65535 ramp -> 0..255 ramp (>> 8), all channels equal
+    assert out[0, 0, 0] == 0 and out[-1, -1, 0] == 255
+    assert len(np.unique(out[:, :, 0])) > 200
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_gives_upright_image(orientation):
+    arr = smooth_rgb(30, 50)
+    data = exif_jpeg_bytes(arr, orientation)
+    assert exif_orientation(data) == orientation
+    ref = decode_reference(data, EXACT)  # Pillow + ImageOps.exif_transpose
+    out = _full(data)
+    assert out.shape == ref.shape
+    assert np.abs(out.astype(int) - ref.astype(int)).mean() < 0.5
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"", "empty file"),
+    (b"this is not an image at all, only text", "not an image"),
+    (jpeg_bytes(smooth_rgb(64, 64))[:400], "corrupt JPEG header"),
+    (jpeg_bytes(smooth_rgb(128, 128))[:-300], "corrupt or truncated JPEG"),
+    (b"\xff\xd8\xff\xe0" + b"\x00" * 50, "corrupt"),
+])
+def test_bad_files_raise_with_reason(data, reason):
+    out = np.empty((32, 32, 3), np.uint8)
+    with pytest.raises(BadImage, match=reason):
+        decode_into(data, lambda h, w: CropPlan(0, 0, h, w), out)
+
+
+def test_limits_refuse_bombs_and_huge_files_before_decoding():
+    data = jpeg_bytes(smooth_rgb(200, 300))
+    with pytest.raises(BadImage, match="too many pixels"):
+        image_header(data, DecodeLimits(max_pixels=200 * 300 - 1))
+    with pytest.raises(BadImage, match="file too large"):
+        image_header(data, DecodeLimits(max_bytes=len(data) - 1))
+    png = png_bytes(smooth_rgb(200, 300))
+    with pytest.raises(BadImage, match="too many pixels"):
+        image_header(png, DecodeLimits(max_pixels=1000))
+
+
+def test_dct_scaled_crop_close_to_full_decode_crop():
+    # A crop 4x larger than the output decodes at 1/4 scale; the result must stay close to
+    # crop-then-resize from the full decode (the reference).
+    import cv2
+
+    arr = smooth_rgb(600, 800)
+    data = jpeg_bytes(arr, quality=95)
+    plan = CropPlan(100, 150, 448, 448)
+    fast = np.empty((112, 112, 3), np.uint8)
+    decode_into(data, lambda h, w: plan, fast, EXACT)
+    full = decode_reference(data, EXACT)[100:548, 150:598]
+    ref = cv2.resize(full, (112, 112), interpolation=cv2.INTER_AREA)
+    assert np.abs(fast.astype(int) - ref.astype(int)).mean() < 2.0
+
+
+def test_eval_transform_matches_torchvision():
+    from torchvision import transforms
+
+    aug = EvalAugment(224)
+    tv = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224)])
+    for h, w in ((375, 500), (500, 333), (256, 256), (600, 900)):
+        data = jpeg_bytes(smooth_rgb(h, w, seed=h), quality=95)
+        out = np.empty((224, 224, 3), np.uint8)
+        decode_into(data, lambda hh, ww: center_crop_plan(hh, ww, aug), out, EXACT)
+        ref = np.asarray(tv(Image.open(io.BytesIO(data)).convert("RGB")))
+        diff = np.abs(out.astype(int) - ref.astype(int))
+        # Pillow's antialiased bilinear vs OpenCV's area/bilinear, after DCT-scaled decoding:
+        # same geometry, a couple of levels of filtering difference on smooth content.
+        assert diff.mean() < 2.5, (h, w, diff.mean())
+
+
+def test_device_normalize_matches_torchvision_and_is_channels_last():
+    from torchvision.transforms import functional as F
+
+    from dlperf.data.device import IMAGENET_MEAN, IMAGENET_STD, normalize_nhwc
+
+    imgs = torch.randint(0, 256, (2, 8, 10, 3), dtype=torch.uint8)
+    out = normalize_nhwc(imgs)
+    assert out.shape == (2, 3, 8, 10) and out.is_contiguous(memory_format=torch.channels_last)
+    ref = F.normalize(imgs.permute(0, 3, 1, 2).float() / 255,
+                      [m / 255 for m in IMAGENET_MEAN], [s / 255 for s in IMAGENET_STD])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    padded = torch.cat([imgs, torch.zeros(2, 8, 10, 1, dtype=torch.uint8)], dim=3)
+    out4 = normalize_nhwc(padded, dtype=torch.bfloat16)
+    assert out4.dtype == torch.bfloat16 and (out4[:, 3] == 0).all()
