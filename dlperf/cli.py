@@ -88,6 +88,44 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true",
                    help="print every preset as JSON (all fields, sparse peaks and sources)")
 
+    data = sub.add_parser("data", help="prepare and verify datasets for the input pipeline",
+                          description="Dataset tools for dlperf's input pipeline.")
+    dsub = data.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser)
+    dp = dsub.add_parser("prepare", help="image folder -> tar shards + index",
+                         description="Write an ImageNet-layout folder (or a .csv list) as tar "
+                                     "shards in webdataset naming (KEY.jpg + KEY.cls) with an "
+                                     "index of byte offsets; optionally re-encode smaller "
+                                     "(--max-side), which makes decoding several times cheaper. "
+                                     "Unreadable files are skipped and reported.")
+    dp.add_argument("src", help="image folder (ROOT/CLASS/IMAGE) or a path,label .csv")
+    dp.add_argument("dst", help="empty output folder")
+    dp.add_argument("--shard-size", default="1GB", help="bytes of images per shard [1GB]")
+    dp.add_argument("--max-side", type=_positive_int, default=None,
+                    help="shrink images so the longer side is at most this, re-encoding them")
+    dp.add_argument("--quality", type=_positive_int, default=90,
+                    help="JPEG quality when re-encoding [90]")
+    dv = dsub.add_parser("verify", help="check a prepared dataset: index vs tar, decode all",
+                         description="Check every index entry against its tar member and decode "
+                                     "every sample; exit 1 when anything is wrong.")
+    dv.add_argument("dst", help="folder written by `dlperf data prepare`")
+
+    bench = sub.add_parser("bench", help="measure one optimisation at a time",
+                           description="Benchmarks: a baseline plus one change, side by side.")
+    bsub = bench.add_subparsers(dest="bench_command", metavar="WHAT", parser_class=_Parser)
+    bd = bsub.add_parser("data", help="input pipeline vs torchvision (and DALI if installed)",
+                         description="Throughput of dlperf's input pipeline against torchvision's "
+                                     "ImageFolder/DataLoader and DALI's CPU pipeline on a JPEG "
+                                     "corpus, same train transform, rounds interleaved, medians. "
+                                     "Saves JSON (hardware, versions, commit, config) and a PNG.")
+    bd.add_argument("data", nargs="?", default="../shared/data/imagenet-like",
+                    help="ImageNet-layout JPEG folder [../shared/data/imagenet-like]")
+    bd.add_argument("--threads", type=_positive_int, default=2, help="dlperf threads [2]")
+    bd.add_argument("--workers", type=int, default=2, help="torchvision DataLoader workers [2]")
+    bd.add_argument("--rounds", type=_positive_int, default=7, help="timed epochs each [7]")
+    bd.add_argument("--batch-size", type=_positive_int, default=64)
+    bd.add_argument("--out", default="benchmarks/results/data-cpu.json",
+                    help="result JSON; the PNG goes beside it [benchmarks/results/data-cpu.json]")
+
     p = sub.add_parser("probe", help="measure this machine's matmul/conv FLOP/s and bandwidth",
                        description="Measure matmul (and conv) FLOP/s per dtype and copy bandwidth "
                                    "on this machine (GPU if present, else CPU), print them beside "
@@ -274,7 +312,78 @@ def _environment() -> dict:
             "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
 
 
-COMMANDS = {"analyze": _cmd_analyze, "devices": _cmd_devices, "probe": _cmd_probe}
+def _cmd_data(args) -> int:
+    from rich.progress import Progress
+
+    from dlperf.data.prepare import PrepareConfig, parse_size, prepare, verify
+    from dlperf.data.sources import ShardSource, open_source
+
+    console = _console()
+    if args.data_command == "prepare":
+        cfg = PrepareConfig(shard_bytes=parse_size(args.shard_size), max_side=args.max_side,
+                            quality=args.quality)
+        source = open_source(args.src)
+        with Progress(console=console) as bar:
+            task = bar.add_task(f"writing shards from {len(source):,} images", total=len(source))
+            summary = prepare(source, args.dst, cfg, progress=lambda: bar.advance(task))
+        console.print(f"Wrote {summary['samples']:,} samples in {summary['shards']} shards to "
+                      f"{args.dst} ({summary['output_bytes'] / 2**20:,.1f} MiB from "
+                      f"{summary['input_bytes'] / 2**20:,.1f} MiB) in {summary['seconds']:.1f} s.")
+        for name, reason in summary["bad"][:20]:
+            console.print(f"  [yellow]skipped[/] {name}: {reason}")
+        if len(summary["bad"]) > 20:
+            console.print(f"  ... {len(summary['bad']) - 20} more in {args.dst}/prepare-report.json")
+        return 0
+    if args.data_command == "verify":
+        n = len(ShardSource(args.dst))
+        with Progress(console=console) as bar:
+            task = bar.add_task("verifying", total=n)
+            result = verify(args.dst, progress=lambda: bar.advance(task))
+        for where, problem in result["problems"][:20]:
+            console.print(f"  [red]problem[/] {where}: {problem}")
+        ok = not result["problems"]
+        console.print(f"{'OK' if ok else 'FAILED'}: {result['samples']:,} samples in "
+                      f"{result['shards']} shards, {len(result['problems'])} problems.")
+        return 0 if ok else 1
+    raise DlperfError("dlperf data: choose an action: prepare or verify (see dlperf data --help)")
+
+
+def _cmd_bench(args) -> int:
+    if args.bench_command != "data":
+        raise DlperfError("dlperf bench: choose what to measure: data (see dlperf bench --help)")
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from dlperf.bench.data import DataBenchConfig, plot, run
+    from dlperf.bench.results import save_result
+
+    cfg = DataBenchConfig(data=args.data, batch_size=args.batch_size, threads=args.threads,
+                          workers=args.workers, rounds=args.rounds)
+    console = _console()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("benchmarking pipelines", total=None)
+        result = run(cfg, progress=lambda: bar.advance(task))
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise DlperfError(f"{out}: folder {out.parent} does not exist")
+    config = result.pop("config")
+    save_result(out, "data-cpu", config, result)
+    png = plot({**result, "config": config}, out.with_suffix(".png"))
+    for name, rate in result["img_per_s"].items():
+        console.print(f"{name:32s} {rate:8,.0f} img/s")
+    r = result["ratios"]
+    console.print(f"dlperf vs torchvision {r['dlperf_vs_torchvision']:.2f}x; thread scaling "
+                  f"{r['thread_scaling']:.2f}x; vs DALI "
+                  + (f"{r['dlperf_vs_dali_measured']:.2f}x (measured)" if r["dlperf_vs_dali_measured"]
+                     else f"{r['dlperf_vs_dali_notes_anchor']:.2f}x (NOTES.md anchor, DALI not "
+                          "installed)"))
+    console.print(f"Wrote {out}" + (f" and {png}" if png else ""))
+    return 0
+
+
+COMMANDS = {"analyze": _cmd_analyze, "devices": _cmd_devices, "probe": _cmd_probe,
+            "data": _cmd_data, "bench": _cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,3 +144,50 @@ def test_device_normalize_matches_torchvision_and_is_channels_last():
     padded = torch.cat([imgs, torch.zeros(2, 8, 10, 1, dtype=torch.uint8)], dim=3)
     out4 = normalize_nhwc(padded, dtype=torch.bfloat16)
     assert out4.dtype == torch.bfloat16 and (out4[:, 3] == 0).all()
+
+
+def test_roi_decoder_matches_full_decode_path(monkeypatch):
+    # The ROI decoder (C extension) and the full-image path must produce nearly the same crops
+    # for the same plans, at every DCT scale; both are compared with a float64-free reference:
+    # full decode, exact crop, OpenCV resize.
+    from dlperf.data import decode as D
+    from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
+
+    if not D.ROI_AVAILABLE:
+        pytest.skip("C extension not built (libjpeg headers missing at install time)")
+    arr = smooth_rgb(480, 640, seed=3)
+    data = jpeg_bytes(arr, quality=90)
+    aug = TrainAugment(96)
+    for i in range(40):
+        plan = random_resized_crop(480, 640, aug, sample_rng(0, 0, i))
+        roi = np.empty((96, 96, 3), np.uint8)
+        decode_into(data, lambda h, w: plan, roi, EXACT)
+        monkeypatch.setattr(D, "ROI_AVAILABLE", False)
+        full = np.empty((96, 96, 3), np.uint8)
+        decode_into(data, lambda h, w: plan, full, EXACT)
+        monkeypatch.setattr(D, "ROI_AVAILABLE", True)
+        diff = np.abs(roi.astype(int) - full.astype(int))
+        assert diff.mean() < 1.5, (i, plan, diff.mean())
+
+
+def test_roi_region_is_exact_at_full_scale():
+    from dlperf.data import decode as D
+
+    if not D.ROI_AVAILABLE:
+        pytest.skip("C extension not built (libjpeg headers missing at install time)")
+    data = jpeg_bytes(smooth_rgb(200, 300), quality=95)
+    full = decode_reference(data, EXACT)
+    plan = CropPlan(37, 53, 64, 64)  # 64x64 crop to a 64x64 output: scale 8/8, no resize
+    out = np.empty((64, 64, 3), np.uint8)
+    decode_into(data, lambda h, w: plan, out, EXACT)
+    assert np.abs(out.astype(int) - full[37:101, 53:117].astype(int)).max() <= 2
+
+
+def test_truncated_file_is_bad_even_when_the_crop_ends_early():
+    # The ROI decoder stops after the crop's last row and would never see a cut-off tail;
+    # a missing end-of-image marker sends the file through the strict full decode instead.
+    data = jpeg_bytes(smooth_rgb(400, 400), quality=95)
+    cut = data[: len(data) * 3 // 4]
+    out = np.empty((32, 32, 3), np.uint8)
+    with pytest.raises(BadImage, match="truncated"):
+        decode_into(cut, lambda h, w: CropPlan(0, 0, 64, 64), out)

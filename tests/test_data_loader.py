@@ -1,5 +1,6 @@
 """Loader: determinism across threads, exact resume, sharding, bad files, flat memory."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -66,11 +67,11 @@ def test_epochs_differ_and_labels_match_folders(folder):
 class CountingSource(FileSource):
     def __init__(self, inner):
         super().__init__(inner.items, inner.classes)
-        self.reads = 0
+        self.reads = []
 
-    def read(self, index):
-        self.reads += 1
-        return super().read(index)
+    def read_limited(self, index, limit):
+        self.reads.append(index)
+        return super().read_limited(index, limit)
 
 
 def test_resume_mid_epoch_equals_uninterrupted(folder):
@@ -88,12 +89,17 @@ def test_resume_mid_epoch_equals_uninterrupted(folder):
     assert state["epoch"] == 1 and state["next_batch"] == 2
 
     counting = CountingSource(src)
-    resumed = Loader(counting, cfg)
+    # one thread, prefetch 1: reads happen in submission order (crops do not depend on either)
+    resumed = Loader(counting, dataclasses.replace(cfg, threads=1, prefetch=1))
     resumed.load_state_dict(state)
     tail = _epoch(resumed)
     assert torch.equal(torch.cat(head + [tail[0]]), ref[0])
-    # the two batches before the resume point were not decoded again
-    assert counting.reads == (len(full) - 2) * cfg.batch_size
+    # the two batches before the resume point were not read again: the resumed epoch read
+    # exactly the rest of epoch 1's order (then began epoch 2 ahead of time)
+    order = resumed.rank_order(1).tolist()
+    rest = (len(full) - 2) * cfg.batch_size
+    assert counting.reads[:rest] == order[2 * cfg.batch_size:len(full) * cfg.batch_size]
+    assert len(counting.reads) <= rest + cfg.batch_size  # + at most the prefetched batch
     with pytest.raises(DlperfError, match="batch_size was 4, now 8"):
         Loader(src, LoaderConfig(batch_size=8, seed=7)).load_state_dict(state)
 
@@ -174,6 +180,24 @@ def test_bad_file_policy_raise_and_threshold(messy):
     with pytest.raises(DataError, match="exceed max_bad_fraction=0.1"):
         list(Loader(src, LoaderConfig(batch_size=16, size=32, train=False,
                                       max_bad_fraction=0.1)))
+
+
+def test_next_epoch_head_start_is_used_or_discarded(folder):
+    src = open_source(folder)
+    cfg = LoaderConfig(batch_size=4, size=32, threads=2, seed=5)
+    ref = Loader(src, cfg)
+    ref.set_epoch(3)
+    want3 = _epoch(ref)
+    ld = Loader(src, cfg)
+    _epoch(ld)  # epoch 0; epoch 1's first batches start decoding in the background
+    assert ld._pending
+    ld.set_epoch(3)  # not epoch 1: the head start must be discarded, not served
+    got3 = _epoch(ld)
+    assert torch.equal(got3[0], want3[0]) and np.array_equal(got3[2], want3[2])
+    ld.set_epoch(4)
+    next(iter(ld))  # an abandoned epoch drains its threads
+    assert ld._pending is None
+    ld.close()
 
 
 def test_pad_to_four_channels(folder):

@@ -11,9 +11,8 @@ horizontal flip with probability 1/2. Eval: resize the shorter side to size / 0.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
-
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -54,13 +53,25 @@ class CropPlan:
     resize_to: tuple[int, int] | None = None  # eval: (h, w) to resize to before the crop
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The random stream of one sample in one epoch."""
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, epoch, index])))
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> random.Random:
+    """The random stream of one sample in one epoch: Mersenne Twister seeded by a SplitMix64
+    hash of (seed, epoch, index). Python's generator, not numpy's: creating it costs ~3 us
+    against ~30 us for a numpy SeedSequence, and it runs under the GIL in every decode thread."""
+    return random.Random(_splitmix64(_splitmix64(_splitmix64(seed) ^ epoch) ^ index))
 
 
 def random_resized_crop(height: int, width: int, aug: TrainAugment,
-                        rng: np.random.Generator) -> CropPlan:
+                        rng: random.Random) -> CropPlan:
     """torchvision.transforms.RandomResizedCrop.get_params, on our per-sample stream."""
     area = height * width
     log_ratio = (math.log(aug.ratio[0]), math.log(aug.ratio[1]))
@@ -70,8 +81,8 @@ def random_resized_crop(height: int, width: int, aug: TrainAugment,
         w = int(round(math.sqrt(target_area * aspect)))
         h = int(round(math.sqrt(target_area / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
+            top = rng.randrange(0, height - h + 1)
+            left = rng.randrange(0, width - w + 1)
             return CropPlan(top, left, h, w, _flip(aug, rng))
     # Fallback: the whole image, clamped to the allowed aspect-ratio range, centred.
     in_ratio = width / height
@@ -84,7 +95,7 @@ def random_resized_crop(height: int, width: int, aug: TrainAugment,
     return CropPlan((height - h) // 2, (width - w) // 2, h, w, _flip(aug, rng))
 
 
-def _flip(aug: TrainAugment, rng: np.random.Generator) -> bool:
+def _flip(aug: TrainAugment, rng: random.Random) -> bool:
     # Always draw, so the stream position does not depend on the flip setting.
     draw = rng.random() < 0.5
     return aug.flip and bool(draw)

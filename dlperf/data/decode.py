@@ -1,9 +1,12 @@
 """Decode one image into an upright RGB uint8 crop, or say precisely why it cannot be decoded.
 
-Fast path (JPEG in YCbCr or grayscale): libjpeg-turbo through simplejpeg, which releases the GIL,
-decoding straight to a DCT-scaled size (1/8 .. 1 in eighths) that is still at least as large as
-the output needs, so a small crop of a large photo costs a fraction of a full decode (FFCV's and
-DALI's trick). The crop is then resized with OpenCV into the caller's batch buffer.
+Fast path (JPEG in YCbCr or grayscale): libjpeg-turbo, with the GIL released, decoding straight
+to a DCT-scaled size (1/8 .. 1 in eighths) that is still at least as large as the output needs,
+so a small crop of a large photo costs a fraction of a full decode (FFCV's and DALI's trick).
+Training crops go through the ROI decoder (_jpegroi.c): only the crop's rows and iMCU columns
+are decoded, and decoding stops after the crop's last row (DALI's ROI decoding). Without the C
+extension, or for EXIF-rotated images, simplejpeg decodes the whole (scaled) image. The crop is
+then resized with OpenCV into the caller's batch buffer.
 
 Reference path (everything else: PNG, CMYK JPEG, 16-bit images, odd modes): Pillow, with EXIF
 orientation applied. ``decode_reference`` runs it for any file so tests can hold the fast path
@@ -25,6 +28,13 @@ import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from dlperf.data.augment import CropPlan
+
+try:  # optional C extension (setup.py): region-of-interest decoding against libjpeg-turbo
+    from dlperf.data import _jpegroi
+except ImportError:  # headers missing at install time: full-image DCT-scaled decoding instead
+    _jpegroi = None
+
+ROI_AVAILABLE = _jpegroi is not None
 
 # OpenCV would start its own thread pool inside each of our worker threads.
 cv2.setNumThreads(1)
@@ -197,8 +207,45 @@ def _decode_upright(data: bytes, height: int, width: int, orientation: int, fast
     return _pillow_decode(data, limits, (min_h, min_w))
 
 
-def decode_into(data: bytes, plan_for, out: np.ndarray, limits: DecodeLimits = DecodeLimits()
-                ) -> CropPlan:
+def _has_eoi(data: bytes) -> bool:
+    """An end-of-image marker near the end: the ROI decoder stops early and would not notice a
+    truncated tail, so files without one take the full, strict decode instead."""
+    return data.rfind(b"\xff\xd9", max(0, len(data) - 64)) >= 0
+
+
+class Scratch:
+    """Per-thread reusable buffer for the ROI decoder's rows (callers keep one per thread)."""
+
+    def __init__(self):
+        self.buf = np.empty(0, np.uint8)
+
+    def get(self, nbytes: int) -> np.ndarray:
+        if self.buf.size < nbytes:
+            self.buf = np.empty(int(nbytes * 1.25), np.uint8)
+        return self.buf
+
+
+def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int, out_w: int,
+                limits: DecodeLimits, scratch: Scratch) -> np.ndarray | None:
+    """The crop at the smallest DCT scale n/8 that keeps it >= the output; None for CMYK."""
+    n = min(8, max(1, math.ceil(8 * max(out_h / plan.height, out_w / plan.width))))
+    x0, y0 = plan.left * n // 8, plan.top * n // 8
+    x1 = max(x0 + 1, -(-(plan.left + plan.width) * n // 8))
+    y1 = max(y0 + 1, -(-(plan.top + plan.height) * n // 8))
+    w, h = x1 - x0, y1 - y0
+    buf = scratch.get(h * (w + 64) * 3)
+    try:
+        fast = 3 if limits.fast_idct else 0  # fast integer IDCT + plain chroma upsampling
+        row_w, shift, w, h = _jpegroi.decode_region(data, n, x0, y0, w, h, fast, buf)
+    except ValueError as exc:
+        if str(exc) == "cmyk":
+            return None
+        raise BadImage(f"corrupt or truncated JPEG ({exc})") from None
+    return buf[:h * row_w * 3].reshape(h, row_w, 3)[:, shift:shift + w]
+
+
+def decode_into(data: bytes, plan_for, out: np.ndarray, limits: DecodeLimits = DecodeLimits(),
+                scratch: Scratch | None = None) -> CropPlan:
     """Decode ``data``, crop and resize per ``plan_for(height, width)`` into ``out`` (H x W x 3).
 
     Returns the plan used. Raises BadImage for any file that cannot be decoded.
@@ -206,6 +253,15 @@ def decode_into(data: bytes, plan_for, out: np.ndarray, limits: DecodeLimits = D
     height, width, orientation, fast = image_header(data, limits)
     plan = plan_for(height, width)
     out_h, out_w = out.shape[:2]
+    if (ROI_AVAILABLE and fast and orientation == 1 and plan.resize_to is None
+            and _has_eoi(data)):
+        region = _decode_roi(data, plan, height, width, out_h, out_w, limits,
+                             scratch or Scratch())
+        if region is not None:
+            _resize(region, out)
+            if plan.flip:
+                cv2.flip(out, 1, out)
+            return plan
     if plan.resize_to is None:  # train: crop, then resize the crop to the output size
         scale = min(1.0, max(out_h / plan.height, out_w / plan.width))
     else:  # eval: resize the whole image, then crop

@@ -9,6 +9,8 @@ normalisation, dtype and channels_last happen on the device (dlperf.data.device)
 * Buffers: ``prefetch + 1`` batch slots are allocated once (pinned when CUDA is present) and
   reused; memory stays flat across epochs. A yielded batch's tensors are views into a slot and
   stay valid until the next batch is requested: copy them (or move them to the GPU) first.
+* Streaming: near the end of an epoch the first batches of the next one (epoch + 1, from batch
+  0) are already decoding, as DALI does; a different set_epoch/load_state_dict discards them.
 * Order: a permutation from (seed, epoch); crops from (seed, epoch, sample), so results do not
   depend on the thread count. ``state_dict()`` after a batch resumes at the next batch exactly,
   without decoding the batches before it.
@@ -35,7 +37,7 @@ import torch
 
 from dlperf.data.augment import (EvalAugment, TrainAugment, center_crop_plan,
                                  random_resized_crop, sample_rng)
-from dlperf.data.decode import BadImage, DecodeLimits, decode_into
+from dlperf.data.decode import BadImage, DecodeLimits, Scratch, decode_into
 from dlperf.data.sources import Source
 from dlperf.errors import DlperfError
 
@@ -162,6 +164,9 @@ class Loader:
                     else EvalAugment(cfg.size, cfg.crop_fraction))
         self.report = EpochReport(0)
         self.reports: list[str] = []  # one summary line per finished epoch
+        self._pending: deque | None = None  # next epoch's first batches, already submitted
+        self._submitted = 0
+        self._orders: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ order and sharding
     def _per_rank(self) -> int:
@@ -212,26 +217,28 @@ class Loader:
         self._next_batch = int(state["next_batch"])
 
     # ------------------------------------------------------------------ decoding
-    def _plan_for(self, index: int):
+    def _plan_for(self, index: int, epoch: int):
         if self.cfg.train:
-            rng = sample_rng(self.cfg.seed, self.epoch, int(index))
+            rng = sample_rng(self.cfg.seed, epoch, int(index))
             return lambda h, w: random_resized_crop(h, w, self.aug, rng)
         return lambda h, w: center_crop_plan(h, w, self.aug)
 
-    def _load_one(self, index: int, out: np.ndarray) -> str | None:
+    def _load_one(self, index: int, out: np.ndarray, epoch: int) -> str | None:
         """Decode sample ``index`` into ``out``; the reason it is bad, or None."""
         src, limits = self.source, self.cfg.limits
         try:
-            size = src.size(index)
-            if size > limits.max_bytes:
-                return f"file too large ({size:,} bytes > limit {limits.max_bytes:,})"
-            data = src.read(index)
+            data = src.read_limited(index, limits.max_bytes)
+            if data is None:
+                return f"file too large ({src.size(index):,} bytes > limit {limits.max_bytes:,})"
             target = out
             if self.cfg.channels == 4:  # decode into RGB scratch, then the first 3 channels
                 target = getattr(self._scratch, "rgb", None)
                 if target is None:
                     target = self._scratch.rgb = np.empty(out.shape[:2] + (3,), np.uint8)
-            decode_into(data, self._plan_for(index), target, limits)
+            scratch = getattr(self._scratch, "roi", None)
+            if scratch is None:
+                scratch = self._scratch.roi = Scratch()
+            decode_into(data, self._plan_for(index, epoch), target, limits, scratch)
             if target is not out:
                 out[..., :3] = target
         except BadImage as exc:
@@ -240,11 +247,11 @@ class Loader:
             return f"unreadable ({exc.strerror or exc})"
         return None
 
-    def _load_chunk(self, slot: _Slot, rows: range, ids: np.ndarray) -> list:
+    def _load_chunk(self, slot: _Slot, rows: range, ids: np.ndarray, epoch: int) -> list:
         bad = []
         for row in rows:
             index = int(ids[row])
-            reason = self._load_one(index, slot.np_images[row])
+            reason = self._load_one(index, slot.np_images[row], epoch)
             if reason is None:
                 slot.np_labels[row] = self.source.label(index)
             else:
@@ -261,47 +268,74 @@ class Loader:
                 pin = torch.cuda.is_available()
             self._slots = [_Slot(self.cfg, pin) for _ in range(self.cfg.prefetch + 1)]
 
+    def _next_position(self, epoch: int, k: int) -> tuple[int, int]:
+        return (epoch, k + 1) if k + 1 < len(self) else (epoch + 1, 0)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        cached = self._orders.get(epoch)
+        if cached is None:
+            if len(self._orders) > 2:
+                self._orders.clear()
+            cached = self._orders[epoch] = self.rank_order(epoch)
+        return cached
+
+    def _submit(self, inflight: deque, epoch: int, k: int) -> None:
+        cfg = self.cfg
+        ids = self._order(epoch)[k * cfg.batch_size:(k + 1) * cfg.batch_size]
+        # Slots are used round-robin in submission order: the batch held by the consumer and
+        # the ones in flight are consecutive submissions, so they never share a slot.
+        slot = self._slots[self._submitted % len(self._slots)]
+        self._submitted += 1
+        # Small tasks (a few images) keep both cores busy to the end of every batch.
+        step = max(2, math.ceil(len(ids) / (8 * cfg.thread_count())))
+        futures = [self._pool.submit(self._load_chunk, slot, range(lo, min(lo + step, len(ids))),
+                                     ids, epoch) for lo in range(0, len(ids), step)]
+        inflight.append((epoch, k, slot, ids, futures))
+
+    @staticmethod
+    def _drain(inflight: deque) -> None:
+        """Cancel what has not started and wait for the rest: no thread may still write into a
+        slot that is handed out again."""
+        for *_, futures in inflight:
+            for f in futures:
+                f.cancel()
+        for *_, futures in inflight:
+            for f in futures:
+                if not f.cancelled():
+                    f.exception()
+        inflight.clear()
+
     def __iter__(self):
         self._ensure_workers()
-        cfg, pool, slots = self.cfg, self._pool, self._slots
-        order = self.rank_order(self.epoch)
-        real = self._real_count()
+        cfg = self.cfg
+        epoch, start = self.epoch, self._next_batch
         n_batches = len(self)
-        start = self._next_batch
         if start == 0:
-            self.report = EpochReport(self.epoch)
-        chunks = max(1, 2 * cfg.thread_count())
-        inflight: deque = deque()
-
-        def submit(k: int) -> None:
-            ids = order[k * cfg.batch_size:(k + 1) * cfg.batch_size]
-            slot = slots[k % len(slots)]
-            step = max(1, math.ceil(len(ids) / chunks))
-            futures = [pool.submit(self._load_chunk, slot, range(lo, min(lo + step, len(ids))), ids)
-                       for lo in range(0, len(ids), step)]
-            inflight.append((k, slot, ids, futures))
-
-        next_submit = start
+            self.report = EpochReport(epoch)
+        real = self._real_count()
+        # The previous epoch may have started decoding this one's first batches already.
+        inflight: deque = self._pending or deque()
+        self._pending = None
+        if inflight and inflight[0][:2] != (epoch, start):  # set_epoch/resume elsewhere
+            self._drain(inflight)
+        finished = False
         try:
-            while next_submit < min(start + cfg.prefetch, n_batches):
-                submit(next_submit)
-                next_submit += 1
+            last = inflight[-1][:2] if inflight else None
             for k in range(start, n_batches):
-                if next_submit < n_batches:  # reuses the slot of the batch yielded before
-                    submit(next_submit)
-                    next_submit += 1
-                _, slot, ids, futures = inflight.popleft()
+                while len(inflight) < cfg.prefetch + 1:  # this batch + `prefetch` ahead
+                    last = (epoch, start) if last is None else self._next_position(*last)
+                    self._submit(inflight, *last)
+                _, _, slot, ids, futures = inflight.popleft()
                 bad = [b for f in futures for b in f.result()]
                 batch = self._finish(slot, ids, bad, k, real)
                 self._next_batch = k + 1
                 yield batch
+            finished = True
         finally:
-            for _, _, _, futures in inflight:  # never leave a thread writing into a slot
-                for f in futures:
-                    f.cancel()
-                for f in futures:
-                    if not f.cancelled():
-                        f.exception()
+            if finished:  # keep the next epoch's head start (streaming across epochs, as DALI)
+                self._pending = inflight
+            else:
+                self._drain(inflight)
         self.reports.append(self.report.summary())
         self.epoch += 1
         self._next_batch = 0
@@ -335,6 +369,9 @@ class Loader:
         return Batch(slot.images[:n], slot.labels[:n], ids, num_padded)
 
     def close(self) -> None:
+        if self._pending:
+            self._drain(self._pending)
+            self._pending = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

@@ -47,6 +47,10 @@ class Source(abc.ABC):
     def describe(self) -> str:
         return f"{type(self).__name__}: {len(self):,} samples, {len(self.classes)} classes"
 
+    def read_limited(self, index: int, limit: int) -> bytes | None:
+        """The bytes, or None when the sample is larger than ``limit`` (never read whole)."""
+        return None if self.size(index) > limit else self.read(index)
+
 
 @dataclass(frozen=True)
 class _Item:
@@ -115,6 +119,14 @@ class FileSource(Source):
     def read(self, index: int) -> bytes:
         with open(self.items[index].path, "rb") as f:
             return f.read()
+
+    def read_limited(self, index: int, limit: int) -> bytes | None:
+        # fstat on the open file, not a separate stat of the path; never read(limit + 1), which
+        # would allocate a limit-sized buffer for every image.
+        with open(self.items[index].path, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size > limit:
+                return None
+            return f.readall()
 
     def label(self, index: int) -> int:
         return self.items[index].label

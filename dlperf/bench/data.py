@@ -1,0 +1,189 @@
+"""`dlperf bench data`: the input pipeline against torchvision's and DALI's, side by side.
+
+Every pipeline runs the same training transform (random-resized-crop to 224 + flip) over the same
+JPEG corpus, in the same process and run; each pipeline's rate is the median over its timed
+epochs, after a warm-up epoch (see ``run`` for how they are interleaved).
+
+(a) torchvision ImageFolder + PIL + RandomResizedCrop + flip + ToTensor + Normalize, DataLoader
+    with ``workers`` worker processes (the common baseline);
+(b) NVIDIA DALI's CPU pipeline (decoders.image_random_crop + resize + flip, uint8), if installed;
+(c) dlperf's CPU path at 1 and ``threads`` threads, uint8 NHWC batches;
+(d) dlperf on shards re-encoded by ``dlperf data prepare --max-side 256``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dlperf.errors import DlperfError
+
+NOTES_ANCHORS = {"torchvision_2_workers": 492.0, "dali_cpu_2_threads": 921.0}
+GOALS = {"dlperf_cpu_img_s": 1850.0, "dlperf_shards256_img_s": 5000.0}
+
+
+@dataclass(frozen=True)
+class DataBenchConfig:
+    data: str
+    batch_size: int = 64
+    threads: int = 2
+    workers: int = 2
+    rounds: int = 7
+    size: int = 224
+    max_side: int = 256
+
+
+def _torchvision(cfg: DataBenchConfig):
+    import torch
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose([
+        transforms.RandomResizedCrop(cfg.size), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(), transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    ds = datasets.ImageFolder(cfg.data, tf)
+    loader = torch.utils.data.DataLoader(ds, batch_size=cfg.batch_size, shuffle=True,
+                                         num_workers=cfg.workers, persistent_workers=cfg.workers > 0)
+    return loader, len(ds)
+
+
+def _dali(cfg: DataBenchConfig):
+    try:
+        from nvidia.dali import fn, pipeline_def, types  # noqa: F401
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    except ImportError:
+        return None, 0
+    files = sorted(str(p) for p in Path(cfg.data).rglob("*") if p.is_file())
+
+    @pipeline_def(batch_size=cfg.batch_size, num_threads=cfg.threads, device_id=None)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=cfg.data, random_shuffle=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=cfg.size, resize_y=cfg.size)
+        images = fn.flip(images, horizontal=fn.random.coin_flip())
+        return images, labels
+
+    p = pipe()
+    p.build()
+    return DALIGenericIterator([p], ["images", "labels"], reader_name="reader",
+                               auto_reset=True), len(files)
+
+
+def _dlperf(cfg: DataBenchConfig, data, threads: int):
+    from dlperf.data.loader import Loader, LoaderConfig
+    from dlperf.data.sources import open_source
+
+    source = open_source(data)
+    return Loader(source, LoaderConfig(batch_size=cfg.batch_size, threads=threads, size=cfg.size,
+                                       drop_last=False, pin_memory=False)), len(source)
+
+
+def _count(batch) -> int:
+    if hasattr(batch, "labels"):  # dlperf Batch
+        return len(batch.labels)
+    if isinstance(batch[0], dict):  # DALI: [{"images": ..., "labels": ...}]
+        return batch[0]["images"].shape[0]
+    return len(batch[0])  # torchvision: [images, labels]
+
+
+def _epoch_rate(loader, n: int) -> float:
+    t0 = time.perf_counter()
+    seen = sum(_count(batch) for batch in loader)
+    dt = time.perf_counter() - t0
+    if seen == 0:
+        raise DlperfError("a pipeline produced no samples")
+    return seen / dt
+
+
+def run(cfg: DataBenchConfig, progress=None) -> dict:
+    if not Path(cfg.data).is_dir():
+        raise DlperfError(f"{cfg.data}: corpus folder not found (an ImageNet-layout folder)")
+    from dlperf.data.prepare import PrepareConfig, prepare
+
+    tmp = tempfile.TemporaryDirectory(prefix="dlperf-bench-")
+    t0 = time.perf_counter()
+    prepare(cfg.data, Path(tmp.name) / "shards", PrepareConfig(max_side=cfg.max_side))
+    prepare_s = time.perf_counter() - t0
+    pipelines = {"torchvision": _torchvision(cfg)}
+    dali = _dali(cfg)
+    if dali[0] is not None:
+        pipelines["dali_cpu"] = dali
+    pipelines["dlperf_1_thread"] = _dlperf(cfg, cfg.data, 1)
+    pipelines[f"dlperf_{cfg.threads}_threads"] = _dlperf(cfg, cfg.data, cfg.threads)
+    pipelines[f"dlperf_shards{cfg.max_side}_{cfg.threads}_threads"] = _dlperf(
+        cfg, Path(tmp.name) / "shards", cfg.threads)
+    rates: dict[str, list[float]] = {k: [] for k in pipelines}
+    # Blocks, not single interleaved epochs: DALI (and DataLoader workers) keep decoding ahead
+    # in the background after an epoch ends, which would steal CPU from whichever pipeline runs
+    # next. Each pipeline streams its epochs back to back within a block (prefetching across
+    # epoch boundaries is steady state for all of them); two blocks spread machine noise.
+    blocks = 2
+    per_block = [cfg.rounds // blocks + (b < cfg.rounds % blocks) for b in range(blocks)]
+    for block, epochs in enumerate(per_block):
+        for name, (loader, n) in pipelines.items():
+            for epoch in range(epochs + (block == 0)):  # first epoch of block 0 is warm-up
+                rate = _epoch_rate(loader, n)
+                if block or epoch:
+                    rates[name].append(rate)
+                if progress:
+                    progress()
+    for loader, _ in pipelines.values():
+        if hasattr(loader, "close"):
+            loader.close()
+    tmp.cleanup()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    main = med[f"dlperf_{cfg.threads}_threads"]
+    shards = med[f"dlperf_shards{cfg.max_side}_{cfg.threads}_threads"]
+    dali_rate = med.get("dali_cpu")
+    return {
+        "img_per_s": med, "img_per_s_all_rounds": rates,
+        "img_per_s_per_core": {k: v / (1 if "1_thread" in k else cores) for k, v in med.items()},
+        "cores": cores, "prepare_seconds": prepare_s,
+        "ratios": {
+            "dlperf_vs_torchvision": main / med["torchvision"],
+            "dlperf_vs_dali_measured": main / dali_rate if dali_rate else None,
+            "dlperf_vs_dali_notes_anchor": main / NOTES_ANCHORS["dali_cpu_2_threads"],
+            "thread_scaling": main / med["dlperf_1_thread"],
+            "shards_vs_torchvision": shards / med["torchvision"],
+        },
+        "goals": {"dlperf_cpu_img_s": {"goal": GOALS["dlperf_cpu_img_s"], "measured": main,
+                                       "met": main >= GOALS["dlperf_cpu_img_s"]},
+                  "dlperf_shards256_img_s": {"goal": GOALS["dlperf_shards256_img_s"],
+                                             "measured": shards,
+                                             "met": shards >= GOALS["dlperf_shards256_img_s"]}},
+        "anchors_from_notes": NOTES_ANCHORS, "dali_installed": dali_rate is not None,
+        "config": asdict(cfg),
+    }
+
+
+def plot(result: dict, path: str | Path) -> Path | None:
+    """Bar chart of img/s per pipeline (PNG); None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    names = list(result["img_per_s"])
+    values = [result["img_per_s"][n] for n in names]
+    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=120)
+    colors = ["#999999" if not n.startswith("dlperf") else "#1f77b4" for n in names]
+    bars = ax.barh(names, values, color=colors)
+    for bar, v in zip(bars, values):
+        ax.text(v, bar.get_y() + bar.get_height() / 2, f" {v:,.0f}", va="center", fontsize=8)
+    goal = result["goals"]["dlperf_cpu_img_s"]["goal"]
+    ax.axvline(goal, color="#d62728", ls="--", lw=1)
+    ax.text(goal, -0.6, f" goal {goal:,.0f}", color="#d62728", fontsize=8)
+    ax.set_xlabel(f"images/s (train transform, {result['cores']} cores, median of "
+                  f"{result['config']['rounds']} epochs)")
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(values + [goal]) * 1.18)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
