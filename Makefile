@@ -8,7 +8,7 @@ STAMP := $(VENV)/.dlperf-installed
 # torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test install clean bench-analyze bench-predict
+.PHONY: demo test install clean bench-analyze bench-predict bench-data
 
 install: $(STAMP)
 
@@ -33,3 +33,6 @@ clean:
 
 bench-predict: $(STAMP)
 	$(BIN)/python benchmarks/bench_predict_vs_measure.py
+
+bench-data: $(STAMP)
+	$(BIN)/dlperf bench data ../shared/data/imagenet-like --rounds 10

@@ -55,6 +55,18 @@ def environment() -> dict:
         env["torchvision"] = torchvision.__version__
     except ImportError:
         pass
+    from importlib import metadata
+
+    env["packages"] = {}
+    for dist in ("numpy", "pillow", "simplejpeg", "opencv-python-headless", "nvidia-dali-cuda120",
+                 "nvidia-dali-cuda130", "rich", "matplotlib"):
+        try:
+            env["packages"][dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    from dlperf.data.decode import ROI_AVAILABLE
+
+    env["dlperf_roi_decoder"] = ROI_AVAILABLE
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda"] = torch.version.cuda

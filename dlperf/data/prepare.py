@@ -38,8 +38,8 @@ class PrepareConfig:
     limits: DecodeLimits = DecodeLimits()
 
     def __post_init__(self):
-        if self.shard_bytes < 1 << 16:
-            raise DlperfError(f"--shard-size must be at least 64KB, got {self.shard_bytes}")
+        if self.shard_bytes < 1 << 10:
+            raise DlperfError(f"--shard-size must be at least 1KB, got {self.shard_bytes}")
         if self.max_side is not None and self.max_side < 16:
             raise DlperfError(f"--max-side must be at least 16, got {self.max_side}")
         if not 1 <= self.quality <= 100:

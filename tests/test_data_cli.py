@@ -1,0 +1,103 @@
+"""`dlperf data prepare | verify` and `dlperf bench data` end to end on generated data."""
+
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+
+from dlperf.cli import main
+from dlperf.data.loader import Loader, LoaderConfig
+from dlperf.data.sources import ShardSource, open_source
+from imagegen import jpeg_bytes, make_folder, png_bytes, smooth_rgb
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = make_folder(tmp_path / "src", classes=2, per_class=5, size=(300, 400))
+    (root / "class00" / "broken.JPEG").write_bytes(b"\xff\xd8\xff\xe0 garbage")
+    (root / "class01" / "actually_png.JPEG").write_bytes(png_bytes(smooth_rgb(50, 60)))
+    return root
+
+
+def test_prepare_then_verify_then_load(corpus, tmp_path, capsys):
+    dst = tmp_path / "shards"
+    assert main(["data", "prepare", str(corpus), str(dst), "--shard-size", "8KB",
+                 "--max-side", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped" in out and "broken.JPEG" in out
+    src = ShardSource(dst)
+    assert len(src) == 11 and src.classes == ["class00", "class01"]
+    assert len(src.shards) > 1  # 8KB shards force several
+    # webdataset naming, readable by plain tar; labels in KEY.cls
+    with tarfile.open(dst / src.shards[0]) as tar:
+        names = tar.getnames()
+        assert names[0].endswith(".jpg") and names[1].endswith(".cls")
+        assert tar.extractfile(names[1]).read().decode() in ("0", "1")
+    # re-encoded to max side 256
+    from dlperf.data.decode import image_header
+
+    assert max(image_header(src.read(0))[:2]) == 256
+    assert main(["data", "verify", str(dst)]) == 0
+    assert "OK: 11 samples" in capsys.readouterr().out
+    ld = Loader(open_source(dst), LoaderConfig(batch_size=4, size=64, threads=2, drop_last=False))
+    total = sum(len(b) for b in ld)
+    assert total == 11 and ld.report.bad_count == 0
+    # refuse to overwrite
+    assert main(["data", "prepare", str(corpus), str(dst)]) == 2
+    assert "already holds a prepared dataset" in capsys.readouterr().err
+
+
+def test_verify_finds_a_corrupted_shard(corpus, tmp_path, capsys):
+    dst = tmp_path / "shards"
+    assert main(["data", "prepare", str(corpus), str(dst)]) == 0
+    src = ShardSource(dst)
+    shard, offset, size = src.samples[3][:3]
+    path = dst / src.shards[shard]
+    blob = bytearray(path.read_bytes())
+    blob[offset + size // 3: offset + size // 3 + 2000] = b"\x00" * 2000  # wipe scan data
+    blob[offset + size - 2: offset + size] = b"\x00\x00"  # and the end-of-image marker
+    path.write_bytes(bytes(blob))
+    capsys.readouterr()
+    assert main(["data", "verify", str(dst)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and src.name(3) in out
+
+
+def test_prepare_copies_jpegs_byte_for_byte_without_max_side(corpus, tmp_path):
+    dst = tmp_path / "raw"
+    assert main(["data", "prepare", str(corpus), str(dst)]) == 0
+    src = ShardSource(dst)
+    originals = {p.read_bytes() for p in corpus.rglob("img*.JPEG")}
+    copied = {src.read(i) for i in range(len(src))}
+    assert originals <= copied  # every valid JPEG unchanged; the PNG re-encoded as JPEG
+    assert len(copied - originals) == 1
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["data", "prepare", "/nonexistent/dir", "/tmp/x"], "not a dataset"),
+    (["data", "verify", "/nonexistent/dir"], "no shard index"),
+    (["data", "prepare", "a", "b", "--shard-size", "lots"], "--shard-size 'lots'"),
+    (["data"], "choose an action"),
+    (["bench", "data", "/nonexistent/corpus"], "corpus folder not found"),
+])
+def test_data_cli_errors_are_one_line(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+@pytest.mark.slow
+def test_bench_data_writes_json_and_png(tmp_path, capsys):
+    corpus = make_folder(tmp_path / "c", classes=2, per_class=8, size=(200, 260))
+    out = tmp_path / "res" / "data.json"
+    out.parent.mkdir()
+    assert main(["bench", "data", str(corpus), "--rounds", "2", "--batch-size", "8",
+                 "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    res = data["results"]
+    assert {"torchvision", "dlperf_1_thread", "dlperf_2_threads"} <= set(res["img_per_s"])
+    assert all(v > 0 for v in res["img_per_s"].values())
+    assert data["environment"]["torch"] == torch.__version__ and "git_commit" in data["environment"]
+    assert out.with_suffix(".png").stat().st_size > 1000
