@@ -23,4 +23,9 @@ timeout 100 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtyp
 timeout 100 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
     --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
     --json "$OUT/gpt-350m-bf16.json"
+# 3. The GPU input path on the JPEG corpus (carry it or point DATA at a copy on the machine).
+DATA=${DATA:-../shared/data/imagenet-like}
+if [ -d "$DATA" ]; then
+  timeout 90 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json" --epochs 10
+fi
 ls -la "$OUT"

@@ -224,6 +224,16 @@ def test_memory_flat_across_epochs(folder):
     assert _rss_mb() - before < 15
 
 
+def test_rank_and_world_from_torchrun_env(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    cfg = LoaderConfig.from_env(batch_size=8)
+    assert (cfg.rank, cfg.world_size, cfg.batch_size) == (2, 4, 8)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(DlperfError, match="rank 4 is not in"):
+        LoaderConfig.from_env()
+
+
 def test_synthetic_loader_shapes_and_resume():
     ld = SyntheticLoader(batch_size=4, size=16, batches=5)
     it = iter(ld)

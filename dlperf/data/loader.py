@@ -87,6 +87,16 @@ class LoaderConfig:
             if not ok:
                 raise DlperfError(message)
 
+    @classmethod
+    def from_env(cls, **kwargs) -> "LoaderConfig":
+        """rank/world_size from torchrun's RANK and WORLD_SIZE (single process without them)."""
+        try:
+            rank = int(os.environ.get("RANK", "0"))
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+        except ValueError:
+            raise DlperfError("RANK and WORLD_SIZE must be integers (as torchrun sets them)") from None
+        return cls(rank=rank, world_size=world, **kwargs)
+
     @property
     def is_shuffled(self) -> bool:
         return self.train if self.shuffle is None else self.shuffle
@@ -347,17 +357,7 @@ class Loader:
         self.report.samples += n - num_padded
         if bad:
             for _, index, reason in sorted(bad):
-                name = self.source.name(index)
-                if self.cfg.on_bad_file == "raise":
-                    raise DataError(f"{name}: {reason} (use on_bad_file=skip to skip bad files)")
-                self.report.add_bad(name, reason)
-            limit = self.cfg.max_bad_fraction * len(self.source)
-            if self.report.bad_count > limit:
-                shown = "; ".join(f"{nm}: {r}" for nm, r in self.report.bad[:3])
-                raise DataError(
-                    f"{self.report.bad_count} bad files in epoch {self.epoch} exceed "
-                    f"max_bad_fraction={self.cfg.max_bad_fraction} of {len(self.source):,} "
-                    f"samples; check the dataset (first: {shown})")
+                self._note_bad(self.source.name(index), reason)
             keep = sorted(set(range(n)) - {row for row, _, _ in bad})
             for dst, src in enumerate(keep):  # compact: bad rows leave, nothing is substituted
                 if dst != src:
@@ -367,6 +367,18 @@ class Loader:
             num_padded = sum(1 for row in keep if first + row >= real)
             n = len(keep)
         return Batch(slot.images[:n], slot.labels[:n], ids, num_padded)
+
+    def _note_bad(self, name: str, reason: str) -> None:
+        """The bad-file policy: raise, or report and skip, aborting past max_bad_fraction."""
+        if self.cfg.on_bad_file == "raise":
+            raise DataError(f"{name}: {reason} (use on_bad_file=skip to skip bad files)")
+        self.report.add_bad(name, reason)
+        if self.report.bad_count > self.cfg.max_bad_fraction * len(self.source):
+            shown = "; ".join(f"{nm}: {r}" for nm, r in self.report.bad[:3])
+            raise DataError(
+                f"{self.report.bad_count} bad files in epoch {self.report.epoch} exceed "
+                f"max_bad_fraction={self.cfg.max_bad_fraction} of {len(self.source):,} "
+                f"samples; check the dataset (first: {shown})")
 
     def close(self) -> None:
         if self._pending:

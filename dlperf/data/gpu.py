@@ -1,0 +1,191 @@
+"""The GPU path of the input pipeline: nvJPEG decoding and batched per-sample crops on the GPU.
+
+Same contract as the CPU loader (iterate Batches of uint8 [n, H, W, C] + int64 labels, set_epoch,
+state_dict/load_state_dict, sharding, the bad-file policy), but the batch lives on the GPU:
+
+1. CPU threads read each sample's bytes, parse its header and draw its crop from the same
+   (seed, epoch, sample) stream as the CPU path;
+2. ``torchvision.io.decode_jpeg(list, device="cuda")`` decodes the JPEGs as one nvJPEG batch, with
+   EXIF orientation; a batch that fails is retried image by image so one bad file only loses
+   itself, and anything nvJPEG rejects (PNG, CMYK, corrupt) goes to the CPU decoder;
+3. every sample's own crop box is resized to the output size by ONE ``torchvision.ops.roi_align``
+   call over the packed batch (adaptive sampling averages ~ceil(box/output) samples per output
+   pixel, an area filter against aliasing), then flips are applied as one indexed op. This is
+   the per-sample crop that torchvision's transforms cannot do for a batch.
+
+On a machine without CUDA the same code runs with ``device="cpu"`` (torchvision's CPU decoder),
+which is how the tests exercise its logic.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from dlperf.data.augment import CropPlan
+from dlperf.data.decode import BadImage, decode_into, image_header
+from dlperf.data.loader import Batch, EpochReport, Loader, LoaderConfig
+from dlperf.data.sources import Source
+from dlperf.errors import DlperfError
+
+# Images packed per roi_align call are capped at this many elements (3 x Hmax x Wmax x count),
+# so one huge photo cannot make the packed buffer explode; a batch splits into several calls.
+PACK_ELEMENTS = 1 << 28
+
+
+def plan_box(plan: CropPlan, height: int, width: int) -> tuple[float, float, float, float]:
+    """The crop as a box (x1, y1, x2, y2) in the upright image's pixel coordinates.
+
+    Eval plans (resize, then crop) become the equivalent box before the resize.
+    """
+    if plan.resize_to is None:
+        return (plan.left, plan.top, plan.left + plan.width, plan.top + plan.height)
+    sy, sx = plan.resize_to[0] / height, plan.resize_to[1] / width
+    return (plan.left / sx, plan.top / sy, (plan.left + plan.width) / sx,
+            (plan.top + plan.height) / sy)
+
+
+def crop_resize_batch(images: list[torch.Tensor], boxes: list[tuple], flips: list[bool],
+                      size: int) -> torch.Tensor:
+    """Per-sample crop + resize + flip of [3, H, W] uint8 images -> uint8 [n, size, size, 3].
+
+    One roi_align call per pack of images (usually the whole batch).
+    """
+    from torchvision.ops import roi_align
+
+    device = images[0].device
+    compute = torch.float16 if device.type == "cuda" else torch.float32
+    out = torch.empty((len(images), size, size, 3), dtype=torch.uint8, device=device)
+    start = 0
+    while start < len(images):
+        end, hmax, wmax = start, 0, 0
+        while end < len(images):  # grow the pack while it stays under the element budget
+            h, w = max(hmax, images[end].shape[1]), max(wmax, images[end].shape[2])
+            if end > start and 3 * h * w * (end - start + 1) > PACK_ELEMENTS:
+                break
+            hmax, wmax, end = h, w, end + 1
+        pack = torch.zeros((end - start, 3, hmax, wmax), dtype=compute, device=device)
+        for i in range(start, end):
+            img = images[i]
+            pack[i - start, :, :img.shape[1], :img.shape[2]] = img
+        rois = torch.tensor([[i - start, *boxes[i]] for i in range(start, end)],
+                            dtype=compute, device=device)
+        # aligned=True: pixel centres at +0.5, so a box of the full image maps exactly.
+        res = roi_align(pack, rois, output_size=(size, size), spatial_scale=1.0,
+                        sampling_ratio=-1, aligned=True)
+        flip = torch.tensor(flips[start:end], device=device)
+        res = torch.where(flip.view(-1, 1, 1, 1), res.flip(-1), res)
+        out[start:end] = res.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        start = end
+    return out
+
+
+class GpuLoader(Loader):
+    """Loader whose batches are decoded and augmented on ``device`` (see module docstring)."""
+
+    def __init__(self, source: Source, cfg: LoaderConfig = LoaderConfig(), device: str = "cuda"):
+        super().__init__(source, cfg)
+        if cfg.channels != 3:
+            raise DlperfError("the GPU loader emits 3 channels; pad on the device if needed")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise DlperfError("GPU loader: no CUDA GPU is visible; use the CPU Loader")
+        self.fallbacks = 0  # images the GPU decoder rejected and the CPU decoded
+
+    def _prepare(self, index: int, epoch: int):
+        """(index, bytes, upright h, w, plan, nvjpeg-able) or (index, None, reason)."""
+        src, limits = self.source, self.cfg.limits
+        try:
+            data = src.read_limited(index, limits.max_bytes)
+            if data is None:
+                return index, None, f"file too large (> limit {limits.max_bytes:,} bytes)"
+            height, width, _, fast = image_header(data, limits)
+            plan = self._plan_for(index, epoch)(height, width)
+        except BadImage as exc:
+            return index, None, str(exc)
+        except OSError as exc:
+            return index, None, f"unreadable ({exc.strerror or exc})"
+        return index, data, height, width, plan, fast
+
+    def _decode_gpu(self, datas: list[bytes]) -> list[torch.Tensor | None]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+        kwargs = dict(mode=ImageReadMode.RGB, device=self.device, apply_exif_orientation=True)
+        try:
+            return list(decode_jpeg(tensors, **kwargs))
+        except RuntimeError:  # one bad file fails the batch: retry one by one
+            out = []
+            for t in tensors:
+                try:
+                    out.append(decode_jpeg(t, **kwargs))
+                except RuntimeError:
+                    out.append(None)
+            return out
+
+    def _cpu_decode(self, data: bytes, height: int, width: int) -> torch.Tensor:
+        full = np.empty((height, width, 3), np.uint8)
+        decode_into(data, lambda h, w: CropPlan(0, 0, h, w), full, self.cfg.limits)
+        return torch.from_numpy(full).permute(2, 0, 1).to(self.device)
+
+    def __iter__(self):
+        cfg = self.cfg
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(cfg.thread_count(), thread_name_prefix="dlperf-gpu")
+        epoch, start = self.epoch, self._next_batch
+        if start == 0:
+            self.report = EpochReport(epoch)
+        order, real = self.rank_order(epoch), self._real_count()
+
+        def read(k):
+            ids = order[k * cfg.batch_size:(k + 1) * cfg.batch_size]
+            return ids, [self._pool.submit(self._prepare, int(i), epoch) for i in ids]
+
+        ahead = read(start) if start < len(self) else None
+        for k in range(start, len(self)):
+            ids, futures = ahead
+            ahead = read(k + 1) if k + 1 < len(self) else None  # CPU reads overlap GPU work
+            items = [f.result() for f in futures]
+            good = [it for it in items if it[1] is not None]
+            bad = [(row, it[0], it[2]) for row, it in enumerate(items) if it[1] is None]
+            fast = [it for it in good if it[5]]
+            decoded = dict(zip((it[0] for it in fast), self._decode_gpu([it[1] for it in fast])))
+            images, boxes, flips, labels, kept = [], [], [], [], []
+            for row, it in enumerate(items):
+                if it[1] is None:
+                    continue
+                index, data, height, width, plan, _ = it
+                img = decoded.get(index)
+                if img is None:
+                    try:
+                        img = self._cpu_decode(data, height, width)
+                        self.fallbacks += 1
+                    except BadImage as exc:
+                        bad.append((row, index, str(exc)))
+                        continue
+                if img.shape[1:] != (height, width):
+                    bad.append((row, index, "decoded size differs from the header"))
+                    continue
+                images.append(img)
+                boxes.append(plan_box(plan, height, width))
+                flips.append(plan.flip)
+                labels.append(self.source.label(index))
+                kept.append(row)
+            self._record_bad(bad)
+            first = k * cfg.batch_size
+            self.report.samples += sum(1 for row in range(len(ids)) if first + row < real)
+            out = (crop_resize_batch(images, boxes, flips, cfg.size) if images else
+                   torch.empty((0, cfg.size, cfg.size, 3), dtype=torch.uint8, device=self.device))
+            self._next_batch = k + 1
+            yield Batch(out, torch.tensor(labels, dtype=torch.int64, device=self.device),
+                        ids[kept], sum(1 for row in kept if first + row >= real))
+        self.reports.append(self.report.summary())
+        self.epoch += 1
+        self._next_batch = 0
+
+    def _record_bad(self, bad: list) -> None:
+        for _, index, reason in sorted(bad):
+            self._note_bad(self.source.name(index), reason)
