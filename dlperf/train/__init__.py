@@ -1,0 +1,1 @@
+"""The record ResNet-50 recipe as a trainer: recipes -> speedups -> loop, checkpoints, metrics."""

@@ -1,0 +1,153 @@
+"""Atomic checkpoints with a commit marker, keep-last-N + best, integrity checks, safe loading.
+
+Layout of a run folder's ``checkpoints/``::
+
+    step-00001200.pt        torch.save of the state (tensors and plain containers only)
+    step-00001200.json      the manifest: sha256 + size of the .pt, step, epoch, metric
+
+The .pt is written to a temporary name, fsynced and renamed; the manifest is written the same
+way *after* it, so a manifest exists only for a complete checkpoint (a SIGKILL at any moment
+leaves at worst an orphan .pt or temp file, which is ignored). Loading checks size and sha256
+and uses ``torch.load(weights_only=True)``, so a checkpoint that carries pickled code is refused.
+A checkpoint that fails its check is reported and the previous complete one is used instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dlperf.errors import DlperfError
+from dlperf.report import write_json_atomic
+
+
+class CheckpointError(DlperfError):
+    pass
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    manifest: Path
+    step: int
+    epoch: int
+    metric: float | None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(folder: str | Path, state: dict, step: int, epoch: int, metric: float | None = None,
+         keep_last: int = 3, keep_best: bool = True, higher_is_better: bool = True) -> CheckpointInfo:
+    """Write ``state`` atomically as checkpoint ``step``; prune old ones (keep last N + best)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"step-{step:08d}"
+    final = folder / f"{stem}.pt"
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+    manifest = folder / f"{stem}.json"
+    write_json_atomic(manifest, {"file": final.name, "bytes": final.stat().st_size,
+                                 "sha256": _sha256(final), "step": step, "epoch": epoch,
+                                 "metric": metric, "format": "dlperf-checkpoint-v1"})
+    _fsync_dir(folder)
+    info = CheckpointInfo(final, manifest, step, epoch, metric)
+    _prune(folder, keep_last, keep_best, higher_is_better)
+    return info
+
+
+def complete(folder: str | Path) -> list[CheckpointInfo]:
+    """Checkpoints with a manifest (i.e. fully written), oldest first."""
+    folder = Path(folder)
+    out = []
+    for manifest in sorted(folder.glob("step-*.json")):
+        try:
+            m = json.loads(manifest.read_text())
+            out.append(CheckpointInfo(folder / m["file"], manifest, int(m["step"]),
+                                      int(m["epoch"]), m.get("metric")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged manifest: that checkpoint does not count
+    return sorted(out, key=lambda c: c.step)
+
+
+def _prune(folder: Path, keep_last: int, keep_best: bool, higher_is_better: bool) -> None:
+    infos = complete(folder)
+    keep = {c.step for c in infos[-keep_last:]} if keep_last > 0 else set()
+    scored = [c for c in infos if c.metric is not None]
+    if keep_best and scored:
+        best = (max if higher_is_better else min)(scored, key=lambda c: c.metric)
+        keep.add(best.step)
+    for c in infos:
+        if c.step not in keep:
+            c.manifest.unlink(missing_ok=True)  # manifest first: never a manifest without data
+            c.path.unlink(missing_ok=True)
+    for tmp in folder.glob(".step-*.tmp"):  # leftovers of an interrupted save
+        tmp.unlink(missing_ok=True)
+
+
+def verify(info: CheckpointInfo) -> None:
+    m = json.loads(info.manifest.read_text())
+    if not info.path.exists():
+        raise CheckpointError(f"{info.path}: missing checkpoint data")
+    size = info.path.stat().st_size
+    if size != m["bytes"]:
+        raise CheckpointError(f"{info.path}: size {size} differs from its manifest ({m['bytes']})")
+    if _sha256(info.path) != m["sha256"]:
+        raise CheckpointError(f"{info.path}: checksum mismatch (corrupt or modified)")
+
+
+def load(path: str | Path, map_location="cpu") -> dict:
+    """Load one checkpoint file safely (weights_only: tensors and plain containers only)."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except Exception as exc:  # pickle.UnpicklingError for code, RuntimeError for damage
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: refused to load ({first[:200]})") from None
+
+
+def load_latest(folder: str | Path, map_location="cpu", warn=print) -> tuple[dict, CheckpointInfo] | None:
+    """The newest checkpoint that passes its integrity check and loads; older ones as fallback."""
+    for info in reversed(complete(folder)):
+        try:
+            verify(info)
+            return load(info.path, map_location), info
+        except CheckpointError as exc:
+            warn(f"skipping checkpoint: {exc}")
+    return None

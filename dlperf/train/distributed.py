@@ -1,0 +1,89 @@
+"""torchrun environment, process group, DDP wrapping and rank-0 duties.
+
+`torchrun --nproc_per_node N -m dlperf train ...` sets RANK, WORLD_SIZE, LOCAL_RANK and the
+rendezvous; multi-node runs use torchrun's --rdzv options unchanged. NCCL on GPUs, gloo on CPU.
+A collective timeout (TrainConfig.collective_timeout_s) makes every rank fail instead of hanging
+forever when one dies.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dlperf.errors import DlperfError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device_pref: str = "auto", timeout_s: int = 600) -> DistInfo:
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise DlperfError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (torchrun sets them)") from None
+    use_cuda = torch.cuda.is_available() and device_pref in ("auto", "cuda")
+    if device_pref == "cuda" and not torch.cuda.is_available():
+        raise DlperfError("device=cuda but no CUDA GPU is visible; use device=cpu")
+    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo",
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    return DistInfo(rank, world, local, device)
+
+
+def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
+    if not info.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [info.device.index] if info.device.type == "cuda" else None
+    return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
+    if not info.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True when the flag is set on any rank (e.g. a preemption signal seen by one rank)."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    dist.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def teardown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

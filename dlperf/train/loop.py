@@ -1,0 +1,534 @@
+"""The training run: data -> model (speed-ups) -> steps (autocast, loss scaling, accumulation,
+non-finite skipping) -> evaluation -> checkpoints and logs, resumable at any step.
+
+Exit conditions a caller sees (the CLI maps them to exit codes):
+* normal end: returns the summary;
+* SIGTERM/SIGUSR1: the current step finishes, a checkpoint is written, `Preempted` is raised
+  (exit code 75, EX_TEMPFAIL); `--set resume=auto` (the default) continues from it;
+* `max_nonfinite_steps` consecutive steps with a non-finite loss or gradient: `NonFinite`
+  (exit code 3) with a diagnostic; each skipped step leaves the weights unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import random
+import signal
+import time
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from dlperf.errors import DlperfError
+from dlperf.report import write_json_atomic
+from dlperf.train import checkpoint as ckpt
+from dlperf.train import distributed as D
+from dlperf.train import speedups
+from dlperf.train.metrics import RunLog, Throughput, flops_per_image, peak_flops
+from dlperf.train.recipes import TrainConfig
+
+EXIT_PREEMPTED = 75
+EXIT_NONFINITE = 3
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+class Preempted(DlperfError):
+    """Stopped by a signal after saving a checkpoint."""
+
+
+class NonFinite(DlperfError):
+    """Too many consecutive non-finite steps."""
+
+
+# ---------------------------------------------------------------- model, data, optimizer
+def build_model(name: str, num_classes: int, meta: bool = False) -> nn.Module:
+    if name in ("tiny", "tiny-gn"):
+        from dlperf.models.tiny import TinyResNet
+
+        return TinyResNet(num_classes, norm="bn" if name == "tiny" else "gn")
+    from dlperf.models.registry import build_model as registry_build
+
+    model, _ = registry_build(name, num_classes=num_classes, real=not meta)
+    return model
+
+
+def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
+    from dlperf.data.loader import Loader, LoaderConfig, SyntheticLoader
+    from dlperf.data.sources import open_source
+
+    if cfg.batch_size % (info.world_size * cfg.grad_accum):
+        raise DlperfError(f"batch_size {cfg.batch_size} must divide by world_size x grad_accum "
+                          f"= {info.world_size * cfg.grad_accum}")
+    per_rank = cfg.batch_size // info.world_size
+    channels = 4 if cfg.pad_stem_to_4 else 3
+    if cfg.data == "synthetic":
+        train = SyntheticLoader(per_rank, image_size, cfg.num_classes,
+                                batches=cfg.steps_per_epoch or 100, channels=channels,
+                                seed=cfg.seed + info.rank, pin_memory=info.device.type == "cuda")
+        return train, None
+    common = dict(threads=cfg.threads, prefetch=cfg.prefetch, seed=cfg.seed, rank=info.rank,
+                  world_size=info.world_size, on_bad_file=cfg.on_bad_file, channels=channels)
+    source = open_source(cfg.data)
+    if len(source.classes) > cfg.num_classes:
+        raise DlperfError(f"{cfg.data}: {len(source.classes)} classes but num_classes="
+                          f"{cfg.num_classes}; set num_classes={len(source.classes)}")
+    train = Loader(source, LoaderConfig(batch_size=per_rank, train=True, size=image_size, **common))
+    val = None
+    if cfg.val_data:
+        val = Loader(open_source(cfg.val_data), LoaderConfig(
+            batch_size=per_rank, train=False, size=cfg.eval_image_size or image_size,
+            drop_last=False, **common))
+    return train, val
+
+
+def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
+    """No weight decay on BN parameters and biases (1-D tensors), as the recipe says."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if cfg.no_decay_bn_bias and p.ndim <= 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0, "lars_exclude": True}]
+
+
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum and layer-wise adaptive rate scaling (You et al.) for large batches:
+    each layer's step is scaled by trust * ||w|| / (||g|| + wd ||w||); BN and bias excluded."""
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust=0.001):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      trust=trust, lars_exclude=False))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if group["weight_decay"]:
+                    g = g.add(p, alpha=group["weight_decay"])
+                if not group["lars_exclude"]:
+                    w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
+                    ratio = torch.where((w_norm > 0) & (g_norm > 0),
+                                        group["trust"] * w_norm / g_norm, torch.ones_like(w_norm))
+                    g = g * ratio
+                buf = self.state[p].get("momentum_buffer")
+                if buf is None:
+                    buf = self.state[p]["momentum_buffer"] = g.clone()
+                else:
+                    buf.mul_(group["momentum"]).add_(g)
+                p.add_(buf, alpha=-group["lr"])
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
+    groups = param_groups(model, cfg)
+    if cfg.optimizer == "lars":
+        return LARS(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    for g in groups:
+        g.pop("lars_exclude", None)
+    fused = cfg.fused_optimizer and device.type == "cuda"
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                           fused=fused or None, foreach=None if fused else cfg.fused_optimizer)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, steps_per_epoch: int) -> float:
+    """Multiplier of the peak lr at an optimizer step (linear warm-up, then the schedule)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    if schedule in ("onecycle", "linear"):
+        return max(0.0, 1.0 - progress)
+    epoch = step / steps_per_epoch  # step decay at 30/60/80 of 90 epochs, scaled
+    total_epochs = total / steps_per_epoch
+    return 0.1 ** sum(epoch >= total_epochs * m for m in (1 / 3, 2 / 3, 8 / 9))
+
+
+def image_size_at(cfg: TrainConfig, epoch: int) -> int:
+    """Progressive resizing: min_image_size -> image_size linearly over the first 3/4 of the run
+    (multiples of 32), then image_size (fast.ai's low-to-high schedule)."""
+    if not cfg.min_image_size or cfg.min_image_size == cfg.image_size:
+        return cfg.image_size
+    ramp = max(1, int(cfg.epochs * 0.75))
+    size = cfg.min_image_size + (cfg.image_size - cfg.min_image_size) * min(1.0, epoch / ramp)
+    return min(cfg.image_size, int(round(size / 32) * 32) or 32)
+
+
+# ---------------------------------------------------------------- RNG and checkpoint state
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+            "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    return getattr(model, "module", model)  # DDP
+
+
+# ---------------------------------------------------------------- evaluation
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, info: D.DistInfo, dtype, channels_last: bool) -> dict:
+    from dlperf.data.device import normalize_nhwc
+
+    model.eval()
+    correct1 = correct5 = seen = 0.0
+    for batch in loader:
+        keep = len(batch) - batch.num_padded  # sharding padding is not evaluated twice
+        x = normalize_nhwc(batch.images[:keep], info.device)
+        if not channels_last:
+            x = x.contiguous()
+        y = batch.labels[:keep].to(info.device)
+        with torch.autocast(info.device.type, dtype=dtype) if dtype else nullcontext():
+            logits = model(x)
+        top5 = logits.float().topk(min(5, logits.shape[1]), dim=1).indices
+        correct1 += (top5[:, 0] == y).sum().item()
+        correct5 += (top5 == y[:, None]).any(dim=1).sum().item()
+        seen += keep
+    correct1, correct5, seen = D.all_reduce_sum([correct1, correct5, seen], info)
+    model.train()
+    return {"top1": correct1 / seen if seen else 0.0, "top5": correct5 / seen if seen else 0.0,
+            "samples": int(seen)}
+
+
+# ---------------------------------------------------------------- the run
+class _Signals:
+    """SIGTERM/SIGUSR1 set a flag; the loop checkpoints and stops at the next step boundary."""
+
+    def __init__(self):
+        self.caught: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals cannot be caught here
+                pass
+        return self
+
+    def _handle(self, signum, _frame):
+        self.caught = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def train(cfg: TrainConfig, resume: str | None = "auto", progress: bool = True,
+          stop_at_step: int | None = None, mfu: bool = True, console=None) -> dict:
+    """Run ``cfg``. ``resume``: "auto" (newest complete checkpoint in out_dir, if any), None
+    (start fresh; refuses a folder that already has checkpoints), or a checkpoint path.
+    ``stop_at_step``: behave as if preempted after that global step (tests, time limits)."""
+    info = D.setup(cfg.device, cfg.collective_timeout_s)
+    out = Path(cfg.out_dir)
+    ckpt_dir = out / "checkpoints"
+    log = RunLog(out if info.is_main else None)
+    try:
+        return _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, console)
+    except torch.OutOfMemoryError:
+        raise DlperfError(f"out of memory at {cfg.batch_size // info.world_size} images per "
+                          f"{info.device.type} (batch_size={cfg.batch_size}); try "
+                          f"batch_size={max(1, cfg.batch_size // 2)} or grad_accum="
+                          f"{cfg.grad_accum * 2}") from None
+    finally:
+        log.close()
+        D.teardown(info)
+
+
+def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, console):
+    from dlperf.data.device import normalize_nhwc
+
+    seed_everything(cfg.seed)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "config.json", {"config": cfg.to_dict(),
+                                                 "world_size": info.world_size,
+                                                 "device": str(info.device)})
+    dtype = DTYPES[cfg.dtype]
+    if cfg.dtype == "bf16" and info.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DlperfError("this GPU has no bf16; use dtype=fp16")
+    image_size = image_size_at(cfg, 0)
+    train_loader, val_loader = build_loaders(cfg, info, image_size)
+    model = build_model(cfg.model, cfg.num_classes)
+    model = speedups.apply(model, cfg, info.device, distributed=info.enabled)
+    ddp_model = D.wrap(model, info)
+    t0 = time.perf_counter()
+    run_model = speedups.maybe_compile(ddp_model, cfg)
+    optimizer = build_optimizer(model, cfg, info.device)
+    steps_per_epoch = len(train_loader) // cfg.grad_accum if cfg.grad_accum > 1 else len(train_loader)
+    if steps_per_epoch == 0:
+        raise DlperfError(f"{cfg.data}: fewer samples than one batch of {cfg.batch_size}")
+    total_steps = steps_per_epoch * cfg.epochs
+    warmup = int(cfg.warmup_epochs * steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, warmup, cfg.schedule, steps_per_epoch))
+    scaler = torch.amp.GradScaler(info.device.type, enabled=cfg.dtype == "fp16")
+    ema = None
+    if cfg.ema_decay:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay),
+                            use_buffers=True)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+
+    step, start_epoch, best = 0, 0, None
+    resumed_from = None
+    if resume is not None:
+        found = (ckpt.load_latest(ckpt_dir, map_location=info.device,
+                                  warn=lambda m: log.event("warning", message=m))
+                 if resume == "auto" else
+                 (ckpt.load(resume, map_location=info.device), Path(resume)))
+        if found:
+            state, where = found
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            scaler.load_state_dict(state["scaler"])
+            if ema is not None and state.get("ema") is not None:
+                ema.load_state_dict(state["ema"])
+            train_loader.load_state_dict(state["loader"])
+            set_rng_state(state["rng"][min(info.rank, len(state["rng"]) - 1)])
+            step, start_epoch, best = state["step"], train_loader.epoch, state.get("best")
+            resumed_from = str(getattr(where, "path", where))
+            log.event("resume", step=step, epoch=start_epoch, checkpoint=resumed_from)
+    elif ckpt.complete(ckpt_dir):
+        raise DlperfError(f"{ckpt_dir}: holds checkpoints; resume (resume=auto) or choose another "
+                          "out_dir")
+
+    def save(metric=None, reason="epoch"):
+        rng = [rng_state()]
+        if info.enabled:  # every rank's RNG, gathered to rank 0 (as bytes: gathering tensor
+            buf = io.BytesIO()  # objects directly fails in some torch versions)
+            torch.save(rng[0], buf)
+            gathered = [None] * info.world_size
+            torch.distributed.all_gather_object(gathered, buf.getvalue())
+            rng = [torch.load(io.BytesIO(b), weights_only=True) for b in gathered]
+        if not info.is_main:
+            return None
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                 "ema": ema.state_dict() if ema is not None else None,
+                 "loader": train_loader.state_dict(), "rng": rng, "step": step,
+                 "best": best, "config": cfg.to_dict()}
+        saved = ckpt.save(ckpt_dir, state, step, train_loader.epoch, metric, cfg.keep_last)
+        log.event("checkpoint", step=step, path=str(saved.path), reason=reason)
+        return saved
+
+    tput = Throughput()
+    nonfinite_run = skipped = 0
+    last_eval: dict = {}
+    compile_s = 0.0
+    time_to_target = None
+    run_start = time.perf_counter()
+    micro = cfg.batch_size // info.world_size // cfg.grad_accum
+    bar = _Progress(progress and info.is_main, console)
+    try:
+        with _Signals() as signals:
+            for epoch in range(start_epoch, cfg.epochs):
+                size = image_size_at(cfg, epoch)
+                if size != image_size and cfg.data != "synthetic":  # progressive resizing
+                    image_size = size
+                    train_loader = _resized(train_loader, size)
+                if train_loader.state_dict()["next_batch"] == 0:
+                    train_loader.set_epoch(epoch)
+                epoch_stats = {"loss": 0.0, "n": 0}
+                bar.start(epoch, steps_per_epoch)
+                it = iter(train_loader)
+                t_prev = time.perf_counter()
+                while True:
+                    t_wait = time.perf_counter()
+                    batches = []
+                    for _ in range(cfg.grad_accum):
+                        b = next(it, None)
+                        if b is None:
+                            break
+                        batches.append(b)
+                    if len(batches) < cfg.grad_accum:
+                        break
+                    wait = time.perf_counter() - t_wait
+                    loss_sum, n_img = 0.0, 0
+                    for i, b in enumerate(batches):
+                        x = normalize_nhwc(b.images, info.device, torch.float32)
+                        if not cfg.channels_last:
+                            x = x.contiguous()
+                        y = b.labels.to(info.device, non_blocking=True)
+                        sync = (ddp_model.no_sync() if info.enabled and i < len(batches) - 1
+                                else nullcontext())
+                        with sync, (torch.autocast(info.device.type, dtype=dtype) if dtype
+                                    else nullcontext()):
+                            loss = loss_fn(run_model(x), y) / cfg.grad_accum
+                        scaler.scale(loss).backward()
+                        loss_sum += loss.detach().float()
+                        n_img += len(b)
+                    if step == 0 and cfg.compile:
+                        compile_s = time.perf_counter() - t0
+                    scaler.unscale_(optimizer)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+                    finite = bool(torch.isfinite(loss_sum) and torch.isfinite(grad_norm))
+                    if finite:
+                        scaler.step(optimizer)
+                        nonfinite_run = 0
+                        if ema is not None:
+                            ema.update_parameters(model)
+                    else:  # weights unchanged; the step is counted, logged and skipped
+                        skipped += 1
+                        # fp16: overflowing scaled gradients are dynamic loss scaling at work
+                        # (GradScaler halves the scale); only a non-finite loss, or a scale
+                        # driven below 1, means the run itself has diverged.
+                        if (not scaler.is_enabled() or not torch.isfinite(loss_sum)
+                                or scaler.get_scale() < 1.0):
+                            nonfinite_run += 1
+                        log.event("nonfinite", step=step, loss=float(loss_sum),
+                                  grad_norm=float(grad_norm))
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                    with warnings.catch_warnings():  # a skipped step still advances the schedule
+                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+                        scheduler.step()
+                    step += 1
+                    if nonfinite_run >= cfg.max_nonfinite_steps:
+                        raise NonFinite(
+                            f"stopping: {nonfinite_run} consecutive steps with a non-finite "
+                            f"loss or gradient (last loss {float(loss_sum):.4g}, grad norm "
+                            f"{float(grad_norm):.4g}) at step {step}; lower lr_per_256, add "
+                            "warm-up, or use dtype=bf16")
+                    now = time.perf_counter()
+                    n_img *= info.world_size
+                    tput.add(n_img, now - t_prev, wait)
+                    t_prev = now
+                    loss_value = float(loss_sum)
+                    epoch_stats["loss"] += loss_value
+                    epoch_stats["n"] += 1
+                    if step % cfg.log_every == 0:
+                        log.event("step", step=step, epoch=epoch, loss=loss_value,
+                                  lr=scheduler.get_last_lr()[0], img_per_s=tput.img_per_s,
+                                  data_wait=tput.data_wait_share, skipped=skipped)
+                    bar.advance(loss_value, scheduler.get_last_lr()[0], tput)
+                    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                        save(reason="interval")
+                    stop = signals.caught is not None or (stop_at_step is not None
+                                                          and step >= stop_at_step)
+                    if D.any_rank(stop, info):
+                        saved = save(reason="preempted")
+                        D.barrier(info)
+                        raise Preempted(f"stopped at step {step} (signal {signals.caught or '-'}); "
+                                        f"checkpoint {saved.path if saved else 'on rank 0'}; "
+                                        "run the same command again to resume")
+                bar.stop()
+                row = {"epoch": epoch, "step": step,
+                       "loss": epoch_stats["loss"] / max(1, epoch_stats["n"]),
+                       "lr": scheduler.get_last_lr()[0], "img_per_s": tput.img_per_s,
+                       "data_wait": tput.data_wait_share, "image_size": image_size,
+                       "skipped_steps": skipped}
+                if val_loader is not None and (epoch + 1) % cfg.eval_every == 0:
+                    last_eval = evaluate(ema.module if ema is not None else model, val_loader,
+                                         info, dtype, cfg.channels_last)
+                    row.update(top1=last_eval["top1"], top5=last_eval["top5"])
+                    best = max(best or 0.0, last_eval["top1"])
+                if hasattr(train_loader, "reports") and train_loader.reports:
+                    log.event("data", epoch=epoch, report=train_loader.reports[-1])
+                log.event("epoch", **row)
+                log.epoch_row(row)
+                bar.epoch_line(row)
+                save(metric=last_eval.get("top1"))
+                if (cfg.target_accuracy is not None and last_eval
+                        and last_eval["top1"] >= cfg.target_accuracy):
+                    time_to_target = time.perf_counter() - run_start
+                    break
+    finally:
+        bar.stop()
+    summary = {"steps": step, "epochs": cfg.epochs, "img_per_s": tput.img_per_s,
+               "compute_img_per_s": tput.compute_img_per_s, "data_wait_share": tput.data_wait_share,
+               "skipped_steps": skipped, "compile_s": compile_s, "resumed_from": resumed_from,
+               "eval": last_eval, "best_top1": best, "time_to_target_s": time_to_target,
+               "wall_s": time.perf_counter() - run_start}
+    if mfu and tput.img_per_s:
+        fpi = flops_per_image(cfg.model, cfg.num_classes, image_size, cfg.dtype,
+                              4 if cfg.pad_stem_to_4 else 3)
+        peak, source = peak_flops(info.device, cfg.dtype)
+        if fpi and peak:
+            summary.update(flops_per_image=fpi, peak_flops=peak, peak_source=source,
+                           mfu=fpi * tput.compute_img_per_s / info.world_size / peak)
+    if info.is_main:
+        write_json_atomic(out / "summary.json", summary)
+        log.event("summary", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
+    return summary
+
+
+def _resized(loader, size: int):
+    """The same loader at a new crop size (progressive resizing), keeping its position."""
+    from dlperf.data.loader import Loader
+
+    state = loader.state_dict()
+    loader.close()
+    new = Loader(loader.source, dataclasses.replace(loader.cfg, size=size))
+    new.load_state_dict(state)
+    return new
+
+
+class _Progress:
+    """A rich progress bar per epoch with loss, lr, img/s and data-wait %."""
+
+    def __init__(self, enabled: bool, console=None):
+        self.enabled = enabled
+        self.console = console
+        self._bar = None
+
+    def start(self, epoch: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(),
+                             MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
+                             TimeRemainingColumn(), console=self.console, transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task("train", total=total, epoch=epoch, stats="")
+
+    def advance(self, loss, lr, tput) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, stats=(
+                f"loss {loss:.3f}  lr {lr:.3g}  {tput.img_per_s:,.0f} img/s  "
+                f"data wait {tput.data_wait_share:.0%}"))
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def epoch_line(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        from rich.console import Console
+
+        acc = (f"  top-1 {row['top1']:.2%}  top-5 {row['top5']:.2%}" if "top1" in row else "")
+        (self.console or Console()).print(
+            f"epoch {row['epoch']}: loss {row['loss']:.4f}{acc}  {row['img_per_s']:,.0f} img/s  "
+            f"data wait {row['data_wait']:.0%}  size {row['image_size']}")

@@ -1,0 +1,127 @@
+"""Throughput, data wait, model FLOP utilisation, and the run's logs (JSONL + CSV).
+
+MFU = (training FLOPs per image, counted by dlperf's own analysis of the model, forward +
+backward) x images/s / the device's peak for the math unit in use: the datasheet preset for a
+GPU, a quick probe for a CPU (DESIGN.md convention 10: achieved over ceiling).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+class RunLog:
+    """Rank 0 writes; other ranks get a no-op log."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+        self._jsonl = self._csv = None
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(folder / "log.jsonl", "a", buffering=1)
+            new = not (folder / "epochs.csv").exists()
+            self._csv_file = open(folder / "epochs.csv", "a", newline="", buffering=1)
+            self._csv = csv.writer(self._csv_file)
+            self._csv_header = not new
+        self._tb = None
+        if folder is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # optional: tensorboard
+
+                self._tb = SummaryWriter(str(folder / "tensorboard"))
+            except Exception:  # tensorboard not installed: JSONL/CSV only
+                self._tb = None
+
+    def event(self, kind: str, **fields) -> None:
+        if self._jsonl is None:
+            return
+        record = {"kind": kind, "time": time.time(), **fields}
+        self._jsonl.write(json.dumps(record, default=float) + "\n")
+        if self._tb is not None and "step" in fields:
+            for key, value in fields.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(f"{kind}/{key}", value, fields["step"])
+
+    def epoch_row(self, row: dict) -> None:
+        if self._csv is None:
+            return
+        if not self._csv_header:
+            self._csv.writerow(list(row))
+            self._csv_header = True
+        self._csv.writerow([row[k] for k in row])
+
+    def close(self) -> None:
+        for f in (self._jsonl, getattr(self, "_csv_file", None)):
+            if f is not None:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Throughput:
+    """Images/s over the run, total and compute-only (excluding time blocked on data)."""
+
+    def __init__(self):
+        self.images = 0
+        self.wall = 0.0
+        self.data_wait = 0.0
+
+    def add(self, images: int, wall: float, data_wait: float) -> None:
+        self.images += images
+        self.wall += wall
+        self.data_wait += data_wait
+
+    @property
+    def img_per_s(self) -> float:
+        return self.images / self.wall if self.wall else 0.0
+
+    @property
+    def compute_img_per_s(self) -> float:
+        compute = self.wall - self.data_wait
+        return self.images / compute if compute > 0 else 0.0
+
+    @property
+    def data_wait_share(self) -> float:
+        return self.data_wait / self.wall if self.wall else 0.0
+
+
+def flops_per_image(model_name: str, num_classes: int, image_size: int, dtype: str,
+                    channels: int = 3) -> float | None:
+    """Training FLOPs (forward + backward) for one image, from dlperf analyze on meta tensors."""
+    try:
+        from dlperf.analysis.api import AnalysisConfig, analyze_model
+        from dlperf.hardware.specs import PRESETS
+        from dlperf.train.loop import build_model
+
+        with torch.device("meta"):
+            model = build_model(model_name, num_classes, meta=True)
+        cfg = AnalysisConfig(model=model_name, input_shape=(1, channels, image_size, image_size),
+                             dtype=dtype, train=True, device="h100-sxm")
+        return float(analyze_model(model, cfg, PRESETS["h100-sxm"]).totals()["flops"])
+    except Exception:  # a model the analyzer cannot capture: no MFU, never a failed run
+        return None
+
+
+def peak_flops(device: torch.device, dtype: str) -> tuple[float | None, str]:
+    """(peak FLOP/s for the dtype's math unit, where it came from)."""
+    unit = {"bf16": "bf16", "fp16": "fp16"}.get(dtype, "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
+    if device.type == "cuda":
+        from dlperf.hardware.specs import match_preset
+
+        spec = match_preset(torch.cuda.get_device_name(device))
+        if spec is None:
+            return None, "no preset for this GPU"
+        return spec.peak_flops(unit), f"{spec.name} datasheet ({unit})"
+    from dlperf.hardware.probe import ProbeConfig, probe
+
+    spec, _ = probe(ProbeConfig(device="cpu", quick=True))
+    unit = unit if unit in spec.peak else "fp32"
+    return spec.peak_flops(unit), f"this CPU, probed ({unit})"

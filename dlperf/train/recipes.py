@@ -1,0 +1,197 @@
+"""Named recipes: functions returning a frozen TrainConfig (DESIGN.md convention 3).
+
+``resnet50-90ep`` is the standard ImageNet recipe the record blog trains with: SGD momentum 0.9,
+lr 0.1 per 256 images scaled linearly with the batch, 5 warm-up epochs, cosine decay, weight decay
+5e-5..1e-4 (here 5e-5 for 90 epochs, with no decay on BN and bias), label smoothing 0.1, the last
+BN gamma of each residual block zero-initialised, 224 px. ``resnet50-fast`` is the fast.ai-style
+short schedule: progressive resizing 128 -> 224 px, evaluation above the final train size,
+one-cycle learning rate, label smoothing, EMA of the weights. ``tiny`` trains a small CNN on a
+small dataset in seconds on a CPU (demos and tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlperf.errors import DlperfError, close_matches
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # what
+    model: str = "resnet50"  # torchvision name, "tiny", or path/to/file.py:factory
+    num_classes: int = 1000
+    data: str = "synthetic"  # "synthetic", an image folder / .csv / shard folder
+    val_data: str | None = None
+    # schedule
+    epochs: int = 90
+    steps_per_epoch: int | None = None  # cap (synthetic data; quick runs)
+    batch_size: int = 256  # global (all ranks, after accumulation)
+    grad_accum: int = 1
+    lr_per_256: float = 0.1
+    warmup_epochs: float = 5.0
+    schedule: str = "cosine"  # cosine | step | onecycle | linear
+    optimizer: str = "sgd"  # sgd | lars
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-5
+    no_decay_bn_bias: bool = True
+    label_smoothing: float = 0.1
+    zero_init_residual: bool = True
+    ema_decay: float | None = None
+    # images
+    image_size: int = 224
+    min_image_size: int | None = None  # progressive resizing: from this size up to image_size
+    eval_image_size: int | None = None  # default: image_size
+    # speed-ups (each can be switched off, so bench can measure them one at a time)
+    dtype: str = "bf16"  # bf16 | fp16 (GradScaler) | fp32
+    tf32: bool = True
+    channels_last: bool = True
+    pad_stem_to_4: bool = False
+    compile: str | None = None  # None | default | reduce-overhead | max-autotune
+    cudnn_benchmark: bool = True
+    fused_optimizer: bool = True
+    # data pipeline
+    threads: int = 0
+    prefetch: int = 2
+    on_bad_file: str = "skip"
+    # run control
+    seed: int = 0
+    deterministic: bool = False
+    out_dir: str = "runs/train"
+    checkpoint_every: int = 0  # steps; 0: at every epoch end only
+    keep_last: int = 3
+    max_nonfinite_steps: int = 10  # consecutive skipped steps before the run stops
+    target_accuracy: float | None = None  # stop when eval top-1 reaches it
+    eval_every: int = 1  # epochs
+    log_every: int = 10  # steps
+    device: str = "auto"  # auto | cpu | cuda
+    sync_bn: bool = False
+    collective_timeout_s: int = 600
+
+    def __post_init__(self):
+        checks = [
+            (self.epochs > 0, "epochs must be positive"),
+            (self.batch_size > 0, "batch_size must be positive"),
+            (self.grad_accum > 0 and self.batch_size % self.grad_accum == 0,
+             f"batch_size ({self.batch_size}) must be a multiple of grad_accum ({self.grad_accum})"),
+            (self.schedule in ("cosine", "step", "onecycle", "linear"),
+             f"schedule must be cosine, step, onecycle or linear, got {self.schedule!r}"),
+            (self.optimizer in ("sgd", "lars"), f"optimizer must be sgd or lars, got {self.optimizer!r}"),
+            (self.dtype in ("bf16", "fp16", "fp32"), f"dtype must be bf16, fp16 or fp32, got {self.dtype!r}"),
+            (self.compile in (None, "default", "reduce-overhead", "max-autotune"),
+             f"compile must be default, reduce-overhead or max-autotune, got {self.compile!r}"),
+            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+            (self.ema_decay is None or 0 < self.ema_decay < 1, "ema_decay must be in (0, 1)"),
+            (self.min_image_size is None or 0 < self.min_image_size <= self.image_size,
+             "min_image_size must be in (0, image_size]"),
+            (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}"),
+            (self.lr_per_256 > 0, "lr_per_256 must be positive"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise DlperfError(f"invalid train config: {message}")
+
+    @property
+    def lr(self) -> float:
+        """Linear scaling rule: lr_per_256 x batch / 256."""
+        return self.lr_per_256 * self.batch_size / 256
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def resnet50_90ep() -> TrainConfig:
+    return TrainConfig()
+
+
+def resnet50_fast() -> TrainConfig:
+    return TrainConfig(epochs=18, schedule="onecycle", warmup_epochs=2.0, lr_per_256=0.4,
+                       weight_decay=5e-5, min_image_size=128, image_size=192,
+                       eval_image_size=256, ema_decay=0.9998, label_smoothing=0.1)
+
+
+def tiny() -> TrainConfig:
+    return TrainConfig(model="tiny", num_classes=4, epochs=4, batch_size=32, lr_per_256=0.8,
+                       warmup_epochs=0.5, schedule="onecycle", weight_decay=5e-4,
+                       image_size=32, dtype="fp32", channels_last=False, label_smoothing=0.0,
+                       zero_init_residual=False, log_every=5, out_dir="runs/tiny")
+
+
+RECIPES = {"resnet50-90ep": resnet50_90ep, "resnet50-fast": resnet50_fast, "tiny": tiny}
+
+
+def get_recipe(name: str) -> TrainConfig:
+    if name not in RECIPES:
+        raise DlperfError(f"unknown recipe {name!r}{close_matches(name, list(RECIPES))}; "
+                          f"choose one of {', '.join(RECIPES)}")
+    return RECIPES[name]()
+
+
+def _coerce(name: str, text, kind):
+    """A value from the command line or TOML to the field's declared type."""
+    origin = typing.get_origin(kind)
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if text in (None, "none", "None", "null"):
+            return None
+        kind = args[0]
+    if not isinstance(text, str):
+        if kind is float and isinstance(text, int):
+            return float(text)
+        if isinstance(text, kind):
+            return text
+        raise DlperfError(f"{name}: expected {kind.__name__}, got {text!r}")
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        return kind(text)
+    except ValueError:
+        raise DlperfError(f"{name}={text!r}: expected {kind.__name__}") from None
+
+
+def apply_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
+    """Replace fields by name (``key=value`` strings or TOML values), with type checks."""
+    hints = typing.get_type_hints(TrainConfig)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {}
+    for key, value in overrides.items():
+        key = key.replace("-", "_")
+        if key not in fields:
+            raise DlperfError(f"unknown setting {key!r}{close_matches(key, sorted(fields))}")
+        values[key] = _coerce(key, value, hints[key])
+    return dataclasses.replace(cfg, **values)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise DlperfError(f"override {item!r}: write key=value (e.g. epochs=2)")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_config_file(path: str | Path) -> TrainConfig:
+    """A TOML file: optional ``recipe = "name"`` to start from, then any TrainConfig fields."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise DlperfError(f"{path}: cannot read config ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise DlperfError(f"{path}: invalid TOML ({exc})") from None
+    base = get_recipe(data.pop("recipe")) if "recipe" in data else TrainConfig()
+    try:
+        return apply_overrides(base, data)
+    except DlperfError as exc:
+        raise DlperfError(f"{path}: {exc}") from None

@@ -1,0 +1,301 @@
+"""dlperf train on CPU: learning, exact resume, signals, non-finite steps, checkpoints, switches."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlperf.cli import main
+from dlperf.errors import DlperfError
+from dlperf.train import checkpoint as ckpt
+from dlperf.train.loop import NonFinite, Preempted, lr_factor, train
+from dlperf.train.recipes import TrainConfig, apply_overrides, get_recipe, load_config_file, tiny
+from imagegen import make_toy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    base = tmp_path_factory.mktemp("toy")
+    return make_toy(base / "train", per_class=24), make_toy(base / "val", per_class=8, seed=1)
+
+
+def _cfg(toy, out, **kw):
+    base = dict(data=str(toy[0]), val_data=str(toy[1]), out_dir=str(out), threads=2, epochs=2,
+                batch_size=16)
+    base.update(kw)
+    return apply_overrides(tiny(), {k: v for k, v in base.items()})
+
+
+def _final_weights(out):
+    state, _ = ckpt.load_latest(Path(out) / "checkpoints")
+    return state["model"], state
+
+
+def test_tiny_recipe_learns_well_above_chance(toy, tmp_path):
+    summary = train(_cfg(toy, tmp_path / "run", epochs=3), resume=None, progress=False, mfu=False)
+    assert summary["eval"]["top1"] > 0.9  # 4 classes: chance is 0.25
+    assert summary["steps"] == 3 * (96 // 16)
+    out = tmp_path / "run"
+    assert json.loads((out / "config.json").read_text())["config"]["epochs"] == 3
+    lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert {"step", "epoch", "checkpoint", "summary"} <= {x["kind"] for x in lines}
+    assert (out / "epochs.csv").read_text().startswith("epoch,step,loss")
+
+
+def test_resume_mid_epoch_is_bit_identical(toy, tmp_path):
+    cfg = _cfg(toy, tmp_path / "a", deterministic=True)
+    train(cfg, resume=None, progress=False, mfu=False)
+    want, _ = _final_weights(tmp_path / "a")
+
+    cfg_b = _cfg(toy, tmp_path / "b", deterministic=True)
+    with pytest.raises(Preempted, match="stopped at step 4"):
+        train(cfg_b, resume=None, progress=False, mfu=False, stop_at_step=4)  # mid epoch 0
+    _, state = _final_weights(tmp_path / "b")
+    assert state["step"] == 4 and state["loader"]["next_batch"] == 4
+    summary = train(cfg_b, resume="auto", progress=False, mfu=False)
+    assert summary["resumed_from"].endswith("step-00000004.pt")
+    got, _ = _final_weights(tmp_path / "b")
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
+
+
+def test_fresh_run_refuses_a_folder_with_checkpoints(toy, tmp_path):
+    cfg = _cfg(toy, tmp_path / "c", epochs=1)
+    train(cfg, resume=None, progress=False, mfu=False)
+    with pytest.raises(DlperfError, match="holds checkpoints"):
+        train(cfg, resume=None, progress=False, mfu=False)
+
+
+NAN_MODEL = '''
+import torch
+from torch import nn
+from dlperf.models.tiny import TinyResNet
+
+class Flaky(nn.Module):
+    """Returns NaN logits on the forward calls listed in BAD (counting from 0)."""
+    BAD = {BAD}
+
+    def __init__(self):
+        super().__init__()
+        self.net = TinyResNet(4)
+        self.calls = 0
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.training:
+            if self.calls in self.BAD:
+                out = out * float("nan")
+            self.calls += 1
+        return out
+
+def make():
+    return Flaky()
+'''
+
+
+def test_nonfinite_steps_are_skipped_and_weights_unchanged(toy, tmp_path):
+    f = tmp_path / "flaky.py"
+    f.write_text(NAN_MODEL.replace("{BAD}", "{2, 3}"))
+    cfg = _cfg(toy, tmp_path / "n", model=f"{f}:make", epochs=1, val_data="none",
+               checkpoint_every=1, keep_last=10)
+    summary = train(cfg, resume=None, progress=False, mfu=False)
+    assert summary["skipped_steps"] == 2
+    states = {c.step: ckpt.load(c.path) for c in ckpt.complete(tmp_path / "n" / "checkpoints")}
+    w = "net.conv1.weight"
+    # steps 3 and 4 (forward calls 2 and 3) were skipped: weights after step 4 == after step 2
+    assert torch.equal(states[2]["model"][w], states[4]["model"][w])
+    assert not torch.equal(states[4]["model"][w], states[5]["model"][w])
+    events = [json.loads(x) for x in (tmp_path / "n" / "log.jsonl").read_text().splitlines()]
+    assert sum(e["kind"] == "nonfinite" for e in events) == 2
+
+
+def test_persistent_nonfinite_stops_with_a_diagnostic(toy, tmp_path):
+    f = tmp_path / "bad.py"
+    f.write_text(NAN_MODEL.replace("{BAD}", "set(range(1000))"))
+    cfg = _cfg(toy, tmp_path / "m", model=f"{f}:make", epochs=1, val_data="none",
+               max_nonfinite_steps=3)
+    with pytest.raises(NonFinite, match="3 consecutive steps with a non-finite loss"):
+        train(cfg, resume=None, progress=False, mfu=False)
+
+
+def test_corrupt_and_malicious_checkpoints_are_refused(toy, tmp_path):
+    out = tmp_path / "k"
+    train(_cfg(toy, out, epochs=1, checkpoint_every=2, keep_last=5), resume=None,
+          progress=False, mfu=False)
+    infos = ckpt.complete(out / "checkpoints")
+    assert len(infos) >= 3
+    newest = infos[-1]
+    blob = bytearray(newest.path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    newest.path.write_bytes(bytes(blob))
+    warnings = []
+    state, info = ckpt.load_latest(out / "checkpoints", warn=warnings.append)
+    assert info.step == infos[-2].step and "checksum mismatch" in warnings[0]
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": Evil()}, evil)
+    with pytest.raises(ckpt.CheckpointError, match="refused to load"):
+        ckpt.load(evil)
+    assert not (tmp_path / "pwned").exists()
+
+
+KILLER = '''
+import sys, torch
+from dlperf.train import checkpoint as ckpt
+folder = sys.argv[1]
+big = torch.arange(4_000_000, dtype=torch.float32)  # exact in float32 (< 2**24)
+step = 0
+while True:
+    step += 1
+    ckpt.save(folder, {"w": big + step, "step": step}, step, 0, keep_last=2)
+    print(step, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_sigkill_during_checkpoint_writes_leaves_a_loadable_checkpoint(tmp_path):
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    folder = tmp_path / "ck"
+    for delay in (0.35, 0.6, 0.85):
+        proc = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE,
+                                cwd=ROOT)
+        proc.stdout.readline()  # at least one checkpoint is complete
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        state, info = ckpt.load_latest(folder, warn=lambda m: None)
+        # the loaded checkpoint is whole and consistent: w = arange + its own step
+        assert state["step"] == info.step and info.path.exists()
+        assert torch.equal(state["w"], torch.arange(4_000_000, dtype=torch.float32) + info.step)
+        ckpt.verify(info)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resumes(toy, tmp_path):
+    out = tmp_path / "t"
+    cmd = [sys.executable, "-m", "dlperf", "train", "--recipe", "tiny", "--no-progress",
+           f"data={toy[0]}", "val_data=none", f"out_dir={out}", "epochs=200", "batch_size=16",
+           "threads=1", "log_every=1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    log = out / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until training steps are being logged
+        if log.exists() and '"kind": "step"' in log.read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert "run the same command again to resume" in err
+    infos = ckpt.complete(out / "checkpoints")
+    assert infos
+    stopped = infos[-1].step
+    # the same command, except that it ends with the epoch it was stopped in (so it is short)
+    again = subprocess.run([c if not c.startswith("epochs=") else f"epochs={infos[-1].epoch + 1}"
+                            for c in cmd], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"].endswith(f"step-{stopped:08d}.pt")
+
+
+def test_lr_schedule_shapes():
+    # warm-up 10 steps to the peak, then cosine to 0 at 100
+    assert lr_factor(0, 100, 10, "cosine", 10) == pytest.approx(0.1)
+    assert lr_factor(9, 100, 10, "cosine", 10) == pytest.approx(1.0)
+    assert lr_factor(55, 100, 10, "cosine", 10) == pytest.approx(0.5)
+    assert lr_factor(99, 100, 10, "linear", 10) == pytest.approx(1 / 90)
+    # step: x0.1 at 1/3, 2/3 and 8/9 of the run (30/60/80 of 90 epochs)
+    assert lr_factor(35, 90, 0, "step", 1) == pytest.approx(0.1)
+    assert lr_factor(85, 90, 0, "step", 1) == pytest.approx(0.001)
+
+
+def test_config_file_overrides_and_errors(tmp_path, capsys):
+    f = tmp_path / "run.toml"
+    f.write_text('recipe = "resnet50-fast"\nepochs = 2\nbatch_size = 512\ndtype = "fp16"\n')
+    cfg = load_config_file(f)
+    assert (cfg.epochs, cfg.batch_size, cfg.dtype, cfg.min_image_size) == (2, 512, "fp16", 128)
+    assert cfg.lr == pytest.approx(0.4 * 2)  # linear scaling: 0.4 per 256 x 512/256
+    f.write_text("epoks = 2\n")
+    with pytest.raises(DlperfError, match="unknown setting 'epoks' .did you mean: epochs"):
+        load_config_file(f)
+    assert main(["train", "--recipe", "tiny", "batch_size=ten"]) == 2
+    assert "batch_size='ten': expected int" in capsys.readouterr().err
+    assert main(["train", "--recipe", "tiny", "data=/no/such/folder"]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["train", "--recipe", "tiniest"]) == 2
+    assert "did you mean: tiny" in capsys.readouterr().err
+    assert main(["train", "--recipe", "tiny", "--show-config", "epochs=7"]) == 0
+    assert json.loads(capsys.readouterr().out)["epochs"] == 7
+    with pytest.raises(DlperfError, match="must be a multiple of grad_accum"):
+        TrainConfig(batch_size=10, grad_accum=4)
+    assert get_recipe("resnet50-90ep").label_smoothing == 0.1
+
+
+@pytest.mark.parametrize("switches", [
+    dict(channels_last=True),
+    dict(dtype="bf16", channels_last=True),
+    dict(dtype="fp16"),
+    dict(pad_stem_to_4=True, channels_last=True),
+    dict(optimizer="lars", lr_per_256=2.0),
+    dict(grad_accum=2),
+    dict(ema_decay=0.9),
+    dict(min_image_size=24, image_size=40, epochs=2),
+    dict(schedule="step"),
+])
+def test_each_speedup_switch_runs_on_cpu(toy, tmp_path, switches):
+    cfg = _cfg(toy, tmp_path / "s", epochs=switches.pop("epochs", 1), **switches)
+    summary = train(cfg, resume=None, progress=False, mfu=False)
+    assert summary["steps"] > 0 and summary["eval"]["samples"] == 32
+    assert summary["skipped_steps"] == 0 or cfg.dtype == "fp16"
+
+
+@pytest.mark.slow
+def test_compile_on_a_tiny_model(toy, tmp_path):
+    cfg = _cfg(toy, tmp_path / "cc", epochs=1, compile="default")
+    summary = train(cfg, resume=None, progress=False, mfu=False)
+    assert summary["steps"] == 6 and summary["compile_s"] > 0
+
+
+def test_mfu_uses_the_analyzer_and_a_ceiling(toy, tmp_path):
+    summary = train(_cfg(toy, tmp_path / "f", epochs=1), resume=None, progress=False, mfu=True)
+    assert 0 < summary["mfu"] < 1.5 and summary["flops_per_image"] > 1e6
+    assert "probed" in summary["peak_source"]
+
+
+@pytest.mark.slow
+def test_one_process_and_two_process_gloo_agree(toy, tmp_path):
+    # Same global batch (16): one process, or two ranks of 8 under torchrun with gloo. With a
+    # batch-independent norm (GroupNorm), the averaged gradients are the same up to float
+    # summation order, so the weights after an epoch agree closely.
+    common = ["--recipe", "tiny", "--no-progress", "--resume", "never", "model=tiny-gn",
+              f"data={toy[0]}", "val_data=none", "epochs=1", "batch_size=16", "threads=1",
+              "deterministic=true"]
+    one = subprocess.run([sys.executable, "-m", "dlperf", "train", *common,
+                          f"out_dir={tmp_path / 'one'}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    torchrun = Path(sys.executable).with_name("torchrun")
+    two = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29517",
+                          "-m", "dlperf", "train", *common, f"out_dir={tmp_path / 'two'}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    w1, s1 = _final_weights(tmp_path / "one")
+    w2, s2 = _final_weights(tmp_path / "two")
+    assert s1["step"] == s2["step"] == 6
+    assert len(s2["rng"]) == 2  # both ranks' RNG states were saved
+    for key in w1:
+        torch.testing.assert_close(w1[key], w2[key], rtol=1e-4, atol=1e-5, msg=key)
