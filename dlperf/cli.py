@@ -145,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    bt = bsub.add_parser("train", help="the recipe's speed-ups one at a time (a ladder)",
+                         description="Training-step throughput of a model as each speed-up is "
+                                     "added (fp32 NCHW baseline, + channels_last, + bf16 "
+                                     "autocast, + torch.compile with --compile), synthetic data, "
+                                     "medians after warm-up, with model FLOP utilisation.")
+    bt.add_argument("--model", default="resnet50")
+    bt.add_argument("--image-size", type=_positive_int, default=128)
+    bt.add_argument("--batch-size", type=_positive_int, default=16)
+    bt.add_argument("--steps", type=_positive_int, default=6, help="timed steps per rung [6]")
+    bt.add_argument("--warmup", type=_positive_int, default=3, help="warm-up steps per rung [3]")
+    bt.add_argument("--compile", action="store_true", help="add a torch.compile rung (slow on CPU)")
+    bt.add_argument("--out", default="benchmarks/results/train-ladder.json")
+
     p = sub.add_parser("probe", help="measure this machine's matmul/conv FLOP/s and bandwidth",
                        description="Measure matmul (and conv) FLOP/s per dtype and copy bandwidth "
                                    "on this machine (GPU if present, else CPU), print them beside "
@@ -367,9 +380,45 @@ def _cmd_data(args) -> int:
     raise DlperfError("dlperf data: choose an action: prepare or verify (see dlperf data --help)")
 
 
+def _cmd_bench_train(args) -> int:
+    from pathlib import Path
+
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dlperf.bench.ladder import LadderConfig, run
+    from dlperf.bench.results import save_result
+
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise DlperfError(f"{out}: folder {out.parent} does not exist")
+    lcfg = LadderConfig(model=args.model, image_size=args.image_size, batch_size=args.batch_size,
+                        warmup=args.warmup, steps=args.steps, compile=args.compile)
+    console = _console()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("timing training steps", total=None)
+        result = run(lcfg, progress=lambda: bar.advance(task))
+    table = Table(title=f"{lcfg.model}, batch {lcfg.batch_size}, {lcfg.image_size} px, "
+                        f"{result['device']}: training step, one change per rung",
+                  title_justify="left")
+    for col in ("rung", "img/s", "vs baseline", "MFU", "ceiling"):
+        table.add_column(col, justify="left" if col in ("rung", "ceiling") else "right")
+    for r in result["rungs"]:
+        table.add_row(r["rung"], f"{r['img_per_s']:.1f}", f"{r['speedup_vs_baseline']:.2f}x",
+                      f"{r['mfu']:.0%}" if r["mfu"] is not None else "-", r["peak_source"])
+    console.print(table)
+    config = result.pop("config")
+    save_result(out, "train-ladder", config, result)
+    console.print(f"Wrote {out}")
+    return 0
+
+
 def _cmd_bench(args) -> int:
+    if args.bench_command == "train":
+        return _cmd_bench_train(args)
     if args.bench_command != "data":
-        raise DlperfError("dlperf bench: choose what to measure: data (see dlperf bench --help)")
+        raise DlperfError("dlperf bench: choose what to measure: data or train "
+                          "(see dlperf bench --help)")
     from pathlib import Path
 
     from rich.progress import Progress

@@ -299,3 +299,17 @@ def test_one_process_and_two_process_gloo_agree(toy, tmp_path):
     assert len(s2["rng"]) == 2  # both ranks' RNG states were saved
     for key in w1:
         torch.testing.assert_close(w1[key], w2[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_bench_train_ladder_on_a_tiny_model(tmp_path, capsys):
+    out = tmp_path / "ladder.json"
+    assert main(["bench", "train", "--model", "tiny", "--image-size", "32", "--batch-size", "8",
+                 "--steps", "2", "--warmup", "1", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rungs = data["results"]["rungs"]
+    assert [r["rung"] for r in rungs] == ["fp32 NCHW eager (baseline)", "+ channels_last",
+                                          "+ bf16 autocast"]
+    assert rungs[0]["speedup_vs_baseline"] == 1.0
+    assert rungs[2]["config"] == {"dtype": "bf16", "channels_last": True, "compile": None}
+    assert all(r["img_per_s"] > 0 and len(r["step_s"]) == 2 for r in rungs)
+    assert "vs baseline" in capsys.readouterr().out

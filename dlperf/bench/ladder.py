@@ -1,0 +1,107 @@
+"""`dlperf bench train`: the recipe's speed-ups measured one at a time (a cumulative ladder).
+
+Each rung is the previous one plus one change (DESIGN.md convention 8), all in one process on
+synthetic data, timed as the median of training steps after warm-up steps (forward, loss,
+backward, optimizer step; synchronised on a GPU). Model FLOP utilisation uses dlperf's own FLOP
+count of the model and this machine's measured ceiling for the rung's math unit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dlperf.train.recipes import TrainConfig
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    model: str = "resnet50"
+    image_size: int = 128
+    batch_size: int = 16
+    warmup: int = 3
+    steps: int = 6
+    compile: bool = False
+    device: str = "auto"
+
+
+RUNGS = [
+    ("fp32 NCHW eager (baseline)", dict(dtype="fp32", channels_last=False)),
+    ("+ channels_last", dict(channels_last=True)),
+    ("+ bf16 autocast", dict(dtype="bf16")),
+]
+
+
+def _time_steps(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device, progress=None):
+    from dlperf.train import speedups
+    from dlperf.train.loop import build_model, build_optimizer
+
+    torch.manual_seed(0)
+    model = speedups.apply(build_model(lcfg.model, 1000), cfg, device)
+    compile_s = 0.0
+    run = model
+    if cfg.compile:
+        run = torch.compile(model)
+    opt = build_optimizer(model, cfg, device)
+    loss_fn = nn.CrossEntropyLoss()
+    x = torch.randn(lcfg.batch_size, 3, lcfg.image_size, lcfg.image_size, device=device)
+    if cfg.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (lcfg.batch_size,), device=device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype)
+    times = []
+    for i in range(lcfg.warmup + lcfg.steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
+            loss = loss_fn(run(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        if i == 0 and cfg.compile:
+            compile_s = dt
+        if i >= lcfg.warmup:
+            times.append(dt)
+        if progress:
+            progress()
+    return times, compile_s
+
+
+def run(lcfg: LadderConfig, progress=None) -> dict:
+    from dlperf.train.distributed import setup
+    from dlperf.train.metrics import flops_per_image, peak_flops
+
+    device = setup(lcfg.device).device
+    rungs = list(RUNGS) + ([("+ torch.compile", dict(compile="default"))] if lcfg.compile else [])
+    cfg = TrainConfig(model=lcfg.model, zero_init_residual=False, tf32=True)
+    rows = []
+    peaks: dict[str, tuple] = {}
+    for name, change in rungs:
+        cfg = dataclasses.replace(cfg, **change)
+        times, compile_s = _time_steps(cfg, lcfg, device, progress)
+        med = statistics.median(times)
+        img_s = lcfg.batch_size / med
+        fpi = flops_per_image(lcfg.model, 1000, lcfg.image_size, cfg.dtype)
+        if cfg.dtype not in peaks:
+            peaks[cfg.dtype] = peak_flops(device, cfg.dtype)
+        peak, source = peaks[cfg.dtype]
+        rows.append({"rung": name, "config": {k: getattr(cfg, k) for k in
+                                              ("dtype", "channels_last", "compile")},
+                     "step_median_s": med, "step_s": times, "img_per_s": img_s,
+                     "compile_s": compile_s, "flops_per_image": fpi, "peak_flops": peak,
+                     "peak_source": source,
+                     "mfu": fpi * img_s / peak if fpi and peak else None})
+    base = rows[0]["img_per_s"]
+    for r in rows:
+        r["speedup_vs_baseline"] = r["img_per_s"] / base
+    return {"rungs": rows, "device": str(device), "config": dataclasses.asdict(lcfg)}
