@@ -313,3 +313,43 @@ def test_bench_train_ladder_on_a_tiny_model(tmp_path, capsys):
     assert rungs[2]["config"] == {"dtype": "bf16", "channels_last": True, "compile": None}
     assert all(r["img_per_s"] > 0 and len(r["step_s"]) == 2 for r in rungs)
     assert "vs baseline" in capsys.readouterr().out
+
+
+DYING = '''
+import os
+from torch import nn
+from dlperf.models.tiny import TinyResNet
+
+class Dying(nn.Module):
+    """Rank 1's process dies (no exception, no cleanup) on its third forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = TinyResNet(4, norm="gn")
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls == 3:
+            os._exit(9)
+        return self.net(x)
+
+def make():
+    return Dying()
+'''
+
+
+@pytest.mark.slow
+def test_a_dead_rank_makes_the_run_fail_not_hang(toy, tmp_path):
+    f = tmp_path / "dying.py"
+    f.write_text(DYING)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    t0 = time.time()
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29523",
+                           "-m", "dlperf", "train", "--recipe", "tiny", "--no-progress",
+                           "--resume", "never", f"model={f}:make", f"data={toy[0]}",
+                           "val_data=none", "epochs=1", "batch_size=16", "threads=1",
+                           "collective_timeout_s=30", f"out_dir={tmp_path / 'd'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert time.time() - t0 < 200  # failed within the timeouts, did not hang

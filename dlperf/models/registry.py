@@ -3,7 +3,8 @@
 * torchvision names (``resnet50``, ``vit_b_16``, ``mobilenet_v3_large`` ...), built on the meta
   device so construction allocates nothing and skips weight initialisation;
 * ``path/to/file.py:factory`` where ``factory()`` returns an ``nn.Module``;
-* ``gpt`` (dlperf.models.gpt) with its GPTConfig.
+* ``gpt`` (dlperf.models.gpt) with its GPTConfig;
+* ``timm:NAME`` when timm is installed (an optional extra).
 """
 
 from __future__ import annotations
@@ -103,10 +104,22 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
 
         cfg = gpt or GPTConfig()
         return _construct(lambda: GPT(cfg), real), ModelInput((cfg.seq_len,), torch.long, "tokens")
+    if name.startswith("timm:"):  # optional extra: pip install 'dlperf[timm]'
+        try:
+            import timm
+        except ImportError:
+            raise DlperfError(f"{name}: timm is not installed (pip install timm)") from None
+        arch = name.split(":", 1)[1]
+        if arch not in timm.list_models():
+            raise DlperfError(f"unknown timm model {arch!r}"
+                              f"{close_matches(arch, timm.list_models())}")
+        kwargs = {"num_classes": num_classes} if num_classes else {}
+        return (_construct(lambda: timm.create_model(arch, pretrained=False, **kwargs), real),
+                ModelInput((3, 224, 224)))
     names = torchvision_names()
     if name not in names:
         raise DlperfError(f"unknown model {name!r}{close_matches(name, names + ['gpt'])}; "
-                          "use a torchvision name, gpt, or path/to/file.py:factory")
+                          "use a torchvision name, timm:NAME, gpt, or path/to/file.py:factory")
     import torchvision
 
     # weights=None and weights_backbone=None: never download anything (detection and
