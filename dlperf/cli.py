@@ -6,6 +6,7 @@ User mistakes (DlperfError, bad flags) print one line and exit 2; bugs keep thei
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dlperf.errors import DlperfError
@@ -478,6 +479,8 @@ def _cmd_train(args) -> int:
     except NonFinite as exc:
         print(f"dlperf: error: {exc}", file=sys.stderr)
         return EXIT_NONFINITE
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+        return 0
     parts = [f"{summary['img_per_s']:,.1f} img/s ({summary['compute_img_per_s']:,.1f} compute-only)",
              f"data wait {summary['data_wait_share']:.0%}"]
     if summary.get("mfu") is not None:

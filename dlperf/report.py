@@ -26,21 +26,23 @@ def seconds(value: float) -> str:
     return f"{value * 1e6:.3g} µs"
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write via temp file + fsync + rename, so readers never see a half-written file."""
+def write_atomic(path: str | Path, write, binary: bool = False) -> Path:
+    """Call ``write(file)`` on a temp file beside ``path``, fsync it, then rename it over
+    ``path`` and fsync the folder: readers see the old file or the whole new one, never a part,
+    whatever happens (kill -9 included)."""
     path = Path(path)
     if not path.parent.exists():
         raise DlperfError(f"{path}: folder {path.parent} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise DlperfError(f"{path}: cannot write ({exc.strerror})") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone to read
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -48,7 +50,19 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a power cut
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
     return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return write_atomic(path, lambda f: f.write(text))
 
 
 def write_json_atomic(path: str | Path, data) -> Path:

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dlperf.errors import DlperfError
-from dlperf.report import write_json_atomic
+from dlperf.report import write_atomic, write_json_atomic
 
 
 class CheckpointError(DlperfError):
@@ -48,43 +46,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save(folder: str | Path, state: dict, step: int, epoch: int, metric: float | None = None,
          keep_last: int = 3, keep_best: bool = True, higher_is_better: bool = True) -> CheckpointInfo:
     """Write ``state`` atomically as checkpoint ``step``; prune old ones (keep last N + best)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"step-{step:08d}"
-    final = folder / f"{stem}.pt"
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(folder)
-    manifest = folder / f"{stem}.json"
-    write_json_atomic(manifest, {"file": final.name, "bytes": final.stat().st_size,
-                                 "sha256": _sha256(final), "step": step, "epoch": epoch,
-                                 "metric": metric, "format": "dlperf-checkpoint-v1"})
-    _fsync_dir(folder)
+    final = write_atomic(folder / f"{stem}.pt", lambda f: torch.save(state, f), binary=True)
+    manifest = write_json_atomic(folder / f"{stem}.json", {
+        "file": final.name, "bytes": final.stat().st_size, "sha256": _sha256(final),
+        "step": step, "epoch": epoch, "metric": metric, "format": "dlperf-checkpoint-v1"})
     info = CheckpointInfo(final, manifest, step, epoch, metric)
     _prune(folder, keep_last, keep_best, higher_is_better)
     return info
@@ -115,7 +86,7 @@ def _prune(folder: Path, keep_last: int, keep_best: bool, higher_is_better: bool
         if c.step not in keep:
             c.manifest.unlink(missing_ok=True)  # manifest first: never a manifest without data
             c.path.unlink(missing_ok=True)
-    for tmp in folder.glob(".step-*.tmp"):  # leftovers of an interrupted save
+    for tmp in folder.glob(".step-*.tmp"):  # leftovers of an interrupted save (write_atomic)
         tmp.unlink(missing_ok=True)
 
 

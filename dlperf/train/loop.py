@@ -282,7 +282,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
     t0 = time.perf_counter()
     run_model = speedups.maybe_compile(ddp_model, cfg)
     optimizer = build_optimizer(model, cfg, info.device)
-    steps_per_epoch = len(train_loader) // cfg.grad_accum if cfg.grad_accum > 1 else len(train_loader)
+    steps_per_epoch = len(train_loader) // cfg.grad_accum  # optimizer steps
     if steps_per_epoch == 0:
         raise DlperfError(f"{cfg.data}: fewer samples than one batch of {cfg.batch_size}")
     total_steps = steps_per_epoch * cfg.epochs
