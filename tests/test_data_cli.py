@@ -3,14 +3,13 @@
 import json
 import tarfile
 
-import numpy as np
 import pytest
 import torch
 
 from dlperf.cli import main
 from dlperf.data.loader import Loader, LoaderConfig
 from dlperf.data.sources import ShardSource, open_source
-from imagegen import jpeg_bytes, make_folder, png_bytes, smooth_rgb
+from imagegen import make_folder, png_bytes, smooth_rgb
 
 
 @pytest.fixture

@@ -161,10 +161,10 @@ def test_roi_decoder_matches_full_decode_path(monkeypatch):
     for i in range(40):
         plan = random_resized_crop(480, 640, aug, sample_rng(0, 0, i))
         roi = np.empty((96, 96, 3), np.uint8)
-        decode_into(data, lambda h, w: plan, roi, EXACT)
+        decode_into(data, lambda h, w, p=plan: p, roi, EXACT)
         monkeypatch.setattr(D, "ROI_AVAILABLE", False)
         full = np.empty((96, 96, 3), np.uint8)
-        decode_into(data, lambda h, w: plan, full, EXACT)
+        decode_into(data, lambda h, w, p=plan: p, full, EXACT)
         monkeypatch.setattr(D, "ROI_AVAILABLE", True)
         diff = np.abs(roi.astype(int) - full.astype(int))
         assert diff.mean() < 1.5, (i, plan, diff.mean())

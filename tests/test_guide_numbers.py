@@ -1,7 +1,6 @@
 """The performance guide's own worked numbers, reproduced exactly (arithmetic in comments)."""
 
 import pytest
-import torch
 
 from dlperf.analysis.capture import OpRecord, TensorMeta
 from dlperf.analysis.costs import (conv_flops, elementwise_intensity, gemm_bytes, linear_gemm,

@@ -1,7 +1,6 @@
 """The checklist findings: each fires on the case it is for, with a quantified gain."""
 
 import pytest
-import torch
 from torch import nn
 
 import dlperf

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dlperf.analysis import capture as capture_mod
-from dlperf.analysis.costs import Cost, all_costs
+from dlperf.analysis.costs import all_costs
 from dlperf.analysis.roofline import (LAUNCH_OVERHEAD_S, MATH_EFFICIENCY, MEMORY_EFFICIENCY,
                                       MISALIGNED_EFFICIENCY, Prediction, predict)
 from dlperf.errors import DlperfError

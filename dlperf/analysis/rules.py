@@ -128,7 +128,6 @@ def _channels_last(analysis, step_s) -> list[Finding]:
 
 
 def _fusion(analysis, step_s) -> list[Finding]:
-    spec = analysis.device
     candidates = [p for p in analysis.predictions
                   if p.cost.op in FUSIBLE_POINTWISE and p.bound == "memory"]
     if not candidates:

@@ -19,7 +19,6 @@ which is how the tests exercise its logic.
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np

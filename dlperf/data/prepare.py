@@ -14,7 +14,6 @@ written last, is the commit marker: a folder without index.json is not a dataset
 from __future__ import annotations
 
 import io
-import json
 import os
 import tarfile
 import time

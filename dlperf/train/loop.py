@@ -347,7 +347,6 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
     compile_s = 0.0
     time_to_target = None
     run_start = time.perf_counter()
-    micro = cfg.batch_size // info.world_size // cfg.grad_accum
     bar = _Progress(progress and info.is_main, console)
     try:
         with _Signals() as signals:
