@@ -23,7 +23,15 @@ timeout 100 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtyp
 timeout 100 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
     --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
     --json "$OUT/gpt-350m-bf16.json"
-# 3. The GPU input path on the JPEG corpus (carry it or point DATA at a copy on the machine).
+# 3. Training throughput (issue #4 goal: >= 8,000 img/s on an H200, bf16, channels_last,
+#    compiled, synthetic data): the ladder without compile, then a compiled run with MFU.
+timeout 120 $PY -m dlperf bench train --model resnet50 --image-size 224 --batch-size 256 \
+    --steps 10 --warmup 5 --out "$OUT/train-ladder-gpu.json"
+timeout 240 $PY -m dlperf train --recipe resnet50-90ep --no-progress --resume never \
+    data=synthetic steps_per_epoch=60 epochs=1 batch_size=256 compile=default \
+    out_dir="$OUT/train-synthetic" && cp "$OUT/train-synthetic/summary.json" "$OUT/train-summary.json"
+
+# 4. The GPU input path on the JPEG corpus (carry it or point DATA at a copy on the machine).
 DATA=${DATA:-../shared/data/imagenet-like}
 if [ -d "$DATA" ]; then
   timeout 90 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json" --epochs 10

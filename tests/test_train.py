@@ -353,3 +353,17 @@ def test_a_dead_rank_makes_the_run_fail_not_hang(toy, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     assert time.time() - t0 < 200  # failed within the timeouts, did not hang
+
+
+@pytest.mark.parametrize("backend", ["gpu", "dali"])
+def test_other_data_backends_train(toy, tmp_path, backend):
+    # data_backend=gpu runs the nvJPEG path's code with torchvision's CPU decoder on a CPU.
+    if backend == "dali":
+        from dlperf.data.dali import dali_available
+
+        if not dali_available():
+            pytest.skip("nvidia-dali is not installed")
+    cfg = _cfg(toy, tmp_path / backend, epochs=2, data_backend=backend,
+               **({"min_image_size": 24, "image_size": 32} if backend == "gpu" else {}))
+    summary = train(cfg, resume=None, progress=False, mfu=False)
+    assert summary["steps"] == 12 and summary["eval"]["top1"] > 0.5

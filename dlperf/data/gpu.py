@@ -94,6 +94,11 @@ class GpuLoader(Loader):
             raise DlperfError("GPU loader: no CUDA GPU is visible; use the CPU Loader")
         self.fallbacks = 0  # images the GPU decoder rejected and the CPU decoded
 
+    def with_size(self, size: int) -> "GpuLoader":
+        import dataclasses
+
+        return GpuLoader(self.source, dataclasses.replace(self.cfg, size=size), str(self.device))
+
     def _prepare(self, index: int, epoch: int):
         """(index, bytes, upright h, w, plan, nvjpeg-able) or (index, None, reason)."""
         src, limits = self.source, self.cfg.limits

@@ -25,6 +25,7 @@ normalisation, dtype and channels_last happen on the device (dlperf.data.device)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -367,6 +368,10 @@ class Loader:
             num_padded = sum(1 for row in keep if first + row >= real)
             n = len(keep)
         return Batch(slot.images[:n], slot.labels[:n], ids, num_padded)
+
+    def with_size(self, size: int) -> "Loader":
+        """A new loader like this one at another crop size (progressive resizing)."""
+        return type(self)(self.source, dataclasses.replace(self.cfg, size=size))
 
     def _note_bad(self, name: str, reason: str) -> None:
         """The bad-file policy: raise, or report and skip, aborting past max_bad_fraction."""

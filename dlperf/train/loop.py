@@ -78,10 +78,22 @@ def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
     if len(source.classes) > cfg.num_classes:
         raise DlperfError(f"{cfg.data}: {len(source.classes)} classes but num_classes="
                           f"{cfg.num_classes}; set num_classes={len(source.classes)}")
-    train = Loader(source, LoaderConfig(batch_size=per_rank, train=True, size=image_size, **common))
+
+    def make(src, lcfg):
+        if cfg.data_backend == "gpu":  # nvJPEG + batched crops on the training device
+            from dlperf.data.gpu import GpuLoader
+
+            return GpuLoader(src, lcfg, device=str(info.device))
+        if cfg.data_backend == "dali":
+            from dlperf.data.dali import DaliLoader
+
+            return DaliLoader(src, lcfg, device=info.device.type)
+        return Loader(src, lcfg)
+
+    train = make(source, LoaderConfig(batch_size=per_rank, train=True, size=image_size, **common))
     val = None
     if cfg.val_data:
-        val = Loader(open_source(cfg.val_data), LoaderConfig(
+        val = make(open_source(cfg.val_data), LoaderConfig(
             batch_size=per_rank, train=False, size=cfg.eval_image_size or image_size,
             drop_last=False, **common))
     return train, val
@@ -483,11 +495,9 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
 
 def _resized(loader, size: int):
     """The same loader at a new crop size (progressive resizing), keeping its position."""
-    from dlperf.data.loader import Loader
-
     state = loader.state_dict()
     loader.close()
-    new = Loader(loader.source, dataclasses.replace(loader.cfg, size=size))
+    new = loader.with_size(size)
     new.load_state_dict(state)
     return new
 

@@ -56,6 +56,7 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     fused_optimizer: bool = True
     # data pipeline
+    data_backend: str = "cpu"  # cpu (dlperf threads) | gpu (nvJPEG + batched crops) | dali
     threads: int = 0
     prefetch: int = 2
     on_bad_file: str = "skip"
@@ -90,6 +91,10 @@ class TrainConfig:
             (self.min_image_size is None or 0 < self.min_image_size <= self.image_size,
              "min_image_size must be in (0, image_size]"),
             (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}"),
+            (self.data_backend in ("cpu", "gpu", "dali"),
+             f"data_backend must be cpu, gpu or dali, got {self.data_backend!r}"),
+            (not (self.data_backend == "dali" and self.min_image_size),
+             "progressive resizing (min_image_size) is not supported with data_backend=dali"),
             (self.lr_per_256 > 0, "lr_per_256 must be positive"),
         ]
         for ok, message in checks:
