@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one prepared GPU run (brief: installs nothing, < 8 minutes, JSON results under $OUT).
+# The one prepared GPU run (brief: installs nothing, < 8 minutes, JSON results under $OUT;
+# exactly 8 result files, the most the device tool brings back).
 # On the lent device machine: python3 there already holds torch, torchvision and rich; dlperf is
 # pure Python and runs from this checkout via PYTHONPATH. Copy $OUT/*.json to
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
@@ -29,7 +30,7 @@ timeout 120 $PY -m dlperf bench train --model resnet50 --image-size 224 --batch-
     --steps 10 --warmup 5 --out "$OUT/train-ladder-gpu.json"
 timeout 240 $PY -m dlperf train --recipe resnet50-90ep --no-progress --resume never \
     data=synthetic steps_per_epoch=60 epochs=1 batch_size=256 compile=default \
-    out_dir="$OUT/train-synthetic" && cp "$OUT/train-synthetic/summary.json" "$OUT/train-summary.json"
+    out_dir=/tmp/dlperf-train-synthetic && cp /tmp/dlperf-train-synthetic/summary.json "$OUT/train-summary.json"
 
 # 4. The GPU input path on the JPEG corpus (carry it or point DATA at a copy on the machine).
 DATA=${DATA:-../shared/data/imagenet-like}
