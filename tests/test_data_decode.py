@@ -191,3 +191,20 @@ def test_truncated_file_is_bad_even_when_the_crop_ends_early():
     out = np.empty((32, 32, 3), np.uint8)
     with pytest.raises(BadImage, match="truncated"):
         decode_into(cut, lambda h, w: CropPlan(0, 0, 64, 64), out)
+
+
+def test_everything_still_decodes_without_simplejpeg(monkeypatch):
+    # A machine without simplejpeg (the GPU image has none) falls back to Pillow for headers and
+    # pixels: slower, same results.
+    from dlperf.data import decode as D
+
+    monkeypatch.setattr(D, "simplejpeg", None)
+    data = exif_jpeg_bytes(smooth_rgb(60, 90), 6)
+    h, w, orientation, fast = image_header(data)
+    assert (h, w, orientation, fast) == (90, 60, 6, False)
+    out = np.empty((90, 60, 3), np.uint8)
+    decode_into(data, lambda hh, ww: CropPlan(0, 0, hh, ww), out, EXACT)
+    assert np.abs(out.astype(int) - decode_reference(data, EXACT).astype(int)).mean() < 0.5
+    with pytest.raises(BadImage, match="truncated"):
+        decode_into(jpeg_bytes(smooth_rgb(128, 128))[:-300], lambda hh, ww: CropPlan(0, 0, 8, 8),
+                    np.empty((8, 8, 3), np.uint8))

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
-import simplejpeg
+try:  # libjpeg-turbo for Python; without it (e.g. a bare GPU image) Pillow decodes everything
+    import simplejpeg
+except ImportError:
+    simplejpeg = None
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from dlperf.data.augment import CropPlan
@@ -165,7 +168,7 @@ def image_header(data: bytes, limits: DecodeLimits = DecodeLimits()):
     progressive JPEG); otherwise Pillow decodes it.
     """
     _check_size(data, limits)
-    if data[:3] == JPEG_MAGIC:
+    if data[:3] == JPEG_MAGIC and simplejpeg is not None:
         try:
             h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
         except ValueError as exc:
