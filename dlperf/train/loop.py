@@ -369,7 +369,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     train_loader = _resized(train_loader, size)
                 if train_loader.state_dict()["next_batch"] == 0:
                     train_loader.set_epoch(epoch)
-                epoch_stats = {"loss": 0.0, "n": 0}
+                epoch_stats = {"loss": 0.0, "n": 0}  # mean loss over the finite steps
+                last_loss = float("nan")
                 bar.start(epoch, steps_per_epoch)
                 it = iter(train_loader)
                 t_prev = time.perf_counter()
@@ -402,7 +403,9 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                         compile_s = time.perf_counter() - t0
                     scaler.unscale_(optimizer)
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
-                    finite = bool(torch.isfinite(loss_sum) and torch.isfinite(grad_norm))
+                    # One device->host sync per step, for the skip decision; the loss is only
+                    # read back at logging steps.
+                    finite = bool((torch.isfinite(loss_sum) & torch.isfinite(grad_norm)).item())
                     if finite:
                         scaler.step(optimizer)
                         nonfinite_run = 0
@@ -434,14 +437,15 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     n_img *= info.world_size
                     tput.add(n_img, now - t_prev, wait)
                     t_prev = now
-                    loss_value = float(loss_sum)
-                    epoch_stats["loss"] += loss_value
-                    epoch_stats["n"] += 1
+                    if finite:
+                        epoch_stats["loss"] = epoch_stats["loss"] + loss_sum  # on the device
+                        epoch_stats["n"] += 1
                     if step % cfg.log_every == 0:
-                        log.event("step", step=step, epoch=epoch, loss=loss_value,
+                        last_loss = float(loss_sum)
+                        log.event("step", step=step, epoch=epoch, loss=last_loss,
                                   lr=scheduler.get_last_lr()[0], img_per_s=tput.img_per_s,
                                   data_wait=tput.data_wait_share, skipped=skipped)
-                    bar.advance(loss_value, scheduler.get_last_lr()[0], tput)
+                    bar.advance(last_loss, scheduler.get_last_lr()[0], tput)
                     if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                         save(reason="interval")
                     stop = signals.caught is not None or (stop_at_step is not None
@@ -454,7 +458,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                                         "run the same command again to resume")
                 bar.stop()
                 row = {"epoch": epoch, "step": step,
-                       "loss": epoch_stats["loss"] / max(1, epoch_stats["n"]),
+                       "loss": float(epoch_stats["loss"]) / max(1, epoch_stats["n"]),
                        "lr": scheduler.get_last_lr()[0], "img_per_s": tput.img_per_s,
                        "data_wait": tput.data_wait_share, "image_size": image_size,
                        "skipped_steps": skipped}
