@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also the loss and backward pass (dgrad and wgrad)")
     a.add_argument("--channels-last", action="store_true",
                    help="model and input in NHWC (channels_last) memory format")
+    a.add_argument("--optimizer", choices=("auto", "sgd", "adamw", "none"), default="auto",
+                   help="parameter update counted in a --train step [auto: adamw for gpt and "
+                        "token models, sgd otherwise]")
     a.add_argument("--input-shape", help="per-sample shape without batch: C,H,W (3,224,224) or "
                                          "FEATURES for non-image models")
     a.add_argument("--input-dtype", choices=("float32", "int64"), default=None,
@@ -216,7 +219,9 @@ def _cmd_analyze(args) -> int:
     tokens = (args.input_dtype or ("int64" if model_input.kind == "tokens" else "")) == "int64"
     cfg = AnalysisConfig(model=args.model, input_shape=(batch, *sample_shape), dtype=args.dtype,
                          tf32=args.tf32, train=args.train, channels_last=args.channels_last,
-                         device=spec.name, tokens=tokens and len(sample_shape) == 1)
+                         device=spec.name, tokens=tokens and len(sample_shape) == 1,
+                         optimizer=(("adamw" if tokens else "sgd") if args.optimizer == "auto"
+                                    else args.optimizer))
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,

@@ -31,7 +31,7 @@ def test_analyze_resnet50_train_json_shape(tmp_path, capsys):
     for layer in data["layers"]:
         assert LAYER_KEYS <= set(layer)
     phases = {layer["phase"] for layer in data["layers"]}
-    assert phases == {"forward", "dgrad", "wgrad"}
+    assert phases == {"forward", "dgrad", "wgrad", "optimizer"}  # SGD step by default
     convs = [layer for layer in data["layers"] if layer["gemm"] is not None]
     assert convs and all(set(layer["gemm"]) >= {"m", "n", "k"} for layer in convs)
     # Time adds up: the total is the sum over kernels.

@@ -211,3 +211,28 @@ def test_torchvision_models_are_fully_costed(name):
     a = dlperf.analyze(name, (2, 3, 224, 224), device="a100-80gb", dtype="bf16", train=True)
     assert a.uncounted == {}
     assert a.totals()["flops"] > 0 and a.totals()["predicted_time_s"] > 0
+
+
+def test_optimizer_step_is_counted_in_a_training_step():
+    # ResNet-50 has 25,557,032 parameters in 161 tensors. SGD with momentum moves 5 x 4 bytes
+    # per parameter: 25,557,032 x 20 = 511,140,640 B; AdamW 7 x 4: 715,596,896 B. Chunks of 64
+    # tensors per fused kernel: ceil(161 / 64) = 3 kernels.
+    import dlperf
+
+    sgd = dlperf.analyze("resnet50", (8, 3, 224, 224), train=True, optimizer="sgd")
+    [step] = [p.cost for p in sgd.predictions if p.cost.phase == "optimizer"]
+    assert step.bytes == 511_140_640 and step.kernels == 3 and step.op == "sgd_step"
+    adamw = dlperf.analyze("resnet50", (8, 3, 224, 224), train=True, optimizer="adamw")
+    [step] = [p.cost for p in adamw.predictions if p.cost.phase == "optimizer"]
+    assert step.bytes == 715_596_896
+    none = dlperf.analyze("resnet50", (8, 3, 224, 224), train=True, optimizer="none")
+    assert "optimizer" not in none.totals()["time_by_phase_s"]
+    assert sgd.totals()["predicted_time_s"] > none.totals()["predicted_time_s"]
+    # tied weights are updated once: the GPT's LM head shares the embedding
+    from dlperf.models.gpt import GPT, GPTConfig
+
+    with torch.device("meta"):
+        gpt = GPT(GPTConfig(layers=1, d_model=64, heads=4, vocab=1000, seq_len=32))
+    a = dlperf.analyze(gpt, (2, 32), train=True, optimizer="adamw", input_dtype=torch.long)
+    [step] = [p.cost for p in a.predictions if p.cost.phase == "optimizer"]
+    assert step.bytes == 28 * sum(p.numel() for p in gpt.parameters())

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dlperf.analysis import capture as capture_mod
-from dlperf.analysis.costs import all_costs
+from dlperf.analysis.costs import OPTIMIZER_BYTES_PER_PARAM, all_costs, optimizer_cost
 from dlperf.analysis.roofline import (LAUNCH_OVERHEAD_S, MATH_EFFICIENCY, MEMORY_EFFICIENCY,
                                       MISALIGNED_EFFICIENCY, Prediction, predict)
 from dlperf.errors import DlperfError
@@ -27,6 +27,7 @@ class AnalysisConfig:
     train: bool = True
     channels_last: bool = False
     device: str = "h100-sxm"
+    optimizer: str = "sgd"  # sgd | adamw | none: the parameter update counted in a train step
     tokens: bool = False  # integer token-id input [batch, seq_len]: report tokens/s too
 
 
@@ -169,6 +170,12 @@ def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSp
                           f"{list(config.input_shape)}: {first} "
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
+    if config.train and config.optimizer != "none":
+        if config.optimizer not in OPTIMIZER_BYTES_PER_PARAM:
+            raise DlperfError(f"--optimizer {config.optimizer!r}: choose sgd, adamw or none")
+        trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
+        costs.append(optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
+                                    config.optimizer))
     predictions = [predict(c, spec, tf32=config.tf32) for c in costs]
     analysis = Analysis(device=spec, config=config, predictions=predictions, uncounted=uncounted,
                         capture_seconds=time.perf_counter() - start)
@@ -180,7 +187,7 @@ def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSp
 
 def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",
             train: bool = True, tf32: bool = False, channels_last: bool = False,
-            input_dtype: torch.dtype | None = None) -> Analysis:
+            input_dtype: torch.dtype | None = None, optimizer: str = "sgd") -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -197,5 +204,6 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     input_dtype = input_dtype or default_dtype
     cfg = AnalysisConfig(model=name, input_shape=tuple(example_input_shape), dtype=dtype,
                          tf32=tf32, train=train, channels_last=channels_last, device=spec.name,
+                         optimizer=optimizer,
                          tokens=not input_dtype.is_floating_point and len(example_input_shape) == 2)
     return analyze_model(model, cfg, spec, input_dtype)

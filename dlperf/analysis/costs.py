@@ -374,3 +374,22 @@ def all_costs(records: list[OpRecord], regions: dict | None = None
                                     tuple(r.index for r in group)))
     costs.sort(key=lambda c: c.records[0] if c.records else 0)  # execution order
     return costs, uncounted
+
+
+# Optimizer step traffic per parameter, in bytes of fp32 state (the update is memory-bound):
+# SGD with momentum reads param, grad, momentum and writes param, momentum (5 x 4 B);
+# AdamW reads param, grad, exp_avg, exp_avg_sq and writes param and both moments (7 x 4 B).
+OPTIMIZER_BYTES_PER_PARAM = {"sgd": 20, "adamw": 28}
+OPTIMIZER_FLOPS_PER_PARAM = {"sgd": 4, "adamw": 12}
+# Fused/foreach optimizers process tensors in chunks (multi_tensor_apply): kernels per this many.
+TENSORS_PER_OPTIMIZER_KERNEL = 64
+
+
+def optimizer_cost(num_params: int, num_tensors: int, optimizer: str) -> Cost:
+    """One training step's parameter update, as the fused multi-tensor kernels run it."""
+    return Cost(module="(optimizer)", module_type=optimizer, op=f"{optimizer}_step",
+                phase="optimizer", kind="memory",
+                flops=OPTIMIZER_FLOPS_PER_PARAM[optimizer] * num_params,
+                bytes=OPTIMIZER_BYTES_PER_PARAM[optimizer] * num_params, dtype="fp32",
+                kernels=max(1, math.ceil(num_tensors / TENSORS_PER_OPTIMIZER_KERNEL)),
+                output_bytes=OPTIMIZER_BYTES_PER_PARAM[optimizer] * num_params * 2 // 5)

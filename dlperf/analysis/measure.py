@@ -6,6 +6,8 @@ name matching against a profiler trace. Each step runs with gradients reset to N
 step launches the same kernel sequence; the first ``warmup`` steps are dropped and the median of
 the rest is kept per kernel (DESIGN.md convention 9).
 
+The optimizer step is not part of the measured step (the analysis can count it: --optimizer).
+
 On CPU the timer is wall time around the kernel (CPU kernels are synchronous). On a GPU it
 synchronises before and after each kernel, which serialises the step: per-kernel times include
 launch latency, as the roofline's launch term does.
