@@ -11,7 +11,6 @@ Exit conditions a caller sees (the CLI maps them to exit codes):
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import math
 import random
