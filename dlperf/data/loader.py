@@ -121,9 +121,20 @@ class Batch:
     labels: torch.Tensor  # int64 [n]
     indices: np.ndarray  # sample positions in the source
     num_padded: int = 0  # trailing repeated samples (sharding padding), at most the last batch
+    slot: object = field(default=None, repr=False)  # the loader buffer the tensors view
 
     def __len__(self) -> int:
         return self.labels.shape[0]
+
+    def release(self) -> None:
+        """Call after the batch has been copied off (e.g. ``.to('cuda', non_blocking=True)``):
+        on CUDA an event is recorded on the current stream, and the loader waits for it before
+        decoding into this buffer again, so an asynchronous copy from pinned memory is never
+        overwritten mid-flight. A no-op without CUDA (copies there are synchronous)."""
+        if self.slot is not None and torch.cuda.is_available() and self.images.is_pinned():
+            event = torch.cuda.Event()
+            event.record()
+            self.slot.event = event
 
 
 @dataclass
@@ -156,6 +167,7 @@ class _Slot:
         self.labels = torch.zeros(cfg.batch_size, dtype=torch.int64, pin_memory=pin)
         self.np_images = self.images.numpy()
         self.np_labels = self.labels.numpy()
+        self.event = None  # CUDA event after which the consumer's copy of this slot is done
 
 
 class Loader:
@@ -297,6 +309,9 @@ class Loader:
         # the ones in flight are consecutive submissions, so they never share a slot.
         slot = self._slots[self._submitted % len(self._slots)]
         self._submitted += 1
+        if slot.event is not None:  # the consumer's async copy out of this slot must be done
+            slot.event.synchronize()
+            slot.event = None
         # Small tasks (a few images) keep both cores busy to the end of every batch.
         step = max(2, math.ceil(len(ids) / (8 * cfg.thread_count())))
         futures = [self._pool.submit(self._load_chunk, slot, range(lo, min(lo + step, len(ids))),
@@ -367,7 +382,7 @@ class Loader:
             ids = ids[keep]
             num_padded = sum(1 for row in keep if first + row >= real)
             n = len(keep)
-        return Batch(slot.images[:n], slot.labels[:n], ids, num_padded)
+        return Batch(slot.images[:n], slot.labels[:n], ids, num_padded, slot)
 
     def with_size(self, size: int) -> "Loader":
         """A new loader like this one at another crop size (progressive resizing)."""

@@ -215,7 +215,8 @@ def evaluate(model: nn.Module, loader, info: D.DistInfo, dtype, channels_last: b
         x = normalize_nhwc(batch.images[:keep], info.device)
         if not channels_last:
             x = x.contiguous()
-        y = batch.labels[:keep].to(info.device)
+        y = batch.labels[:keep].to(info.device, copy=True)
+        batch.release()
         with torch.autocast(info.device.type, dtype=dtype) if dtype else nullcontext():
             logits = model(x)
         top5 = logits.float().topk(min(5, logits.shape[1]), dim=1).indices
@@ -374,30 +375,34 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                 it = iter(train_loader)
                 t_prev = time.perf_counter()
                 while True:
-                    t_wait = time.perf_counter()
-                    batches = []
+                    inputs, wait = [], 0.0
                     for _ in range(cfg.grad_accum):
+                        t_next = time.perf_counter()
                         b = next(it, None)
+                        wait += time.perf_counter() - t_next
                         if b is None:
                             break
-                        batches.append(b)
-                    if len(batches) < cfg.grad_accum:
-                        break
-                    wait = time.perf_counter() - t_wait
-                    loss_sum, n_img = 0.0, 0
-                    for i, b in enumerate(batches):
+                        # Take the batch off the loader's reusable buffer before asking for the
+                        # next one (the loader contract): normalising copies the images, the
+                        # labels are copied, and a CUDA copy from pinned memory is fenced.
                         x = normalize_nhwc(b.images, info.device, torch.float32)
                         if not cfg.channels_last:
                             x = x.contiguous()
-                        y = b.labels.to(info.device, non_blocking=True)
-                        sync = (ddp_model.no_sync() if info.enabled and i < len(batches) - 1
+                        y = b.labels.to(info.device, non_blocking=True, copy=True)
+                        b.release()
+                        inputs.append((x, y, len(b)))
+                    if len(inputs) < cfg.grad_accum:
+                        break
+                    loss_sum, n_img = 0.0, 0
+                    for i, (x, y, n) in enumerate(inputs):
+                        sync = (ddp_model.no_sync() if info.enabled and i < len(inputs) - 1
                                 else nullcontext())
                         with sync, (torch.autocast(info.device.type, dtype=dtype) if dtype
                                     else nullcontext()):
                             loss = loss_fn(run_model(x), y) / cfg.grad_accum
                         scaler.scale(loss).backward()
                         loss_sum += loss.detach().float()
-                        n_img += len(b)
+                        n_img += n
                     if step == 0 and cfg.compile:
                         compile_s = time.perf_counter() - t0
                     scaler.unscale_(optimizer)
