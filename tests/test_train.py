@@ -367,3 +367,31 @@ def test_other_data_backends_train(toy, tmp_path, backend):
                **({"min_image_size": 24, "image_size": 32} if backend == "gpu" else {}))
     summary = train(cfg, resume=None, progress=False, mfu=False)
     assert summary["steps"] == 12 and summary["eval"]["top1"] > 0.5
+
+
+OOM_MODEL = '''
+import torch
+from torch import nn
+
+class Greedy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+def make():
+    return Greedy()
+'''
+
+
+def test_out_of_memory_suggests_a_batch_size(toy, tmp_path, capsys):
+    f = tmp_path / "greedy.py"
+    f.write_text(OOM_MODEL)
+    code = main(["train", "--recipe", "tiny", "--no-progress", "--resume", "never",
+                 f"model={f}:make", f"data={toy[0]}", "val_data=none", "batch_size=32",
+                 f"out_dir={tmp_path / 'o'}", "zero_init_residual=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "out of memory at 32 images" in err[0] and "batch_size=16" in err[0]
