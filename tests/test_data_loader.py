@@ -234,6 +234,15 @@ def test_rank_and_world_from_torchrun_env(monkeypatch):
         LoaderConfig.from_env()
 
 
+def test_threads_split_between_local_ranks(monkeypatch):
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert LoaderConfig().thread_count() == cpus
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * cpus))  # more ranks than CPUs: still one
+    assert LoaderConfig().thread_count() == 1
+    assert LoaderConfig(threads=3).thread_count() == 3
+
+
 def test_synthetic_loader_shapes_and_resume():
     ld = SyntheticLoader(batch_size=4, size=16, batches=5)
     it = iter(ld)

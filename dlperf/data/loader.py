@@ -107,12 +107,19 @@ class LoaderConfig:
         return self.train if self.drop_last is None else self.drop_last
 
     def thread_count(self) -> int:
+        """``threads``, or this process's share of the CPUs: under torchrun the node's
+        LOCAL_WORLD_SIZE processes split them, so 8 ranks do not each start a thread per core."""
         if self.threads:
             return self.threads
         try:
-            return len(os.sched_getaffinity(0))
+            cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
-            return os.cpu_count() or 1
+            cpus = os.cpu_count() or 1
+        try:
+            local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            local = 1
+        return max(1, cpus // local)
 
 
 @dataclass
