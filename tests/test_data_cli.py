@@ -52,7 +52,7 @@ def test_verify_finds_a_corrupted_shard(corpus, tmp_path, capsys):
     dst = tmp_path / "shards"
     assert main(["data", "prepare", str(corpus), str(dst)]) == 0
     src = ShardSource(dst)
-    shard, offset, size = src.samples[3][:3]
+    shard, offset, size = src.entry(3)[:3]
     path = dst / src.shards[shard]
     blob = bytearray(path.read_bytes())
     blob[offset + size // 3: offset + size // 3 + 2000] = b"\x00" * 2000  # wipe scan data

@@ -185,7 +185,8 @@ def verify(root: str | Path, limits: DecodeLimits = DecodeLimits(), progress=Non
                 members[s] = {m.offset_data: m for m in tar.getmembers()}
         except (OSError, tarfile.TarError) as exc:
             problems.append((name, f"unreadable shard ({exc})"))
-    for i, (shard, offset, size, label, key) in enumerate(source.samples):
+    for i in range(len(source)):
+        shard, offset, size, label, key = source.entry(i)
         where = source.name(i)
         member = members.get(shard, {}).get(offset)
         if member is None or member.name != f"{key}.jpg" or member.size != size:
@@ -200,4 +201,4 @@ def verify(root: str | Path, limits: DecodeLimits = DecodeLimits(), progress=Non
         if progress:
             progress()
     source.close()
-    return {"samples": len(source.samples), "shards": len(source.shards), "problems": problems}
+    return {"samples": len(source), "shards": len(source.shards), "problems": problems}

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from dlperf.errors import DlperfError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm")
@@ -159,8 +161,13 @@ class ShardSource(Source):
             raise DlperfError(f"{index_path}: not a {INDEX_FORMAT} index")
         self.classes = index["classes"]
         self.shards = index["shards"]
-        # samples: [shard, offset, size, label, key]
-        self.samples = index["samples"]
+        # samples: [shard, offset, size, label, key] in the file; kept as compact columns
+        # (ImageNet's 1.28 M samples: ~40 MB instead of ~300 MB of Python lists per rank).
+        rows = index.pop("samples")
+        cols = np.array([row[:4] for row in rows], dtype=np.int64).reshape(-1, 4)
+        self._shard, self._offset, self._size, self._label = (cols[:, j].copy() for j in range(4))
+        self._keys = [row[4] for row in rows]
+        del rows, cols
         self._fds: dict[int, int] = {}
 
     def _fd(self, shard: int) -> int:
@@ -175,24 +182,28 @@ class ShardSource(Source):
         return fd
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self._label)
+
+    def entry(self, index: int) -> tuple[int, int, int, int, str]:
+        """(shard, byte offset, size, label, key) of one sample, as the index records it."""
+        return (int(self._shard[index]), int(self._offset[index]), int(self._size[index]),
+                int(self._label[index]), self._keys[index])
 
     def read(self, index: int) -> bytes:
-        shard, offset, size = self.samples[index][:3]
+        shard, offset, size = int(self._shard[index]), int(self._offset[index]), int(self._size[index])
         data = os.pread(self._fd(shard), size, offset)
         if len(data) != size:
             raise OSError(f"short read from {self.shards[shard]} at {offset}")
         return data
 
     def label(self, index: int) -> int:
-        return self.samples[index][3]
+        return int(self._label[index])
 
     def name(self, index: int) -> str:
-        shard, _, _, _, key = self.samples[index]
-        return f"{self.shards[shard]}:{key}"
+        return f"{self.shards[int(self._shard[index])]}:{self._keys[index]}"
 
     def size(self, index: int) -> int:
-        return self.samples[index][2]
+        return int(self._size[index])
 
     def close(self) -> None:
         for fd in self._fds.values():
