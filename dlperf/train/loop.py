@@ -357,6 +357,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
     nonfinite_run = skipped = 0
     last_eval: dict = {}
     compile_s = 0.0
+    first_step_s = None
     time_to_target = None
     run_start = time.perf_counter()
     bar = _Progress(progress and info.is_main, console)
@@ -439,7 +440,10 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                             "warm-up, or use dtype=bf16")
                     now = time.perf_counter()
                     n_img *= info.world_size
-                    tput.add(n_img, now - t_prev, wait)
+                    if first_step_s is None:  # warm-up (and compilation): reported apart
+                        first_step_s = now - t_prev
+                    else:
+                        tput.add(n_img, now - t_prev, wait)
                     t_prev = now
                     if finite:
                         epoch_stats["loss"] = epoch_stats["loss"] + loss_sum  # on the device
@@ -485,7 +489,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
         bar.stop()
     summary = {"steps": step, "epochs": cfg.epochs, "img_per_s": tput.img_per_s,
                "compute_img_per_s": tput.compute_img_per_s, "data_wait_share": tput.data_wait_share,
-               "skipped_steps": skipped, "compile_s": compile_s, "resumed_from": resumed_from,
+               "skipped_steps": skipped, "compile_s": compile_s, "first_step_s": first_step_s,
+               "resumed_from": resumed_from,
                "eval": last_eval, "best_top1": best, "time_to_target_s": time_to_target,
                "wall_s": time.perf_counter() - run_start}
     if mfu and tput.img_per_s:
