@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "path/to/file.py:factory returning an nn.Module")
     a.add_argument("--device", default="h100-sxm",
                    help="GPU preset (see `dlperf devices`), a spec file from `dlperf probe` "
-                        "(.json/.toml), or cpu for a fresh probe of this machine [h100-sxm]")
+                        "(.json/.toml), or cpu for a fresh probe of this machine; several, "
+                        "comma-separated, to compare them (the first gets the full table) "
+                        "[h100-sxm]")
     a.add_argument("--batch-size", type=_positive_int, default=None,
                    help="samples per step [256 for image models, 8 for gpt]")
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
@@ -189,8 +191,8 @@ def _cmd_analyze(args) -> int:
     import torch
 
 
-    from dlperf.analysis.api import AnalysisConfig, analyze_model
-    from dlperf.analysis.report import render
+    from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
+    from dlperf.analysis.report import render, render_comparison
     from dlperf.models.registry import build_model, parse_input_shape
     from dlperf.report import write_json_atomic
 
@@ -204,15 +206,23 @@ def _cmd_analyze(args) -> int:
                             vocab=args.vocab, seq_len=args.seq_len)
         except ValueError as exc:
             raise DlperfError(str(exc)) from None
-    if args.device == "cpu":
-        from dlperf.hardware.probe import ProbeConfig, probe
+    names = [d.strip() for d in args.device.split(",") if d.strip()]
+    if not names:
+        raise DlperfError("--device: give a preset, a spec file or cpu")
+    if len(names) > 1 and args.measure:
+        raise DlperfError("--measure needs a single --device")
+    specs = []
+    for name in names:
+        if name == "cpu":
+            from dlperf.hardware.probe import ProbeConfig, probe
 
-        with console.status("probing this CPU's ceilings (--device cpu)..."):
-            spec, _ = probe(ProbeConfig(device="cpu", quick=True))
-    else:
-        from dlperf.hardware.specs import get_device
+            with console.status("probing this CPU's ceilings (--device cpu)..."):
+                specs.append(probe(ProbeConfig(device="cpu", quick=True))[0])
+        else:
+            from dlperf.hardware.specs import get_device
 
-        spec = get_device(args.device)
+            specs.append(get_device(name))
+    spec = specs[0]
     model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
     sample_shape = parse_input_shape(args.input_shape) if args.input_shape else model_input.shape
     batch = args.batch_size or (8 if model_input.kind == "tokens" else 256)
@@ -226,9 +236,13 @@ def _cmd_analyze(args) -> int:
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
-    analysis = analyze_model(model, cfg, spec, input_dtype)
+    costs, uncounted, seconds = capture_costs(model, cfg, input_dtype)  # once for all devices
+    analysis = predict_on(costs, uncounted, cfg, spec, seconds)
     render(analysis, console, top=args.top, macs=args.macs)
     result = analysis.to_dict()
+    if len(specs) > 1:
+        others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds) for s in specs[1:]]
+        result["comparison"] = render_comparison(others, console)
     if args.measure:
         result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
     if args.json:

@@ -190,3 +190,17 @@ def test_probe_writes_spec_that_analyze_accepts(tmp_path, capsys):
                            "--dtype", "fp32"], capsys)
     assert code == 0, err
     assert "(measured)" in out
+
+
+def test_compare_devices_from_one_capture(tmp_path, capsys):
+    path = tmp_path / "cmp.json"
+    code, out, err = _run(["analyze", "resnet18", "--batch-size", "32", "--train", "--dtype",
+                           "fp16", "--device", "v100-sxm2,h100-sxm", "--json", str(path)], capsys)
+    assert code == 0, err
+    rows = json.loads(path.read_text())["comparison"]
+    assert [r["device"] for r in rows] == ["v100-sxm2", "h100-sxm"]
+    # the same kernels: an H100 (989 TF/s, 3.35 TB/s) beats a V100 (125 TF/s, 0.9 TB/s)
+    assert rows[1]["predicted_time_s"] < rows[0]["predicted_time_s"]
+    assert "the same kernels on each device" in out
+    code, _, err = _run(["analyze", "resnet18", "--device", "h100-sxm,h200", "--measure"], capsys)
+    assert code == 2 and "--measure needs a single --device" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -149,11 +150,17 @@ def _meta_forward(model: torch.nn.Module, channels_last: bool):
     return forward, list(params.values())
 
 
-def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec | None = None,
-                  input_dtype: torch.dtype = torch.float32) -> Analysis:
+def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
+                  input_dtype: torch.dtype = torch.float32) -> tuple[list, dict, float]:
+    """The device-independent half: capture on meta tensors and cost every kernel.
+
+    Returns (costs, uncounted ops, seconds); ``predict_on`` turns them into an Analysis for a
+    device, so several devices can be compared from one capture.
+    """
     if config.dtype not in DTYPES:
         raise DlperfError(f"--dtype {config.dtype!r}: choose one of {', '.join(DTYPES)}")
-    spec = spec or get_device(config.device)
+    if config.optimizer not in (*OPTIMIZER_BYTES_PER_PARAM, "none"):
+        raise DlperfError(f"--optimizer {config.optimizer!r}: choose sgd, adamw or none")
     inputs = _meta_inputs(config.input_shape, input_dtype, config.channels_last)
     start = time.perf_counter()
     forward, params = _meta_forward(model, config.channels_last)
@@ -171,18 +178,30 @@ def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSp
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
     if config.train and config.optimizer != "none":
-        if config.optimizer not in OPTIMIZER_BYTES_PER_PARAM:
-            raise DlperfError(f"--optimizer {config.optimizer!r}: choose sgd, adamw or none")
         trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
         costs.append(optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
                                     config.optimizer))
-    predictions = [predict(c, spec, tf32=config.tf32) for c in costs]
-    analysis = Analysis(device=spec, config=config, predictions=predictions, uncounted=uncounted,
-                        capture_seconds=time.perf_counter() - start)
+    return costs, uncounted, time.perf_counter() - start
+
+
+def predict_on(costs: list, uncounted: dict, config: AnalysisConfig, spec: DeviceSpec,
+               capture_seconds: float = 0.0) -> Analysis:
+    """The device half: roofline predictions and the checklist's findings on ``spec``."""
     from dlperf.analysis.rules import findings
 
+    config = dataclasses.replace(config, device=spec.name)
+    analysis = Analysis(device=spec, config=config,
+                        predictions=[predict(c, spec, tf32=config.tf32) for c in costs],
+                        uncounted=uncounted, capture_seconds=capture_seconds)
     analysis.findings = findings(analysis)
     return analysis
+
+
+def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec | None = None,
+                  input_dtype: torch.dtype = torch.float32) -> Analysis:
+    spec = spec or get_device(config.device)
+    costs, uncounted, seconds = capture_costs(model, config, input_dtype)
+    return predict_on(costs, uncounted, config, spec, seconds)
 
 
 def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",

@@ -105,3 +105,32 @@ def render_measurement(m, console: Console | None = None, top: int = 25) -> None
         f"{t['measured_over_predicted']:.2f}x; by kind: {kinds}. Time-weighted median per-kernel "
         f"error {t['weighted_median_abs_error']:.0%}. Measured {t['measured_samples_per_s']:,.1f} "
         "samples/s (kernel time only).")
+
+
+def render_comparison(analyses: list, console: Console | None = None) -> list[dict]:
+    """One model, several devices: predicted step, throughput, what bounds it, the top fix."""
+    console = console or Console()
+    cfg = analyses[0].config
+    table = Table(title=f"{cfg.model}, batch {analyses[0].batch_size}, {cfg.dtype}, "
+                        f"{'train' if cfg.train else 'inference'}: the same kernels on each device",
+                  title_justify="left", header_style="bold")
+    for col in ("device", "predicted step", "samples/s", "vs first", "memory-bound time",
+                "biggest predicted saving"):
+        table.add_column(col, justify="left" if col in ("device", "biggest predicted saving")
+                         else "right", overflow="fold")
+    rows = []
+    base = analyses[0].totals()["predicted_time_s"]
+    for a in analyses:
+        t = a.totals()
+        best = max(a.findings, key=lambda f: f.saving_s, default=None)
+        rows.append({"device": a.device.name, "predicted_time_s": t["predicted_time_s"],
+                     "samples_per_s": t["samples_per_s"],
+                     "memory_bound_time_share": t["memory_bound_time_share"],
+                     "top_finding": best.rule if best else None,
+                     "top_saving_s": best.saving_s if best else 0.0})
+        table.add_row(a.device.display_name, seconds(t["predicted_time_s"]),
+                      f"{t['samples_per_s']:,.0f}", f"{base / t['predicted_time_s']:.2f}x",
+                      f"{t['memory_bound_time_share']:.0%}",
+                      f"{best.rule} ({seconds(best.saving_s)})" if best else "-")
+    console.print(table)
+    return rows
