@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="shrink images so the longer side is at most this, re-encoding them")
     dp.add_argument("--quality", type=_positive_int, default=90,
                     help="JPEG quality when re-encoding [90]")
+    dp.add_argument("--threads", type=_positive_int, default=None,
+                    help="decode/re-encode threads [every CPU]; the output is the same for any")
     dv = dsub.add_parser("verify", help="check a prepared dataset: index vs tar, decode all",
                          description="Check every index entry against its tar member and decode "
                                      "every sample; exit 1 when anything is wrong.")
@@ -373,7 +375,7 @@ def _cmd_data(args) -> int:
     console = _console()
     if args.data_command == "prepare":
         cfg = PrepareConfig(shard_bytes=parse_size(args.shard_size), max_side=args.max_side,
-                            quality=args.quality)
+                            quality=args.quality, threads=args.threads or 0)
         source = open_source(args.src)
         with Progress(console=console) as bar:
             task = bar.add_task(f"writing shards from {len(source):,} images", total=len(source))

@@ -100,3 +100,14 @@ def test_bench_data_writes_json_and_png(tmp_path, capsys):
     assert all(v > 0 for v in res["img_per_s"].values())
     assert data["environment"]["torch"] == torch.__version__ and "git_commit" in data["environment"]
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_prepare_output_does_not_depend_on_threads(corpus, tmp_path):
+    for threads in ("1", "2"):
+        assert main(["data", "prepare", str(corpus), str(tmp_path / threads), "--max-side", "128",
+                     "--shard-size", "8KB", "--threads", threads]) == 0
+    one, two = ShardSource(tmp_path / "1"), ShardSource(tmp_path / "2")
+    assert one.shards == two.shards
+    for name in one.shards:
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes()
+    assert [one.entry(i) for i in range(len(one))] == [two.entry(i) for i in range(len(two))]

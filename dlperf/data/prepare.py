@@ -17,6 +17,8 @@ import io
 import os
 import tarfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +36,7 @@ class PrepareConfig:
     shard_bytes: int = 1 << 30
     max_side: int | None = None
     quality: int = 90
+    threads: int = 0  # 0: every CPU this process may use
     limits: DecodeLimits = DecodeLimits()
 
     def __post_init__(self):
@@ -140,26 +143,38 @@ def prepare(src: str | Path | Source, dst: str | Path, cfg: PrepareConfig = Prep
     samples, bad = [], []
     in_bytes = out_bytes = 0
     start = time.perf_counter()
-    for i in range(len(source)):
-        name = source.name(i)
+
+    def work(i: int):
+        """(input bytes, output bytes) or (None, reason): decoding and re-encoding release
+        the GIL, so this runs in threads while the writer keeps the source order."""
         try:
-            size = source.size(i)
-            if size > cfg.limits.max_bytes:
-                raise BadImage(f"file too large ({size:,} bytes > limit {cfg.limits.max_bytes:,})")
-            data = source.read(i)
-            image = _prepare_one(data, cfg)
+            data = source.read_limited(i, cfg.limits.max_bytes)
+            if data is None:
+                raise BadImage(f"file too large (> limit {cfg.limits.max_bytes:,} bytes)")
+            return len(data), _prepare_one(data, cfg)
         except BadImage as exc:
-            bad.append((name, str(exc)))
+            return None, str(exc)
         except OSError as exc:
-            bad.append((name, f"unreadable ({exc.strerror or exc})"))
-        else:
-            key = f"{len(samples):08d}"
-            shard, offset, length = writer.add(key, image, source.label(i))
-            samples.append([shard, offset, length, source.label(i), key])
-            in_bytes += len(data)
-            out_bytes += length
-        if progress:
-            progress()
+            return None, f"unreadable ({exc.strerror or exc})"
+
+    n = len(source)
+    window = 4 * (cfg.threads or len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(cfg.threads or None) as pool:
+        pending = deque(pool.submit(work, i) for i in range(min(window, n)))
+        for i in range(n):
+            size_in, result = pending.popleft().result()
+            if i + window < n:  # a bounded window: memory stays flat on any dataset size
+                pending.append(pool.submit(work, i + window))
+            if size_in is None:
+                bad.append((source.name(i), result))
+            else:
+                key = f"{len(samples):08d}"
+                shard, offset, length = writer.add(key, result, source.label(i))
+                samples.append([shard, offset, length, source.label(i), key])
+                in_bytes += size_in
+                out_bytes += length
+            if progress:
+                progress()
     shards = writer.finish()
     if not samples:
         raise DlperfError(f"{src}: no readable images; nothing written")
