@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JPEG quality when re-encoding [90]")
     dp.add_argument("--threads", type=_positive_int, default=None,
                     help="decode/re-encode threads [every CPU]; the output is the same for any")
+    dt = dsub.add_parser("toy", help="write a small learnable dataset (train/ and val/)",
+                         description="Write a small JPEG dataset that a tiny CNN learns in "
+                                     "seconds: try `dlperf train --recipe tiny data=DST/train "
+                                     "val_data=DST/val`.")
+    dt.add_argument("dst", help="folder to create")
+    dt.add_argument("--classes", type=_positive_int, default=4)
+    dt.add_argument("--per-class", type=_positive_int, default=40)
     dv = dsub.add_parser("verify", help="check a prepared dataset: index vs tar, decode all",
                          description="Check every index entry against its tar member and decode "
                                      "every sample; exit 1 when anything is wrong.")
@@ -388,6 +395,17 @@ def _cmd_data(args) -> int:
         if len(summary["bad"]) > 20:
             console.print(f"  ... {len(summary['bad']) - 20} more in {args.dst}/prepare-report.json")
         return 0
+    if args.data_command == "toy":
+        from pathlib import Path
+
+        from dlperf.data.toy import make_toy_split
+
+        if Path(args.dst).exists() and any(Path(args.dst).iterdir()):
+            raise DlperfError(f"{args.dst}: not empty; choose a new folder")
+        train_dir, val_dir = make_toy_split(args.dst, args.per_class, args.classes)
+        console.print(f"Wrote {train_dir} and {val_dir}; try: dlperf train --recipe tiny "
+                      f"data={train_dir} val_data={val_dir} num_classes={args.classes}")
+        return 0
     if args.data_command == "verify":
         n = len(ShardSource(args.dst))
         with Progress(console=console) as bar:
@@ -399,7 +417,8 @@ def _cmd_data(args) -> int:
         console.print(f"{'OK' if ok else 'FAILED'}: {result['samples']:,} samples in "
                       f"{result['shards']} shards, {len(result['problems'])} problems.")
         return 0 if ok else 1
-    raise DlperfError("dlperf data: choose an action: prepare or verify (see dlperf data --help)")
+    raise DlperfError("dlperf data: choose an action: prepare, verify or toy "
+                      "(see dlperf data --help)")
 
 
 def _cmd_bench_train(args) -> int:

@@ -70,19 +70,4 @@ def make_folder(root: Path, classes: int = 3, per_class: int = 6, size=(120, 160
     return root
 
 
-def make_toy(root: Path, per_class: int = 40, classes: int = 4, size: int = 40,
-             seed: int = 0) -> Path:
-    """A small learnable dataset: class c has a dominant colour channel (c < 3) or stripes."""
-    rng = np.random.default_rng(seed)
-    root = Path(root)
-    for c in range(classes):
-        d = root / f"c{c}"
-        d.mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            img = rng.integers(0, 60, (size, size, 3)).astype(np.uint8)
-            if c < 3:
-                img[..., c] += 150
-            else:
-                img[::4] = 255
-            (d / f"{i:03d}.jpg").write_bytes(jpeg_bytes(img))
-    return root
+from dlperf.data.toy import make_toy  # noqa: E402,F401  (the dataset users get too)

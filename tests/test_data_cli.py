@@ -111,3 +111,16 @@ def test_prepare_output_does_not_depend_on_threads(corpus, tmp_path):
     for name in one.shards:
         assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes()
     assert [one.entry(i) for i in range(len(one))] == [two.entry(i) for i in range(len(two))]
+
+
+def test_toy_dataset_then_tiny_training(tmp_path, capsys):
+    assert main(["data", "toy", str(tmp_path / "toy"), "--per-class", "16"]) == 0
+    assert "dlperf train --recipe tiny" in capsys.readouterr().out
+    assert len(open_source(tmp_path / "toy" / "train")) == 64
+    assert len(open_source(tmp_path / "toy" / "val")) == 16
+    assert main(["data", "toy", str(tmp_path / "toy")]) == 2  # refuses a non-empty folder
+    assert main(["train", "--recipe", "tiny", "--no-progress", f"data={tmp_path}/toy/train",
+                 f"val_data={tmp_path}/toy/val", f"out_dir={tmp_path}/run", "epochs=3",
+                 "batch_size=16", "threads=2"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["eval"]["top1"] > 0.9
