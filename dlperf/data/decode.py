@@ -39,8 +39,10 @@ except ImportError:  # headers missing at install time: full-image DCT-scaled de
 
 ROI_AVAILABLE = _jpegroi is not None
 
-# OpenCV would start its own thread pool inside each of our worker threads.
-cv2.setNumThreads(1)
+def use_single_threaded_opencv() -> None:
+    """Called when dlperf starts its own decode threads (not at import): OpenCV would otherwise
+    start a thread pool inside each of them and oversubscribe the cores."""
+    cv2.setNumThreads(1)
 
 
 class BadImage(Exception):

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from dlperf.data.augment import CropPlan
-from dlperf.data.decode import BadImage, decode_into, image_header
+from dlperf.data.decode import BadImage, decode_into, image_header, use_single_threaded_opencv
 from dlperf.data.loader import Batch, EpochReport, Loader, LoaderConfig
 from dlperf.data.sources import Source
 from dlperf.errors import DlperfError
@@ -138,6 +138,7 @@ class GpuLoader(Loader):
     def __iter__(self):
         cfg = self.cfg
         if self._pool is None:
+            use_single_threaded_opencv()
             self._pool = ThreadPoolExecutor(cfg.thread_count(), thread_name_prefix="dlperf-gpu")
         epoch, start = self.epoch, self._next_batch
         if start == 0:

@@ -38,7 +38,8 @@ import torch
 
 from dlperf.data.augment import (EvalAugment, TrainAugment, center_crop_plan,
                                  random_resized_crop, sample_rng)
-from dlperf.data.decode import BadImage, DecodeLimits, Scratch, decode_into
+from dlperf.data.decode import (BadImage, DecodeLimits, Scratch, decode_into,
+                                use_single_threaded_opencv)
 from dlperf.data.sources import Source
 from dlperf.errors import DlperfError
 
@@ -291,6 +292,7 @@ class Loader:
     # ------------------------------------------------------------------ iteration
     def _ensure_workers(self) -> None:
         if self._pool is None:
+            use_single_threaded_opencv()
             self._pool = ThreadPoolExecutor(self.cfg.thread_count(), thread_name_prefix="dlperf-data")
         if self._slots is None:
             pin = self.cfg.pin_memory

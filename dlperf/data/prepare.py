@@ -25,7 +25,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from dlperf.data.decode import JPEG_MAGIC, BadImage, DecodeLimits, decode_reference
+from dlperf.data.decode import (JPEG_MAGIC, BadImage, DecodeLimits, decode_reference,
+                                use_single_threaded_opencv)
 from dlperf.data.sources import INDEX_FORMAT, INDEX_NAME, ShardSource, Source, open_source
 from dlperf.errors import DlperfError
 from dlperf.report import write_json_atomic
@@ -159,6 +160,7 @@ def prepare(src: str | Path | Source, dst: str | Path, cfg: PrepareConfig = Prep
 
     n = len(source)
     window = 4 * (cfg.threads or len(os.sched_getaffinity(0)))
+    use_single_threaded_opencv()
     with ThreadPoolExecutor(cfg.threads or None) as pool:
         pending = deque(pool.submit(work, i) for i in range(min(window, n)))
         for i in range(n):
