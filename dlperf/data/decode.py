@@ -1,7 +1,7 @@
 """Decode one image into an upright RGB uint8 crop, or say precisely why it cannot be decoded.
 
 Fast path (JPEG in YCbCr or grayscale): libjpeg-turbo, with the GIL released, decoding straight
-to a DCT-scaled size (1/8 .. 1 in eighths) that is still at least as large as the output needs,
+to a DCT-scaled size (1/8, 1/4, 1/2 or 1) that is still at least as large as the output needs,
 so a small crop of a large photo costs a fraction of a full decode (FFCV's and DALI's trick).
 Training crops go through the ROI decoder (_jpegroi.c): only the crop's rows and iMCU columns
 are decoded, and decoding stops after the crop's last row (DALI's ROI decoding). Without the C
@@ -194,10 +194,28 @@ def image_header(data: bytes, limits: DecodeLimits = DecodeLimits()):
     return h, w, orientation, False
 
 
+def dct_scale_eighths(ratio: float) -> int:
+    """The DCT scale n/8 (n in 1, 2, 4, 8) to decode at so the image is >= ``ratio`` x its size.
+
+    Only powers of two: libjpeg-turbo has SIMD IDCTs for 8x8 and the reduced 4x4/2x2/1x1 sizes,
+    while 3/8, 5/8, 6/8 and 7/8 go through generic C IDCTs (and scaled chroma) that cost more
+    than decoding at full size (measured on the corpus, whole images, one thread: 8/8 1,376 us,
+    7/8 2,064, 6/8 1,664, 5/8 1,544, 4/8 1,244, 3/8 1,307). Decoding a bit larger and letting
+    the resize shrink by up to 2x is also closer to an antialiased float reference
+    (benchmarks/README.md, "DCT scale choice").
+    """
+    need = math.ceil(8 * ratio - 1e-9)
+    for n in (1, 2, 4):
+        if need <= n:
+            return n
+    return 8
+
+
 def _decode_upright(data: bytes, height: int, width: int, orientation: int, fast: bool,
                     scale: float, limits: DecodeLimits) -> np.ndarray:
     """Decode at a DCT scale >= ``scale`` of the upright ``height`` x ``width``; upright RGB."""
-    min_h, min_w = max(1, math.ceil(height * scale)), max(1, math.ceil(width * scale))
+    n = dct_scale_eighths(scale)
+    min_h, min_w = max(1, -(-height * n // 8)), max(1, -(-width * n // 8))
     if orientation >= 5:  # stored transposed
         min_h, min_w = min_w, min_h
     if fast:
@@ -232,8 +250,9 @@ class Scratch:
 
 def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int, out_w: int,
                 limits: DecodeLimits, scratch: Scratch) -> np.ndarray | None:
-    """The crop at the smallest DCT scale n/8 that keeps it >= the output; None for CMYK."""
-    n = min(8, max(1, math.ceil(8 * max(out_h / plan.height, out_w / plan.width))))
+    """The crop at the DCT scale n/8 of dct_scale_eighths that keeps it >= the output (or at
+    full size when the crop is smaller than the output); None for CMYK."""
+    n = dct_scale_eighths(min(1.0, max(out_h / plan.height, out_w / plan.width)))
     x0, y0 = plan.left * n // 8, plan.top * n // 8
     x1 = max(x0 + 1, -(-(plan.left + plan.width) * n // 8))
     y1 = max(y0 + 1, -(-(plan.top + plan.height) * n // 8))
@@ -289,7 +308,8 @@ def decode_into(data: bytes, plan_for, out: np.ndarray, limits: DecodeLimits = D
 
 def _interp(factor: float) -> int:
     # Shrinking by 2x or more needs area averaging against aliasing; after DCT scaling the
-    # remaining factor is usually under 8/7, where bilinear is exact enough and 5x cheaper.
+    # remaining factor is under 2, where bilinear stays within ~2 levels of an antialiased
+    # reference (tests/test_data_decode.py) and is ~5x cheaper than INTER_AREA.
     return cv2.INTER_AREA if factor >= 2.0 else cv2.INTER_LINEAR
 
 
