@@ -6,7 +6,8 @@ Exit conditions a caller sees (the CLI maps them to exit codes):
 * SIGTERM/SIGUSR1: the current step finishes, a checkpoint is written, `Preempted` is raised
   (exit code 75, EX_TEMPFAIL); `--set resume=auto` (the default) continues from it;
 * `max_nonfinite_steps` consecutive steps with a non-finite loss or gradient: `NonFinite`
-  (exit code 3) with a diagnostic; each skipped step leaves the weights unchanged.
+  (exit code 3) with a diagnostic; each skipped step leaves the weights unchanged
+  (dlperf/train/guard.py; with nonfinite_check=deferred, detected at the next logging step).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dlperf.report import write_json_atomic
 from dlperf.train import checkpoint as ckpt
 from dlperf.train import distributed as D
 from dlperf.train import speedups
+from dlperf.train.guard import EMA, NonFinite, StepGuard, prepare_deferred  # noqa: F401
 from dlperf.train.metrics import RunLog, Throughput, flops_per_image, peak_flops
 from dlperf.train.recipes import TrainConfig
 
@@ -39,10 +41,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 class Preempted(DlperfError):
     """Stopped by a signal after saving a checkpoint."""
-
-
-class NonFinite(DlperfError):
-    """Too many consecutive non-finite steps."""
 
 
 # ---------------------------------------------------------------- model, data, optimizer
@@ -118,6 +116,9 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        # ``found_inf`` (a 0-dim device tensor, set by StepGuard in deferred mode, as
+        # GradScaler sets it for fused optimizers): 1 skips this step on the device.
+        found = getattr(self, "found_inf", None)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -131,11 +132,18 @@ class LARS(torch.optim.Optimizer):
                                         group["trust"] * w_norm / g_norm, torch.ones_like(w_norm))
                     g = g * ratio
                 buf = self.state[p].get("momentum_buffer")
-                if buf is None:
-                    buf = self.state[p]["momentum_buffer"] = g.clone()
-                else:
-                    buf.mul_(group["momentum"]).add_(g)
-                p.add_(buf, alpha=-group["lr"])
+                if found is None:
+                    if buf is None:
+                        buf = self.state[p]["momentum_buffer"] = g.clone()
+                    else:
+                        buf.mul_(group["momentum"]).add_(g)
+                    p.add_(buf, alpha=-group["lr"])
+                    continue
+                skip = found > 0
+                if buf is None:  # same values as the first-step clone when not skipped
+                    buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                buf.copy_(torch.where(skip, buf, buf * group["momentum"] + g))
+                p.add_(torch.where(skip, torch.zeros_like(buf), buf), alpha=-group["lr"])
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
@@ -144,7 +152,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
         return LARS(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     for g in groups:
         g.pop("lars_exclude", None)
-    fused = cfg.fused_optimizer and device.type == "cuda"
+    # Fused SGD on CUDA; on the CPU too for deferred non-finite checks, which need the fused
+    # kernel's on-device skip (found_inf).
+    fused = cfg.fused_optimizer and (device.type == "cuda"
+                                     or cfg.nonfinite_mode(device.type) == "deferred")
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            fused=fused or None, foreach=None if fused else cfg.fused_optimizer)
 
@@ -302,12 +313,11 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps, warmup, cfg.schedule, steps_per_epoch))
     scaler = torch.amp.GradScaler(info.device.type, enabled=cfg.dtype == "fp16")
-    ema = None
-    if cfg.ema_decay:
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay),
-                            use_buffers=True)
+    ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
+    guard = StepGuard(cfg.nonfinite_mode(info.device.type), cfg.max_nonfinite_steps, scaler,
+                      info.device, log)
+    if guard.mode == "deferred":
+        prepare_deferred(optimizer)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
     step, start_epoch, best = 0, 0, None
@@ -335,6 +345,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                           "out_dir")
 
     def save(metric=None, reason="epoch"):
+        guard.check(step)  # never checkpoint a run that has diverged
         rng = [rng_state()]
         if info.enabled:  # every rank's RNG, gathered to rank 0 (as bytes: gathering tensor
             buf = io.BytesIO()  # objects directly fails in some torch versions)
@@ -354,7 +365,6 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
         return saved
 
     tput = Throughput()
-    nonfinite_run = skipped = 0
     last_eval: dict = {}
     compile_s = 0.0
     first_step_s = None
@@ -408,36 +418,13 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                         compile_s = time.perf_counter() - t0
                     scaler.unscale_(optimizer)
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
-                    # One device->host sync per step, for the skip decision; the loss is only
-                    # read back at logging steps.
-                    finite = bool((torch.isfinite(loss_sum) & torch.isfinite(grad_norm)).item())
-                    if finite:
-                        scaler.step(optimizer)
-                        nonfinite_run = 0
-                        if ema is not None:
-                            ema.update_parameters(model)
-                    else:  # weights unchanged; the step is counted, logged and skipped
-                        skipped += 1
-                        # fp16: overflowing scaled gradients are dynamic loss scaling at work
-                        # (GradScaler halves the scale); only a non-finite loss, or a scale
-                        # driven below 1, means the run itself has diverged.
-                        if (not scaler.is_enabled() or not torch.isfinite(loss_sum)
-                                or scaler.get_scale() < 1.0):
-                            nonfinite_run += 1
-                        log.event("nonfinite", step=step, loss=float(loss_sum),
-                                  grad_norm=float(grad_norm))
+                    finite = guard.step(optimizer, model, ema, loss_sum, grad_norm, step)
                     scaler.update()
                     optimizer.zero_grad(set_to_none=True)
                     with warnings.catch_warnings():  # a skipped step still advances the schedule
                         warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
                         scheduler.step()
                     step += 1
-                    if nonfinite_run >= cfg.max_nonfinite_steps:
-                        raise NonFinite(
-                            f"stopping: {nonfinite_run} consecutive steps with a non-finite "
-                            f"loss or gradient (last loss {float(loss_sum):.4g}, grad norm "
-                            f"{float(grad_norm):.4g}) at step {step}; lower lr_per_256, add "
-                            "warm-up, or use dtype=bf16")
                     now = time.perf_counter()
                     n_img *= info.world_size
                     if first_step_s is None:  # warm-up (and compilation): reported apart
@@ -445,14 +432,21 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     else:
                         tput.add(n_img, now - t_prev, wait)
                     t_prev = now
-                    if finite:
-                        epoch_stats["loss"] = epoch_stats["loss"] + loss_sum  # on the device
-                        epoch_stats["n"] += 1
+                    # the mean loss over the applied steps, summed on the device
+                    if isinstance(finite, bool):
+                        if finite:
+                            epoch_stats["loss"] = epoch_stats["loss"] + loss_sum
+                            epoch_stats["n"] += 1
+                    else:  # deferred: a device flag, no sync
+                        epoch_stats["loss"] = epoch_stats["loss"] + torch.where(finite, loss_sum,
+                                                                                0.0)
+                        epoch_stats["n"] = epoch_stats["n"] + finite
                     if step % cfg.log_every == 0:
+                        guard.check(step)  # deferred mode: counters read where we sync anyway
                         last_loss = float(loss_sum)
                         log.event("step", step=step, epoch=epoch, loss=last_loss,
                                   lr=scheduler.get_last_lr()[0], img_per_s=tput.img_per_s,
-                                  data_wait=tput.data_wait_share, skipped=skipped)
+                                  data_wait=tput.data_wait_share, skipped=guard.skipped)
                     bar.advance(last_loss, scheduler.get_last_lr()[0], tput)
                     if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                         save(reason="interval")
@@ -465,11 +459,12 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                                         f"checkpoint {saved.path if saved else 'on rank 0'}; "
                                         "run the same command again to resume")
                 bar.stop()
+                guard.check(step)
                 row = {"epoch": epoch, "step": step,
-                       "loss": float(epoch_stats["loss"]) / max(1, epoch_stats["n"]),
+                       "loss": float(epoch_stats["loss"]) / max(1, int(epoch_stats["n"])),
                        "lr": scheduler.get_last_lr()[0], "img_per_s": tput.img_per_s,
                        "data_wait": tput.data_wait_share, "image_size": image_size,
-                       "skipped_steps": skipped}
+                       "skipped_steps": guard.skipped}
                 if val_loader is not None and (epoch + 1) % cfg.eval_every == 0:
                     last_eval = evaluate(ema.module if ema is not None else model, val_loader,
                                          info, dtype, cfg.channels_last)
@@ -489,7 +484,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
         bar.stop()
     summary = {"steps": step, "epochs": cfg.epochs, "img_per_s": tput.img_per_s,
                "compute_img_per_s": tput.compute_img_per_s, "data_wait_share": tput.data_wait_share,
-               "skipped_steps": skipped, "compile_s": compile_s, "first_step_s": first_step_s,
+               "skipped_steps": guard.skipped, "compile_s": compile_s, "first_step_s": first_step_s,
                "resumed_from": resumed_from,
                "eval": last_eval, "best_top1": best, "time_to_target_s": time_to_target,
                "wall_s": time.perf_counter() - run_start}

@@ -67,6 +67,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0: at every epoch end only
     keep_last: int = 3
     max_nonfinite_steps: int = 10  # consecutive skipped steps before the run stops
+    # step: a host sync per step decides; deferred: decided on the device (fused SGD / LARS
+    # skip in place), checked at log steps; auto: deferred on CUDA, step elsewhere
+    nonfinite_check: str = "auto"
     target_accuracy: float | None = None  # stop when eval top-1 reaches it
     eval_every: int = 1  # epochs
     log_every: int = 10  # steps
@@ -96,6 +99,12 @@ class TrainConfig:
             (not (self.data_backend == "dali" and self.min_image_size),
              "progressive resizing (min_image_size) is not supported with data_backend=dali"),
             (self.lr_per_256 > 0, "lr_per_256 must be positive"),
+            (self.nonfinite_check in ("auto", "step", "deferred"),
+             f"nonfinite_check must be auto, step or deferred, got {self.nonfinite_check!r}"),
+            (not (self.nonfinite_check == "deferred" and self.optimizer == "sgd"
+                  and not self.fused_optimizer),
+             "nonfinite_check=deferred needs fused_optimizer=true (the fused SGD kernel skips "
+             "the update on the device)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -105,6 +114,13 @@ class TrainConfig:
     def lr(self) -> float:
         """Linear scaling rule: lr_per_256 x batch / 256."""
         return self.lr_per_256 * self.batch_size / 256
+
+    def nonfinite_mode(self, device_type: str) -> str:
+        """``auto`` resolved: deferred (no per-step sync) where the sync costs, on CUDA."""
+        if self.nonfinite_check != "auto":
+            return self.nonfinite_check
+        fused_capable = self.optimizer == "lars" or self.fused_optimizer
+        return "deferred" if device_type == "cuda" and fused_capable else "step"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,0 +1,154 @@
+"""Non-finite step skipping without a host sync (dlperf/train/guard.py): the device-side skip in
+fused SGD, LARS and the EMA, and whole runs in deferred mode against step mode."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from dlperf.errors import DlperfError
+from dlperf.train import checkpoint as ckpt
+from dlperf.train.guard import EMA, NonFinite, prepare_deferred
+from dlperf.train.loop import LARS, train
+from dlperf.train.recipes import TrainConfig
+from test_train import NAN_MODEL, _cfg, toy  # noqa: F401  (toy is a fixture)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5),
+                               torch.nn.Linear(5, 3))
+
+
+def _grads(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def test_ema_matches_torch_reference_and_keep_zero_is_a_no_op():
+    model = _model()
+    ours, ref = EMA(model, 0.9), AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9),
+                                               use_buffers=True)
+    for seed in range(4):  # the first update copies, the rest average (buffers too)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+        model(torch.randn(8, 6))  # moves BatchNorm's running stats
+        ours.update_parameters(model)
+        ref.update_parameters(model)
+    for (k, a), (_, b) in zip(ours.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), k
+    before = copy.deepcopy(ours.state_dict())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)
+    ours.keep = torch.tensor(0.0)
+    ours.update_parameters(model)
+    after = ours.state_dict()
+    for k in before:
+        if k != "n_averaged":
+            assert torch.equal(before[k], after[k]), k
+    ours.keep = torch.tensor(1.0)  # keep == 1: the same bits as the scalar update
+    ref.update_parameters(model)
+    ours.update_parameters(model)
+    for (k, a), (_, b) in zip(ours.state_dict().items(), ref.state_dict().items()):
+        if k != "n_averaged":
+            assert torch.equal(a, b), k
+
+
+def test_fused_sgd_skips_on_device_and_a_skipped_first_step_leaves_zero_momentum():
+    a, b = _model(), _model()
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
+                            fused=True)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
+                            fused=True)
+    prepare_deferred(opt_a)
+    start = [p.detach().clone() for p in a.parameters()]
+    _grads(a, 1)
+    opt_a.grad_scale, opt_a.found_inf = None, torch.tensor(1.0)  # skipped first step
+    opt_a.step()
+    for p, p0 in zip(a.parameters(), start):
+        assert torch.equal(p, p0)
+        assert torch.count_nonzero(opt_a.state[p]["momentum_buffer"]) == 0
+    opt_a.found_inf = torch.tensor(0.0)
+    for opt, model in ((opt_a, a), (opt_b, b)):  # then the same step on both
+        _grads(model, 2)
+        opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)  # 0.9 * 0 + g == g: exactly the first-step result
+
+
+@pytest.mark.parametrize("found", [None, 0.0, 1.0])
+def test_lars_found_inf(found):
+    a, b = _model(), _model()
+    opt_a = LARS(a.parameters(), lr=0.5, momentum=0.9, weight_decay=1e-4)
+    opt_b = LARS(b.parameters(), lr=0.5, momentum=0.9, weight_decay=1e-4)
+    for step in range(3):
+        _grads(a, step)
+        _grads(b, step)
+        opt_a.step()  # reference: no found_inf attribute at all
+        if found is not None and step == 2:
+            opt_b.found_inf = torch.tensor(found)
+        elif found is not None:
+            opt_b.found_inf = torch.tensor(0.0)
+        before = [p.detach().clone() for p in b.parameters()]
+        opt_b.step()
+    for p, q, p0 in zip(a.parameters(), b.parameters(), before):
+        if found == 1.0:  # the last step was skipped
+            assert torch.equal(q, p0)
+        else:
+            assert torch.equal(p, q)
+
+
+def test_deferred_run_skips_the_same_steps_as_step_mode(toy, tmp_path):  # noqa: F811
+    f = tmp_path / "flaky.py"
+    f.write_text(NAN_MODEL.replace("{BAD}", "{2, 3}"))
+    results = {}
+    for mode in ("step", "deferred"):
+        out = tmp_path / mode
+        cfg = _cfg(toy, out, model=f"{f}:make", epochs=1, val_data="none", checkpoint_every=1,
+                   keep_last=10, ema_decay=0.9, nonfinite_check=mode, deterministic=True)
+        summary = train(cfg, resume=None, progress=False, mfu=False)
+        assert summary["skipped_steps"] == 2
+        results[mode] = {c.step: ckpt.load(c.path) for c in ckpt.complete(out / "checkpoints")}
+        events = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+        bad = [e for e in events if e["kind"] == "nonfinite"]
+        # step mode: one event per skipped step; deferred: one per check that found skips,
+        # here the checkpoint after each step, so also one per skipped step
+        assert len(bad) == 2, bad
+    for mode, states in results.items():
+        w = "net.conv1.weight"
+        assert torch.equal(states[2]["model"][w], states[4]["model"][w]), mode
+        assert torch.equal(states[2]["ema"]["module.net.conv1.weight"],
+                           states[4]["ema"]["module.net.conv1.weight"]), mode
+        assert not torch.equal(states[4]["model"][w], states[5]["model"][w]), mode
+    # fused (deferred) vs foreach (step) SGD kernels: the same arithmetic up to rounding
+    last = max(results["step"])
+    for key, value in results["step"][last]["model"].items():
+        torch.testing.assert_close(results["deferred"][last]["model"][key], value,
+                                   rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_deferred_persistent_nonfinite_stops_at_the_next_check(toy, tmp_path):  # noqa: F811
+    f = tmp_path / "bad.py"
+    f.write_text(NAN_MODEL.replace("{BAD}", "set(range(1000))"))
+    cfg = _cfg(toy, tmp_path / "m", model=f"{f}:make", epochs=1, val_data="none",
+               max_nonfinite_steps=3, nonfinite_check="deferred", log_every=5)
+    with pytest.raises(NonFinite, match=r"5 consecutive steps .* at step 5"):
+        train(cfg, resume=None, progress=False, mfu=False)
+    assert not ckpt.complete(Path(tmp_path / "m" / "checkpoints"))
+
+
+def test_nonfinite_check_config():
+    assert TrainConfig().nonfinite_mode("cuda") == "deferred"
+    assert TrainConfig().nonfinite_mode("cpu") == "step"
+    assert TrainConfig(fused_optimizer=False).nonfinite_mode("cuda") == "step"
+    assert TrainConfig(nonfinite_check="deferred").nonfinite_mode("cpu") == "deferred"
+    with pytest.raises(DlperfError, match="nonfinite_check must be"):
+        TrainConfig(nonfinite_check="never")
+    with pytest.raises(DlperfError, match="needs fused_optimizer=true"):
+        TrainConfig(nonfinite_check="deferred", fused_optimizer=False)
