@@ -4,8 +4,10 @@
 # On the lent device machine: python3 there already holds torch, torchvision and rich; dlperf is
 # pure Python and runs from this checkout via PYTHONPATH. Copy $OUT/*.json to
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
+# One failed or timed-out step must not cost the others' results: each is run through `step`.
+step() { "$@" || echo "FAILED (exit $?): $*" >&2; }
 OUT=${OUT:-benchmarks/results/device}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -13,28 +15,41 @@ PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > "$OUT/gpu.csv" || true
 
 # 1. Ceilings: matmul fp32/tf32/bf16/fp16/fp8, conv bf16, copy bandwidth, launch overhead.
-timeout 120 $PY -m dlperf probe --device cuda --out "$OUT/probe.json"
+step timeout 120 $PY -m dlperf probe --device cuda --out "$OUT/probe.json"
 
 # 2. Predicted (datasheet preset) vs measured, per kernel: ResNet-50 training, the record recipe's
 #    layout and precision, then the NCHW fp32 baseline, then a GPT block stack.
-timeout 150 $PY -m dlperf analyze resnet50 --device h200 --batch-size 256 --dtype bf16 --train \
+step timeout 150 $PY -m dlperf analyze resnet50 --device h200 --batch-size 256 --dtype bf16 --train \
     --channels-last --measure --measure-steps 5 --top 15 --json "$OUT/resnet50-bf16-cl.json"
-timeout 100 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtype fp32 --train \
+step timeout 100 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtype fp32 --train \
     --measure --measure-steps 3 --top 10 --json "$OUT/resnet50-fp32-nchw.json"
-timeout 100 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
+step timeout 100 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
     --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
     --json "$OUT/gpt-350m-bf16.json"
 # 3. Training throughput (issue #4 goal: >= 8,000 img/s on an H200, bf16, channels_last,
 #    compiled, synthetic data): the ladder without compile, then a compiled run with MFU.
-timeout 120 $PY -m dlperf bench train --model resnet50 --image-size 224 --batch-size 256 \
+step timeout 120 $PY -m dlperf bench train --model resnet50 --image-size 224 --batch-size 256 \
     --steps 10 --warmup 5 --out "$OUT/train-ladder-gpu.json"
-timeout 240 $PY -m dlperf train --recipe resnet50-90ep --no-progress --resume never \
-    data=synthetic steps_per_epoch=60 epochs=1 batch_size=256 compile=default \
-    out_dir=/tmp/dlperf-train-synthetic && cp /tmp/dlperf-train-synthetic/summary.json "$OUT/train-summary.json"
+TRAIN="$PY -m dlperf train --recipe resnet50-90ep --no-progress --resume never data=synthetic \
+    epochs=1 batch_size=256"
+step timeout 240 $TRAIN steps_per_epoch=60 compile=default out_dir=/tmp/dlperf-compiled
+#    The per-step host sync of the non-finite check against the deferred, sync-free one, eager.
+step timeout 60 $TRAIN steps_per_epoch=50 nonfinite_check=step out_dir=/tmp/dlperf-sync-step
+step timeout 60 $TRAIN steps_per_epoch=50 nonfinite_check=deferred out_dir=/tmp/dlperf-sync-deferred
+step $PY - "$OUT/train-summaries.json" <<'PYEOF'
+import json, pathlib, sys
+runs = {"compiled": "/tmp/dlperf-compiled", "eager_sync_per_step": "/tmp/dlperf-sync-step",
+        "eager_deferred_check": "/tmp/dlperf-sync-deferred"}
+out = {}
+for name, folder in runs.items():
+    f = pathlib.Path(folder) / "summary.json"
+    out[name] = json.loads(f.read_text()) if f.exists() else None
+pathlib.Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+PYEOF
 
 # 4. The GPU input path on the JPEG corpus (carry it or point DATA at a copy on the machine).
 DATA=${DATA:-../shared/data/imagenet-like}
 if [ -d "$DATA" ]; then
-  timeout 90 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json" --epochs 10
+  step timeout 90 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json" --epochs 10
 fi
 ls -la "$OUT"
