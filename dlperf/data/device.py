@@ -8,6 +8,8 @@ work is trivial next to the model (and torch.compile fuses it into one kernel).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -25,10 +27,27 @@ def normalize_nhwc(images: torch.Tensor, device: torch.device | str | None = Non
         raise ValueError(f"expected uint8 [N, H, W, C], got {images.dtype} {list(images.shape)}")
     x = images.to(device or images.device, non_blocking=non_blocking)
     x = x.permute(0, 3, 1, 2)  # a view: [N, C, H, W] with NHWC strides = channels_last
-    c = x.shape[1]
-    mean_t = torch.zeros(c, dtype=torch.float32, device=x.device)
-    std_t = torch.ones(c, dtype=torch.float32, device=x.device)
+    mean_t, std_t = _channel_stats(x.device, x.shape[1], tuple(mean), tuple(std))
+    out = (x.float() - mean_t) / std_t
+    return out.to(dtype).contiguous(memory_format=torch.channels_last)
+
+
+@functools.lru_cache(maxsize=16)
+def _channel_stats(device: torch.device, c: int, mean: tuple, std: tuple):
+    """Mean/std as [1, C, 1, 1] tensors on ``device``, made once: building them every batch
+    copied from pageable host memory, which waits for the whole CUDA stream (a hidden host
+    sync per training step)."""
+    mean_t = torch.zeros(c, dtype=torch.float32)
+    std_t = torch.ones(c, dtype=torch.float32)
     mean_t[:3] = torch.tensor(mean, dtype=torch.float32)
     std_t[:3] = torch.tensor(std, dtype=torch.float32)
-    out = (x.float() - mean_t.view(1, c, 1, 1)) / std_t.view(1, c, 1, 1)
-    return out.to(dtype).contiguous(memory_format=torch.channels_last)
+    return (mean_t.view(1, c, 1, 1).to(device), std_t.view(1, c, 1, 1).to(device))
+
+
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor onto ``device`` without a host sync: ``torch.tensor(..., device=
+    "cuda")`` copies from pageable memory and waits for the stream; from pinned memory (the
+    caching host allocator keeps the block until the copy is done) the copy is asynchronous."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -26,6 +26,7 @@ import torch
 
 from dlperf.data.augment import CropPlan
 from dlperf.data.decode import BadImage, decode_into, image_header, use_single_threaded_opencv
+from dlperf.data.device import host_to_device
 from dlperf.data.loader import Batch, EpochReport, Loader, LoaderConfig
 from dlperf.data.sources import Source
 from dlperf.errors import DlperfError
@@ -70,12 +71,12 @@ def crop_resize_batch(images: list[torch.Tensor], boxes: list[tuple], flips: lis
         for i in range(start, end):
             img = images[i]
             pack[i - start, :, :img.shape[1], :img.shape[2]] = img
-        rois = torch.tensor([[i - start, *boxes[i]] for i in range(start, end)],
-                            dtype=compute, device=device)
+        rois = host_to_device(torch.tensor([[i - start, *boxes[i]] for i in range(start, end)],
+                                           dtype=compute), device)
         # aligned=True: pixel centres at +0.5, so a box of the full image maps exactly.
         res = roi_align(pack, rois, output_size=(size, size), spatial_scale=1.0,
                         sampling_ratio=-1, aligned=True)
-        flip = torch.tensor(flips[start:end], device=device)
+        flip = host_to_device(torch.tensor(flips[start:end]), device)
         res = torch.where(flip.view(-1, 1, 1, 1), res.flip(-1), res)
         out[start:end] = res.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
         start = end
@@ -185,7 +186,7 @@ class GpuLoader(Loader):
             out = (crop_resize_batch(images, boxes, flips, cfg.size) if images else
                    torch.empty((0, cfg.size, cfg.size, 3), dtype=torch.uint8, device=self.device))
             self._next_batch = k + 1
-            yield Batch(out, torch.tensor(labels, dtype=torch.int64, device=self.device),
+            yield Batch(out, host_to_device(torch.tensor(labels, dtype=torch.int64), self.device),
                         ids[kept], sum(1 for row in kept if first + row >= real))
         self.reports.append(self.report.summary())
         self.epoch += 1

@@ -174,6 +174,12 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str, steps_per_epoch
     return 0.1 ** sum(epoch >= total_epochs * m for m in (1 / 3, 2 / 3, 8 / 9))
 
 
+def host_lr(scheduler) -> float:
+    """The current learning rate of the first group, computed on the host: reading the group's
+    value would sync when it is a device tensor (CUDA graphs keep it on the device)."""
+    return scheduler.base_lrs[0] * scheduler.lr_lambdas[0](scheduler.last_epoch)
+
+
 def image_size_at(cfg: TrainConfig, epoch: int) -> int:
     """Progressive resizing: min_image_size -> image_size linearly over the first 3/4 of the run
     (multiples of 32), then image_size (fast.ai's low-to-high schedule)."""
@@ -417,7 +423,9 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     if step == 0 and cfg.compile:
                         compile_s = time.perf_counter() - t0
                     scaler.unscale_(optimizer)
-                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+                    # The norm only (no clipping pass over the gradients): the guard's input.
+                    grad_norm = torch.nn.utils.get_total_norm(
+                        [p.grad for p in model.parameters() if p.grad is not None])
                     finite = guard.step(optimizer, model, ema, loss_sum, grad_norm, step)
                     scaler.update()
                     optimizer.zero_grad(set_to_none=True)
@@ -441,18 +449,24 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                         epoch_stats["loss"] = epoch_stats["loss"] + torch.where(finite, loss_sum,
                                                                                 0.0)
                         epoch_stats["n"] = epoch_stats["n"] + finite
+                    lr_now = host_lr(scheduler)
                     if step % cfg.log_every == 0:
                         guard.check(step)  # deferred mode: counters read where we sync anyway
                         last_loss = float(loss_sum)
-                        log.event("step", step=step, epoch=epoch, loss=last_loss,
-                                  lr=scheduler.get_last_lr()[0], img_per_s=tput.img_per_s,
-                                  data_wait=tput.data_wait_share, skipped=guard.skipped)
-                    bar.advance(last_loss, scheduler.get_last_lr()[0], tput)
+                        log.event("step", step=step, epoch=epoch, loss=last_loss, lr=lr_now,
+                                  img_per_s=tput.img_per_s, data_wait=tput.data_wait_share,
+                                  skipped=guard.skipped)
+                    bar.advance(last_loss, lr_now, tput)
                     if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                         save(reason="interval")
-                    stop = signals.caught is not None or (stop_at_step is not None
-                                                          and step >= stop_at_step)
-                    if D.any_rank(stop, info):
+                    at_stop_step = stop_at_step is not None and step >= stop_at_step
+                    caught = signals.caught is not None
+                    if info.enabled and not at_stop_step:
+                        # Every rank must agree to stop on a signal any of them caught; that is
+                        # a collective and a host sync, so it runs at logging steps (the same
+                        # steps on every rank), not every step.
+                        caught = step % cfg.log_every == 0 and D.any_rank(caught, info)
+                    if at_stop_step or caught:
                         saved = save(reason="preempted")
                         D.barrier(info)
                         raise Preempted(f"stopped at step {step} (signal {signals.caught or '-'}); "
@@ -462,7 +476,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                 guard.check(step)
                 row = {"epoch": epoch, "step": step,
                        "loss": float(epoch_stats["loss"]) / max(1, int(epoch_stats["n"])),
-                       "lr": scheduler.get_last_lr()[0], "img_per_s": tput.img_per_s,
+                       "lr": host_lr(scheduler), "img_per_s": tput.img_per_s,
                        "data_wait": tput.data_wait_share, "image_size": image_size,
                        "skipped_steps": guard.skipped}
                 if val_loader is not None and (epoch + 1) % cfg.eval_every == 0:
