@@ -25,6 +25,7 @@ import json, pathlib, sys
 runs = {"compiled": "/tmp/dlperf-compiled/summary.json",
         "eager_sync_per_step": "/tmp/dlperf-sync-step/summary.json",
         "eager_deferred_check": "/tmp/dlperf-sync-deferred/summary.json",
+        "eager_cuda_graphs": "/tmp/dlperf-graphs/summary.json",
         "sync_audit": "/tmp/dlperf-sync-audit.json"}
 out = {}
 for name, path in runs.items():
@@ -54,10 +55,13 @@ step timeout 120 $PY -m dlperf analyze resnet50 --device h200 --batch-size 256 -
     --channels-last --measure --measure-steps 5 --top 15 --json "$OUT/resnet50-bf16-cl.json"
 
 # 5. Host syncs: the per-step sync of the non-finite check against the deferred one (eager),
-#    then which lines still make the host wait for the GPU (set_sync_debug_mode).
+#    then which lines still make the host wait for the GPU (set_sync_debug_mode), then the
+#    step captured as a CUDA graph.
 step timeout 60 $TRAIN steps_per_epoch=50 nonfinite_check=step out_dir=/tmp/dlperf-sync-step
 step timeout 60 $TRAIN steps_per_epoch=50 nonfinite_check=deferred out_dir=/tmp/dlperf-sync-deferred
 step timeout 60 $PY benchmarks/sync_audit.py /tmp/dlperf-sync-audit.json --steps 40
+#    The whole step as one CUDA graph (eager model), against the deferred eager run above.
+step timeout 60 $TRAIN steps_per_epoch=50 cuda_graphs=true out_dir=/tmp/dlperf-graphs
 collect
 
 # 6. The speed-up ladder (one change per rung), then the fp32 NCHW baseline and a GPT stack

@@ -152,3 +152,126 @@ def test_nonfinite_check_config():
         TrainConfig(nonfinite_check="never")
     with pytest.raises(DlperfError, match="needs fused_optimizer=true"):
         TrainConfig(nonfinite_check="deferred", fused_optimizer=False)
+
+
+# ---------------------------------------------------------------- CUDA graphs (train/graphs.py)
+def _sgd_pair(kind):
+    a, b = _model(), _model()
+    if kind == "lars":
+        return a, b, LARS(a.parameters(), lr=0.5, momentum=0.9), LARS(b.parameters(), lr=0.5,
+                                                                      momentum=0.9)
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9,  # noqa: E731
+                                     weight_decay=1e-4, fused=True)
+    return a, b, make(a), make(b)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "lars"])
+def test_tensor_learning_rates_read_in_place_match_float_ones(kind):
+    # A replayed graph reads the lr from device memory that the scheduler fill_s; the updates
+    # must be exactly those of plain float learning rates.
+    from dlperf.train.graphs import tensor_learning_rates
+
+    a, b, opt_a, opt_b = _sgd_pair(kind)
+    tensor_learning_rates(opt_b, torch.device("cpu"))
+    lr_tensor = opt_b.param_groups[0]["lr"]
+    sched_a = torch.optim.lr_scheduler.LambdaLR(opt_a, lambda s: 0.7 ** s)
+    sched_b = torch.optim.lr_scheduler.LambdaLR(opt_b, lambda s: 0.7 ** s)
+    for step in range(5):
+        for model, opt, sched in ((a, opt_a, sched_a), (b, opt_b, sched_b)):
+            _grads(model, step)
+            opt.found_inf = torch.tensor(0.0)
+            opt.grad_scale = None
+            opt.step()
+            del opt.found_inf, opt.grad_scale
+            sched.step()
+        assert opt_b.param_groups[0]["lr"] is lr_tensor  # same memory, new value
+        assert lr_tensor.item() == pytest.approx(0.5 * 0.7 ** (step + 1))
+    for p, q in zip(a.parameters(), b.parameters()):
+        if kind == "sgd":  # the fused kernel reads a float32 lr either way: the same bits
+            assert torch.equal(p, q)
+        else:  # LARS: p - u * lr against p.add_(u, alpha=-lr) (a fused multiply-add)
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_checkpointed_learning_rates_are_floats_and_the_optimizer_keeps_its_tensors():
+    from dlperf.train.graphs import float_learning_rates, tensor_learning_rates
+
+    _, b, _, opt = _sgd_pair("sgd")
+    tensor_learning_rates(opt, torch.device("cpu"))
+    state = float_learning_rates(opt.state_dict())
+    assert all(type(g["lr"]) is float for g in state["param_groups"])
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+    fresh = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9, fused=True)
+    fresh.load_state_dict(state)
+    assert fresh.param_groups[0]["lr"] == 0.5
+
+
+def test_graphed_step_eager_fallback_trains_like_the_plain_step():
+    # capture=False runs the graph's body eagerly: the same update as the loop's own path.
+    from dlperf.train.graphs import GraphedStep
+    from dlperf.train.guard import StepGuard
+
+    class _Log:
+        def event(self, *a, **k):
+            pass
+
+    results = []
+    for graphed in (False, True):
+        model, _, opt, _ = _sgd_pair("sgd")
+        prepare_deferred(opt)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        guard = StepGuard("deferred", 3, scaler, torch.device("cpu"), _Log())
+        loss_fn = torch.nn.CrossEntropyLoss()
+        step = GraphedStep(model, model, loss_fn, opt, guard, None, None, torch.device("cpu"),
+                           capture=False)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(4):
+            x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+            if graphed:
+                loss, norm, applied = step(x, y)
+                assert bool(applied) and torch.isfinite(norm)
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+                guard.step(opt, model, None, loss.detach().float(), norm, 0)
+        results.append([p.detach().clone() for p in model.parameters()])
+    for p, q in zip(*results):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(cuda_graphs=True, compile="default"), "cuda_graphs and compile are exclusive"),
+    (dict(cuda_graphs=True, dtype="fp16"), "does not support fp16"),
+    (dict(cuda_graphs=True, grad_accum=2, batch_size=64), "needs grad_accum=1"),
+    (dict(cuda_graphs=True, nonfinite_check="step"), "needs nonfinite_check=deferred"),
+    (dict(cuda_graphs=True, fused_optimizer=False), "needs fused_optimizer=true"),
+])
+def test_cuda_graphs_config_refusals(overrides, message):
+    with pytest.raises(DlperfError, match=message):
+        TrainConfig(**overrides)
+    assert TrainConfig(cuda_graphs=True).nonfinite_mode("cuda") == "deferred"
+
+
+def test_cuda_graphs_without_a_gpu_is_one_clear_error(toy, tmp_path):  # noqa: F811
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    cfg = _cfg(toy, tmp_path / "g", cuda_graphs=True, epochs=1)
+    with pytest.raises(DlperfError, match="cuda_graphs=true needs a CUDA GPU"):
+        train(cfg, resume=None, progress=False, mfu=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graph_replays_train_like_eager(toy, tmp_path):  # noqa: F811
+    eager = train(_cfg(toy, tmp_path / "e", epochs=2, device="cuda", dtype="fp32",
+                       deterministic=True, nonfinite_check="deferred"),
+                  resume=None, progress=False, mfu=False)
+    graphs = train(_cfg(toy, tmp_path / "c", epochs=2, device="cuda", dtype="fp32",
+                        deterministic=True, cuda_graphs=True),
+                   resume=None, progress=False, mfu=False)
+    a, _ = ckpt.load_latest(tmp_path / "e" / "checkpoints")
+    b, _ = ckpt.load_latest(tmp_path / "c" / "checkpoints")
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert graphs["eval"]["top1"] == pytest.approx(eager["eval"]["top1"], abs=0.05)

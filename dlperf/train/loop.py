@@ -30,6 +30,7 @@ from dlperf.report import write_json_atomic
 from dlperf.train import checkpoint as ckpt
 from dlperf.train import distributed as D
 from dlperf.train import speedups
+from dlperf.train.graphs import GraphedStep, float_learning_rates
 from dlperf.train.guard import EMA, NonFinite, StepGuard, prepare_deferred  # noqa: F401
 from dlperf.train.metrics import RunLog, Throughput, flops_per_image, peak_flops
 from dlperf.train.recipes import TrainConfig
@@ -143,7 +144,12 @@ class LARS(torch.optim.Optimizer):
                 if buf is None:  # same values as the first-step clone when not skipped
                     buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p)
                 buf.copy_(torch.where(skip, buf, buf * group["momentum"] + g))
-                p.add_(torch.where(skip, torch.zeros_like(buf), buf), alpha=-group["lr"])
+                update = torch.where(skip, torch.zeros_like(buf), buf)
+                lr = group["lr"]
+                if isinstance(lr, torch.Tensor):  # CUDA graphs: read from device memory
+                    p.sub_(update * lr)
+                else:
+                    p.add_(update, alpha=-lr)
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device):
@@ -324,6 +330,16 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                       info.device, log)
     if guard.mode == "deferred":
         prepare_deferred(optimizer)
+    graphed = None
+    if cfg.cuda_graphs:
+        if info.device.type != "cuda":
+            raise DlperfError("cuda_graphs=true needs a CUDA GPU (this run is on "
+                              f"{info.device.type}); drop it")
+        if info.enabled:
+            raise DlperfError("cuda_graphs=true is single-process for now (DDP's collectives "
+                              "are not captured); drop it or run one process")
+        graphed = GraphedStep(model, run_model, loss_fn, optimizer, guard, ema, dtype,
+                              info.device)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
     step, start_epoch, best = 0, 0, None
@@ -361,7 +377,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
             rng = [torch.load(io.BytesIO(b), weights_only=True) for b in gathered]
         if not info.is_main:
             return None
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        state = {"model": model.state_dict(),
+                 "optimizer": float_learning_rates(optimizer.state_dict()),
                  "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                  "ema": ema.state_dict() if ema is not None else None,
                  "loader": train_loader.state_dict(), "rng": rng, "step": step,
@@ -410,25 +427,29 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                         inputs.append((x, y, len(b)))
                     if len(inputs) < cfg.grad_accum:
                         break
-                    loss_sum, n_img = 0.0, 0
-                    for i, (x, y, n) in enumerate(inputs):
-                        sync = (ddp_model.no_sync() if info.enabled and i < len(inputs) - 1
-                                else nullcontext())
-                        with sync, (torch.autocast(info.device.type, dtype=dtype) if dtype
-                                    else nullcontext()):
-                            loss = loss_fn(run_model(x), y) / cfg.grad_accum
-                        scaler.scale(loss).backward()
-                        loss_sum += loss.detach().float()
-                        n_img += n
-                    if step == 0 and cfg.compile:
-                        compile_s = time.perf_counter() - t0
-                    scaler.unscale_(optimizer)
-                    # The norm only (no clipping pass over the gradients): the guard's input.
-                    grad_norm = torch.nn.utils.get_total_norm(
-                        [p.grad for p in model.parameters() if p.grad is not None])
-                    finite = guard.step(optimizer, model, ema, loss_sum, grad_norm, step)
+                    if graphed is not None:  # forward .. optimizer, one graph replay
+                        x, y, n_img = inputs[0]
+                        loss_sum, grad_norm, finite = graphed(x, y)
+                    else:
+                        loss_sum, n_img = 0.0, 0
+                        for i, (x, y, n) in enumerate(inputs):
+                            sync = (ddp_model.no_sync() if info.enabled and i < len(inputs) - 1
+                                    else nullcontext())
+                            with sync, (torch.autocast(info.device.type, dtype=dtype) if dtype
+                                        else nullcontext()):
+                                loss = loss_fn(run_model(x), y) / cfg.grad_accum
+                            scaler.scale(loss).backward()
+                            loss_sum += loss.detach().float()
+                            n_img += n
+                        if step == 0 and cfg.compile:
+                            compile_s = time.perf_counter() - t0
+                        scaler.unscale_(optimizer)
+                        # The norm only (no clipping pass over the gradients): the guard's input.
+                        grad_norm = torch.nn.utils.get_total_norm(
+                            [p.grad for p in model.parameters() if p.grad is not None])
+                        finite = guard.step(optimizer, model, ema, loss_sum, grad_norm, step)
+                        optimizer.zero_grad(set_to_none=True)
                     scaler.update()
-                    optimizer.zero_grad(set_to_none=True)
                     with warnings.catch_warnings():  # a skipped step still advances the schedule
                         warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
                         scheduler.step()

@@ -55,6 +55,7 @@ class TrainConfig:
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
     cudnn_benchmark: bool = True
     fused_optimizer: bool = True
+    cuda_graphs: bool = False  # the whole step replayed as one CUDA graph (train/graphs.py)
     # data pipeline
     data_backend: str = "cpu"  # cpu (dlperf threads) | gpu (nvJPEG + batched crops) | dali
     threads: int = 0
@@ -99,6 +100,18 @@ class TrainConfig:
             (not (self.data_backend == "dali" and self.min_image_size),
              "progressive resizing (min_image_size) is not supported with data_backend=dali"),
             (self.lr_per_256 > 0, "lr_per_256 must be positive"),
+            (not (self.cuda_graphs and self.compile),
+             "cuda_graphs and compile are exclusive (compile=reduce-overhead already replays "
+             "CUDA graphs); choose one"),
+            (not (self.cuda_graphs and self.dtype == "fp16"),
+             "cuda_graphs does not support fp16 loss scaling; use dtype=bf16"),
+            (not (self.cuda_graphs and self.grad_accum > 1),
+             "cuda_graphs needs grad_accum=1 (one captured step per batch)"),
+            (not (self.cuda_graphs and self.nonfinite_check == "step"),
+             "cuda_graphs needs nonfinite_check=deferred or auto (a per-step host sync cannot "
+             "be captured)"),
+            (not (self.cuda_graphs and self.optimizer == "sgd" and not self.fused_optimizer),
+             "cuda_graphs needs fused_optimizer=true"),
             (self.nonfinite_check in ("auto", "step", "deferred"),
              f"nonfinite_check must be auto, step or deferred, got {self.nonfinite_check!r}"),
             (not (self.nonfinite_check == "deferred" and self.optimizer == "sgd"
@@ -119,6 +132,8 @@ class TrainConfig:
         """``auto`` resolved: deferred (no per-step sync) where the sync costs, on CUDA."""
         if self.nonfinite_check != "auto":
             return self.nonfinite_check
+        if self.cuda_graphs:
+            return "deferred"
         fused_capable = self.optimizer == "lars" or self.fused_optimizer
         return "deferred" if device_type == "cuda" and fused_capable else "step"
 

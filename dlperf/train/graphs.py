@@ -1,0 +1,110 @@
+"""The whole training step as one CUDA graph (TrainConfig.cuda_graphs).
+
+Forward, loss, backward, gradient norm, the non-finite guard, the fused optimizer update and
+the EMA are captured once per input shape and replayed: one launch instead of ~1,000 kernel
+launches per ResNet-50 step, so the step no longer depends on how fast Python issues kernels
+(performance guide, "launch overhead"; NVIDIA's DeepLearningExamples `--cuda-graphs`). It is the
+eager counterpart of ``compile=reduce-overhead`` and possible only because nothing in the step
+waits for the host: the guard runs in deferred mode (found_inf on the device).
+
+What a replayed graph needs, and where it is arranged:
+* static memory: inputs are copied into tensors the graph reads; gradients are allocated by the
+  captured backward and rewritten in place by every replay (never set to None afterwards);
+* values that change between steps live in device tensors the graph reads: each param group's
+  learning rate becomes a 0-dim tensor that LambdaLR ``fill_``s in place, the loss-scale-free
+  found_inf flag is computed inside the graph;
+* warm-up: the first ``warmup`` steps of each shape run eagerly on a side stream (cuDNN picks
+  its algorithms, the optimizer state exists) before capture, as PyTorch's whole-network capture
+  recipe prescribes; they are real training steps;
+* autocast without its weight cache (cached casts would outlive the capture).
+
+Not combined with: torch.compile (reduce-overhead already uses graphs), fp16 loss scaling,
+gradient accumulation, more than one process (DDP's collectives), non-finite check ``step``.
+Each is refused with a one-line error in TrainConfig or train().
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+
+def tensor_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Give each param group a device tensor learning rate (kept if it already has one), so a
+    captured optimizer step reads the value the scheduler writes in place."""
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        if not (isinstance(lr, torch.Tensor) and lr.device == device):
+            group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
+
+
+def float_learning_rates(state: dict) -> dict:
+    """An optimizer state_dict with plain float learning rates (portable checkpoints: a run
+    without graphs, or on another device, resumes from it)."""
+    for group in state["param_groups"]:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return state
+
+
+class GraphedStep:
+    """``step(x, y) -> (loss, grad_norm, applied)``; with ``capture=False`` the same step runs
+    eagerly every time (the CPU, and tests)."""
+
+    def __init__(self, model, run_model, loss_fn, optimizer, guard, ema, dtype,
+                 device: torch.device, capture: bool = True, warmup: int = 3):
+        self.model, self.run_model, self.loss_fn = model, run_model, loss_fn
+        self.optimizer, self.guard, self.ema, self.dtype = optimizer, guard, ema, dtype
+        self.device, self.capture, self.warmup = device, capture, warmup
+        self._graphs: dict = {}  # input signature -> (graph, static x, static y, outputs)
+        self._eager_calls: dict = {}
+        self._pool = None  # one memory pool shared by the graphs of every shape
+        self.captures = 0
+
+    def _body(self, x: torch.Tensor, y: torch.Tensor):
+        autocast = (torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=False)
+                    if self.dtype else nullcontext())
+        with autocast:
+            loss = self.loss_fn(self.run_model(x), y)
+        loss.backward()
+        loss_sum = loss.detach().float()
+        grad_norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in self.model.parameters() if p.grad is not None])
+        applied = self.guard.step(self.optimizer, self.model, self.ema, loss_sum, grad_norm,
+                                  step=-1)
+        return loss_sum, grad_norm, applied
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor):
+        key = (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(y.shape))
+        entry = self._graphs.get(key)
+        if entry is None:
+            calls = self._eager_calls.get(key, 0)
+            if not self.capture or calls < self.warmup:
+                self._eager_calls[key] = calls + 1
+                self.optimizer.zero_grad(set_to_none=True)
+                if not self.capture:
+                    return self._body(x, y)
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    out = self._body(x, y)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                return out
+            entry = self._graphs[key] = self._capture(x, y)
+        graph, static_x, static_y, outputs = entry
+        static_x.copy_(x, non_blocking=True)
+        static_y.copy_(y, non_blocking=True)
+        graph.replay()
+        return outputs
+
+    def _capture(self, x: torch.Tensor, y: torch.Tensor):
+        tensor_learning_rates(self.optimizer, self.device)
+        static_x, static_y = x.clone(), y.clone()  # clone keeps channels_last strides
+        self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates them
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._body(static_x, static_y)
+        self._pool = graph.pool()
+        self.captures += 1
+        return graph, static_x, static_y, outputs
