@@ -275,3 +275,15 @@ def test_cuda_graph_replays_train_like_eager(toy, tmp_path):  # noqa: F811
     for key, value in a["model"].items():
         torch.testing.assert_close(b["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
     assert graphs["eval"]["top1"] == pytest.approx(eager["eval"]["top1"], abs=0.05)
+
+
+def test_a_scheduler_that_assigns_floats_still_reaches_the_captured_lr():
+    # Older LRSchedulers replace a tensor lr by a float; the graph would keep reading the old
+    # tensor. keep_learning_rates_in_place writes the value into it and restores it.
+    from dlperf.train.graphs import keep_learning_rates_in_place, tensor_learning_rates
+
+    _, _, _, opt = _sgd_pair("sgd")
+    captured = tensor_learning_rates(opt, torch.device("cpu"))
+    opt.param_groups[0]["lr"] = 0.125  # what such a scheduler does
+    keep_learning_rates_in_place(opt, captured)
+    assert opt.param_groups[0]["lr"] is captured[0] and captured[0].item() == 0.125

@@ -30,13 +30,24 @@ from contextlib import nullcontext
 import torch
 
 
-def tensor_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+def tensor_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device) -> list:
     """Give each param group a device tensor learning rate (kept if it already has one), so a
-    captured optimizer step reads the value the scheduler writes in place."""
+    captured optimizer step reads the value the scheduler writes in place; returns them."""
     for group in optimizer.param_groups:
         lr = group["lr"]
         if not (isinstance(lr, torch.Tensor) and lr.device == device):
             group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
+    return [group["lr"] for group in optimizer.param_groups]
+
+
+def keep_learning_rates_in_place(optimizer: torch.optim.Optimizer, tensors: list) -> None:
+    """After a scheduler step: where the group's lr is no longer the captured tensor (torch
+    versions whose LRScheduler assigns a float instead of ``fill_``-ing a tensor), write the new
+    value into the captured tensor and put it back, so replays never train on a stale lr."""
+    for group, tensor in zip(optimizer.param_groups, tensors):
+        if group["lr"] is not tensor:
+            tensor.fill_(float(group["lr"]))  # a float from the scheduler: no sync
+            group["lr"] = tensor
 
 
 def float_learning_rates(state: dict) -> dict:
@@ -60,7 +71,12 @@ class GraphedStep:
         self._graphs: dict = {}  # input signature -> (graph, static x, static y, outputs)
         self._eager_calls: dict = {}
         self._pool = None  # one memory pool shared by the graphs of every shape
+        self._lrs: list = []  # the lr tensors the graphs read
         self.captures = 0
+
+    def after_scheduler_step(self) -> None:
+        if self._lrs:
+            keep_learning_rates_in_place(self.optimizer, self._lrs)
 
     def _body(self, x: torch.Tensor, y: torch.Tensor):
         autocast = (torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=False)
@@ -99,7 +115,7 @@ class GraphedStep:
         return outputs
 
     def _capture(self, x: torch.Tensor, y: torch.Tensor):
-        tensor_learning_rates(self.optimizer, self.device)
+        self._lrs = tensor_learning_rates(self.optimizer, self.device)
         static_x, static_y = x.clone(), y.clone()  # clone keeps channels_last strides
         self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates them
         graph = torch.cuda.CUDAGraph()

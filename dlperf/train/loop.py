@@ -453,6 +453,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     with warnings.catch_warnings():  # a skipped step still advances the schedule
                         warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
                         scheduler.step()
+                    if graphed is not None:
+                        graphed.after_scheduler_step()
                     step += 1
                     now = time.perf_counter()
                     n_img *= info.world_size
