@@ -42,7 +42,8 @@ def main() -> int:
         if epoch:
             rates.append(n / (time.perf_counter() - t0))
     result = {"img_per_s": statistics.median(rates), "all": rates, "device": device,
-              "fallbacks": ld.fallbacks, "bad": ld.report.bad_count}
+              "fallbacks": ld.fallbacks, "bad": ld.report.bad_count,
+              "jpeg_decoder": ld.jpeg_decoder}
     save_result(args.out, "data-gpu", {"corpus": args.corpus, "batch": args.batch,
                                        "epochs": args.epochs, "threads": args.threads}, result)
     print(f"GPU path on {device}: {result['img_per_s']:,.0f} img/s (median of {args.epochs} epochs)")

@@ -44,12 +44,26 @@ def folder(tmp_path):
     return root
 
 
-def test_gpu_loader_matches_cpu_loader_crops(folder):
+def _decoder_or_skip(name):
+    from dlperf.data.gpu import jpeg_batch_decoder
+    from dlperf.errors import DlperfError
+
+    try:
+        got, _ = jpeg_batch_decoder(name)
+    except DlperfError:
+        pytest.skip(f"{name} not importable here")
+    assert got == name
+
+
+@pytest.mark.parametrize("decoder", ["torchvision", "torchcodec"])
+def test_gpu_loader_matches_cpu_loader_crops(folder, decoder):
+    _decoder_or_skip(decoder)
     src = open_source(folder)
     cfg = LoaderConfig(batch_size=5, size=48, threads=2, seed=11, drop_last=False,
                        max_bad_fraction=0.5)
     cpu = [(b.images.clone(), b.labels.clone(), b.indices.copy()) for b in Loader(src, cfg)]
-    gpu_loader = GpuLoader(src, cfg, device="cpu")
+    gpu_loader = GpuLoader(src, cfg, device="cpu", jpeg_decoder=decoder)
+    assert gpu_loader.jpeg_decoder == decoder
     gpu = [(b.images, b.labels, b.indices) for b in gpu_loader]
     cpu_ids = np.concatenate([c[2] for c in cpu])
     gpu_ids = np.concatenate([g[2] for g in gpu])
@@ -75,6 +89,28 @@ def test_gpu_loader_resume(folder):
     rest.load_state_dict(state)
     tail = [b.images for b in rest]
     assert all(torch.equal(a, b) for a, b in zip(full[1:], tail)) and len(tail) == len(full) - 1
+
+
+@pytest.mark.parametrize("decoder", ["torchvision", "torchcodec"])
+def test_batch_decoders_apply_exif_orientation_and_reject_bad_files(decoder):
+    from PIL import Image, ImageOps
+
+    from dlperf.data.gpu import jpeg_batch_decoder
+    from imagegen import exif_jpeg_bytes
+
+    _decoder_or_skip(decoder)
+    _, decode = jpeg_batch_decoder(decoder)
+    arr = smooth_rgb(60, 90)
+    datas = [exif_jpeg_bytes(arr, o) for o in (1, 6)]
+    out = decode([torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas], "cpu")
+    import io
+
+    for d, img in zip(datas, out):
+        ref = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(d))).convert("RGB"))
+        assert img.shape == (3, *ref.shape[:2])  # orientation 6: 90 x 60
+        assert np.abs(img.permute(1, 2, 0).numpy().astype(int) - ref.astype(int)).mean() < 1.0
+    with pytest.raises(RuntimeError):
+        decode([torch.frombuffer(bytearray(png_bytes(arr)), dtype=torch.uint8)], "cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

@@ -5,8 +5,9 @@ state_dict/load_state_dict, sharding, the bad-file policy), but the batch lives 
 
 1. CPU threads read each sample's bytes, parse its header and draw its crop from the same
    (seed, epoch, sample) stream as the CPU path;
-2. ``torchvision.io.decode_jpeg(list, device="cuda")`` decodes the JPEGs as one nvJPEG batch, with
-   EXIF orientation; a batch that fails is retried image by image so one bad file only loses
+2. ``decode_jpeg(list, device="cuda")`` decodes the JPEGs as one nvJPEG batch, with EXIF
+   orientation: torchcodec's when it is installed (torchvision's image decoding is deprecated
+   since 0.29 in its favour), else torchvision.io's; a batch that fails is retried image by image so one bad file only loses
    itself, and anything nvJPEG rejects (PNG, CMYK, corrupt) goes to the CPU decoder;
 3. every sample's own crop box is resized to the output size by ONE ``torchvision.ops.roi_align``
    call over the packed batch (adaptive sampling averages ~ceil(box/output) samples per output
@@ -34,6 +35,28 @@ from dlperf.errors import DlperfError
 # Images packed per roi_align call are capped at this many elements (3 x Hmax x Wmax x count),
 # so one huge photo cannot make the packed buffer explode; a batch splits into several calls.
 PACK_ELEMENTS = 1 << 28
+
+
+def jpeg_batch_decoder(prefer: str = "auto"):
+    """(name, decode(list of uint8 CPU tensors, device) -> list of [3, H, W] uint8 tensors).
+
+    Both raise RuntimeError on a file they cannot decode and apply EXIF orientation.
+    """
+    if prefer in ("auto", "torchcodec"):
+        try:
+            from torchcodec.decoders import decode_jpeg as codec_decode
+        except Exception:  # not installed, or built against another torch: torchvision then
+            if prefer == "torchcodec":
+                raise DlperfError("torchcodec is not importable (pip install torchcodec, a "
+                                  "version built for this torch)") from None
+        else:
+            return "torchcodec", lambda tensors, device: list(
+                codec_decode(list(tensors), mode="RGB", device=device))
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    return "torchvision", lambda tensors, device: list(
+        decode_jpeg(list(tensors), mode=ImageReadMode.RGB, device=device,
+                    apply_exif_orientation=True))
 
 
 def plan_box(plan: CropPlan, height: int, width: int) -> tuple[float, float, float, float]:
@@ -86,8 +109,10 @@ def crop_resize_batch(images: list[torch.Tensor], boxes: list[tuple], flips: lis
 class GpuLoader(Loader):
     """Loader whose batches are decoded and augmented on ``device`` (see module docstring)."""
 
-    def __init__(self, source: Source, cfg: LoaderConfig = LoaderConfig(), device: str = "cuda"):
+    def __init__(self, source: Source, cfg: LoaderConfig = LoaderConfig(), device: str = "cuda",
+                 jpeg_decoder: str = "auto"):
         super().__init__(source, cfg)
+        self.jpeg_decoder, self._decode_batch = jpeg_batch_decoder(jpeg_decoder)
         if cfg.channels != 3:
             raise DlperfError("the GPU loader emits 3 channels; pad on the device if needed")
         self.device = torch.device(device)
@@ -98,7 +123,8 @@ class GpuLoader(Loader):
     def with_size(self, size: int) -> "GpuLoader":
         import dataclasses
 
-        return GpuLoader(self.source, dataclasses.replace(self.cfg, size=size), str(self.device))
+        return GpuLoader(self.source, dataclasses.replace(self.cfg, size=size), str(self.device),
+                         self.jpeg_decoder)
 
     def _prepare(self, index: int, epoch: int):
         """(index, bytes, upright h, w, plan, nvjpeg-able) or (index, None, reason)."""
@@ -116,17 +142,14 @@ class GpuLoader(Loader):
         return index, data, height, width, plan, fast
 
     def _decode_gpu(self, datas: list[bytes]) -> list[torch.Tensor | None]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
-        kwargs = dict(mode=ImageReadMode.RGB, device=self.device, apply_exif_orientation=True)
         try:
-            return list(decode_jpeg(tensors, **kwargs))
+            return self._decode_batch(tensors, self.device)
         except RuntimeError:  # one bad file fails the batch: retry one by one
             out = []
             for t in tensors:
                 try:
-                    out.append(decode_jpeg(t, **kwargs))
+                    out.append(self._decode_batch([t], self.device)[0])
                 except RuntimeError:
                     out.append(None)
             return out
