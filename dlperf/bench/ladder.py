@@ -1,6 +1,7 @@
 """`dlperf bench train`: the recipe's speed-ups measured one at a time (a cumulative ladder).
 
-Each rung is the previous one plus one change (DESIGN.md convention 8), all in one process on
+Each rung is the previous one plus one change (DESIGN.md convention 8; on a GPU, compile replaces
+the CUDA-graphs rung, as the two are exclusive), all in one process on
 synthetic data, timed as the median of training steps after warm-up steps (forward, loss,
 backward, optimizer step; synchronised on a GPU). Model FLOP utilisation uses dlperf's own FLOP
 count of the model and this machine's measured ceiling for the rung's math unit.
@@ -55,16 +56,32 @@ def _time_steps(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device, prog
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (lcfg.batch_size,), device=device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype)
+    graphed = None
+    if cfg.cuda_graphs:  # the same step as `dlperf train cuda_graphs=true`, captured once
+        from dlperf.train.graphs import GraphedStep
+        from dlperf.train.guard import StepGuard, prepare_deferred
+
+        class _NoLog:
+            def event(self, *args, **kwargs):
+                pass
+
+        prepare_deferred(opt)
+        guard = StepGuard("deferred", 10, torch.amp.GradScaler(device.type, enabled=False),
+                          device, _NoLog())
+        graphed = GraphedStep(model, run, loss_fn, opt, guard, None, dtype, device, warmup=1)
     times = []
     for i in range(lcfg.warmup + lcfg.steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
-            loss = loss_fn(run(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if graphed is not None:
+            graphed(x, y)
+        else:
+            with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
+                loss = loss_fn(run(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -82,7 +99,12 @@ def run(lcfg: LadderConfig, progress=None) -> dict:
     from dlperf.train.metrics import flops_per_image, peak_flops
 
     device = setup(lcfg.device).device
-    rungs = list(RUNGS) + ([("+ torch.compile", dict(compile="default"))] if lcfg.compile else [])
+    rungs = list(RUNGS)
+    if device.type == "cuda":  # one launch per step instead of ~1,000 (needs a GPU)
+        rungs.append(("+ CUDA graphs (whole step)", dict(cuda_graphs=True)))
+    if lcfg.compile:  # exclusive with cuda_graphs: compile replaces it (reduce-overhead adds graphs)
+        rungs.append(("+ torch.compile" + (" (instead of CUDA graphs)" if device.type == "cuda"
+                                           else ""), dict(compile="default", cuda_graphs=False)))
     cfg = TrainConfig(model=lcfg.model, zero_init_residual=False, tf32=True)
     rows = []
     peaks: dict[str, tuple] = {}
@@ -96,7 +118,8 @@ def run(lcfg: LadderConfig, progress=None) -> dict:
             peaks[cfg.dtype] = peak_flops(device, cfg.dtype)
         peak, source = peaks[cfg.dtype]
         rows.append({"rung": name, "config": {k: getattr(cfg, k) for k in
-                                              ("dtype", "channels_last", "compile")},
+                                              ("dtype", "channels_last", "compile",
+                                               "cuda_graphs")},
                      "step_median_s": med, "step_s": times, "img_per_s": img_s,
                      "compile_s": compile_s, "flops_per_image": fpi, "peak_flops": peak,
                      "peak_source": source,
