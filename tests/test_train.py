@@ -310,7 +310,8 @@ def test_bench_train_ladder_on_a_tiny_model(tmp_path, capsys):
     assert [r["rung"] for r in rungs] == ["fp32 NCHW eager (baseline)", "+ channels_last",
                                           "+ bf16 autocast"]
     assert rungs[0]["speedup_vs_baseline"] == 1.0
-    assert rungs[2]["config"] == {"dtype": "bf16", "channels_last": True, "compile": None}
+    assert rungs[2]["config"] == {"dtype": "bf16", "channels_last": True, "compile": None,
+                                  "cuda_graphs": False}
     assert all(r["img_per_s"] > 0 and len(r["step_s"]) == 2 for r in rungs)
     assert "vs baseline" in capsys.readouterr().out
 
