@@ -34,6 +34,11 @@ def test_prepare_then_verify_then_load(corpus, tmp_path, capsys):
         names = tar.getnames()
         assert names[0].endswith(".jpg") and names[1].endswith(".cls")
         assert tar.extractfile(names[1]).read().decode() in ("0", "1")
+    # each shard has DALI's index beside it: "v1.2 N", then jpg/cls offset size name per line
+    for shard in src.shards:
+        lines = (dst / shard.replace(".tar", ".idx")).read_text().splitlines()
+        assert lines[0].split()[0] == "v1.2" and int(lines[0].split()[1]) == len(lines) - 1
+        assert lines[1].split()[0::4] == ["jpg", "cls"]
     # re-encoded to max side 256
     from dlperf.data.decode import image_header
 
@@ -124,3 +129,56 @@ def test_toy_dataset_then_tiny_training(tmp_path, capsys):
                  "batch_size=16", "threads=2"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["eval"]["top1"] > 0.9
+
+
+def test_verify_checks_the_dali_index(corpus, tmp_path, capsys):
+    dst = tmp_path / "shards"
+    assert main(["data", "prepare", str(corpus), str(dst)]) == 0
+    idx = dst / "shard-000000.idx"
+    lines = idx.read_text().splitlines()
+    parts = lines[1].split()
+    parts[1] = str(int(parts[1]) + 512)  # the first image's offset, one tar block off
+    idx.write_text("\n".join([lines[0], " ".join(parts), *lines[2:]]) + "\n")
+    assert main(["data", "verify", str(dst)]) == 1
+    assert "DALI index does not match" in capsys.readouterr().out
+
+
+def _shard_truth(dst):
+    src = ShardSource(dst)
+    return {src.entry(i)[4]: (src.read(i), src.label(i)) for i in range(len(src))}
+
+
+def test_shards_read_by_the_webdataset_library(corpus, tmp_path):
+    wds = pytest.importorskip("webdataset")
+    dst = tmp_path / "shards"
+    assert main(["data", "prepare", str(corpus), str(dst), "--shard-size", "8KB"]) == 0
+    truth = _shard_truth(dst)
+    urls = [str(p) for p in sorted(dst.glob("shard-*.tar"))]
+    seen = {}
+    for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        seen[sample["__key__"]] = (sample["jpg"], int(sample["cls"]))
+    assert seen == truth
+
+
+def test_shards_read_by_dali_with_our_index(corpus, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import fn, pipeline_def
+
+    dst = tmp_path / "shards"
+    assert main(["data", "prepare", str(corpus), str(dst), "--shard-size", "8KB"]) == 0
+    truth = _shard_truth(dst)
+    tars = sorted(dst.glob("shard-*.tar"))
+
+    @pipeline_def(batch_size=len(truth), num_threads=1, device_id=None)
+    def pipe():
+        jpg, cls = fn.readers.webdataset(paths=[str(t) for t in tars],
+                                         index_paths=[str(t.with_suffix(".idx")) for t in tars],
+                                         ext=["jpg", "cls"], missing_component_behavior="error")
+        return jpg, cls
+
+    p = pipe()
+    p.build()
+    jpgs, labels = p.run()
+    got = sorted((bytes(jpgs.at(i)), int(bytes(labels.at(i)).decode()))
+                 for i in range(len(truth)))
+    assert got == sorted(truth.values())

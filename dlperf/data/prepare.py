@@ -1,8 +1,10 @@
 """Folder -> tar shards (+ index) and shard verification: `dlperf data prepare | verify`.
 
 Shards use webdataset naming (``KEY.jpg`` then ``KEY.cls`` with the label as text), so
-webdataset and DALI's readers take them as they are; dlperf's ``index.json`` adds each image's
-byte offset so any sample is one pread. With ``max_side`` every image is decoded (EXIF applied),
+webdataset and DALI's readers take them as they are (both tested); beside each shard, a DALI
+index (``shard-N.idx``, the format of DALI's wds2idx) lets ``fn.readers.webdataset`` open it
+without scanning, and dlperf's ``index.json`` adds each image's byte offset so any sample is one
+pread. With ``max_side`` every image is decoded (EXIF applied),
 shrunk so its longer side is at most ``max_side`` and re-encoded at ``quality``: decoding a
 256-512 px image is several times cheaper than a full-size photo (FFCV's trick). Without it, JPEGs
 are copied byte for byte after a full test decode; other formats are re-encoded as JPEG.
@@ -29,7 +31,7 @@ from dlperf.data.decode import (JPEG_MAGIC, BadImage, DecodeLimits, decode_refer
                                 use_single_threaded_opencv)
 from dlperf.data.sources import INDEX_FORMAT, INDEX_NAME, ShardSource, Source, open_source
 from dlperf.errors import DlperfError
-from dlperf.report import write_json_atomic
+from dlperf.report import write_json_atomic, write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class _ShardWriter:
         self.names: list[str] = []
         self._tar = self._file = self._tmp = None
         self._size = 0
+        self._idx: list[str] = []  # DALI index lines of the open shard
 
     def _open(self):
         name = f"shard-{len(self.names):06d}.tar"
@@ -103,14 +106,20 @@ class _ShardWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             os.replace(self._tmp, self.root / self.names[-1])
+            write_text_atomic(self.root / dali_index_name(self.names[-1]),
+                              f"{DALI_INDEX_VERSION} {len(self._idx)}\n" + "".join(self._idx))
+            self._idx = []
             self._tar = None
 
     def add(self, key: str, image: bytes, label: int) -> tuple[int, int, int]:
         if self._tar is None or self._size + len(image) > self.shard_bytes:
             self._close()
             self._open()
+        cls = str(label).encode()
         offset = self._member(f"{key}.jpg", image)
-        self._member(f"{key}.cls", str(label).encode())
+        cls_offset = self._member(f"{key}.cls", cls)
+        self._idx.append(f"jpg {offset} {len(image)} {key}.jpg cls {cls_offset} {len(cls)} "
+                         f"{key}.cls\n")
         self._size += len(image)
         return len(self.names) - 1, offset, len(image)
 
@@ -125,6 +134,16 @@ class _ShardWriter:
     def finish(self) -> list[str]:
         self._close()
         return self.names
+
+
+# DALI's webdataset index (what its wds2idx tool writes): "v1.2 N", then a line per sample of
+# "EXT DATA_OFFSET SIZE MEMBER_NAME" per component. With it fn.readers.webdataset opens the
+# shards directly instead of scanning every tar header first.
+DALI_INDEX_VERSION = "v1.2"
+
+
+def dali_index_name(shard: str) -> str:
+    return shard[:-len(".tar")] + ".idx"
 
 
 def _padded(n: int) -> int:
@@ -190,6 +209,28 @@ def prepare(src: str | Path | Source, dst: str | Path, cfg: PrepareConfig = Prep
     return summary
 
 
+def _check_dali_indexes(root: Path, source: ShardSource, members: dict) -> list:
+    """Each shard's DALI .idx must list exactly its samples, at the tar members' offsets."""
+    problems = []
+    for s, name in enumerate(source.shards):
+        path = root / dali_index_name(name)
+        try:
+            lines = path.read_text().splitlines()
+            version, count = lines[0].split()
+            rows = [line.split() for line in lines[1:]]
+            ok = (version == DALI_INDEX_VERSION and int(count) == len(rows)
+                  and all(len(r) % 4 == 0 for r in rows))
+            listed = {(int(r[k + 1]), int(r[k + 2]), r[k + 3]) for r in rows
+                      for k in range(0, len(r), 4)} if ok else set()
+        except (OSError, ValueError, IndexError):
+            problems.append((str(path), "missing or unreadable DALI index (prepare writes it)"))
+            continue
+        actual = {(off, m.size, m.name) for off, m in members.get(s, {}).items()}
+        if not ok or listed != actual:
+            problems.append((str(path), "DALI index does not match the shard's members"))
+    return problems
+
+
 def verify(root: str | Path, limits: DecodeLimits = DecodeLimits(), progress=None) -> dict:
     """Check the index against the tar headers and decode every sample."""
     root = Path(root)
@@ -202,6 +243,7 @@ def verify(root: str | Path, limits: DecodeLimits = DecodeLimits(), progress=Non
                 members[s] = {m.offset_data: m for m in tar.getmembers()}
         except (OSError, tarfile.TarError) as exc:
             problems.append((name, f"unreadable shard ({exc})"))
+    problems += _check_dali_indexes(root, source, members)
     for i in range(len(source)):
         shard, offset, size, label, key = source.entry(i)
         where = source.name(i)
