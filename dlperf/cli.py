@@ -450,7 +450,10 @@ def _cmd_bench_train(args) -> int:
     console.print(table)
     config = result.pop("config")
     save_result(out, "train-ladder", config, result)
-    console.print(f"Wrote {out}")
+    from dlperf.plots import ladder_chart
+
+    png = ladder_chart(result, out.with_suffix(".png"))
+    console.print(f"Wrote {out}" + (f" and {png}" if png else ""))
     return 0
 
 

@@ -48,6 +48,7 @@ def test_tiny_recipe_learns_well_above_chance(toy, tmp_path):
     lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert {"step", "epoch", "checkpoint", "summary"} <= {x["kind"] for x in lines}
     assert (out / "epochs.csv").read_text().startswith("epoch,step,loss")
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_resume_mid_epoch_is_bit_identical(toy, tmp_path):
@@ -313,6 +314,7 @@ def test_bench_train_ladder_on_a_tiny_model(tmp_path, capsys):
     assert rungs[2]["config"] == {"dtype": "bf16", "channels_last": True, "compile": None,
                                   "cuda_graphs": False}
     assert all(r["img_per_s"] > 0 and len(r["step_s"]) == 2 for r in rungs)
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert "vs baseline" in capsys.readouterr().out
 
 
@@ -396,3 +398,15 @@ def test_out_of_memory_suggests_a_batch_size(toy, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "out of memory at 32 images" in err[0] and "batch_size=16" in err[0]
+
+
+def test_epochs_csv_columns_line_up_when_only_some_epochs_evaluate(toy, tmp_path):
+    # eval every 2nd epoch: epoch 0 has no top1/top5, epoch 1 has them, under the right header
+    from dlperf.plots import read_epochs_csv
+
+    out = tmp_path / "ev"
+    train(_cfg(toy, out, epochs=2, eval_every=2), resume=None, progress=False, mfu=False)
+    rows = read_epochs_csv(out / "epochs.csv")
+    assert [r["epoch"] for r in rows] == [0, 1]
+    assert "top1" not in rows[0] and 0 <= rows[1]["top1"] <= 1 and rows[1]["top5"] >= rows[1]["top1"]
+    assert rows[1]["step"] == 2 * (96 // 16)

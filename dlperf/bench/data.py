@@ -162,12 +162,10 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
 
 def plot(result: dict, path: str | Path) -> Path | None:
     """Bar chart of img/s per pipeline (PNG); None when matplotlib is missing."""
-    try:
-        import matplotlib
+    from dlperf.plots import pyplot, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     names = list(result["img_per_s"])
     values = [result["img_per_s"][n] for n in names]
@@ -184,6 +182,6 @@ def plot(result: dict, path: str | Path) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(values + [goal]) * 1.18)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
     return Path(path)

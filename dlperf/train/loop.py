@@ -511,6 +511,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     log.event("data", epoch=epoch, report=train_loader.reports[-1])
                 log.event("epoch", **row)
                 log.epoch_row(row)
+                if info.is_main:
+                    _draw_curves(out, cfg, log)
                 bar.epoch_line(row)
                 save(metric=last_eval.get("top1"))
                 if (cfg.target_accuracy is not None and last_eval
@@ -545,6 +547,18 @@ def _resized(loader, size: int):
     new = loader.with_size(size)
     new.load_state_dict(state)
     return new
+
+
+def _draw_curves(out: Path, cfg: TrainConfig, log) -> None:
+    """out_dir/curves.png from epochs.csv (the whole history, resumed runs included); a
+    plotting problem is a warning, never the end of a run."""
+    from dlperf.plots import read_epochs_csv, training_curves
+
+    try:
+        training_curves(read_epochs_csv(out / "epochs.csv"), out / "curves.png",
+                        title=f"{cfg.model}, batch {cfg.batch_size}, {cfg.dtype}")
+    except Exception as exc:  # noqa: BLE001 - a picture must not stop training
+        log.event("warning", message=f"curves.png not drawn: {exc}")
 
 
 class _Progress:

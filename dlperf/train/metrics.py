@@ -16,6 +16,11 @@ from pathlib import Path
 import torch
 
 
+# epochs.csv columns, fixed so that rows with and without an evaluation line up (blank cells)
+EPOCH_COLUMNS = ("epoch", "step", "loss", "lr", "img_per_s", "data_wait", "image_size",
+                 "skipped_steps", "top1", "top5")
+
+
 class RunLog:
     """Rank 0 writes; other ranks get a no-op log."""
 
@@ -27,8 +32,9 @@ class RunLog:
             self._jsonl = open(folder / "log.jsonl", "a", buffering=1)
             new = not (folder / "epochs.csv").exists()
             self._csv_file = open(folder / "epochs.csv", "a", newline="", buffering=1)
-            self._csv = csv.writer(self._csv_file)
-            self._csv_header = not new
+            self._csv = csv.DictWriter(self._csv_file, fieldnames=EPOCH_COLUMNS, restval="")
+            if new:
+                self._csv.writeheader()
         self._tb = None
         if folder is not None:
             try:
@@ -51,10 +57,10 @@ class RunLog:
     def epoch_row(self, row: dict) -> None:
         if self._csv is None:
             return
-        if not self._csv_header:
-            self._csv.writerow(list(row))
-            self._csv_header = True
-        self._csv.writerow([row[k] for k in row])
+        unknown = set(row) - set(EPOCH_COLUMNS)
+        if unknown:  # a programming error, not a user one: never drop a value silently
+            raise ValueError(f"epochs.csv has no column for {sorted(unknown)}")
+        self._csv.writerow(row)
 
     def close(self) -> None:
         for f in (self._jsonl, getattr(self, "_csv_file", None)):

@@ -1,0 +1,116 @@
+"""Pictures of results (PNG, matplotlib's Agg backend, written atomically).
+
+matplotlib is a dependency, but pictures are a courtesy: every function returns None instead of
+failing when it cannot draw, so no run or benchmark is ever lost to a plotting problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+from pathlib import Path
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display), or None when it cannot be imported."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Save ``fig`` as PNG via a temporary file in the same folder, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def ladder_chart(result: dict, path: str | Path) -> Path | None:
+    """`dlperf bench train`: img/s per rung, with the speed-up over the baseline and the MFU."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    rungs = result["rungs"]
+    names = [r["rung"] for r in rungs]
+    values = [r["img_per_s"] for r in rungs]
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rungs) + 1.4), dpi=120)
+    bars = ax.barh(names, values, color="#1f77b4")
+    for bar, r in zip(bars, rungs):
+        mfu = f", MFU {r['mfu']:.0%}" if r.get("mfu") is not None else ""
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" {r['img_per_s']:,.1f} ({r['speedup_vs_baseline']:.2f}x{mfu})",
+                va="center", fontsize=8)
+    ax.set_xlim(0, max(values) * 1.45)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"training images/s on {result.get('device', '?')} (median step; one change "
+                  "per rung)")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return Path(path)
+
+
+def read_epochs_csv(path: str | Path) -> list[dict]:
+    """Rows of a run's epochs.csv as floats (blank cells dropped), the last row of each epoch
+    kept (a resumed run may have redone one)."""
+    rows: dict[int, dict] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            values = {}
+            for key, text in row.items():
+                try:
+                    values[key] = float(text)
+                except (TypeError, ValueError):
+                    continue
+            if "epoch" in values:
+                rows[int(values["epoch"])] = values
+    return [rows[k] for k in sorted(rows)]
+
+
+def training_curves(rows: list[dict], path: str | Path, title: str = "") -> Path | None:
+    """A run's epochs: train loss, eval top-1/top-5, learning rate, throughput."""
+    plt = pyplot()
+    if plt is None or not rows:
+        return None
+    epochs = [r["epoch"] + 1 for r in rows]
+
+    def series(key):
+        return [(e, r[key]) for e, r in zip(epochs, rows) if key in r]
+
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=110)
+    panels = [(axes[0][0], ["loss"], "train loss (mean over applied steps)"),
+              (axes[0][1], ["top1", "top5"], "eval accuracy"),
+              (axes[1][0], ["lr"], "learning rate at epoch end"),
+              (axes[1][1], ["img_per_s"], "images/s (cumulative)")]
+    for ax, keys, label in panels:
+        for key in keys:
+            points = series(key)
+            if points:
+                ax.plot(*zip(*points), marker="o", ms=3, label=key)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.tick_params(labelsize=8)
+        if len(keys) > 1:
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return Path(path)
