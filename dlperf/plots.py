@@ -93,6 +93,8 @@ def training_curves(rows: list[dict], path: str | Path, title: str = "") -> Path
     def series(key):
         return [(e, r[key]) for e, r in zip(epochs, rows) if key in r]
 
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=110)
     panels = [(axes[0][0], ["loss"], "train loss (mean over applied steps)"),
               (axes[0][1], ["top1", "top5"], "eval accuracy"),
@@ -105,9 +107,11 @@ def training_curves(rows: list[dict], path: str | Path, title: str = "") -> Path
                 ax.plot(*zip(*points), marker="o", ms=3, label=key)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=8)
         if len(keys) > 1:
             ax.legend(fontsize=8)
+    axes[0][1].set_ylim(0, 1.02)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
