@@ -46,3 +46,34 @@ def test_dali_resume_skips_to_the_saved_batch(folder):
     again = DaliLoader(src, cfg)
     again.load_state_dict(state)
     assert len(list(again)) == len(again) - 2
+
+
+def test_text_labels_parse_and_garbage_is_refused():
+    from dlperf.data.dali import LABEL_BYTES, parse_text_labels
+    from dlperf.errors import DlperfError
+
+    def raw(*texts):
+        out = torch.zeros(len(texts), LABEL_BYTES, dtype=torch.uint8)
+        for i, t in enumerate(texts):
+            out[i, :len(t)] = torch.tensor(list(t.encode()), dtype=torch.uint8)
+        return out
+
+    assert parse_text_labels(raw("0", "7", "12", "999", "100000")).tolist() == [0, 7, 12, 999,
+                                                                               100000]
+    for bad in ("", "-1", "1 2", "3\n"):
+        with pytest.raises(DlperfError, match="not a decimal number"):
+            parse_text_labels(raw("5", bad))
+
+
+def test_dali_reads_dlperf_shards_with_their_labels(folder, tmp_path):
+    from dlperf.data.prepare import prepare
+    from dlperf.data.sources import ShardSource
+
+    prepare(folder, tmp_path / "shards")
+    shards = ShardSource(tmp_path / "shards")
+    ld = DaliLoader(shards, LoaderConfig(batch_size=4, size=32, threads=1, drop_last=False,
+                                         shuffle=False))
+    batches = list(ld)
+    assert sum(len(b) for b in batches) == 21 and batches[0].images.shape == (4, 32, 32, 3)
+    got = torch.cat([b.labels for b in batches]).tolist()
+    assert got == [shards.label(i) for i in range(21)]  # unshuffled: the shards' order
