@@ -287,3 +287,31 @@ def test_a_scheduler_that_assigns_floats_still_reaches_the_captured_lr():
     opt.param_groups[0]["lr"] = 0.125  # what such a scheduler does
     keep_learning_rates_in_place(opt, captured)
     assert opt.param_groups[0]["lr"] is captured[0] and captured[0].item() == 0.125
+
+
+def test_gradient_norm_against_float64_and_clipping_on_the_device():
+    from dlperf.train.guard import gradient_norm
+
+    model = _model()
+    _grads(model, 3)
+    grads = [p.grad.clone() for p in model.parameters()]
+    ref = torch.cat([g.double().flatten() for g in grads]).norm().item()
+    norm = gradient_norm(model)
+    assert norm.item() == pytest.approx(ref, rel=1e-6)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))  # untouched
+    limit = ref / 4
+    gradient_norm(model, limit)
+    clipped = torch.cat([p.grad.double().flatten() for p in model.parameters()]).norm().item()
+    assert clipped == pytest.approx(limit, rel=1e-5)
+    with pytest.raises(DlperfError, match="max_grad_norm must be positive"):
+        TrainConfig(max_grad_norm=0.0)
+
+
+def test_training_with_gradient_clipping_logs_the_norm(toy, tmp_path):  # noqa: F811
+    out = tmp_path / "clip"
+    summary = train(_cfg(toy, out, epochs=1, max_grad_norm=0.5, log_every=2), resume=None,
+                    progress=False, mfu=False)
+    assert summary["steps"] == 96 // 16
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "step"]
+    assert steps and all(s["grad_norm"] > 0 for s in steps)

@@ -29,6 +29,8 @@ from contextlib import nullcontext
 
 import torch
 
+from dlperf.train.guard import gradient_norm
+
 
 def tensor_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device) -> list:
     """Give each param group a device tensor learning rate (kept if it already has one), so a
@@ -64,10 +66,12 @@ class GraphedStep:
     eagerly every time (the CPU, and tests)."""
 
     def __init__(self, model, run_model, loss_fn, optimizer, guard, ema, dtype,
-                 device: torch.device, capture: bool = True, warmup: int = 3):
+                 device: torch.device, capture: bool = True, warmup: int = 3,
+                 max_grad_norm: float | None = None):
         self.model, self.run_model, self.loss_fn = model, run_model, loss_fn
         self.optimizer, self.guard, self.ema, self.dtype = optimizer, guard, ema, dtype
         self.device, self.capture, self.warmup = device, capture, warmup
+        self.max_grad_norm = max_grad_norm
         self._graphs: dict = {}  # input signature -> (graph, static x, static y, outputs)
         self._eager_calls: dict = {}
         self._pool = None  # one memory pool shared by the graphs of every shape
@@ -85,8 +89,7 @@ class GraphedStep:
             loss = self.loss_fn(self.run_model(x), y)
         loss.backward()
         loss_sum = loss.detach().float()
-        grad_norm = torch.nn.utils.get_total_norm(
-            [p.grad for p in self.model.parameters() if p.grad is not None])
+        grad_norm = gradient_norm(self.model, self.max_grad_norm)
         applied = self.guard.step(self.optimizer, self.model, self.ema, loss_sum, grad_norm,
                                   step=-1)
         return loss_sum, grad_norm, applied

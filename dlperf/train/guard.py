@@ -37,6 +37,17 @@ def _message(run: int, step: int, loss: float, grad_norm: float) -> str:
             "warm-up, or use dtype=bf16")
 
 
+def gradient_norm(model: torch.nn.Module, max_norm: float | None = None) -> torch.Tensor:
+    """The total L2 norm of the gradients (the guard's input), and with ``max_norm`` the
+    gradients scaled down to it; both on the device, no host sync. Only the norm is computed
+    when there is no limit (clip_grad_norm_ with an infinite limit still rescales by 1.0)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if max_norm is not None:  # takes the parameters, and scales their .grad
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
+
+
 def prepare_deferred(optimizer: torch.optim.Optimizer) -> None:
     """Create SGD momentum buffers as zeros before the first step.
 

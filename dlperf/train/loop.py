@@ -31,7 +31,7 @@ from dlperf.train import checkpoint as ckpt
 from dlperf.train import distributed as D
 from dlperf.train import speedups
 from dlperf.train.graphs import GraphedStep, float_learning_rates
-from dlperf.train.guard import EMA, NonFinite, StepGuard, prepare_deferred  # noqa: F401
+from dlperf.train.guard import EMA, NonFinite, StepGuard, gradient_norm, prepare_deferred  # noqa: F401
 from dlperf.train.metrics import RunLog, Throughput, flops_per_image, peak_flops
 from dlperf.train.recipes import TrainConfig
 
@@ -339,7 +339,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
             raise DlperfError("cuda_graphs=true is single-process for now (DDP's collectives "
                               "are not captured); drop it or run one process")
         graphed = GraphedStep(model, run_model, loss_fn, optimizer, guard, ema, dtype,
-                              info.device)
+                              info.device, max_grad_norm=cfg.max_grad_norm)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
     step, start_epoch, best = 0, 0, None
@@ -444,9 +444,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                         if step == 0 and cfg.compile:
                             compile_s = time.perf_counter() - t0
                         scaler.unscale_(optimizer)
-                        # The norm only (no clipping pass over the gradients): the guard's input.
-                        grad_norm = torch.nn.utils.get_total_norm(
-                            [p.grad for p in model.parameters() if p.grad is not None])
+                        grad_norm = gradient_norm(model, cfg.max_grad_norm)
                         finite = guard.step(optimizer, model, ema, loss_sum, grad_norm, step)
                         optimizer.zero_grad(set_to_none=True)
                     scaler.update()
@@ -477,6 +475,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                         guard.check(step)  # deferred mode: counters read where we sync anyway
                         last_loss = float(loss_sum)
                         log.event("step", step=step, epoch=epoch, loss=last_loss, lr=lr_now,
+                                  grad_norm=float(grad_norm),
                                   img_per_s=tput.img_per_s, data_wait=tput.data_wait_share,
                                   skipped=guard.skipped)
                     bar.advance(last_loss, lr_now, tput)

@@ -43,6 +43,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     zero_init_residual: bool = True
     ema_decay: float | None = None
+    max_grad_norm: float | None = None  # clip the global L2 gradient norm (on the device)
     # images
     image_size: int = 224
     min_image_size: int | None = None  # progressive resizing: from this size up to image_size
@@ -92,6 +93,8 @@ class TrainConfig:
              f"compile must be default, reduce-overhead or max-autotune, got {self.compile!r}"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (self.ema_decay is None or 0 < self.ema_decay < 1, "ema_decay must be in (0, 1)"),
+            (self.max_grad_norm is None or self.max_grad_norm > 0,
+             "max_grad_norm must be positive (or unset)"),
             (self.min_image_size is None or 0 < self.min_image_size <= self.image_size,
              "min_image_size must be in (0, image_size]"),
             (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}"),
