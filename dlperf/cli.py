@@ -546,7 +546,14 @@ COMMANDS = {"analyze": _cmd_analyze, "devices": _cmd_devices, "probe": _cmd_prob
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # `dlperf train --no-progress epochs=2`: KEY=VALUE after an option is still an
+            # override (argparse alone only takes positionals before the first option)
+            if args.command == "train" and all("=" in e and not e.startswith("-") for e in extra):
+                args.overrides = [*args.overrides, *extra]
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if not args.command:
             parser.print_help()
             return EXIT_USAGE

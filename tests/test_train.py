@@ -241,6 +241,12 @@ def test_config_file_overrides_and_errors(tmp_path, capsys):
     assert "did you mean: tiny" in capsys.readouterr().err
     assert main(["train", "--recipe", "tiny", "--show-config", "epochs=7"]) == 0
     assert json.loads(capsys.readouterr().out)["epochs"] == 7
+    # KEY=VALUE after an option is still an override; anything else unknown is an error
+    assert main(["train", "--recipe", "tiny", "epochs=7", "--show-config", "batch_size=8"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["epochs"], shown["batch_size"]) == (7, 8)
+    assert main(["train", "--recipe", "tiny", "--show-config", "--bogus"]) == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
     with pytest.raises(DlperfError, match="must be a multiple of grad_accum"):
         TrainConfig(batch_size=10, grad_accum=4)
     assert get_recipe("resnet50-90ep").label_smoothing == 0.1
