@@ -315,3 +315,23 @@ def test_training_with_gradient_clipping_logs_the_norm(toy, tmp_path):  # noqa: 
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "step"]
     assert steps and all(s["grad_norm"] > 0 for s in steps)
+
+
+@pytest.mark.parametrize("mode", ["step", "deferred"])
+def test_a_skip_on_any_rank_is_a_skip_on_every_rank(mode):
+    # Locally finite, but another rank saw an infinite loss: the `agree` collective says skip.
+    from dlperf.train.guard import StepGuard
+
+    class _Log:
+        def event(self, *a, **k):
+            pass
+
+    model, _, opt, _ = _sgd_pair("sgd")
+    prepare_deferred(opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    _grads(model, 0)
+    guard = StepGuard(mode, 5, torch.amp.GradScaler("cpu", enabled=False), torch.device("cpu"),
+                      _Log(), agree=lambda flag: torch.ones_like(flag))
+    applied = guard.step(opt, model, None, torch.tensor(1.0), torch.tensor(2.0), 0)
+    assert not bool(applied)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))

@@ -70,6 +70,16 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     return t.tolist()
 
 
+def any_rank_on_device(flag: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """A 0-dim bool tensor, true when it is true on any rank; a device collective, no host
+    sync with NCCL (the non-finite guard's decision, so every rank skips the same steps)."""
+    if not info.enabled:
+        return flag
+    t = flag.to(torch.float32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t > 0
+
+
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True when the flag is set on any rank (e.g. a preemption signal seen by one rank)."""
     if not info.enabled:

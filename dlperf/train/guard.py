@@ -118,10 +118,14 @@ class EMA(AveragedModel):
 
 class StepGuard:
     def __init__(self, mode: str, max_run: int, scaler: torch.amp.GradScaler,
-                 device: torch.device, log):
+                 device: torch.device, log, agree=None):
+        """``agree``: makes a 0-dim bool flag true on every rank when it is true on any
+        (distributed.any_rank_on_device); gradients are all-reduced, but the loss is each
+        rank's own, and a rank that skipped alone would leave its weights behind."""
         if mode not in ("step", "deferred"):
             raise ValueError(f"nonfinite_check must be step or deferred, got {mode!r}")
         self.mode, self.max_run, self.scaler, self.log = mode, max_run, scaler, log
+        self.agree = agree
         self.skipped = 0  # host view, exact after every check()
         self._run = 0
         if mode == "deferred":
@@ -140,6 +144,8 @@ class StepGuard:
         the device in ``deferred`` mode.
         """
         bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
+        if self.agree is not None:
+            bad = self.agree(bad)
         # fp16: overflowing scaled gradients are dynamic loss scaling at work (GradScaler
         # halves the scale); only a non-finite loss, or a scale driven below 1, means the run
         # itself has diverged.

@@ -327,7 +327,9 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
     scaler = torch.amp.GradScaler(info.device.type, enabled=cfg.dtype == "fp16")
     ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
     guard = StepGuard(cfg.nonfinite_mode(info.device.type), cfg.max_nonfinite_steps, scaler,
-                      info.device, log)
+                      info.device, log,
+                      agree=(lambda flag: D.any_rank_on_device(flag, info)) if info.enabled
+                      else None)
     if guard.mode == "deferred":
         prepare_deferred(optimizer)
     graphed = None
