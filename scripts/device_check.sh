@@ -4,6 +4,9 @@
 # On the lent device machine: python3 there already holds torch, torchvision and rich; dlperf is
 # pure Python and runs from this checkout via PYTHONPATH. Copy $OUT/*.json to
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
+# ../shared does not travel to the device: carry the corpus inside the checkout first,
+#   mkdir -p .corpus && cp -r ../shared/data/imagenet-like .corpus/ && echo /.corpus/ >> .git/info/exclude
+# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus"], timeout ~540 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # One failed or timed-out step must not cost the others' results: each is run through `step`.
@@ -44,7 +47,8 @@ collect
 
 # 3. Issue #3's goal: the GPU input path on the JPEG corpus, >= 10,000 img/s (carry the corpus
 #    or point DATA at a copy on the machine).
-DATA=${DATA:-../shared/data/imagenet-like}
+DATA=${DATA:-.corpus/imagenet-like}
+[ -d "$DATA" ] || DATA=../shared/data/imagenet-like
 if [ -d "$DATA" ]; then
   step timeout 90 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json" --epochs 10
 fi
