@@ -332,6 +332,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                       else None)
     if guard.mode == "deferred":
         prepare_deferred(optimizer)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
     graphed = None
     if cfg.cuda_graphs:
         if info.device.type != "cuda":
@@ -342,7 +343,6 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                               "are not captured); drop it or run one process")
         graphed = GraphedStep(model, run_model, loss_fn, optimizer, guard, ema, dtype,
                               info.device, max_grad_norm=cfg.max_grad_norm)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
     step, start_epoch, best = 0, 0, None
     resumed_from = None
