@@ -335,3 +335,22 @@ def test_a_skip_on_any_rank_is_a_skip_on_every_rank(mode):
     applied = guard.step(opt, model, None, torch.tensor(1.0), torch.tensor(2.0), 0)
     assert not bool(applied)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+def test_the_loops_graphed_branch_trains_exactly_like_the_plain_one(toy, tmp_path,  # noqa: F811
+                                                                    monkeypatch):
+    # On the CPU the graphed step runs its body eagerly (no capture); the loop's wiring around
+    # it (static outputs, scheduler, guard, EMA, checkpoints) must give the very same weights.
+    from dlperf.train import loop
+
+    common = dict(epochs=2, deterministic=True, nonfinite_check="deferred", ema_decay=0.9,
+                  max_grad_norm=5.0)
+    train(_cfg(toy, tmp_path / "plain", **common), resume=None, progress=False, mfu=False)
+    monkeypatch.setattr(loop, "graph_capture_supported", lambda device: True)
+    train(_cfg(toy, tmp_path / "graphed", cuda_graphs=True, **common), resume=None,
+          progress=False, mfu=False)
+    a, _ = ckpt.load_latest(tmp_path / "plain" / "checkpoints")
+    b, _ = ckpt.load_latest(tmp_path / "graphed" / "checkpoints")
+    for part in ("model", "ema"):
+        for key, value in a[part].items():
+            assert torch.equal(b[part][key], value), (part, key)

@@ -180,6 +180,12 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str, steps_per_epoch
     return 0.1 ** sum(epoch >= total_epochs * m for m in (1 / 3, 2 / 3, 8 / 9))
 
 
+def graph_capture_supported(device: torch.device) -> bool:
+    """CUDA graphs need CUDA. (Tests patch this to run the graphed step's body eagerly on the
+    CPU, which exercises the loop's whole graphed branch except the capture itself.)"""
+    return device.type == "cuda"
+
+
 def host_lr(scheduler) -> float:
     """The current learning rate of the first group, computed on the host: reading the group's
     value would sync when it is a device tensor (CUDA graphs keep it on the device)."""
@@ -335,14 +341,15 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
     graphed = None
     if cfg.cuda_graphs:
-        if info.device.type != "cuda":
+        if not graph_capture_supported(info.device):
             raise DlperfError("cuda_graphs=true needs a CUDA GPU (this run is on "
                               f"{info.device.type}); drop it")
         if info.enabled:
             raise DlperfError("cuda_graphs=true is single-process for now (DDP's collectives "
                               "are not captured); drop it or run one process")
         graphed = GraphedStep(model, run_model, loss_fn, optimizer, guard, ema, dtype,
-                              info.device, max_grad_norm=cfg.max_grad_norm)
+                              info.device, capture=info.device.type == "cuda",
+                              max_grad_norm=cfg.max_grad_norm)
 
     step, start_epoch, best = 0, 0, None
     resumed_from = None
