@@ -532,6 +532,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
     summary = {"steps": step, "epochs": cfg.epochs, "img_per_s": tput.img_per_s,
                "compute_img_per_s": tput.compute_img_per_s, "data_wait_share": tput.data_wait_share,
                "skipped_steps": guard.skipped, "compile_s": compile_s, "first_step_s": first_step_s,
+               "nonfinite_check": guard.mode,
+               "cuda_graphs": graphed.captures if graphed is not None else None,
                "resumed_from": resumed_from,
                "eval": last_eval, "best_top1": best, "time_to_target_s": time_to_target,
                "wall_s": time.perf_counter() - run_start}
