@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     dp = dsub.add_parser("prepare", help="image folder -> tar shards + index",
                          description="Write an ImageNet-layout folder (or a .csv list) as tar "
                                      "shards in webdataset naming (KEY.jpg + KEY.cls) with an "
-                                     "index of byte offsets; optionally re-encode smaller "
+                                     "index of byte offsets and DALI's .idx per shard; "
+                                     "optionally re-encode smaller "
                                      "(--max-side), which makes decoding several times cheaper. "
                                      "Unreadable files are skipped and reported.")
     dp.add_argument("src", help="image folder (ROOT/CLASS/IMAGE) or a path,label .csv")
@@ -120,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--classes", type=_positive_int, default=4)
     dt.add_argument("--per-class", type=_positive_int, default=40)
     dv = dsub.add_parser("verify", help="check a prepared dataset: index vs tar, decode all",
-                         description="Check every index entry against its tar member and decode "
-                                     "every sample; exit 1 when anything is wrong.")
+                         description="Check every index entry (and each shard's DALI .idx) "
+                                     "against its tar members and decode every sample; exit 1 "
+                                     "when anything is wrong.")
     dv.add_argument("dst", help="folder written by `dlperf data prepare`")
 
     bench = sub.add_parser("bench", help="measure one optimisation at a time",

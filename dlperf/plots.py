@@ -7,9 +7,9 @@ failing when it cannot draw, so no run or benchmark is ever lost to a plotting p
 from __future__ import annotations
 
 import csv
-import os
-import tempfile
 from pathlib import Path
+
+from dlperf.report import write_atomic
 
 
 def pyplot():
@@ -25,20 +25,8 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Save ``fig`` as PNG via a temporary file in the same folder, fsync, rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Save ``fig`` as PNG atomically (report.write_atomic: temp file, fsync, rename)."""
+    return write_atomic(path, lambda f: fig.savefig(f, format="png"), binary=True)
 
 
 def ladder_chart(result: dict, path: str | Path) -> Path | None:
