@@ -304,7 +304,7 @@ def train(cfg: TrainConfig, resume: str | None = "auto", progress: bool = True,
 
 
 def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, console):
-    from dlperf.data.device import normalize_nhwc
+    from dlperf.data.device import DevicePrefetcher
 
     seed_everything(cfg.seed)
     if info.is_main:
@@ -375,6 +375,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
         raise DlperfError(f"{ckpt_dir}: holds checkpoints; resume (resume=auto) or choose another "
                           "out_dir")
 
+    it = None  # the epoch's DevicePrefetcher: one batch ahead of the steps
+
     def save(metric=None, reason="epoch"):
         guard.check(step)  # never checkpoint a run that has diverged
         rng = [rng_state()]
@@ -390,7 +392,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                  "optimizer": float_learning_rates(optimizer.state_dict()),
                  "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                  "ema": ema.state_dict() if ema is not None else None,
-                 "loader": train_loader.state_dict(), "rng": rng, "step": step,
+                 "loader": it.loader_state() if it is not None else train_loader.state_dict(),
+                 "rng": rng, "step": step,
                  "best": best, "config": cfg.to_dict()}
         saved = ckpt.save(ckpt_dir, state, step, train_loader.epoch, metric, cfg.keep_last)
         log.event("checkpoint", step=step, path=str(saved.path), reason=reason)
@@ -415,25 +418,20 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                 epoch_stats = {"loss": 0.0, "n": 0}  # mean loss over the finite steps
                 last_loss = float("nan")
                 bar.start(epoch, steps_per_epoch)
-                it = iter(train_loader)
                 t_prev = time.perf_counter()
+                # Batches on the device one step ahead (a side CUDA stream copies batch k+1
+                # while k trains); it also keeps the loader position a checkpoint must record.
+                it = DevicePrefetcher(train_loader, info.device, cfg.channels_last)
+                carried_wait = it.last_wait  # the epoch's first fetch
                 while True:
-                    inputs, wait = [], 0.0
+                    inputs, wait = [], carried_wait
+                    carried_wait = 0.0
                     for _ in range(cfg.grad_accum):
-                        t_next = time.perf_counter()
-                        b = next(it, None)
-                        wait += time.perf_counter() - t_next
-                        if b is None:
+                        got = next(it, None)
+                        if got is None:
                             break
-                        # Take the batch off the loader's reusable buffer before asking for the
-                        # next one (the loader contract): normalising copies the images, the
-                        # labels are copied, and a CUDA copy from pinned memory is fenced.
-                        x = normalize_nhwc(b.images, info.device, torch.float32)
-                        if not cfg.channels_last:
-                            x = x.contiguous()
-                        y = b.labels.to(info.device, non_blocking=True, copy=True)
-                        b.release()
-                        inputs.append((x, y, len(b)))
+                        wait += it.last_wait
+                        inputs.append(got)
                     if len(inputs) < cfg.grad_accum:
                         break
                     if graphed is not None:  # forward .. optimizer, one graph replay
