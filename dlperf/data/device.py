@@ -96,6 +96,8 @@ class DevicePrefetcher:
         elif self._stream is None:
             self._ready = self._convert(batch)
         else:
+            if batch.images.device.type == "cuda":  # made on the GPU (nvJPEG, DALI): the side
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))  # stream waits
             with torch.cuda.stream(self._stream):
                 self._ready = self._convert(batch)
 
