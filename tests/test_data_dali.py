@@ -8,7 +8,7 @@ from dlperf.data.loader import LoaderConfig
 from dlperf.data.sources import open_source
 from imagegen import make_folder
 
-pytestmark = pytest.mark.skipif(not dali_available(), reason="nvidia-dali is not installed")
+needs_dali = pytest.mark.skipif(not dali_available(), reason="nvidia-dali is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +16,7 @@ def folder(tmp_path_factory):
     return make_folder(tmp_path_factory.mktemp("dali"), classes=3, per_class=7)  # 21 samples
 
 
+@needs_dali
 def test_dali_batches_follow_the_loader_contract(folder):
     src = open_source(folder)
     ld = DaliLoader(src, LoaderConfig(batch_size=4, size=48, threads=2, drop_last=False))
@@ -28,6 +29,7 @@ def test_dali_batches_follow_the_loader_contract(folder):
     assert len(list(ld)) == 6  # a second epoch
 
 
+@needs_dali
 def test_dali_sharding_gives_equal_batch_counts(folder):
     src = open_source(folder)
     counts = {len(DaliLoader(src, LoaderConfig(batch_size=2, size=32, rank=r, world_size=3)))
@@ -35,6 +37,7 @@ def test_dali_sharding_gives_equal_batch_counts(folder):
     assert counts == {3}
 
 
+@needs_dali
 def test_dali_resume_skips_to_the_saved_batch(folder):
     src = open_source(folder)
     cfg = LoaderConfig(batch_size=4, size=32, threads=1, drop_last=False)
@@ -65,6 +68,7 @@ def test_text_labels_parse_and_garbage_is_refused():
             parse_text_labels(raw("5", bad))
 
 
+@needs_dali
 def test_dali_reads_dlperf_shards_with_their_labels(folder, tmp_path):
     from dlperf.data.prepare import prepare
     from dlperf.data.sources import ShardSource
