@@ -296,7 +296,10 @@ def test_one_process_and_two_process_gloo_agree(toy, tmp_path):
                          text=True, timeout=300)
     assert one.returncode == 0, one.stderr
     torchrun = Path(sys.executable).with_name("torchrun")
-    two = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29517",
+    # the c10d rendezvous is what a multi-node launch uses (one node here)
+    two = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc_per_node", "2",
+                          "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29517",
+                          "--rdzv-id", "dlperf-test",
                           "-m", "dlperf", "train", *common, f"out_dir={tmp_path / 'two'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
