@@ -110,6 +110,11 @@ class GraphedStep:
                     out = self._body(x, y)
                 torch.cuda.current_stream(self.device).wait_stream(side)
                 return out
+            # One live graph: a new shape (progressive resizing) replaces the old one, whose
+            # gradient buffers the new capture takes over; a shape that comes back is warmed
+            # up and captured again.
+            self._graphs.clear()
+            self._eager_calls = {key: calls}
             entry = self._graphs[key] = self._capture(x, y)
         graph, static_x, static_y, outputs = entry
         static_x.copy_(x, non_blocking=True)
