@@ -235,7 +235,8 @@ def _launch(analysis, step_s) -> list[Finding]:
         "launch-overhead",
         f"{kernels} kernels spend {launch * 1e3:.3g} ms ({launch / step_s:.0%}) on launch and "
         "ramp-up rather than work: raise the batch size, or capture the step with CUDA graphs / "
-        "torch.compile(mode='reduce-overhead').", launch)]
+        "torch.compile(mode='reduce-overhead') (dlperf train: cuda_graphs=true or "
+        "compile=reduce-overhead).", launch)]
 
 
 RULES = (_mixed_precision, _channels_last, _fusion, _alignment, _quantization, _launch)
