@@ -419,3 +419,17 @@ def test_epochs_csv_columns_line_up_when_only_some_epochs_evaluate(toy, tmp_path
     assert [r["epoch"] for r in rows] == [0, 1]
     assert "top1" not in rows[0] and 0 <= rows[1]["top1"] <= 1 and rows[1]["top5"] >= rows[1]["top1"]
     assert rows[1]["step"] == 2 * (96 // 16)
+
+
+def test_profile_steps_write_a_trace_and_the_top_operators(toy, tmp_path):
+    out = tmp_path / "prof"
+    train(_cfg(toy, out, epochs=1, val_data="none", profile_steps=2), resume=None,
+          progress=False, mfu=False)
+    trace = json.loads((out / "profile" / "trace.json").read_text())
+    assert trace["traceEvents"]  # a Chrome trace
+    top = json.loads((out / "profile" / "top-ops.json").read_text())
+    names = [op["name"] for op in top["ops"]]
+    assert top["steps"] == 2 and any("convolution" in n for n in names)
+    assert "aten::" in (out / "profile" / "top-ops.txt").read_text()
+    with pytest.raises(DlperfError, match="profile_steps must be >= 0"):
+        TrainConfig(profile_steps=-1)

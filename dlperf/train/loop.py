@@ -403,6 +403,11 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
         return saved
 
     tput = Throughput()
+    profiler = None
+    if cfg.profile_steps and info.is_main:
+        from dlperf.train.profiling import StepProfiler
+
+        profiler = StepProfiler(cfg.profile_steps, out, info.device, log)
     last_eval: dict = {}
     compile_s = 0.0
     first_step_s = None
@@ -464,6 +469,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     if graphed is not None:
                         graphed.after_scheduler_step()
                     step += 1
+                    if profiler is not None:
+                        profiler.step()
                     now = time.perf_counter()
                     n_img *= info.world_size
                     if first_step_s is None:  # warm-up (and compilation): reported apart
@@ -530,6 +537,8 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                     break
     finally:
         bar.stop()
+        if profiler is not None:
+            profiler.stop()  # a run shorter than the profiling window
     summary = {"steps": step, "epochs": cfg.epochs, "img_per_s": tput.img_per_s,
                "compute_img_per_s": tput.compute_img_per_s, "data_wait_share": tput.data_wait_share,
                "skipped_steps": guard.skipped, "compile_s": compile_s, "first_step_s": first_step_s,

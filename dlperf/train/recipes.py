@@ -75,6 +75,7 @@ class TrainConfig:
     target_accuracy: float | None = None  # stop when eval top-1 reaches it
     eval_every: int = 1  # epochs
     log_every: int = 10  # steps
+    profile_steps: int = 0  # > 0: that many steps under torch.profiler -> out_dir/profile/
     device: str = "auto"  # auto | cpu | cuda
     sync_bn: bool = False
     collective_timeout_s: int = 600
@@ -115,6 +116,7 @@ class TrainConfig:
              "be captured)"),
             (not (self.cuda_graphs and self.optimizer == "sgd" and not self.fused_optimizer),
              "cuda_graphs needs fused_optimizer=true"),
+            (self.profile_steps >= 0, "profile_steps must be >= 0"),
             (self.nonfinite_check in ("auto", "step", "deferred"),
              f"nonfinite_check must be auto, step or deferred, got {self.nonfinite_check!r}"),
             (not (self.nonfinite_check == "deferred" and self.optimizer == "sgd"
