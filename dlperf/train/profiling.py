@@ -46,6 +46,10 @@ class StepProfiler:
         if self._prof is not None:
             self._prof.stop()
             self._prof = None
+            if self._left > 0:
+                self.log.event("warning", message=f"profile_steps={self.steps}: the run ended "
+                               f"before the profiling window ({WAIT + WARMUP} + {self.steps} "
+                               "steps); nothing written")
 
     def _write(self, prof) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
