@@ -31,14 +31,15 @@ class StepProfiler:
             schedule=torch.profiler.schedule(wait=WAIT, warmup=WARMUP, active=steps, repeat=1),
             on_trace_ready=self._write)
         self._left = WAIT + WARMUP + steps
+        self._written = False
         self._prof.start()
 
     def step(self) -> None:
         """Call after every training step; stops the profiler once its window has passed."""
         if self._left <= 0:
             return
+        self._left -= 1  # before step(): it may write the trace, which counts the steps
         self._prof.step()
-        self._left -= 1
         if self._left == 0:
             self.stop()
 
@@ -46,12 +47,16 @@ class StepProfiler:
         if self._prof is not None:
             self._prof.stop()
             self._prof = None
-            if self._left > 0:
+            if not self._written:
                 self.log.event("warning", message=f"profile_steps={self.steps}: the run ended "
                                f"before the profiling window ({WAIT + WARMUP} + {self.steps} "
-                               "steps); nothing written")
+                               "steps) began; nothing written")
+
+    def _recorded(self) -> int:
+        return max(0, WAIT + WARMUP + self.steps - self._left - WAIT - WARMUP)
 
     def _write(self, prof) -> None:
+        self._written = True
         self.out.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".trace.", suffix=".json", dir=self.out)
         os.close(fd)
@@ -67,10 +72,10 @@ class StepProfiler:
                           averages.table(sort_by=key, row_limit=30) + "\n")
         rows = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)[:30]
         write_json_atomic(self.out / "top-ops.json", {
-            "steps": self.steps, "sorted_by": key,
+            "steps": self._recorded(), "sorted_by": key,
             "ops": [{"name": e.key, "calls": e.count,
                      "self_cpu_us": e.self_cpu_time_total,
                      "self_device_us": getattr(e, "self_device_time_total", 0.0),
                      "cpu_total_us": e.cpu_time_total} for e in rows]})
-        self.log.event("profile", steps=self.steps, trace=str(self.out / "trace.json"),
+        self.log.event("profile", steps=self._recorded(), trace=str(self.out / "trace.json"),
                        top_ops=str(self.out / "top-ops.txt"))
