@@ -538,6 +538,8 @@ def _cmd_train(args) -> int:
         parts.append(f"target reached in {summary['time_to_target_s']:.1f} s")
     console.print(f"Done: {summary['steps']} steps; " + "; ".join(parts) +
                   f". Logs and checkpoints in {cfg.out_dir}")
+    for line in summary.get("advice", []):
+        console.print(f"  next: {line}", highlight=False)
     return 0
 
 

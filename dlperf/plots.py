@@ -89,15 +89,17 @@ def training_curves(rows: list[dict], path: str | Path, title: str = "") -> Path
               (axes[1][0], ["lr"], "learning rate at epoch end"),
               (axes[1][1], ["img_per_s"], "images/s (cumulative)")]
     for ax, keys, label in panels:
+        drawn = 0
         for key in keys:
             points = series(key)
             if points:
                 ax.plot(*zip(*points), marker="o", ms=3, label=key)
+                drawn += 1
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=8)
-        if len(keys) > 1:
+        if len(keys) > 1 and drawn:
             ax.legend(fontsize=8)
     axes[0][1].set_ylim(0, 1.02)
     if title:

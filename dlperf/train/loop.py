@@ -554,9 +554,13 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
         if fpi and peak:
             summary.update(flops_per_image=fpi, peak_flops=peak, peak_source=source,
                            mfu=fpi * tput.compute_img_per_s / info.world_size / peak)
+    from dlperf.train.advice import advice
+
+    summary["advice"] = advice(summary, cfg, info.device.type)
     if info.is_main:
         write_json_atomic(out / "summary.json", summary)
-        log.event("summary", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
+        log.event("summary", **{k: v for k, v in summary.items()
+                                 if not isinstance(v, (dict, list))})
     return summary
 
 
