@@ -236,3 +236,14 @@ def test_optimizer_step_is_counted_in_a_training_step():
     a = dlperf.analyze(gpt, (2, 32), train=True, optimizer="adamw", input_dtype=torch.long)
     [step] = [p.cost for p in a.predictions if p.cost.phase == "optimizer"]
     assert step.bytes == 28 * sum(p.numel() for p in gpt.parameters())
+
+
+@pytest.mark.parametrize("name", ["resnet50d", "convnext_tiny", "efficientnet_b0"])
+def test_timm_models_forward_flops_agree_with_flop_counter(name):
+    # timm's own layers (anti-aliased stems, LayerNorm2d, SE blocks, ...) through the same
+    # capture; cross-checked as for torchvision's models
+    timm = pytest.importorskip("timm")
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False).eval()
+    x = torch.empty(2, 3, 224, 224, device="meta")
+    assert _our_math_flops(model, x, train=False) == _flop_counter_total(model, x, train=False)

@@ -433,3 +433,11 @@ def test_profile_steps_write_a_trace_and_the_top_operators(toy, tmp_path):
     assert "aten::" in (out / "profile" / "top-ops.txt").read_text()
     with pytest.raises(DlperfError, match="profile_steps must be >= 0"):
         TrainConfig(profile_steps=-1)
+
+
+def test_a_timm_model_trains_through_the_same_recipe(toy, tmp_path):
+    pytest.importorskip("timm")
+    summary = train(_cfg(toy, tmp_path / "timm", model="timm:resnet18", num_classes=4, epochs=1,
+                         image_size=32, val_data="none"), resume=None, progress=False, mfu=True)
+    assert summary["steps"] == 96 // 16
+    assert summary["flops_per_image"] > 0  # dlperf's own FLOP count of the timm model

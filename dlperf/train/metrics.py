@@ -109,9 +109,11 @@ def flops_per_image(model_name: str, num_classes: int, image_size: int, dtype: s
 
         with torch.device("meta"):
             model = build_model(model_name, num_classes, meta=True)
-        cfg = AnalysisConfig(model=model_name, input_shape=(1, channels, image_size, image_size),
+        # batch 2, halved: training-mode BatchNorm refuses one value per channel, which a
+        # batch of 1 gives wherever the feature map is down to 1x1 (small images)
+        cfg = AnalysisConfig(model=model_name, input_shape=(2, channels, image_size, image_size),
                              dtype=dtype, train=True, device="h100-sxm", optimizer="none")
-        return float(analyze_model(model, cfg, PRESETS["h100-sxm"]).totals()["flops"])
+        return float(analyze_model(model, cfg, PRESETS["h100-sxm"]).totals()["flops"]) / 2
     except Exception:  # a model the analyzer cannot capture: no MFU, never a failed run
         return None
 
