@@ -186,7 +186,8 @@ def test_sigkill_during_checkpoint_writes_leaves_a_loadable_checkpoint(tmp_path)
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_and_resumes(toy, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_signal_checkpoints_and_resumes(toy, tmp_path, sig):
     out = tmp_path / "t"
     cmd = [sys.executable, "-m", "dlperf", "train", "--recipe", "tiny", "--no-progress",
            f"data={toy[0]}", "val_data=none", f"out_dir={out}", "epochs=200", "batch_size=16",
@@ -198,7 +199,7 @@ def test_sigterm_checkpoints_and_resumes(toy, tmp_path):
         if log.exists() and '"kind": "step"' in log.read_text():
             break
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err
     assert "run the same command again to resume" in err

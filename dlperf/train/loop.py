@@ -3,8 +3,9 @@ non-finite skipping) -> evaluation -> checkpoints and logs, resumable at any ste
 
 Exit conditions a caller sees (the CLI maps them to exit codes):
 * normal end: returns the summary;
-* SIGTERM/SIGUSR1: the current step finishes, a checkpoint is written, `Preempted` is raised
-  (exit code 75, EX_TEMPFAIL); `--set resume=auto` (the default) continues from it;
+* SIGTERM/SIGUSR1 or a first Ctrl-C: the current step finishes, a checkpoint is written,
+  `Preempted` is raised (exit code 75, EX_TEMPFAIL); `resume=auto` (the default) continues
+  from it;
 * `max_nonfinite_steps` consecutive steps with a non-finite loss or gradient: `NonFinite`
   (exit code 3) with a diagnostic; each skipped step leaves the weights unchanged
   (dlperf/train/guard.py; with nonfinite_check=deferred, detected at the next logging step).
@@ -263,14 +264,15 @@ def evaluate(model: nn.Module, loader, info: D.DistInfo, dtype, channels_last: b
 
 # ---------------------------------------------------------------- the run
 class _Signals:
-    """SIGTERM/SIGUSR1 set a flag; the loop checkpoints and stops at the next step boundary."""
+    """SIGTERM/SIGUSR1, and a first Ctrl-C (SIGINT), set a flag; the loop checkpoints and stops
+    at the next step boundary. A second Ctrl-C aborts at once (KeyboardInterrupt), as usual."""
 
     def __init__(self):
         self.caught: int | None = None
         self._old = {}
 
     def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: signals cannot be caught here
@@ -279,6 +281,12 @@ class _Signals:
 
     def _handle(self, signum, _frame):
         self.caught = signum
+        if signum == signal.SIGINT:
+            import sys
+
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            print("dlperf: stopping after this step with a checkpoint; Ctrl-C again to abort",
+                  file=sys.stderr)
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
