@@ -96,12 +96,18 @@ def test_lars_found_inf(found):
         elif found is not None:
             opt_b.found_inf = torch.tensor(0.0)
         before = [p.detach().clone() for p in b.parameters()]
+        momentum = [opt_b.state[p]["momentum_buffer"].clone() for p in b.parameters()
+                    if "momentum_buffer" in opt_b.state[p]]
         opt_b.step()
     for p, q, p0 in zip(a.parameters(), b.parameters(), before):
-        if found == 1.0:  # the last step was skipped
+        if found == 1.0:  # the last step was skipped: weights and momentum as they were
             assert torch.equal(q, p0)
         else:
             assert torch.equal(p, q)
+    if found == 1.0:
+        after = [opt_b.state[p]["momentum_buffer"] for p in b.parameters()]
+        assert len(momentum) == len(after)
+        assert all(torch.equal(m0, m1) for m0, m1 in zip(momentum, after))
 
 
 def test_deferred_run_skips_the_same_steps_as_step_mode(toy, tmp_path):  # noqa: F811
