@@ -360,3 +360,35 @@ def test_the_loops_graphed_branch_trains_exactly_like_the_plain_one(toy, tmp_pat
     for part in ("model", "ema"):
         for key, value in a[part].items():
             assert torch.equal(b[part][key], value), (part, key)
+
+
+def test_the_deferred_step_reads_nothing_back_from_the_device(toy, tmp_path,  # noqa: F811
+                                                              monkeypatch):
+    # Every read of a tensor's value on the host (.item(), bool(), float(), int(), .tolist())
+    # is a device sync on a GPU. On the CPU they are cheap, but counting them per call site
+    # shows whether any happens every step: none may, in dlperf's own code.
+    import collections
+    import sys as _sys
+
+    counts = collections.Counter()
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            frame = _sys._getframe(1)
+            if "/dlperf/" in frame.f_code.co_filename.replace("\\\\", "/"):
+                counts[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"] += 1
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    for name in ("item", "__bool__", "__float__", "__int__", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    summary = train(_cfg(toy, tmp_path / "s", epochs=2, val_data="none", log_every=1000,
+                         nonfinite_check="deferred", ema_decay=0.9, max_grad_norm=5.0),
+                    resume=None, progress=False, mfu=False)
+    steps = summary["steps"]
+    assert steps == 12
+    per_step = {site: n for site, n in counts.items() if n >= steps}
+    assert not per_step, per_step
+    assert counts  # the epoch-end reads were seen, so the counting itself works
