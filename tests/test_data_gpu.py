@@ -119,3 +119,37 @@ def test_gpu_loader_needs_cuda(folder):
 
     with pytest.raises(DlperfError, match="no CUDA GPU"):
         GpuLoader(open_source(folder), LoaderConfig(), device="cuda")
+
+
+def test_background_preparation_gives_the_same_batches_and_stops_cleanly(folder):
+    import threading
+
+    src = open_source(folder)
+    cfg = LoaderConfig(batch_size=4, size=32, seed=5, max_bad_fraction=0.5, drop_last=False)
+    inline = [(b.images.clone(), b.labels.clone(), b.indices.copy())
+              for b in GpuLoader(src, cfg, device="cpu", ahead=0)]
+    ahead = GpuLoader(src, cfg, device="cpu", ahead=3)
+    background = [(b.images.clone(), b.labels.clone(), b.indices.copy()) for b in ahead]
+    assert len(inline) == len(background) == len(ahead)
+    for (a, la, ia), (b, lb, ib) in zip(inline, background):
+        assert torch.equal(a, b) and torch.equal(la, lb) and np.array_equal(ia, ib)
+    # the position is the consumer's, however far ahead the thread is
+    ld = GpuLoader(src, cfg, device="cpu", ahead=3)
+    it = iter(ld)
+    next(it)
+    assert ld.state_dict()["next_batch"] == 1
+    it.close()  # leaving early stops the thread
+    alive = [t for t in threading.enumerate() if t.name == "dlperf-gpu-loader"]
+    assert not alive
+
+
+def test_background_failure_is_raised_in_the_consumer(tmp_path):
+    from dlperf.errors import DlperfError
+
+    root = make_folder(tmp_path / "bad", classes=2, per_class=4, size=(40, 50))
+    for f in sorted(root.rglob("*.JPEG"))[:6]:
+        f.write_bytes(b"not a jpeg at all")
+    ld = GpuLoader(open_source(root), LoaderConfig(batch_size=4, size=16, max_bad_fraction=0.1),
+                   device="cpu", ahead=2)
+    with pytest.raises(DlperfError, match="bad"):
+        list(ld)

@@ -20,7 +20,10 @@ which is how the tests exercise its logic.
 
 from __future__ import annotations
 
+import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -106,12 +109,82 @@ def crop_resize_batch(images: list[torch.Tensor], boxes: list[tuple], flips: lis
     return out
 
 
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
+
+
+def in_background(items, depth: int, device: torch.device):
+    """Run the generator ``items`` in a thread, up to ``depth`` results ahead of the consumer.
+
+    On CUDA the thread works on its own stream and fences each result with an event that the
+    consumer's stream waits on (and records the tensors on it for the caching allocator), so
+    decoding and cropping the next batches overlaps the training step instead of stalling it.
+    An exception in the thread is raised in the consumer; leaving the loop early stops the
+    thread after the batch it is working on.
+    """
+    results: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                results.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run():
+        try:
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                for k, batch in items:
+                    event = None
+                    if stream is not None:
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                    if not put((k, batch, event)):
+                        return
+        except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
+            put(_Failure(exc))
+            return
+        put(_END)
+
+    thread = threading.Thread(target=run, name="dlperf-gpu-loader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = results.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            k, batch, event = item
+            if event is not None:
+                current = torch.cuda.current_stream(device)
+                current.wait_event(event)
+                batch.images.record_stream(current)
+                batch.labels.record_stream(current)
+            yield k, batch
+    finally:
+        stop.set()
+        thread.join()
+        items.close()  # the thread has left the generator: its cleanup runs here
+
+
 class GpuLoader(Loader):
     """Loader whose batches are decoded and augmented on ``device`` (see module docstring)."""
 
     def __init__(self, source: Source, cfg: LoaderConfig = LoaderConfig(), device: str = "cuda",
-                 jpeg_decoder: str = "auto"):
+                 jpeg_decoder: str = "auto", ahead: int = 2):
         super().__init__(source, cfg)
+        if ahead < 0:
+            raise DlperfError(f"GPU loader: ahead must be >= 0, got {ahead}")
+        self.ahead = ahead  # batches a background thread prepares ahead of the consumer
         self.jpeg_decoder, self._decode_batch = jpeg_batch_decoder(jpeg_decoder)
         if cfg.channels != 3:
             raise DlperfError("the GPU loader emits 3 channels; pad on the device if needed")
@@ -124,7 +197,7 @@ class GpuLoader(Loader):
         import dataclasses
 
         return GpuLoader(self.source, dataclasses.replace(self.cfg, size=size), str(self.device),
-                         self.jpeg_decoder)
+                         self.jpeg_decoder, self.ahead)
 
     def _prepare(self, index: int, epoch: int):
         """(index, bytes, upright h, w, plan, nvjpeg-able) or (index, None, reason)."""
@@ -160,13 +233,26 @@ class GpuLoader(Loader):
         return torch.from_numpy(full).permute(2, 0, 1).to(self.device)
 
     def __iter__(self):
-        cfg = self.cfg
         if self._pool is None:
             use_single_threaded_opencv()
-            self._pool = ThreadPoolExecutor(cfg.thread_count(), thread_name_prefix="dlperf-gpu")
+            self._pool = ThreadPoolExecutor(self.cfg.thread_count(), thread_name_prefix="dlperf-gpu")
         epoch, start = self.epoch, self._next_batch
         if start == 0:
             self.report = EpochReport(epoch)
+        batches = self._batches(epoch, start)
+        if self.ahead:
+            batches = in_background(batches, self.ahead, self.device)
+        # The position is the consumer's: a background thread may be batches ahead of it.
+        for k, batch in batches:
+            self._next_batch = k + 1
+            yield batch
+        self.reports.append(self.report.summary())
+        self.epoch += 1
+        self._next_batch = 0
+
+    def _batches(self, epoch: int, start: int):
+        """(k, Batch) for the epoch's batches from ``start``: the decoding and cropping."""
+        cfg = self.cfg
         order, real = self.rank_order(epoch), self._real_count()
 
         def read(k):
@@ -208,12 +294,9 @@ class GpuLoader(Loader):
             self.report.samples += sum(1 for row in range(len(ids)) if first + row < real)
             out = (crop_resize_batch(images, boxes, flips, cfg.size) if images else
                    torch.empty((0, cfg.size, cfg.size, 3), dtype=torch.uint8, device=self.device))
-            self._next_batch = k + 1
-            yield Batch(out, host_to_device(torch.tensor(labels, dtype=torch.int64), self.device),
-                        ids[kept], sum(1 for row in kept if first + row >= real))
-        self.reports.append(self.report.summary())
-        self.epoch += 1
-        self._next_batch = 0
+            yield k, Batch(out, host_to_device(torch.tensor(labels, dtype=torch.int64),
+                                               self.device),
+                           ids[kept], sum(1 for row in kept if first + row >= real))
 
     def _record_bad(self, bad: list) -> None:
         for _, index, reason in sorted(bad):
