@@ -12,7 +12,9 @@ state_dict/load_state_dict, sharding, the bad-file policy), but the batch lives 
 3. every sample's own crop box is resized to the output size by ONE ``torchvision.ops.roi_align``
    call over the packed batch (adaptive sampling averages ~ceil(box/output) samples per output
    pixel, an area filter against aliasing), then flips are applied as one indexed op. This is
-   the per-sample crop that torchvision's transforms cannot do for a batch.
+   the per-sample crop that torchvision's transforms cannot do for a batch;
+4. all of it runs in a background thread on its own CUDA stream, ``ahead`` batches before the
+   consumer (DALI's prefetch queue): the training loop only waits on an event.
 
 On a machine without CUDA the same code runs with ``device="cpu"`` (torchvision's CPU decoder),
 which is how the tests exercise its logic.
