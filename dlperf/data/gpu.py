@@ -7,8 +7,9 @@ state_dict/load_state_dict, sharding, the bad-file policy), but the batch lives 
    (seed, epoch, sample) stream as the CPU path;
 2. ``decode_jpeg(list, device="cuda")`` decodes the JPEGs as one nvJPEG batch, with EXIF
    orientation: torchcodec's when it is installed (torchvision's image decoding is deprecated
-   since 0.29 in its favour), else torchvision.io's; a batch that fails is retried image by image so one bad file only loses
-   itself, and anything nvJPEG rejects (PNG, CMYK, corrupt) goes to the CPU decoder;
+   since 0.29 in its favour), else torchvision.io's; a batch that fails is retried image by
+   image so one bad file only loses itself, and anything nvJPEG rejects (PNG, CMYK, corrupt)
+   goes to the CPU decoder;
 3. every sample's own crop box is resized to the output size by ONE ``torchvision.ops.roi_align``
    call over the packed batch (adaptive sampling averages ~ceil(box/output) samples per output
    pixel, an area filter against aliasing), then flips are applied as one indexed op. This is
@@ -16,7 +17,7 @@ state_dict/load_state_dict, sharding, the bad-file policy), but the batch lives 
 4. all of it runs in a background thread on its own CUDA stream, ``ahead`` batches before the
    consumer (DALI's prefetch queue): the training loop only waits on an event.
 
-On a machine without CUDA the same code runs with ``device="cpu"`` (torchvision's CPU decoder),
+On a machine without CUDA the same code runs with ``device="cpu"`` (the decoders' CPU paths),
 which is how the tests exercise its logic.
 """
 
