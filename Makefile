@@ -8,7 +8,7 @@ STAMP := $(VENV)/.dlperf-installed
 # torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test install clean bench-analyze bench-predict bench-data bench-train
+.PHONY: demo test install clean bench-analyze bench-predict bench-data bench-train bench-digits
 
 install: $(STAMP)
 
@@ -39,3 +39,8 @@ bench-data: $(STAMP)
 
 bench-train: $(STAMP)
 	$(BIN)/dlperf bench train --compile
+
+# real-data sanity for dlperf train: needs scikit-learn (for its bundled digits), installed here
+bench-digits: $(STAMP)
+	$(BIN)/python -m pip install -q scikit-learn
+	$(BIN)/python benchmarks/bench_digits.py

@@ -442,3 +442,15 @@ def test_a_timm_model_trains_through_the_same_recipe(toy, tmp_path):
                          image_size=32, val_data="none"), resume=None, progress=False, mfu=True)
     assert summary["steps"] == 96 // 16
     assert summary["flops_per_image"] > 0  # dlperf's own FLOP count of the timm model
+
+
+def test_crop_area_and_flip_reach_the_training_loader(toy):
+    from dlperf.train import distributed as D
+    from dlperf.train.loop import build_loaders
+
+    cfg = _cfg(toy, "unused", min_crop_area=0.6, flip=False)
+    train_loader, val_loader = build_loaders(cfg, D.setup("cpu", 60), 32)
+    assert train_loader.cfg.scale == (0.6, 1.0) and train_loader.cfg.flip is False
+    assert val_loader.cfg.train is False
+    with pytest.raises(DlperfError, match="min_crop_area must be in"):
+        TrainConfig(min_crop_area=0.0)

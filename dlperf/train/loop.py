@@ -89,7 +89,8 @@ def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
             return DaliLoader(src, lcfg, device=info.device.type)
         return Loader(src, lcfg)
 
-    train = make(source, LoaderConfig(batch_size=per_rank, train=True, size=image_size, **common))
+    train = make(source, LoaderConfig(batch_size=per_rank, train=True, size=image_size,
+                                      scale=(cfg.min_crop_area, 1.0), flip=cfg.flip, **common))
     val = None
     if cfg.val_data:
         val = make(open_source(cfg.val_data), LoaderConfig(

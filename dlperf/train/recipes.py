@@ -48,6 +48,8 @@ class TrainConfig:
     image_size: int = 224
     min_image_size: int | None = None  # progressive resizing: from this size up to image_size
     eval_image_size: int | None = None  # default: image_size
+    min_crop_area: float = 0.08  # random-resized crops cover this..1 of the image's area
+    flip: bool = True  # random horizontal flips (off for data where mirroring changes the class)
     # speed-ups (each can be switched off, so bench can measure them one at a time)
     dtype: str = "bf16"  # bf16 | fp16 (GradScaler) | fp32
     tf32: bool = True
@@ -104,6 +106,7 @@ class TrainConfig:
             (not (self.data_backend == "dali" and self.min_image_size),
              "progressive resizing (min_image_size) is not supported with data_backend=dali"),
             (self.lr_per_256 > 0, "lr_per_256 must be positive"),
+            (0 < self.min_crop_area <= 1, "min_crop_area must be in (0, 1]"),
             (not (self.cuda_graphs and self.compile),
              "cuda_graphs and compile are exclusive (compile=reduce-overhead already replays "
              "CUDA graphs); choose one"),
