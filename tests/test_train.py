@@ -454,3 +454,20 @@ def test_crop_area_and_flip_reach_the_training_loader(toy):
     assert val_loader.cfg.train is False
     with pytest.raises(DlperfError, match="min_crop_area must be in"):
         TrainConfig(min_crop_area=0.0)
+
+
+def test_gpu_backend_resume_is_exact_with_both_layers_running_ahead(toy, tmp_path):
+    # The GPU loader's background thread and the device prefetcher are both batches ahead of
+    # the steps; the checkpoint must still record the steps' position (run on the CPU here).
+    common = dict(epochs=1, deterministic=True, data_backend="gpu", val_data="none")
+    train(_cfg(toy, tmp_path / "a", **common), resume=None, progress=False, mfu=False)
+    want, _ = _final_weights(tmp_path / "a")
+    cfg_b = _cfg(toy, tmp_path / "b", **common)
+    with pytest.raises(Preempted, match="stopped at step 3"):
+        train(cfg_b, resume=None, progress=False, mfu=False, stop_at_step=3)
+    _, state = _final_weights(tmp_path / "b")
+    assert state["loader"]["next_batch"] == 3
+    train(cfg_b, resume="auto", progress=False, mfu=False)
+    got, _ = _final_weights(tmp_path / "b")
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
