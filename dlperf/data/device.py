@@ -9,6 +9,7 @@ work is trivial next to the model (and torch.compile fuses it into one kernel).
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 
@@ -86,8 +87,6 @@ class DevicePrefetcher:
         return x, y, n
 
     def _preload(self) -> None:
-        import time
-
         t0 = time.perf_counter()
         batch = next(self._it, None)
         self.last_wait = time.perf_counter() - t0
