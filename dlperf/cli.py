@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "against its tar members and decode every sample; exit 1 "
                                      "when anything is wrong.")
     dv.add_argument("dst", help="folder written by `dlperf data prepare`")
+    dv.add_argument("--threads", type=_positive_int, default=None,
+                    help="decoding threads [every CPU]; the report is the same for any")
 
     bench = sub.add_parser("bench", help="measure one optimisation at a time",
                            description="Benchmarks: a baseline plus one change, side by side.")
@@ -412,7 +414,7 @@ def _cmd_data(args) -> int:
         n = len(ShardSource(args.dst))
         with Progress(console=console) as bar:
             task = bar.add_task("verifying", total=n)
-            result = verify(args.dst, progress=lambda: bar.advance(task))
+            result = verify(args.dst, progress=lambda: bar.advance(task), threads=args.threads)
         for where, problem in result["problems"][:20]:
             console.print(f"  [red]problem[/] {where}: {problem}")
         ok = not result["problems"]

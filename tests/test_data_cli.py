@@ -69,6 +69,20 @@ def test_verify_finds_a_corrupted_shard(corpus, tmp_path, capsys):
     assert "FAILED" in out and src.name(3) in out
 
 
+
+def test_verify_reports_a_truncated_shard_the_same_for_any_thread_count(corpus, tmp_path):
+    from dlperf.data.prepare import verify
+
+    dst = tmp_path / "shards"
+    assert main(["data", "prepare", str(corpus), str(dst), "--shard-size", "8KB"]) == 0
+    src = ShardSource(dst)
+    last = dst / src.shards[-1]
+    last.write_bytes(last.read_bytes()[:700])  # cut inside its first image
+    reports = [verify(dst, threads=t)["problems"] for t in (1, 3)]
+    assert reports[0] == reports[1] and reports[0]  # found, in the same order
+    assert any("unreadable" in reason or "does not match" in reason for _, reason in reports[0])
+
+
 def test_prepare_copies_jpegs_byte_for_byte_without_max_side(corpus, tmp_path):
     dst = tmp_path / "raw"
     assert main(["data", "prepare", str(corpus), str(dst)]) == 0

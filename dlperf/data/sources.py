@@ -178,7 +178,10 @@ class ShardSource(Source):
                 fd = os.open(path, os.O_RDONLY)
             except OSError as exc:
                 raise DlperfError(f"{path}: cannot open shard ({exc.strerror})") from None
-            fd = self._fds.setdefault(shard, fd)  # another thread may have won the race
+            kept = self._fds.setdefault(shard, fd)
+            if kept != fd:  # another thread won the race: keep its descriptor, close ours
+                os.close(fd)
+            fd = kept
         return fd
 
     def __len__(self) -> int:
