@@ -13,6 +13,7 @@ from dlperf.errors import DlperfError
 from dlperf.train import checkpoint as ckpt
 from dlperf.train.guard import EMA, NonFinite, prepare_deferred
 from dlperf.train.loop import LARS, train
+from dlperf.train.metrics import RunLog
 from dlperf.train.recipes import TrainConfig
 from test_train import NAN_MODEL, _cfg, toy  # noqa: F401  (toy is a fixture)
 
@@ -217,16 +218,13 @@ def test_graphed_step_eager_fallback_trains_like_the_plain_step():
     from dlperf.train.graphs import GraphedStep
     from dlperf.train.guard import StepGuard
 
-    class _Log:
-        def event(self, *a, **k):
-            pass
 
     results = []
     for graphed in (False, True):
         model, _, opt, _ = _sgd_pair("sgd")
         prepare_deferred(opt)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        guard = StepGuard("deferred", 3, scaler, torch.device("cpu"), _Log())
+        guard = StepGuard("deferred", 3, scaler, torch.device("cpu"), RunLog(None))
         loss_fn = torch.nn.CrossEntropyLoss()
         step = GraphedStep(model, model, loss_fn, opt, guard, None, None, torch.device("cpu"),
                            capture=False)
@@ -328,16 +326,13 @@ def test_a_skip_on_any_rank_is_a_skip_on_every_rank(mode):
     # Locally finite, but another rank saw an infinite loss: the `agree` collective says skip.
     from dlperf.train.guard import StepGuard
 
-    class _Log:
-        def event(self, *a, **k):
-            pass
 
     model, _, opt, _ = _sgd_pair("sgd")
     prepare_deferred(opt)
     before = [p.detach().clone() for p in model.parameters()]
     _grads(model, 0)
     guard = StepGuard(mode, 5, torch.amp.GradScaler("cpu", enabled=False), torch.device("cpu"),
-                      _Log(), agree=lambda flag: torch.ones_like(flag))
+                      RunLog(None), agree=lambda flag: torch.ones_like(flag))
     applied = guard.step(opt, model, None, torch.tensor(1.0), torch.tensor(2.0), 0)
     assert not bool(applied)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))

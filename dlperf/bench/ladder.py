@@ -60,14 +60,11 @@ def _time_steps(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device, prog
     if cfg.cuda_graphs:  # the same step as `dlperf train cuda_graphs=true`, captured once
         from dlperf.train.graphs import GraphedStep
         from dlperf.train.guard import StepGuard, prepare_deferred
-
-        class _NoLog:
-            def event(self, *args, **kwargs):
-                pass
+        from dlperf.train.metrics import RunLog
 
         prepare_deferred(opt)
         guard = StepGuard("deferred", 10, torch.amp.GradScaler(device.type, enabled=False),
-                          device, _NoLog())
+                          device, RunLog(None))  # RunLog(None): the no-op log
         graphed = GraphedStep(model, run, loss_fn, opt, guard, None, dtype, device, warmup=1)
     times = []
     for i in range(lcfg.warmup + lcfg.steps):
