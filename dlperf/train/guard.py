@@ -146,13 +146,6 @@ class StepGuard:
         bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
         if self.agree is not None:
             bad = self.agree(bad)
-        # fp16: overflowing scaled gradients are dynamic loss scaling at work (GradScaler
-        # halves the scale); only a non-finite loss, or a scale driven below 1, means the run
-        # itself has diverged.
-        if self.scaler.is_enabled():
-            diverged = bad & (~torch.isfinite(loss_sum) | (self.scaler._get_scale_async() < 1.0))
-        else:
-            diverged = bad
         if self.mode == "step":
             if not bool(bad.item()):  # the one device->host sync of a step
                 self.scaler.step(optimizer)
@@ -161,7 +154,7 @@ class StepGuard:
                 self._run = 0
                 return True
             self.skipped += 1
-            self._run = self._run + 1 if bool(diverged.item()) else 0
+            self._run = self._run + 1 if bool(self._diverged(bad, loss_sum).item()) else 0
             self.log.event("nonfinite", step=step, loss=float(loss_sum),
                            grad_norm=float(grad_norm))
             if self._run >= self.max_run:
@@ -183,11 +176,19 @@ class StepGuard:
             finally:
                 ema.keep = None
         self._d_skipped += found
-        self._d_run.add_(1).mul_(diverged.to(torch.float32))
+        self._d_run.add_(1).mul_(self._diverged(bad, loss_sum).to(torch.float32))
         torch.maximum(self._d_max_run, self._d_run, out=self._d_max_run)
         self._d_last.copy_(torch.where(bad, torch.stack([loss_sum.float(), grad_norm.float()]),
                                        self._d_last))
         return ~bad
+
+    def _diverged(self, bad: torch.Tensor, loss_sum: torch.Tensor) -> torch.Tensor:
+        """fp16: overflowing scaled gradients are dynamic loss scaling at work (GradScaler
+        halves the scale); only a non-finite loss, or a scale driven below 1, means the run
+        itself has diverged."""
+        if not self.scaler.is_enabled():
+            return bad
+        return bad & (~torch.isfinite(loss_sum) | (self.scaler._get_scale_async() < 1.0))
 
     def check(self, step: int) -> None:
         """Deferred mode: bring the counters to the host (a sync) and stop a diverged run."""
