@@ -198,9 +198,10 @@ def dct_scale_eighths(ratio: float) -> int:
     """The DCT scale n/8 (n in 1, 2, 4, 8) to decode at so the image is >= ``ratio`` x its size.
 
     Only powers of two: libjpeg-turbo has SIMD IDCTs for 8x8 and the reduced 4x4/2x2/1x1 sizes,
-    while 3/8, 5/8, 6/8 and 7/8 go through generic C IDCTs (and scaled chroma) that cost more
-    than decoding at full size (measured on the corpus, whole images, one thread: 8/8 1,376 us,
-    7/8 2,064, 6/8 1,664, 5/8 1,544, 4/8 1,244, 3/8 1,307). Decoding a bit larger and letting
+    while 3/8, 5/8, 6/8 and 7/8 go through generic C IDCTs (and scaled chroma): 5/8-7/8 cost
+    more than decoding at full size, 3/8 more than 4/8 (whole corpus images, one thread: 8/8
+    1,202 us, 7/8 1,703, 6/8 1,484, 5/8 1,331, 4/8 1,075, 3/8 1,110; results/dct-scale.json).
+    Decoding a bit larger and letting
     the resize shrink by up to 2x is also closer to an antialiased float reference
     (benchmarks/README.md, "DCT scale choice").
     """
