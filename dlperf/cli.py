@@ -19,14 +19,22 @@ class _Parser(argparse.ArgumentParser):
         raise DlperfError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def _nonnegative_int(text: str) -> int:
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "index of byte offsets and DALI's .idx per shard; "
                                      "optionally re-encode smaller "
                                      "(--max-side), which makes decoding several times cheaper. "
+                                     "JPEGs are rewritten losslessly (same pixels) with restart "
+                                     "markers so random crops decode faster. "
                                      "Unreadable files are skipped and reported.")
     dp.add_argument("src", help="image folder (ROOT/CLASS/IMAGE) or a path,label .csv")
     dp.add_argument("dst", help="empty output folder")
@@ -113,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JPEG quality when re-encoding [90]")
     dp.add_argument("--threads", type=_positive_int, default=None,
                     help="decode/re-encode threads [every CPU]; the output is the same for any")
+    dp.add_argument("--restart-rows", type=_nonnegative_int, default=1,
+                    help="lossless rewrite with a restart marker every N MCU rows, so the "
+                         "decoder skips the rows above a crop [1]; 0 stores JPEGs byte for byte")
     dt = dsub.add_parser("toy", help="write a small learnable dataset (train/ and val/)",
                          description="Write a small JPEG dataset that a tiny CNN learns in "
                                      "seconds: try `dlperf train --recipe tiny data=DST/train "
@@ -386,7 +399,8 @@ def _cmd_data(args) -> int:
     console = _console()
     if args.data_command == "prepare":
         cfg = PrepareConfig(shard_bytes=parse_size(args.shard_size), max_side=args.max_side,
-                            quality=args.quality, threads=args.threads or 0)
+                            quality=args.quality, threads=args.threads or 0,
+                            restart_rows=args.restart_rows)
         source = open_source(args.src)
         with Progress(console=console) as bar:
             task = bar.add_task(f"writing shards from {len(source):,} images", total=len(source))

@@ -83,14 +83,31 @@ def test_verify_reports_a_truncated_shard_the_same_for_any_thread_count(corpus, 
     assert any("unreadable" in reason or "does not match" in reason for _, reason in reports[0])
 
 
-def test_prepare_copies_jpegs_byte_for_byte_without_max_side(corpus, tmp_path):
+def test_prepare_copies_jpegs_byte_for_byte_with_restart_rows_0(corpus, tmp_path):
     dst = tmp_path / "raw"
-    assert main(["data", "prepare", str(corpus), str(dst)]) == 0
+    assert main(["data", "prepare", str(corpus), str(dst), "--restart-rows", "0"]) == 0
     src = ShardSource(dst)
     originals = {p.read_bytes() for p in corpus.rglob("img*.JPEG")}
     copied = {src.read(i) for i in range(len(src))}
     assert originals <= copied  # every valid JPEG unchanged; the PNG re-encoded as JPEG
     assert len(copied - originals) == 1
+
+
+def test_prepare_keeps_every_jpeg_pixel_by_default(corpus, tmp_path):
+    # The default lossless rewrite (restart markers) changes bytes, never pixels.
+    from dlperf.data.decode import ROI_AVAILABLE, decode_reference
+
+    dst = tmp_path / "lossless"
+    assert main(["data", "prepare", str(corpus), str(dst)]) == 0
+    src = ShardSource(dst)
+    stored = [src.read(i) for i in range(len(src))]
+    good = sorted(corpus.rglob("img*.JPEG"))  # the 10 valid JPEGs (+ broken, + a PNG)
+    assert len(stored) == len(good) + 1  # + the PNG named .JPEG, re-encoded
+    decoded = {decode_reference(b).tobytes() for b in stored}
+    assert all(decode_reference(p.read_bytes()).tobytes() in decoded for p in good)
+    if ROI_AVAILABLE:  # rewritten: each has a DRI (define restart interval) segment
+        assert all(b"\xff\xdd\x00\x04" in b for b in stored)
+        assert not any(b"\xff\xdd" in p.read_bytes() for p in good)
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -249,6 +249,19 @@ class Scratch:
         return self.buf
 
 
+def lossless_restart(data: bytes, rows: int = 1) -> bytes:
+    """``data`` rewritten losslessly with a restart marker every ``rows`` MCU rows (same
+    pixels; see _jpegroi.c), or unchanged where that does not apply: no C extension, not a JPEG,
+    or not YCbCr/grayscale. Raises BadImage for corrupt data the rewrite would carry over."""
+    if not ROI_AVAILABLE or data[:3] != JPEG_MAGIC:
+        return data
+    try:
+        out = _jpegroi.transcode(data, rows)
+    except ValueError as exc:
+        raise BadImage(f"corrupt JPEG data ({exc})") from None
+    return data if out is None else out
+
+
 def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int, out_w: int,
                 limits: DecodeLimits, scratch: Scratch) -> np.ndarray | None:
     """The crop at the DCT scale n/8 of dct_scale_eighths that keeps it >= the output (or at
@@ -261,7 +274,7 @@ def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int
     buf = scratch.get(h * (w + 64) * 3)
     try:
         fast = 3 if limits.fast_idct else 0  # fast integer IDCT + plain chroma upsampling
-        row_w, shift, w, h = _jpegroi.decode_region(data, n, x0, y0, w, h, fast, buf)
+        row_w, shift, w, h, _ = _jpegroi.decode_region(data, n, x0, y0, w, h, fast, buf)
     except ValueError as exc:
         if str(exc) == "cmyk":
             return None

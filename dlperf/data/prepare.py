@@ -7,7 +7,14 @@ without scanning, and dlperf's ``index.json`` adds each image's byte offset so a
 pread. With ``max_side`` every image is decoded (EXIF applied),
 shrunk so its longer side is at most ``max_side`` and re-encoded at ``quality``: decoding a
 256-512 px image is several times cheaper than a full-size photo (FFCV's trick). Without it, JPEGs
-are copied byte for byte after a full test decode; other formats are re-encoded as JPEG.
+keep their pixels exactly (after a full test decode); other formats are re-encoded as JPEG.
+
+Every stored JPEG is then rewritten losslessly (``restart_rows``, default 1; same DCT
+coefficients, so every decoder returns the same pixels): baseline sequential, optimised Huffman
+tables, and a restart marker at the start of every MCU row. The ROI decoder enters such a file at
+the random crop's first row instead of Huffman-decoding every row above it, which is most of a
+training crop's decode cost (benchmarks/README.md, "Restart markers"). ``restart_rows=0`` stores
+JPEGs byte for byte; without the C extension they are stored as they are too.
 
 Writes are atomic: each shard is written to a temporary name, fsynced and renamed, and the index,
 written last, is the commit marker: a folder without index.json is not a dataset.
@@ -28,7 +35,7 @@ import cv2
 import numpy as np
 
 from dlperf.data.decode import (JPEG_MAGIC, BadImage, DecodeLimits, decode_reference,
-                                use_single_threaded_opencv)
+                                lossless_restart, use_single_threaded_opencv)
 from dlperf.data.sources import INDEX_FORMAT, INDEX_NAME, ShardSource, Source, open_source
 from dlperf.errors import DlperfError
 from dlperf.report import write_json_atomic, write_text_atomic
@@ -40,6 +47,7 @@ class PrepareConfig:
     max_side: int | None = None
     quality: int = 90
     threads: int = 0  # 0: every CPU this process may use
+    restart_rows: int = 1  # lossless rewrite with a restart marker every N MCU rows; 0: as is
     limits: DecodeLimits = DecodeLimits()
 
     def __post_init__(self):
@@ -49,6 +57,9 @@ class PrepareConfig:
             raise DlperfError(f"--max-side must be at least 16, got {self.max_side}")
         if not 1 <= self.quality <= 100:
             raise DlperfError(f"--quality must be in 1..100, got {self.quality}")
+        if self.restart_rows < 0:
+            raise DlperfError(f"--restart-rows must be >= 0 (0: store JPEGs as they are), got "
+                              f"{self.restart_rows}")
 
 
 def parse_size(text: str) -> int:
@@ -77,10 +88,10 @@ def _prepare_one(data: bytes, cfg: PrepareConfig) -> bytes:
         s = cfg.max_side / max(img.shape[:2])
         size = (max(1, round(img.shape[1] * s)), max(1, round(img.shape[0] * s)))
         img = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
-        return _encode(img, cfg.quality)
-    if cfg.max_side or data[:3] != JPEG_MAGIC:
-        return _encode(img, cfg.quality)
-    return data
+        data = _encode(img, cfg.quality)
+    elif cfg.max_side or data[:3] != JPEG_MAGIC:
+        data = _encode(img, cfg.quality)
+    return lossless_restart(data, cfg.restart_rows) if cfg.restart_rows else data
 
 
 class _ShardWriter:
