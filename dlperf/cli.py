@@ -508,6 +508,10 @@ def _cmd_bench(args) -> int:
                   + (f"{r['dlperf_vs_dali_measured']:.2f}x (measured)" if r["dlperf_vs_dali_measured"]
                      else f"{r['dlperf_vs_dali_notes_anchor']:.2f}x (NOTES.md anchor, DALI not "
                           "installed)"))
+    console.print(f"restart markers (lossless rewrite, what `data prepare` stores): "
+                  f"{r['restart_markers_vs_raw_folder']:.2f}x the raw folder"
+                  + (f", {r['restart_markers_vs_dali_same_files']:.2f}x DALI on the same files"
+                     if r["restart_markers_vs_dali_same_files"] else ""))
     console.print(f"Wrote {out}" + (f" and {png}" if png else ""))
     return 0
 

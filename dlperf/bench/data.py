@@ -8,7 +8,10 @@ epochs, after a warm-up epoch (see ``run`` for how they are interleaved).
     with ``workers`` worker processes (the common baseline);
 (b) NVIDIA DALI's CPU pipeline (decoders.image_random_crop + resize + flip, uint8), if installed;
 (c) dlperf's CPU path at 1 and ``threads`` threads, uint8 NHWC batches;
-(d) dlperf on shards re-encoded by ``dlperf data prepare --max-side 256``.
+(d) dlperf on shards re-encoded by ``dlperf data prepare --max-side 256``;
+(e) DALI and dlperf again on the same corpus rewritten losslessly with restart markers (what
+    ``dlperf data prepare`` stores by default: same pixels, and dlperf's ROI decoder enters
+    each file at the crop's first row), as a folder so both read the very same files.
 """
 
 from __future__ import annotations
@@ -50,17 +53,17 @@ def _torchvision(cfg: DataBenchConfig):
     return loader, len(ds)
 
 
-def _dali(cfg: DataBenchConfig):
+def _dali(cfg: DataBenchConfig, root: str):
     try:
         from nvidia.dali import fn, pipeline_def, types  # noqa: F401
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
     except ImportError:
         return None, 0
-    files = sorted(str(p) for p in Path(cfg.data).rglob("*") if p.is_file())
+    files = sorted(str(p) for p in Path(root).rglob("*") if p.is_file())
 
     @pipeline_def(batch_size=cfg.batch_size, num_threads=cfg.threads, device_id=None)
     def pipe():
-        jpegs, labels = fn.readers.file(file_root=cfg.data, random_shuffle=True, name="reader")
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="reader")
         images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
         images = fn.resize(images, resize_x=cfg.size, resize_y=cfg.size)
         images = fn.flip(images, horizontal=fn.random.coin_flip())
@@ -79,6 +82,18 @@ def _dlperf(cfg: DataBenchConfig, data, threads: int):
     source = open_source(data)
     return Loader(source, LoaderConfig(batch_size=cfg.batch_size, threads=threads, size=cfg.size,
                                        drop_last=False, pin_memory=False)), len(source)
+
+
+def _lossless_copy(src: str, dst: Path) -> Path:
+    """The corpus folder with every JPEG rewritten by ``lossless_restart`` (same pixels)."""
+    from dlperf.data.decode import lossless_restart
+
+    for path in sorted(Path(src).rglob("*")):
+        if path.is_file():
+            target = dst / path.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(lossless_restart(path.read_bytes()))
+    return dst
 
 
 def _count(batch) -> int:
@@ -107,14 +122,19 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     t0 = time.perf_counter()
     prepare(cfg.data, Path(tmp.name) / "shards", PrepareConfig(max_side=cfg.max_side))
     prepare_s = time.perf_counter() - t0
+    restart = str(_lossless_copy(cfg.data, Path(tmp.name) / "restart"))
     pipelines = {"torchvision": _torchvision(cfg)}
-    dali = _dali(cfg)
+    dali = _dali(cfg, cfg.data)
     if dali[0] is not None:
         pipelines["dali_cpu"] = dali
     pipelines["dlperf_1_thread"] = _dlperf(cfg, cfg.data, 1)
     pipelines[f"dlperf_{cfg.threads}_threads"] = _dlperf(cfg, cfg.data, cfg.threads)
     pipelines[f"dlperf_shards{cfg.max_side}_{cfg.threads}_threads"] = _dlperf(
         cfg, Path(tmp.name) / "shards", cfg.threads)
+    dali = _dali(cfg, restart)
+    if dali[0] is not None:
+        pipelines["dali_cpu_restart_markers"] = dali
+    pipelines[f"dlperf_restart_markers_{cfg.threads}_threads"] = _dlperf(cfg, restart, cfg.threads)
     rates: dict[str, list[float]] = {k: [] for k in pipelines}
     # Blocks, not single interleaved epochs: DALI (and DataLoader workers) keep decoding ahead
     # in the background after an epoch ends, which would steal CPU from whichever pipeline runs
@@ -139,6 +159,8 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     main = med[f"dlperf_{cfg.threads}_threads"]
     shards = med[f"dlperf_shards{cfg.max_side}_{cfg.threads}_threads"]
     dali_rate = med.get("dali_cpu")
+    restart_rate = med[f"dlperf_restart_markers_{cfg.threads}_threads"]
+    dali_restart = med.get("dali_cpu_restart_markers")
     return {
         "img_per_s": med, "img_per_s_all_rounds": rates,
         "img_per_s_per_core": {k: v / (1 if "1_thread" in k else cores) for k, v in med.items()},
@@ -149,6 +171,10 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
             "dlperf_vs_dali_notes_anchor": main / NOTES_ANCHORS["dali_cpu_2_threads"],
             "thread_scaling": main / med["dlperf_1_thread"],
             "shards_vs_torchvision": shards / med["torchvision"],
+            "restart_markers_vs_raw_folder": restart_rate / main,
+            "restart_markers_vs_dali_same_files": (restart_rate / dali_restart
+                                                   if dali_restart else None),
+            "restart_markers_vs_dali_raw_folder": restart_rate / dali_rate if dali_rate else None,
         },
         "goals": {"dlperf_cpu_img_s": {"goal": GOALS["dlperf_cpu_img_s"], "measured": main,
                                        "met": main >= GOALS["dlperf_cpu_img_s"]},
