@@ -2,7 +2,7 @@
 
 Every pipeline runs the same training transform (random-resized-crop to 224 + flip) over the same
 JPEG corpus, in the same process and run; each pipeline's rate is the median over its timed
-epochs, after a warm-up epoch (see ``run`` for how they are interleaved).
+epochs, each after an untimed settle epoch (see ``run`` for how they are interleaved).
 
 (a) torchvision ImageFolder + PIL + RandomResizedCrop + flip + ToTensor + Normalize, DataLoader
     with ``workers`` worker processes (the common baseline);
@@ -104,6 +104,16 @@ def _count(batch) -> int:
     return len(batch[0])  # torchvision: [images, labels]
 
 
+def _wait_until_idle(quiet_s: float = 0.05, limit_s: float = 3.0) -> None:
+    """Return once this process's threads used under 10% of one core for ``quiet_s``."""
+    end = time.perf_counter() + limit_s
+    while time.perf_counter() < end:
+        cpu = time.process_time()
+        time.sleep(quiet_s)
+        if time.process_time() - cpu < 0.1 * quiet_s:
+            return
+
+
 def _epoch_rate(loader, n: int) -> float:
     t0 = time.perf_counter()
     seen = sum(_count(batch) for batch in loader)
@@ -136,20 +146,20 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
         pipelines["dali_cpu_restart_markers"] = dali
     pipelines[f"dlperf_restart_markers_{cfg.threads}_threads"] = _dlperf(cfg, restart, cfg.threads)
     rates: dict[str, list[float]] = {k: [] for k in pipelines}
-    # Blocks, not single interleaved epochs: DALI (and DataLoader workers) keep decoding ahead
-    # in the background after an epoch ends, which would steal CPU from whichever pipeline runs
-    # next. Each pipeline streams its epochs back to back within a block (prefetching across
-    # epoch boundaries is steady state for all of them); two blocks spread machine noise.
-    blocks = 2
-    per_block = [cfg.rounds // blocks + (b < cfg.rounds % blocks) for b in range(blocks)]
-    for block, epochs in enumerate(per_block):
+    # Every round runs each pipeline for an untimed settle epoch, then a timed one, then waits
+    # until the process is idle. DALI and dlperf keep decoding the next epoch's first batches in
+    # the background after an epoch ends (steady state when streaming); on this small corpus that
+    # is up to half an epoch of work, which would otherwise land on whichever pipeline runs
+    # next. The settle epoch makes the timed one start with the pipeline's own steady-state head
+    # start. Switching every round spreads this machine's slow and fast phases evenly over the
+    # pipelines, which longer blocks per pipeline did not.
+    for _ in range(cfg.rounds):
         for name, (loader, n) in pipelines.items():
-            for epoch in range(epochs + (block == 0)):  # first epoch of block 0 is warm-up
-                rate = _epoch_rate(loader, n)
-                if block or epoch:
-                    rates[name].append(rate)
-                if progress:
-                    progress()
+            _epoch_rate(loader, n)
+            rates[name].append(_epoch_rate(loader, n))
+            _wait_until_idle()
+            if progress:
+                progress()
     for loader, _ in pipelines.values():
         if hasattr(loader, "close"):
             loader.close()
