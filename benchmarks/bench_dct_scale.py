@@ -47,7 +47,7 @@ def _crop(data, plan, n, buf):
     x0, y0 = plan.left * n // 8, plan.top * n // 8
     x1 = max(x0 + 1, -(-(plan.left + plan.width) * n // 8))
     y1 = max(y0 + 1, -(-(plan.top + plan.height) * n // 8))
-    row_w, shift, w, h, _ = D._jpegroi.decode_region(data, n, x0, y0, x1 - x0, y1 - y0, 3, buf)
+    row_w, shift, w, h, _, _ = D._jpegroi.decode_region(data, n, x0, y0, x1 - x0, y1 - y0, 3, buf)
     return buf[:h * row_w * 3].reshape(h, row_w, 3)[:, shift:shift + w]
 
 

@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "optionally re-encode smaller "
                                      "(--max-side), which makes decoding several times cheaper. "
                                      "JPEGs are rewritten losslessly (same pixels) with restart "
-                                     "markers so random crops decode faster. "
+                                     "markers so random crops decode only the data under them. "
                                      "Unreadable files are skipped and reported.")
     dp.add_argument("src", help="image folder (ROOT/CLASS/IMAGE) or a path,label .csv")
     dp.add_argument("dst", help="empty output folder")
@@ -123,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JPEG quality when re-encoding [90]")
     dp.add_argument("--threads", type=_positive_int, default=None,
                     help="decode/re-encode threads [every CPU]; the output is the same for any")
-    dp.add_argument("--restart-rows", type=_nonnegative_int, default=1,
-                    help="lossless rewrite with a restart marker every N MCU rows, so the "
-                         "decoder skips the rows above a crop [1]; 0 stores JPEGs byte for byte")
+    dp.add_argument("--restart-px", type=_nonnegative_int, default=32,
+                    help="rewrite JPEGs losslessly with restart markers at most this many pixels "
+                         "apart in each row, so random crops decode only the data under them "
+                         "[32]; 0 stores JPEGs byte for byte")
     dt = dsub.add_parser("toy", help="write a small learnable dataset (train/ and val/)",
                          description="Write a small JPEG dataset that a tiny CNN learns in "
                                      "seconds: try `dlperf train --recipe tiny data=DST/train "
@@ -400,7 +401,7 @@ def _cmd_data(args) -> int:
     if args.data_command == "prepare":
         cfg = PrepareConfig(shard_bytes=parse_size(args.shard_size), max_side=args.max_side,
                             quality=args.quality, threads=args.threads or 0,
-                            restart_rows=args.restart_rows)
+                            restart_px=args.restart_px)
         source = open_source(args.src)
         with Progress(console=console) as bar:
             task = bar.add_task(f"writing shards from {len(source):,} images", total=len(source))

@@ -83,9 +83,9 @@ def test_verify_reports_a_truncated_shard_the_same_for_any_thread_count(corpus, 
     assert any("unreadable" in reason or "does not match" in reason for _, reason in reports[0])
 
 
-def test_prepare_copies_jpegs_byte_for_byte_with_restart_rows_0(corpus, tmp_path):
+def test_prepare_copies_jpegs_byte_for_byte_with_restart_px_0(corpus, tmp_path):
     dst = tmp_path / "raw"
-    assert main(["data", "prepare", str(corpus), str(dst), "--restart-rows", "0"]) == 0
+    assert main(["data", "prepare", str(corpus), str(dst), "--restart-px", "0"]) == 0
     src = ShardSource(dst)
     originals = {p.read_bytes() for p in corpus.rglob("img*.JPEG")}
     copied = {src.read(i) for i in range(len(src))}

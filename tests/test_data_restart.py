@@ -1,5 +1,5 @@
-"""Restart markers: the lossless rewrite keeps every pixel, and the ROI decoder's seek to the
-crop's first MCU row returns exactly what decoding from the top returns (_jpegroi.c)."""
+"""Restart markers: the lossless rewrite keeps every pixel, and the ROI decoder's cut to the
+restart intervals under a crop returns exactly what decoding from the top returns (_jpegroi.c)."""
 
 import io
 import random
@@ -33,9 +33,24 @@ def _jpeg(kind: str, **kwargs) -> bytes:
 
 
 def _region(data: bytes, n: int, x: int, y: int, w: int, h: int, fast: int):
+    """(pixels, output rows cut at the top, output columns cut at the left)"""
     buf = np.empty(h * (w + 64) * 3 + 64, np.uint8)
-    row_w, shift, w, h, seek_rows = D._jpegroi.decode_region(data, n, x, y, w, h, fast, buf)
-    return buf[:h * row_w * 3].reshape(h, row_w, 3)[:, shift:shift + w].copy(), seek_rows
+    row_w, shift, w, h, rows, cols = D._jpegroi.decode_region(data, n, x, y, w, h, fast, buf)
+    return buf[:h * row_w * 3].reshape(h, row_w, 3)[:, shift:shift + w].copy(), rows, cols
+
+
+def _intervals_per_row(data: bytes, width: int, mcu: int) -> int:
+    dri = data.index(b"\xff\xdd")
+    return -(-width // mcu) // int.from_bytes(data[dri + 4:dri + 6], "big")
+
+
+def _interval_bytes(data: bytes, index: int) -> tuple[int, int]:
+    """Byte range of restart interval ``index`` (0-based) in the entropy data."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    for k in range(index):
+        start = data.index(bytes([0xFF, 0xD0 + k % 8]), start) + 2
+    return start, data.index(bytes([0xFF, 0xD0 + index % 8]), start)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -74,58 +89,66 @@ def test_rewrite_refuses_corrupt_data():
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("fast", [0, 3])  # exact IDCT + fancy upsampling; fast + plain
-def test_seek_is_bit_identical(kind, fast):
+@pytest.mark.parametrize("column_px", [0, 16, 32])  # whole rows; rows split in 1 / 2+ MCUs
+def test_cut_is_bit_identical(kind, fast, column_px):
     data = _jpeg(kind)
-    out = lossless_restart(data)
+    out = lossless_restart(data, column_px)
     h, w = KINDS[kind]["arr"].shape[:2]
-    rng = random.Random(kind)
-    seeks = 0
+    mcu_h = 16 if kind == "420" else 8
+    mcu_w = 16 if kind in ("420", "422") else 8
+    rng = random.Random(f"{kind}{fast}{column_px}")
+    cut_rows = cut_cols = 0
     for n in (1, 2, 4, 8):
         sh, sw = -(-h * n // 8), -(-w * n // 8)
         for _ in range(12):
             y, x = rng.randrange(sh), rng.randrange(sw)
             rh, rw = rng.randrange(1, sh - y + 1), rng.randrange(1, sw - x + 1)
-            seek, rows = _region(out, n, x, y, rw, rh, fast)
-            top, none = _region(out, n, x, y, rw, rh, fast | NO_SEEK)
-            orig, _ = _region(data, n, x, y, rw, rh, fast)
-            assert none == 0 and np.array_equal(seek, top) and np.array_equal(seek, orig), \
+            cut, rows, cols = _region(out, n, x, y, rw, rh, fast)
+            top, none, _ = _region(out, n, x, y, rw, rh, fast | NO_SEEK)
+            orig, _, _ = _region(data, n, x, y, rw, rh, fast)
+            assert none == 0 and np.array_equal(cut, top) and np.array_equal(cut, orig), \
                 (n, x, y, rw, rh)
-            assert rows % (n * (2 if kind == "420" else 1)) == 0  # whole MCU rows (8 or 16 px)
-            seeks += rows > 0
-    assert seeks > 12  # most regions start below the first MCU rows
+            assert rows % (mcu_h * n // 8) == 0 and cols % (mcu_w * n // 8) == 0  # whole MCUs
+            cut_rows += rows > 0
+            cut_cols += cols > 0
+    assert cut_rows > 12  # most regions start below the first MCU rows
+    assert (cut_cols > 12) == (column_px > 0)  # and right of the first interval
 
 
-def test_seek_never_decodes_the_rows_above():
-    # Zero the first MCU row's entropy data: decoding from the top trips over it, the seek
-    # never reads it and still returns the undamaged rows.
-    out = lossless_restart(_jpeg("420"))
-    sos = out.index(b"\xff\xda")
-    start = sos + 2 + int.from_bytes(out[sos + 2:sos + 4], "big")
-    first_rst = out.index(b"\xff\xd0", start)
-    bad = out[:start] + bytes(first_rst - start) + out[first_rst:]
-    good, _ = _region(out, 8, 10, 200, 100, 50, 3)
-    seek, rows = _region(bad, 8, 10, 200, 100, 50, 3)
-    assert rows == 192 and np.array_equal(seek, good)  # 200 // 16 * 16 rows never decoded
+def test_cut_never_decodes_the_rows_and_columns_around_the_region():
+    # Zero one interval above the region and one to its left: decoding from the top trips
+    # over them, the cut never reads them and returns the undamaged pixels.
+    out = lossless_restart(_jpeg("420"), 16)  # one MCU (16 px) per interval
+    per_row = _intervals_per_row(out, 397, 16)
+    assert per_row == 25
+    bad = bytearray(out)
+    for index in (0, 13 * per_row + 2):  # row 0 column 0; row 13 (y 208-223), x 32-47
+        start, end = _interval_bytes(out, index)
+        bad[start:end] = bytes(end - start)
+    bad = bytes(bad)
+    good, _, _ = _region(out, 8, 100, 200, 100, 50, 3)
+    cut, rows, cols = _region(bad, 8, 100, 200, 100, 50, 3)
+    assert (rows, cols) == (192, 96) and np.array_equal(cut, good)  # 200 // 16, 100 // 16
     with pytest.raises(ValueError, match="Corrupt JPEG data"):
-        _region(bad, 8, 10, 200, 100, 50, 3 | NO_SEEK)
+        _region(bad, 8, 100, 200, 100, 50, 3 | NO_SEEK)
 
 
-def test_files_without_markers_or_with_other_intervals_decode_from_the_top():
+def test_other_encoders_intervals_are_used_where_they_line_up():
+    # Any encoder's markers work when the intervals line up with MCU rows; others decode from
+    # the top. The image is 397 px wide: 25 MCUs of 16 px per row.
     data = _jpeg("420")
-    assert _region(data, 8, 0, 250, 50, 20, 3)[1] == 0  # no restart markers at all
-    # Pillow's restart interval in blocks (here 7 MCUs: not a whole MCU row) cannot be entered
-    # at a row; the decoder must notice and decode from the top, with the same pixels.
-    odd = _jpeg("420", restart_marker_blocks=7)
-    assert b"\xff\xdd" in odd
-    pixels, rows = _region(odd, 8, 0, 250, 50, 20, 3)
-    assert rows == 0 and np.array_equal(pixels, _region(data, 8, 0, 250, 50, 20, 3)[0])
-    # Two MCU rows per interval: entered at even MCU rows only.
-    two = _jpeg("420", restart_marker_rows=2)
-    pixels, rows = _region(two, 8, 0, 250, 50, 20, 3)
-    assert rows == 224 and np.array_equal(pixels, _region(data, 8, 0, 250, 50, 20, 3)[0])
+    want = _region(data, 8, 100, 250, 50, 20, 3)[0]
+    assert _region(data, 8, 100, 250, 50, 20, 3)[1:] == (0, 0)  # no restart markers at all
+    for kwargs, cut in [(dict(restart_marker_blocks=7), (0, 0)),  # 7 does not divide 25
+                        (dict(restart_marker_rows=2), (224, 0)),  # even MCU rows only
+                        (dict(restart_marker_blocks=5), (240, 80))]:  # 5 intervals per row
+        other = _jpeg("420", **kwargs)
+        assert b"\xff\xdd" in other
+        pixels, rows, cols = _region(other, 8, 100, 250, 50, 20, 3)
+        assert (rows, cols) == cut and np.array_equal(pixels, want), kwargs
 
 
-def test_decode_into_uses_the_seek_and_matches_the_original():
+def test_decode_into_uses_the_cut_and_matches_the_original():
     from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
 
     data = _jpeg("420")

@@ -5,24 +5,29 @@
  * cover x..x+w (jpeg_crop_scanline): rows above the region are skipped without IDCT or colour
  * conversion (jpeg_skip_scanlines) and rows below it are never decoded at all. Coordinates are
  * in the scaled image. RGB rows are written packed into `out` (a writable buffer of at least
- * h * (w + 64) * 3 bytes); returns (decoded_width, x_shift, w, h, seek_rows): the region
- * (w x h after clamping) starts x_shift pixels into each decoded row of decoded_width pixels.
+ * h * (w + 64) * 3 bytes); returns (decoded_width, x_shift, w, h, seek_rows, seek_cols): the
+ * region (w x h after clamping) starts x_shift pixels into each decoded row of decoded_width.
  *
- * Restart-marker seek: rows above the region still cost their entropy (Huffman) decoding, the
- * dominant cost (~70% of a corpus image's decode, results/profile-decode.json), because a
- * Huffman stream can only be read from its start. A file with a restart marker at the start of
- * every MCU row (what `dlperf data prepare` writes, see transcode() below) can be entered at any
- * row: DC predictors reset at each marker. The decoder then reads a shortened stream, the header
- * with a smaller image height followed by the entropy data from the marker before the region's
- * first MCU row (markers renumbered so the stream starts at RST0), and skips only the rows within
- * that MCU row. seek_rows is how many output rows were never entropy-decoded (0 without markers).
- * Output is bit-identical: each MCU row depends only on its own data, except fancy chroma
- * upsampling's one context row, for which the seek starts one MCU row earlier.
+ * Restart-marker seek: skipped rows and columns still cost their entropy (Huffman) decoding,
+ * the dominant cost (~70% of a corpus image's decode, results/profile-decode.json), because a
+ * Huffman stream can only be read from its start. Restart markers cut the stream into
+ * intervals that each start afresh (DC predictors reset). When the intervals line up with MCU
+ * rows, either k whole rows each or an even split of every row (what `dlperf data prepare`
+ * writes, see transcode()), the decoder reads a new stream instead: the header with the
+ * sub-image's width and height, then only the intervals that cover the region, markers
+ * renumbered from RST0: a lossless crop in the compressed domain. seek_rows and seek_cols are
+ * the output rows and columns left out at the top and left (0, 0 without usable markers).
+ * Output is bit-identical to decoding from the top: each interval depends only on its own
+ * data, except for fancy chroma upsampling's one row/column of context on each side, which
+ * the cut keeps (tests/test_data_restart.py).
  *
- * transcode(data, restart_rows) rewrites a YCbCr or grayscale JPEG losslessly (same DCT
+ * transcode(data, column_px) rewrites a YCbCr or grayscale JPEG losslessly (same DCT
  * coefficients and quantisation tables, so the same decoded pixels) as baseline sequential with
- * optimised Huffman tables and a restart marker every restart_rows MCU rows, keeping APPn/COM
- * markers (EXIF orientation, ICC profiles). Returns None for other colour spaces.
+ * optimised Huffman tables and restart markers splitting every MCU row evenly into intervals
+ * at most column_px wide (the largest such divisor of the row's MCU count, at worst one MCU;
+ * column_px 0: one interval per row), keeping APPn/COM markers (EXIF orientation, ICC
+ * profiles). Returns None for other colour spaces. Decoding with markers is ~5% slower
+ * (libjpeg-turbo leaves its fast Huffman path), whatever their spacing.
  *
  * The GIL is released for the whole decode. Errors and libjpeg warnings (corrupt data) raise
  * ValueError; CMYK/YCCK images raise ValueError("cmyk") so the caller can use Pillow.
@@ -63,29 +68,40 @@ static size_t entropy_offset(j_decompress_ptr cinfo, const unsigned char *start)
     return (size_t)(cinfo->src->next_input_byte - start);
 }
 
-/* The position just after the k-th (1-based) RSTn marker in entropy data [p, end), or NULL if
- * the data ends, another marker comes first, or the markers are not numbered 0, 1, ..., 7, 0... */
-static const unsigned char *find_restart(const unsigned char *p, const unsigned char *end,
-                                         unsigned long k) {
-    unsigned long seen = 0;
+/* Byte ranges of restart intervals first..last of the entropy data [p, end): interval i spans
+ * [starts[i - first], ends[i - first]), its terminating RSTn marker excluded. Interval 0
+ * starts at p; the image's final interval ends at the next non-RST marker (EOI). Returns 0 if
+ * the data ends early or the markers are not numbered 0, 1, ..., 7, 0, ... */
+static int find_intervals(const unsigned char *p, const unsigned char *end, unsigned long first,
+                          unsigned long last, const unsigned char **starts,
+                          const unsigned char **ends) {
+    const unsigned char *begin = p; /* start of the current interval */
+    unsigned long seen = 0;         /* markers passed = index of the current interval */
     while (p + 1 < end) {
         const unsigned char *ff = memchr(p, 0xFF, (size_t)(end - p - 1));
-        if (!ff) return NULL;
+        if (!ff) return 0;
         unsigned char m = ff[1];
         if (m == 0x00 || m == 0xFF) { /* stuffed 0xFF data byte, or a fill byte */
             p = ff + 1 + (m == 0x00);
             continue;
         }
-        if (m < 0xD0 || m > 0xD7 || (unsigned long)(m - 0xD0) != seen % 8) return NULL;
-        if (++seen == k) return ff + 2;
-        p = ff + 2;
+        int rst = m >= 0xD0 && m <= 0xD7;
+        if (rst && (unsigned long)(m - 0xD0) != seen % 8) return 0;
+        if (seen >= first) {
+            starts[seen - first] = begin;
+            ends[seen - first] = ff;
+        }
+        if (seen == last) return 1;
+        if (!rst) return 0; /* EOI (or another marker) before the last interval */
+        seen++;
+        begin = p = ff + 2;
     }
-    return NULL;
+    return 0;
 }
 
-/* Patch the frame header's height in the header bytes [0, len); 0 if no baseline/extended
- * sequential SOF is found there. */
-static int patch_height(unsigned char *buf, size_t len, unsigned int height) {
+/* Patch the frame header's height and width in the header bytes [0, len); 0 if no
+ * baseline/extended sequential SOF is found there. */
+static int patch_frame(unsigned char *buf, size_t len, unsigned int height, unsigned int width) {
     size_t i = 2;
     while (i + 4 <= len) {
         if (buf[i] != 0xFF) return 0;
@@ -93,9 +109,11 @@ static int patch_height(unsigned char *buf, size_t len, unsigned int height) {
         if (m == 0xFF) { i++; continue; }
         size_t seg = ((size_t)buf[i + 2] << 8) | buf[i + 3];
         if (m == 0xC0 || m == 0xC1) {
-            if (i + 7 > len) return 0;
+            if (i + 9 > len) return 0;
             buf[i + 5] = (unsigned char)(height >> 8);
             buf[i + 6] = (unsigned char)(height & 0xFF);
+            buf[i + 7] = (unsigned char)(width >> 8);
+            buf[i + 8] = (unsigned char)(width & 0xFF);
             return 1;
         }
         if (m == 0xDA) return 0;
@@ -104,54 +122,95 @@ static int patch_height(unsigned char *buf, size_t len, unsigned int height) {
     return 0;
 }
 
-/* Subtract `shift` (mod 8) from every RSTn marker's number in entropy data [p, end). */
-static void renumber_restarts(unsigned char *p, unsigned char *end, unsigned int shift) {
-    while (p + 1 < end) {
-        unsigned char *ff = memchr(p, 0xFF, (size_t)(end - p - 1));
-        if (!ff) return;
-        unsigned char m = ff[1];
-        if (m >= 0xD0 && m <= 0xD7) ff[1] = (unsigned char)(0xD0 + ((m - 0xD0 + 8 - shift % 8) % 8));
-        p = ff + 1 + (m != 0xFF);
-    }
-}
-
-/* A shortened stream (malloc'd, *out_len bytes) that starts at the restart interval holding
- * the output row `y` at scale scale_num/8, or NULL when the file cannot be entered there.
- * *rows_cut receives the number of output rows the new stream leaves out at the top. */
+/* A stream (malloc'd, *out_len bytes) holding only the restart intervals that cover the output
+ * region x, y, w, h at scale scale_num/8, or NULL when the file cannot be entered that way or
+ * nothing would be saved. Intervals are whole MCU rows (a marker every k rows) or an even split
+ * of each row (k markers per row): then the stream is also cut to the region's columns, a
+ * lossless crop in the compressed domain. *rows_cut and *cols_cut receive the output rows and
+ * columns the new stream leaves out at the top and left. */
 static unsigned char *seek_stream(j_decompress_ptr cinfo, const unsigned char *data, size_t len,
-                                  int scale_num, int y, int fancy, size_t *out_len,
-                                  int *rows_cut) {
+                                  int scale_num, int x, int y, int w, int h, int fancy,
+                                  size_t *out_len, int *rows_cut, int *cols_cut) {
     if (cinfo->restart_interval == 0 || cinfo->progressive_mode || cinfo->arith_code ||
         jpeg_has_multiple_scans(cinfo) || cinfo->comps_in_scan != cinfo->num_components)
         return NULL;
-    unsigned int max_h = (unsigned int)cinfo->max_h_samp_factor;
-    unsigned int max_v = (unsigned int)cinfo->max_v_samp_factor;
+    unsigned long max_h = (unsigned long)cinfo->max_h_samp_factor;
+    unsigned long max_v = (unsigned long)cinfo->max_v_samp_factor;
     if (cinfo->num_components == 1) max_h = max_v = 1; /* one block per MCU */
-    unsigned long mcus_per_row = (cinfo->image_width + 8 * max_h - 1) / (8 * max_h);
-    if (cinfo->restart_interval % mcus_per_row) return NULL;
-    unsigned long rows_per_interval = cinfo->restart_interval / mcus_per_row;
-    unsigned int out_rows_per_mcu_row = max_v * (unsigned int)scale_num;
-    unsigned long row = (unsigned long)y / out_rows_per_mcu_row;
-    if (fancy && row > 0) row--; /* fancy upsampling reads one chroma row of context above */
-    unsigned long k = row / rows_per_interval;
-    if (k == 0) return NULL;
-    size_t head = entropy_offset(cinfo, data);
-    const unsigned char *start = find_restart(data + head, data + len, k);
-    if (!start) return NULL;
-    unsigned long cut_px = k * rows_per_interval * 8 * max_v; /* full-scale rows left out */
-    if (cut_px >= cinfo->image_height) return NULL;
-    size_t tail = (size_t)(data + len - start);
-    unsigned char *buf = malloc(head + tail);
-    if (!buf) return NULL;
-    memcpy(buf, data, head);
-    if (!patch_height(buf, head, (unsigned int)(cinfo->image_height - cut_px))) {
-        free(buf);
-        return NULL;
+    unsigned long mcu_w = 8 * max_h, mcu_h = 8 * max_v; /* full-scale pixels */
+    unsigned long mcus_per_row = (cinfo->image_width + mcu_w - 1) / mcu_w;
+    unsigned long mcu_rows = (cinfo->image_height + mcu_h - 1) / mcu_h;
+    unsigned long ri = cinfo->restart_interval, rows_per = 1, per_row = 1, cols_per = mcus_per_row;
+    if (ri % mcus_per_row == 0) {
+        rows_per = ri / mcus_per_row;
+    } else if (mcus_per_row % ri == 0) {
+        per_row = mcus_per_row / ri;
+        cols_per = ri;
+    } else {
+        return NULL; /* intervals do not line up with rows */
     }
-    memcpy(buf + head, start, tail);
-    if (k % 8) renumber_restarts(buf + head, buf + head + tail, (unsigned int)(k % 8));
-    *out_len = head + tail;
-    *rows_cut = (int)(cut_px * (unsigned long)scale_num / 8);
+    /* the region in MCUs (output MCUs are max_h * scale_num by max_v * scale_num pixels) */
+    unsigned long out_w = (cinfo->image_width * (unsigned long)scale_num + 7) / 8;
+    unsigned long out_h = (cinfo->image_height * (unsigned long)scale_num + 7) / 8;
+    if ((unsigned long)x >= out_w || (unsigned long)y >= out_h) return NULL;
+    unsigned long x1 = (unsigned long)x + (unsigned long)w, y1 = (unsigned long)y + (unsigned long)h;
+    if (x1 > out_w) x1 = out_w;
+    if (y1 > out_h) y1 = out_h;
+    unsigned long ow = max_h * (unsigned long)scale_num, oh = max_v * (unsigned long)scale_num;
+    unsigned long row0 = (unsigned long)y / oh, row1 = (y1 + oh - 1) / oh;
+    unsigned long col0 = (unsigned long)x / ow, col1 = (x1 + ow - 1) / ow;
+    if (fancy) { /* fancy upsampling reads one chroma row/column of context on each side */
+        if (row0 > 0) row0--;
+        if (col0 > 0) col0--;
+        if (row1 < mcu_rows) row1++;
+        if (col1 < mcus_per_row) col1++;
+    }
+    unsigned long g0 = row0 / rows_per, g1 = (row1 + rows_per - 1) / rows_per; /* row groups */
+    unsigned long c0 = col0 / cols_per, c1 = (col1 + cols_per - 1) / cols_per; /* columns */
+    if (g0 == 0 && c0 == 0 && c1 == per_row) return NULL; /* nothing saved at the top or sides */
+    unsigned long first = g0 * per_row + c0, last = (g1 - 1) * per_row + c1 - 1;
+    size_t count = (size_t)(last - first + 1);
+    const unsigned char **starts = malloc(2 * count * sizeof(*starts));
+    if (!starts) return NULL;
+    const unsigned char **ends = starts + count;
+    size_t head = entropy_offset(cinfo, data);
+    unsigned char *buf = NULL;
+    if (!find_intervals(data + head, data + len, first, last, starts, ends)) goto done;
+    size_t total = head + 2;
+    for (unsigned long g = g0; g < g1; g++)
+        for (unsigned long c = c0; c < c1; c++) {
+            size_t i = (size_t)(g * per_row + c - first);
+            total += (size_t)(ends[i] - starts[i]) + 2;
+        }
+    unsigned long r0 = g0 * rows_per, r1 = g1 * rows_per;
+    unsigned int new_h = (unsigned int)(r1 >= mcu_rows ? cinfo->image_height - r0 * mcu_h
+                                                       : (r1 - r0) * mcu_h);
+    unsigned int new_w = (unsigned int)(c1 == per_row ? cinfo->image_width - c0 * cols_per * mcu_w
+                                                      : (c1 - c0) * cols_per * mcu_w);
+    buf = malloc(total);
+    if (!buf) goto done;
+    memcpy(buf, data, head);
+    if (!patch_frame(buf, head, new_h, new_w)) {
+        free(buf);
+        buf = NULL;
+        goto done;
+    }
+    unsigned char *q = buf + head;
+    unsigned int seq = 0;
+    for (unsigned long g = g0; g < g1; g++)
+        for (unsigned long c = c0; c < c1; c++) {
+            size_t i = (size_t)(g * per_row + c - first);
+            size_t n = (size_t)(ends[i] - starts[i]);
+            memcpy(q, starts[i], n);
+            q += n;
+            *q++ = 0xFF; /* the next marker: RSTn renumbered from 0, EOI after the last */
+            *q++ = (i + 1 == count) ? 0xD9 : (unsigned char)(0xD0 + seq++ % 8);
+        }
+    *out_len = (size_t)(q - buf);
+    *rows_cut = (int)(r0 * oh);
+    *cols_cut = (int)(c0 * cols_per * ow);
+done:
+    free((void *)starts);
     return buf;
 }
 
@@ -171,7 +230,7 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     volatile int status = ROI_OK;
     JDIMENSION xoff = 0, cw = 0;
     unsigned char *volatile seek_buf = NULL;
-    volatile int seek_rows = 0;
+    volatile int seek_rows = 0, seek_cols = 0;
     memset(&err, 0, sizeof(err));
 
     Py_BEGIN_ALLOW_THREADS
@@ -188,17 +247,19 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
             status = ROI_CMYK;
         } else {
             size_t seek_len = 0;
-            int cut = 0;
-            if (y > 0 && !(fast & 4)) /* bit 2: never seek (benchmarks measure without) */
+            int cut_rows = 0, cut_cols = 0;
+            if (!(fast & 4)) /* bit 2: never seek (benchmarks measure without) */
                 seek_buf = seek_stream(&cinfo, (const unsigned char *)data.buf,
-                                       (size_t)data.len, scale_num, y, !(fast & 2), &seek_len,
-                                       &cut);
-            if (seek_buf) { /* restart from the shortened stream */
+                                       (size_t)data.len, scale_num, x, y, w, h, !(fast & 2),
+                                       &seek_len, &cut_rows, &cut_cols);
+            if (seek_buf) { /* decode the shortened stream instead */
                 jpeg_abort_decompress(&cinfo);
                 jpeg_mem_src(&cinfo, seek_buf, (unsigned long)seek_len);
                 jpeg_read_header(&cinfo, TRUE);
-                y -= cut;
-                seek_rows = cut;
+                y -= cut_rows;
+                x -= cut_cols;
+                seek_rows = cut_rows;
+                seek_cols = cut_cols;
             }
             cinfo.out_color_space = JCS_RGB;
             cinfo.scale_num = (unsigned int)scale_num;
@@ -242,7 +303,8 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     PyBuffer_Release(&out);
     switch (status) {
     case ROI_OK:
-        return Py_BuildValue("(iiiii)", (int)cw, x - (int)xoff, w, h, (int)seek_rows);
+        return Py_BuildValue("(iiiiii)", (int)cw, x - (int)xoff, w, h, (int)seek_rows,
+                             (int)seek_cols);
     case ROI_CMYK:
         PyErr_SetString(PyExc_ValueError, "cmyk");
         return NULL;
@@ -257,11 +319,11 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
 
 static PyObject *transcode(PyObject *self, PyObject *args) {
     Py_buffer data;
-    int restart_rows;
-    if (!PyArg_ParseTuple(args, "y*i", &data, &restart_rows)) return NULL;
-    if (restart_rows < 0) {
+    int column_px;
+    if (!PyArg_ParseTuple(args, "y*i", &data, &column_px)) return NULL;
+    if (column_px < 0) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "restart_rows must be >= 0");
+        PyErr_SetString(PyExc_ValueError, "column_px must be >= 0");
         return NULL;
     }
     struct jpeg_decompress_struct src;
@@ -297,7 +359,13 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
                 made_dst = 1;
                 jpeg_copy_critical_parameters(&src, &dst);
                 dst.optimize_coding = TRUE;
-                dst.restart_in_rows = restart_rows;
+                unsigned long mcu_w = src.num_components == 1 ? 8 : 8 * (unsigned long)src.max_h_samp_factor;
+                unsigned long per_row = (src.image_width + mcu_w - 1) / mcu_w, every = per_row;
+                if (column_px > 0) { /* the largest even split of a row at most column_px wide */
+                    for (every = per_row; every > 1; every--)
+                        if (per_row % every == 0 && every * mcu_w <= (unsigned long)column_px) break;
+                }
+                dst.restart_interval = (unsigned int)every;
                 jpeg_mem_dest(&dst, (unsigned char **)&outbuf, &outsize);
                 jpeg_write_coefficients(&dst, coefs);
                 for (jpeg_saved_marker_ptr m = src.marker_list; m; m = m->next) {
@@ -338,7 +406,7 @@ static PyMethodDef methods[] = {
      "decode_region(data, scale_num, x, y, w, h, fast, out) -> (decoded_width, x_shift, w, h, "
      "seek_rows)"},
     {"transcode", transcode, METH_VARARGS,
-     "transcode(data, restart_rows) -> bytes (lossless, restart markers) or None"},
+     "transcode(data, column_px) -> bytes (lossless, restart markers) or None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi",

@@ -249,14 +249,15 @@ class Scratch:
         return self.buf
 
 
-def lossless_restart(data: bytes, rows: int = 1) -> bytes:
-    """``data`` rewritten losslessly with a restart marker every ``rows`` MCU rows (same
-    pixels; see _jpegroi.c), or unchanged where that does not apply: no C extension, not a JPEG,
-    or not YCbCr/grayscale. Raises BadImage for corrupt data the rewrite would carry over."""
+def lossless_restart(data: bytes, column_px: int = 32) -> bytes:
+    """``data`` rewritten losslessly (same pixels) with restart markers that split every MCU row
+    into intervals at most ``column_px`` wide, so the ROI decoder reads only the intervals under
+    a crop (_jpegroi.c); unchanged where that does not apply: no C extension, not a JPEG, or not
+    YCbCr/grayscale. Raises BadImage for corrupt data the rewrite would carry over."""
     if not ROI_AVAILABLE or data[:3] != JPEG_MAGIC:
         return data
     try:
-        out = _jpegroi.transcode(data, rows)
+        out = _jpegroi.transcode(data, column_px)
     except ValueError as exc:
         raise BadImage(f"corrupt JPEG data ({exc})") from None
     return data if out is None else out
@@ -274,7 +275,7 @@ def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int
     buf = scratch.get(h * (w + 64) * 3)
     try:
         fast = 3 if limits.fast_idct else 0  # fast integer IDCT + plain chroma upsampling
-        row_w, shift, w, h, _ = _jpegroi.decode_region(data, n, x0, y0, w, h, fast, buf)
+        row_w, shift, w, h, _, _ = _jpegroi.decode_region(data, n, x0, y0, w, h, fast, buf)
     except ValueError as exc:
         if str(exc) == "cmyk":
             return None

@@ -9,12 +9,13 @@ shrunk so its longer side is at most ``max_side`` and re-encoded at ``quality``:
 256-512 px image is several times cheaper than a full-size photo (FFCV's trick). Without it, JPEGs
 keep their pixels exactly (after a full test decode); other formats are re-encoded as JPEG.
 
-Every stored JPEG is then rewritten losslessly (``restart_rows``, default 1; same DCT
+Every stored JPEG is then rewritten losslessly (``restart_px``, default 32; same DCT
 coefficients, so every decoder returns the same pixels): baseline sequential, optimised Huffman
-tables, and a restart marker at the start of every MCU row. The ROI decoder enters such a file at
-the random crop's first row instead of Huffman-decoding every row above it, which is most of a
-training crop's decode cost (benchmarks/README.md, "Restart markers"). ``restart_rows=0`` stores
-JPEGs byte for byte; without the C extension they are stored as they are too.
+tables, and restart markers that split every MCU row into intervals at most ``restart_px`` wide.
+The ROI decoder then reads only the intervals under a random crop instead of Huffman-decoding
+every row above it and every column beside it, most of a training crop's decode cost
+(benchmarks/README.md, "Restart markers"). ``restart_px=0`` stores JPEGs byte for byte; without
+the C extension they are stored as they are too.
 
 Writes are atomic: each shard is written to a temporary name, fsynced and renamed, and the index,
 written last, is the commit marker: a folder without index.json is not a dataset.
@@ -47,7 +48,7 @@ class PrepareConfig:
     max_side: int | None = None
     quality: int = 90
     threads: int = 0  # 0: every CPU this process may use
-    restart_rows: int = 1  # lossless rewrite with a restart marker every N MCU rows; 0: as is
+    restart_px: int = 32  # lossless rewrite, restart intervals at most this wide; 0: as is
     limits: DecodeLimits = DecodeLimits()
 
     def __post_init__(self):
@@ -57,9 +58,9 @@ class PrepareConfig:
             raise DlperfError(f"--max-side must be at least 16, got {self.max_side}")
         if not 1 <= self.quality <= 100:
             raise DlperfError(f"--quality must be in 1..100, got {self.quality}")
-        if self.restart_rows < 0:
-            raise DlperfError(f"--restart-rows must be >= 0 (0: store JPEGs as they are), got "
-                              f"{self.restart_rows}")
+        if self.restart_px < 0:
+            raise DlperfError(f"--restart-px must be >= 0 (0: store JPEGs as they are), got "
+                              f"{self.restart_px}")
 
 
 def parse_size(text: str) -> int:
@@ -91,7 +92,7 @@ def _prepare_one(data: bytes, cfg: PrepareConfig) -> bytes:
         data = _encode(img, cfg.quality)
     elif cfg.max_side or data[:3] != JPEG_MAGIC:
         data = _encode(img, cfg.quality)
-    return lossless_restart(data, cfg.restart_rows) if cfg.restart_rows else data
+    return lossless_restart(data, cfg.restart_px) if cfg.restart_px else data
 
 
 class _ShardWriter:
