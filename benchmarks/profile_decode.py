@@ -1,5 +1,7 @@
 """Where one image's time goes in dlperf's CPU path (1 thread): read, header, crop draw, ROI
-decode, resize, flip, and the whole per-sample call; medians over the corpus x repeats.
+decode, resize, flip, and the whole per-sample call; medians over the corpus x repeats. The ROI
+decode is measured on the corpus as it is and rewritten with restart markers (what
+`dlperf data prepare` stores), with the seek switched off and on.
 
 Usage: python benchmarks/profile_decode.py [CORPUS] [OUT.json]
 """
@@ -62,10 +64,20 @@ def main() -> int:
             regions[i] = D._decode_roi(datas[i], plans[i], h, w, 224, 224, D.DecodeLimits(), scratch)
 
         result["roi_decode_us"] = per_image_us(roi, ids)
+        raw = list(datas)
+        datas[:] = [D.lossless_restart(d) for d in raw]
+        result["roi_decode_restart_markers_us"] = per_image_us(roi, ids)
+        seek = D._jpegroi.decode_region
+        D._jpegroi.decode_region = lambda *a: seek(*a[:6], a[6] | 4, a[7])  # bit 2: no seek
+        try:
+            result["roi_decode_restart_markers_no_seek_us"] = per_image_us(roi, ids)
+        finally:
+            D._jpegroi.decode_region = seek
+        datas[:] = raw
         result["resize_us"] = per_image_us(lambda i: D._resize(np.ascontiguousarray(regions[i]), out), ids)
         buf = np.empty(40_000_000, np.uint8)
         result["entropy_only_us"] = per_image_us(lambda i: D._jpegroi.decode_region(
-            datas[i], 8, 0, headers[i][0] - 2, headers[i][1], 1, 3, buf), ids)
+            datas[i], 8, 0, headers[i][0] - 2, headers[i][1], 1, 3 | 4, buf), ids)
         result["full_decode_us"] = per_image_us(lambda i: D._jpegroi.decode_region(
             datas[i], 8, 0, 0, headers[i][1], headers[i][0], 3, buf), ids)
     save_result(out_path, "profile-decode", {"corpus": corpus, "threads": 1, "size": 224}, result)

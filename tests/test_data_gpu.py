@@ -27,6 +27,17 @@ def test_batched_crop_uses_each_samples_own_box():
     assert np.abs(out[1].numpy().astype(int) - ref.astype(int)).mean() < 2.0
 
 
+def test_packed_crop_equals_the_crop_of_the_image_alone():
+    # A box on the bottom-right border of an image smaller than the pack: the padding must act
+    # like the image's own edge (roi_align clamps only at the pack's edge), not like zeros.
+    small = torch.from_numpy(smooth_rgb(50, 70, seed=3)).permute(2, 0, 1).contiguous()
+    big = torch.from_numpy(smooth_rgb(90, 120, seed=4)).permute(2, 0, 1).contiguous()
+    box = (30.0, 14.0, 70.0, 50.0)  # right and bottom edges on the border of `small`
+    alone = crop_resize_batch([small], [box], [False], 24)
+    packed = crop_resize_batch([big, small], [(0, 0, 120, 90), box], [False, False], 24)
+    assert torch.equal(packed[1], alone[0])
+
+
 def test_eval_plan_box_is_the_box_before_resizing():
     # 256 x 384 image resized to 224 short side (x0.875) then centre crop 224: the box covers
     # the central 256 x 256 of the original.
@@ -153,3 +164,30 @@ def test_background_failure_is_raised_in_the_consumer(tmp_path):
                    device="cpu", ahead=2)
     with pytest.raises(DlperfError, match="bad"):
         list(ld)
+
+
+@pytest.mark.parametrize("decoder", ["torchvision", "torchcodec"])
+def test_gpu_loader_cuts_prepared_files_to_the_crop(folder, tmp_path, decoder, monkeypatch):
+    # Shards from `dlperf data prepare` carry restart markers: the GPU path decodes only the
+    # part of each file under its crop and must give the same batches as decoding it whole.
+    from dlperf.data import gpu
+    from dlperf.data.prepare import prepare
+
+    _decoder_or_skip(decoder)
+    prepare(folder, tmp_path / "shards")
+    src = open_source(tmp_path / "shards")
+    cfg = LoaderConfig(batch_size=4, size=40, threads=2, seed=5, drop_last=False)
+    whole = [(b.images.clone(), b.indices.copy()) for b in
+             GpuLoader(src, cfg, device="cpu", jpeg_decoder=decoder, cut=False)]
+    made = []
+    real_cut = gpu.cut_to_plan
+    monkeypatch.setattr(gpu, "cut_to_plan", lambda *a: made.append(real_cut(*a)) or made[-1])
+    cut = [(b.images, b.indices) for b in
+           GpuLoader(src, cfg, device="cpu", jpeg_decoder=decoder)]
+    done = [m for m in made if m is not None]
+    assert len(done) >= len(src) // 2  # most crops leave something out
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(whole, cut))
+    diff = (torch.cat([a[0] for a in whole]).int() - torch.cat([b[0] for b in cut]).int()).abs()
+    # same pixels in, same boxes up to an integer shift: roi_align's float sample positions
+    # may round differently, by one level at most
+    assert diff.max() <= 1 and (diff == 0).float().mean() > 0.99

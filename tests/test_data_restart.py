@@ -160,3 +160,33 @@ def test_decode_into_uses_the_cut_and_matches_the_original():
         D.decode_into(data, lambda h, w, p=plan: p, a)
         D.decode_into(out, lambda h, w, p=plan: p, b)
         assert np.array_equal(a, b), (i, plan)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_cut_file_holds_exactly_the_pixels_under_the_crop(kind):
+    # What the GPU path hands nvJPEG: a JPEG of its own. Pillow (libjpeg, exact IDCT, fancy
+    # upsampling) decodes the cut and the whole file to the same pixels under the crop.
+    from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
+    from dlperf.data.decode import cut_to_plan
+
+    out = lossless_restart(_jpeg(kind))
+    full = decode_reference(out)
+    h, w = full.shape[:2]
+    cuts = 0
+    for i in range(16):
+        plan = random_resized_crop(h, w, TrainAugment(64), sample_rng(1, 0, i))
+        cut = cut_to_plan(out, plan, 1)
+        if cut is None:  # the crop starts in the first interval: nothing to cut
+            continue
+        part, ph, pw, moved = cut
+        cuts += 1
+        img = decode_reference(part)
+        assert img.shape[:2] == (ph, pw) and len(part) < len(out)
+        assert (moved.height, moved.width, moved.flip) == (plan.height, plan.width, plan.flip)
+        assert np.array_equal(img[moved.top:moved.top + moved.height,
+                                  moved.left:moved.left + moved.width],
+                              full[plan.top:plan.top + plan.height,
+                                   plan.left:plan.left + plan.width]), (i, plan)
+    assert cuts >= 10
+    assert cut_to_plan(_jpeg(kind), plan, 1) is None  # no markers
+    assert cut_to_plan(out, plan, 6) is None  # EXIF-rotated: stored coordinates differ

@@ -21,6 +21,10 @@
  * data, except for fancy chroma upsampling's one row/column of context on each side, which
  * the cut keeps (tests/test_data_restart.py).
  *
+ * cut_region(data, x, y, w, h) returns that cut as a JPEG file of its own, at full scale and
+ * with one MCU of context kept on every side of the region, for decoders that cannot crop
+ * (nvJPEG on the GPU path): (bytes, rows_cut, cols_cut), or None where the file cannot be cut.
+ *
  * transcode(data, column_px) rewrites a YCbCr or grayscale JPEG losslessly (same DCT
  * coefficients and quantisation tables, so the same decoded pixels) as baseline sequential with
  * optimised Huffman tables and restart markers splitting every MCU row evenly into intervals
@@ -128,7 +132,7 @@ static int patch_frame(unsigned char *buf, size_t len, unsigned int height, unsi
  * of each row (k markers per row): then the stream is also cut to the region's columns, a
  * lossless crop in the compressed domain. *rows_cut and *cols_cut receive the output rows and
  * columns the new stream leaves out at the top and left. */
-static unsigned char *seek_stream(j_decompress_ptr cinfo, const unsigned char *data, size_t len,
+static unsigned char *cut_stream(j_decompress_ptr cinfo, const unsigned char *data, size_t len,
                                   int scale_num, int x, int y, int w, int h, int fancy,
                                   size_t *out_len, int *rows_cut, int *cols_cut) {
     if (cinfo->restart_interval == 0 || cinfo->progressive_mode || cinfo->arith_code ||
@@ -249,7 +253,7 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
             size_t seek_len = 0;
             int cut_rows = 0, cut_cols = 0;
             if (!(fast & 4)) /* bit 2: never seek (benchmarks measure without) */
-                seek_buf = seek_stream(&cinfo, (const unsigned char *)data.buf,
+                seek_buf = cut_stream(&cinfo, (const unsigned char *)data.buf,
                                        (size_t)data.len, scale_num, x, y, w, h, !(fast & 2),
                                        &seek_len, &cut_rows, &cut_cols);
             if (seek_buf) { /* decode the shortened stream instead */
@@ -315,6 +319,45 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, err.message[0] ? err.message : "corrupt JPEG");
         return NULL;
     }
+}
+
+static PyObject *cut_region(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    int x, y, w, h;
+    if (!PyArg_ParseTuple(args, "y*iiii", &data, &x, &y, &w, &h)) return NULL;
+    if (x < 0 || y < 0 || w < 1 || h < 1) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "invalid region");
+        return NULL;
+    }
+    struct jpeg_decompress_struct cinfo;
+    struct roi_error err;
+    unsigned char *volatile buf = NULL;
+    size_t len = 0;
+    int rows = 0, cols = 0;
+    memset(&err, 0, sizeof(err));
+
+    Py_BEGIN_ALLOW_THREADS
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = roi_error_exit;
+    err.pub.emit_message = roi_emit_message;
+    if (!setjmp(err.jump)) {
+        jpeg_create_decompress(&cinfo);
+        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+        jpeg_read_header(&cinfo, TRUE);
+        /* fancy = 1: keep one MCU of context on every side, enough for any chroma upsampler */
+        buf = cut_stream(&cinfo, (const unsigned char *)data.buf, (size_t)data.len, 8, x, y, w,
+                          h, 1, &len, &rows, &cols);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    Py_END_ALLOW_THREADS
+
+    PyBuffer_Release(&data);
+    if (!buf) Py_RETURN_NONE; /* no usable markers, nothing to cut, or a bad header */
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)len);
+    free(buf);
+    if (!bytes) return NULL;
+    return Py_BuildValue("(Nii)", bytes, rows, cols);
 }
 
 static PyObject *transcode(PyObject *self, PyObject *args) {
@@ -405,6 +448,8 @@ static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, scale_num, x, y, w, h, fast, out) -> (decoded_width, x_shift, w, h, "
      "seek_rows)"},
+    {"cut_region", cut_region, METH_VARARGS,
+     "cut_region(data, x, y, w, h) -> (jpeg bytes, rows_cut, cols_cut) or None"},
     {"transcode", transcode, METH_VARARGS,
      "transcode(data, column_px) -> bytes (lossless, restart markers) or None"},
     {NULL, NULL, 0, NULL}};

@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
@@ -261,6 +261,23 @@ def lossless_restart(data: bytes, column_px: int = 32) -> bytes:
     except ValueError as exc:
         raise BadImage(f"corrupt JPEG data ({exc})") from None
     return data if out is None else out
+
+
+def cut_to_plan(data: bytes, plan: CropPlan, orientation: int
+                ) -> tuple[bytes, int, int, CropPlan] | None:
+    """For decoders that cannot crop (nvJPEG): the part of ``data`` under a training crop as a
+    JPEG of its own, cut in the compressed domain along restart intervals (_jpegroi.c), with its
+    (height, width) and the plan moved into it; None where the file cannot be cut (no usable
+    restart markers, EXIF-rotated, an eval plan, no C extension). Decoding the cut gives exactly
+    the pixels of the full decode under it (tests/test_data_restart.py)."""
+    if not ROI_AVAILABLE or orientation != 1 or plan.resize_to is not None:
+        return None
+    cut = _jpegroi.cut_region(data, plan.left, plan.top, plan.width, plan.height)
+    if cut is None:
+        return None
+    part, rows, cols = cut
+    height, width, _, _ = image_header(part)
+    return part, height, width, replace(plan, top=plan.top - rows, left=plan.left - cols)
 
 
 def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int, out_w: int,

@@ -4,7 +4,9 @@ Same contract as the CPU loader (iterate Batches of uint8 [n, H, W, C] + int64 l
 state_dict/load_state_dict, sharding, the bad-file policy), but the batch lives on the GPU:
 
 1. CPU threads read each sample's bytes, parse its header and draw its crop from the same
-   (seed, epoch, sample) stream as the CPU path;
+   (seed, epoch, sample) stream as the CPU path; a file with restart markers (what
+   ``dlperf data prepare`` stores) is cut to its crop in the compressed domain, so the decoder
+   gets only the data under the crop (plus one MCU of context);
 2. ``decode_jpeg(list, device="cuda")`` decodes the JPEGs as one nvJPEG batch, with EXIF
    orientation: torchcodec's when it is installed (torchvision's image decoding is deprecated
    since 0.29 in its favour), else torchvision.io's; a batch that fails is retried image by
@@ -32,7 +34,8 @@ import numpy as np
 import torch
 
 from dlperf.data.augment import CropPlan
-from dlperf.data.decode import BadImage, decode_into, image_header, use_single_threaded_opencv
+from dlperf.data.decode import (BadImage, cut_to_plan, decode_into, image_header,
+                                use_single_threaded_opencv)
 from dlperf.data.device import host_to_device
 from dlperf.data.loader import Batch, EpochReport, Loader, LoaderConfig
 from dlperf.data.sources import Source
@@ -81,12 +84,14 @@ def crop_resize_batch(images: list[torch.Tensor], boxes: list[tuple], flips: lis
                       size: int) -> torch.Tensor:
     """Per-sample crop + resize + flip of [3, H, W] uint8 images -> uint8 [n, size, size, 3].
 
-    One roi_align call per pack of images (usually the whole batch).
+    One roi_align call per pack of images (usually the whole batch). In float32 on every
+    device: roi_align computes its sample positions in the input's dtype, and float16 resolves
+    only 0.25-0.5 px at 256-1023 px (1 px at 1024-2047), too coarse for photo coordinates.
     """
     from torchvision.ops import roi_align
 
     device = images[0].device
-    compute = torch.float16 if device.type == "cuda" else torch.float32
+    compute = torch.float32
     out = torch.empty((len(images), size, size, 3), dtype=torch.uint8, device=device)
     start = 0
     while start < len(images):
@@ -98,8 +103,16 @@ def crop_resize_batch(images: list[torch.Tensor], boxes: list[tuple], flips: lis
             hmax, wmax, end = h, w, end + 1
         pack = torch.zeros((end - start, 3, hmax, wmax), dtype=compute, device=device)
         for i in range(start, end):
-            img = images[i]
-            pack[i - start, :, :img.shape[1], :img.shape[2]] = img
+            img, h, w = images[i], images[i].shape[1], images[i].shape[2]
+            pack[i - start, :, :h, :w] = img
+            # Replicate the last row and column into the padding: roi_align clamps only at
+            # the pack's edge, so a box on a smaller image's bottom or right border would
+            # otherwise blend its last output row/column with zeros.
+            if h < hmax:
+                pack[i - start, :, h, :w] = img[:, h - 1, :]
+            if w < wmax:
+                pack[i - start, :, :min(h + 1, hmax), w] = pack[i - start, :, :min(h + 1, hmax),
+                                                                w - 1]
         rois = host_to_device(torch.tensor([[i - start, *boxes[i]] for i in range(start, end)],
                                            dtype=compute), device)
         # aligned=True: pixel centres at +0.5, so a box of the full image maps exactly.
@@ -183,8 +196,9 @@ class GpuLoader(Loader):
     """Loader whose batches are decoded and augmented on ``device`` (see module docstring)."""
 
     def __init__(self, source: Source, cfg: LoaderConfig = LoaderConfig(), device: str = "cuda",
-                 jpeg_decoder: str = "auto", ahead: int = 2):
+                 jpeg_decoder: str = "auto", ahead: int = 2, cut: bool = True):
         super().__init__(source, cfg)
+        self.cut = cut  # cut files with restart markers to the crop before decoding
         if ahead < 0:
             raise DlperfError(f"GPU loader: ahead must be >= 0, got {ahead}")
         self.ahead = ahead  # batches a background thread prepares ahead of the consumer
@@ -200,7 +214,7 @@ class GpuLoader(Loader):
         import dataclasses
 
         return GpuLoader(self.source, dataclasses.replace(self.cfg, size=size), str(self.device),
-                         self.jpeg_decoder, self.ahead)
+                         self.jpeg_decoder, self.ahead, self.cut)
 
     def _prepare(self, index: int, epoch: int):
         """(index, bytes, upright h, w, plan, nvjpeg-able) or (index, None, reason)."""
@@ -209,8 +223,13 @@ class GpuLoader(Loader):
             data = src.read_limited(index, limits.max_bytes)
             if data is None:
                 return index, None, f"file too large (> limit {limits.max_bytes:,} bytes)"
-            height, width, _, fast = image_header(data, limits)
+            height, width, orientation, fast = image_header(data, limits)
             plan = self._plan_for(index, epoch)(height, width)
+            # Files with restart markers (dlperf data prepare writes them) are cut to the crop
+            # in the compressed domain first: nvJPEG then decodes ~half the data per image.
+            cut = cut_to_plan(data, plan, orientation) if fast and self.cut else None
+            if cut is not None:
+                data, height, width, plan = cut
         except BadImage as exc:
             return index, None, str(exc)
         except OSError as exc:
