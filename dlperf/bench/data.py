@@ -84,7 +84,7 @@ def _dlperf(cfg: DataBenchConfig, data, threads: int):
                                        drop_last=False, pin_memory=False)), len(source)
 
 
-def _lossless_copy(src: str, dst: Path) -> Path:
+def lossless_copy(src: str, dst: Path) -> Path:
     """The corpus folder with every JPEG rewritten by ``lossless_restart`` (same pixels)."""
     from dlperf.data.decode import lossless_restart
 
@@ -132,7 +132,7 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     t0 = time.perf_counter()
     prepare(cfg.data, Path(tmp.name) / "shards", PrepareConfig(max_side=cfg.max_side))
     prepare_s = time.perf_counter() - t0
-    restart = str(_lossless_copy(cfg.data, Path(tmp.name) / "restart"))
+    restart = str(lossless_copy(cfg.data, Path(tmp.name) / "restart"))
     pipelines = {"torchvision": _torchvision(cfg)}
     dali = _dali(cfg, cfg.data)
     if dali[0] is not None:
