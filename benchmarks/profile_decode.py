@@ -66,6 +66,7 @@ def main() -> int:
         result["roi_decode_us"] = per_image_us(roi, ids)
         raw = list(datas)
         datas[:] = [D.lossless_restart(d) for d in raw]
+        result["restart_markers_bytes_ratio"] = sum(map(len, datas)) / sum(map(len, raw))
         result["roi_decode_restart_markers_us"] = per_image_us(roi, ids)
         seek = D._jpegroi.decode_region
         D._jpegroi.decode_region = lambda *a: seek(*a[:6], a[6] | 4, a[7])  # bit 2: no seek
