@@ -190,3 +190,28 @@ def test_cut_file_holds_exactly_the_pixels_under_the_crop(kind):
     assert cuts >= 10
     assert cut_to_plan(_jpeg(kind), plan, 1) is None  # no markers
     assert cut_to_plan(out, plan, 6) is None  # EXIF-rotated: stored coordinates differ
+
+
+def test_damaged_files_raise_or_decode_never_crash():
+    # The cut parses markers itself: random byte damage (flips, truncation, forged markers)
+    # must end in a result or a ValueError, never a crash or a read out of bounds.
+    out = lossless_restart(_jpeg("420"), 16)
+    rng = random.Random(7)
+    for trial in range(300):
+        bad = bytearray(out)
+        for _ in range(rng.randrange(1, 6)):
+            pos = rng.randrange(2, len(bad))
+            bad[pos] = rng.choice([0xFF, 0xD0 + rng.randrange(8), 0xD9, 0xDD, 0x00,
+                                   rng.randrange(256)])
+        if trial % 5 == 0:
+            bad = bad[:rng.randrange(20, len(bad))]
+        bad = bytes(bad)
+        try:
+            _region(bad, rng.choice([1, 2, 4, 8]), rng.randrange(300), rng.randrange(280), 60, 40,
+                    rng.choice([0, 3]))
+        except ValueError:
+            pass
+        try:
+            D._jpegroi.cut_region(bad, rng.randrange(300), rng.randrange(280), 60, 40)
+        except ValueError:
+            pass
