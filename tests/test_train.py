@@ -42,7 +42,7 @@ def _final_weights(out):
 def test_tiny_recipe_learns_well_above_chance(toy, tmp_path):
     summary = train(_cfg(toy, tmp_path / "run", epochs=3), resume=None, progress=False, mfu=False)
     assert summary["eval"]["top1"] > 0.9  # 4 classes: chance is 0.25
-    assert summary["steps"] == 3 * (96 // 16)
+    assert summary["steps"] == 3 * (96 // 16) and summary["data_source"] == "files"
     out = tmp_path / "run"
     assert json.loads((out / "config.json").read_text())["config"]["epochs"] == 3
     lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]

@@ -8,6 +8,14 @@ def test_input_bound_run_is_told_how_to_feed_the_model():
     lines = advice({"data_wait_share": 0.4, "compute_img_per_s": 900.0}, TrainConfig(data="x"),
                    "cpu")
     assert len(lines) == 1 and "input-bound: 40%" in lines[0] and "--max-side 256" in lines[0]
+    assert "restart markers" not in lines[0]  # unknown source: no lossless step to offer
+    # a JPEG folder: the lossless prepare step comes first
+    files = advice({"data_wait_share": 0.4, "data_source": "files"}, TrainConfig(data="x"), "cpu")
+    assert "`dlperf data prepare SRC DST`: the same pixels" in files[0]
+    assert files[0].index("restart markers") < files[0].index("--max-side 256")
+    shards = advice({"data_wait_share": 0.4, "compute_img_per_s": 900.0, "data_source": "shards"},
+                    TrainConfig(data="x"), "cpu")
+    assert shards == lines
     # synthetic data waits for nothing that a pipeline change would fix
     assert advice({"data_wait_share": 0.4}, TrainConfig(data="synthetic"), "cpu") == []
 

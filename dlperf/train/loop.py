@@ -99,6 +99,16 @@ def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
     return train, val
 
 
+def _source_kind(loader) -> str:
+    """'shards' (written by `dlperf data prepare`), 'files' (a folder or list) or 'synthetic'."""
+    from dlperf.data.sources import ShardSource
+
+    source = getattr(loader, "source", None)
+    if source is None:
+        return "synthetic"
+    return "shards" if isinstance(source, ShardSource) else "files"
+
+
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     """No weight decay on BN parameters and biases (1-D tensors), as the recipe says."""
     decay, no_decay = [], []
@@ -553,7 +563,7 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                "skipped_steps": guard.skipped, "compile_s": compile_s, "first_step_s": first_step_s,
                "nonfinite_check": guard.mode,
                "cuda_graphs": graphed.captures if graphed is not None else None,
-               "resumed_from": resumed_from,
+               "resumed_from": resumed_from, "data_source": _source_kind(train_loader),
                "eval": last_eval, "best_top1": best, "time_to_target_s": time_to_target,
                "wall_s": time.perf_counter() - run_start}
     if mfu and tput.img_per_s:
