@@ -6,7 +6,9 @@
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
 # ../shared does not travel to the device: carry the corpus inside the checkout first,
 #   mkdir -p .corpus && cp -r ../shared/data/imagenet-like .corpus/ && echo /.corpus/ >> .git/info/exclude
-# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus"], timeout ~540 s.
+# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus",
+# "dlperf/data/_jpegroi.cpython-311-x86_64-linux-gnu.so"] (the C extension built here: restart-
+# marker cuts on the GPU path; without it, or on another Python, that part is skipped), ~540 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # One failed or timed-out step must not cost the others' results: each is run through `step`.
