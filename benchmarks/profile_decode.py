@@ -1,7 +1,7 @@
 """Where one image's time goes in dlperf's CPU path (1 thread): read, header, crop draw, ROI
 decode, resize, flip, and the whole per-sample call; medians over the corpus x repeats. The ROI
 decode is measured on the corpus as it is and rewritten with restart markers (what
-`dlperf data prepare` stores), with the seek switched off and on.
+`dlperf data prepare` stores), with the cut to the crop's intervals switched off ("no_seek") and on.
 
 Usage: python benchmarks/profile_decode.py [CORPUS] [OUT.json]
 """
@@ -68,12 +68,12 @@ def main() -> int:
         datas[:] = [D.lossless_restart(d) for d in raw]
         result["restart_markers_bytes_ratio"] = sum(map(len, datas)) / sum(map(len, raw))
         result["roi_decode_restart_markers_us"] = per_image_us(roi, ids)
-        seek = D._jpegroi.decode_region
-        D._jpegroi.decode_region = lambda *a: seek(*a[:6], a[6] | 4, a[7])  # bit 2: no seek
+        region = D._jpegroi.decode_region
+        D._jpegroi.decode_region = lambda *a: region(*a[:6], a[6] | 4, a[7])  # bit 2: no cut
         try:
             result["roi_decode_restart_markers_no_seek_us"] = per_image_us(roi, ids)
         finally:
-            D._jpegroi.decode_region = seek
+            D._jpegroi.decode_region = region
         datas[:] = raw
         result["resize_us"] = per_image_us(lambda i: D._resize(np.ascontiguousarray(regions[i]), out), ids)
         buf = np.empty(40_000_000, np.uint8)

@@ -15,7 +15,7 @@ from imagegen import cmyk_jpeg_bytes, exif_jpeg_bytes, jpeg_bytes, smooth_rgb
 pytestmark = pytest.mark.skipif(not D.ROI_AVAILABLE,
                                 reason="C extension not built (libjpeg headers missing)")
 
-NO_SEEK = 4  # decode_region's `fast` bit that turns the seek off
+NO_CUT = 4  # decode_region's `fast` bit that turns the cut off
 
 # Odd sizes, so the last MCU row and column are partial; every common chroma layout.
 KINDS = {
@@ -104,7 +104,7 @@ def test_cut_is_bit_identical(kind, fast, column_px):
             y, x = rng.randrange(sh), rng.randrange(sw)
             rh, rw = rng.randrange(1, sh - y + 1), rng.randrange(1, sw - x + 1)
             cut, rows, cols = _region(out, n, x, y, rw, rh, fast)
-            top, none, _ = _region(out, n, x, y, rw, rh, fast | NO_SEEK)
+            top, none, _ = _region(out, n, x, y, rw, rh, fast | NO_CUT)
             orig, _, _ = _region(data, n, x, y, rw, rh, fast)
             assert none == 0 and np.array_equal(cut, top) and np.array_equal(cut, orig), \
                 (n, x, y, rw, rh)
@@ -130,7 +130,7 @@ def test_cut_never_decodes_the_rows_and_columns_around_the_region():
     cut, rows, cols = _region(bad, 8, 100, 200, 100, 50, 3)
     assert (rows, cols) == (192, 96) and np.array_equal(cut, good)  # 200 // 16, 100 // 16
     with pytest.raises(ValueError, match="Corrupt JPEG data"):
-        _region(bad, 8, 100, 200, 100, 50, 3 | NO_SEEK)
+        _region(bad, 8, 100, 200, 100, 50, 3 | NO_CUT)
 
 
 def test_other_encoders_intervals_are_used_where_they_line_up():

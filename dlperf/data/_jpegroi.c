@@ -5,17 +5,17 @@
  * cover x..x+w (jpeg_crop_scanline): rows above the region are skipped without IDCT or colour
  * conversion (jpeg_skip_scanlines) and rows below it are never decoded at all. Coordinates are
  * in the scaled image. RGB rows are written packed into `out` (a writable buffer of at least
- * h * (w + 64) * 3 bytes); returns (decoded_width, x_shift, w, h, seek_rows, seek_cols): the
+ * h * (w + 64) * 3 bytes); returns (decoded_width, x_shift, w, h, cut_rows, cut_cols): the
  * region (w x h after clamping) starts x_shift pixels into each decoded row of decoded_width.
  *
- * Restart-marker seek: skipped rows and columns still cost their entropy (Huffman) decoding,
- * the dominant cost (~70% of a corpus image's decode, results/profile-decode.json), because a
+ * Restart-marker cut: skipped rows and columns still cost their entropy (Huffman) decoding,
+ * the dominant cost (two thirds of a corpus image's decode, results/profile-decode.json), as a
  * Huffman stream can only be read from its start. Restart markers cut the stream into
  * intervals that each start afresh (DC predictors reset). When the intervals line up with MCU
  * rows, either k whole rows each or an even split of every row (what `dlperf data prepare`
  * writes, see transcode()), the decoder reads a new stream instead: the header with the
  * sub-image's width and height, then only the intervals that cover the region, markers
- * renumbered from RST0: a lossless crop in the compressed domain. seek_rows and seek_cols are
+ * renumbered from RST0: a lossless crop in the compressed domain. cut_rows and cut_cols are
  * the output rows and columns left out at the top and left (0, 0 without usable markers).
  * Output is bit-identical to decoding from the top: each interval depends only on its own
  * data, except for fancy chroma upsampling's one row/column of context on each side, which
@@ -64,8 +64,7 @@ static void roi_emit_message(j_common_ptr cinfo, int level) {
     }
 }
 
-enum { ROI_OK = 0, ROI_ERROR = 1, ROI_CMYK = 2, ROI_SMALL_BUFFER = 3, ROI_WARNING = 4,
-       ROI_NO_MEMORY = 5 };
+enum { ROI_OK = 0, ROI_ERROR = 1, ROI_CMYK = 2, ROI_SMALL_BUFFER = 3, ROI_WARNING = 4 };
 
 /* Where libjpeg's header reader stopped: the first byte of the scan's entropy-coded data. */
 static size_t entropy_offset(j_decompress_ptr cinfo, const unsigned char *start) {
@@ -233,8 +232,8 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     struct roi_error err;
     volatile int status = ROI_OK;
     JDIMENSION xoff = 0, cw = 0;
-    unsigned char *volatile seek_buf = NULL;
-    volatile int seek_rows = 0, seek_cols = 0;
+    unsigned char *volatile cut_buf = NULL;
+    volatile int cut_rows = 0, cut_cols = 0;
     memset(&err, 0, sizeof(err));
 
     Py_BEGIN_ALLOW_THREADS
@@ -250,20 +249,19 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
             status = ROI_CMYK;
         } else {
-            size_t seek_len = 0;
-            int cut_rows = 0, cut_cols = 0;
-            if (!(fast & 4)) /* bit 2: never seek (benchmarks measure without) */
-                seek_buf = cut_stream(&cinfo, (const unsigned char *)data.buf,
-                                       (size_t)data.len, scale_num, x, y, w, h, !(fast & 2),
-                                       &seek_len, &cut_rows, &cut_cols);
-            if (seek_buf) { /* decode the shortened stream instead */
+            size_t cut_len = 0;
+            int rows = 0, cols = 0;
+            if (!(fast & 4)) /* bit 2: never cut (benchmarks measure without) */
+                cut_buf = cut_stream(&cinfo, (const unsigned char *)data.buf, (size_t)data.len,
+                                     scale_num, x, y, w, h, !(fast & 2), &cut_len, &rows, &cols);
+            if (cut_buf) { /* decode the shortened stream instead */
                 jpeg_abort_decompress(&cinfo);
-                jpeg_mem_src(&cinfo, seek_buf, (unsigned long)seek_len);
+                jpeg_mem_src(&cinfo, cut_buf, (unsigned long)cut_len);
                 jpeg_read_header(&cinfo, TRUE);
-                y -= cut_rows;
-                x -= cut_cols;
-                seek_rows = cut_rows;
-                seek_cols = cut_cols;
+                y -= rows;
+                x -= cols;
+                cut_rows = rows;
+                cut_cols = cols;
             }
             cinfo.out_color_space = JCS_RGB;
             cinfo.scale_num = (unsigned int)scale_num;
@@ -299,7 +297,7 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         jpeg_abort_decompress(&cinfo); /* stop here: rows below the region are never decoded */
     }
     jpeg_destroy_decompress(&cinfo);
-    free(seek_buf);
+    free(cut_buf);
     if (status == ROI_OK && err.warned) status = ROI_WARNING;
     Py_END_ALLOW_THREADS
 
@@ -307,8 +305,8 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     PyBuffer_Release(&out);
     switch (status) {
     case ROI_OK:
-        return Py_BuildValue("(iiiiii)", (int)cw, x - (int)xoff, w, h, (int)seek_rows,
-                             (int)seek_cols);
+        return Py_BuildValue("(iiiiii)", (int)cw, x - (int)xoff, w, h, (int)cut_rows,
+                             (int)cut_cols);
     case ROI_CMYK:
         PyErr_SetString(PyExc_ValueError, "cmyk");
         return NULL;
@@ -402,11 +400,13 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
                 made_dst = 1;
                 jpeg_copy_critical_parameters(&src, &dst);
                 dst.optimize_coding = TRUE;
-                unsigned long mcu_w = src.num_components == 1 ? 8 : 8 * (unsigned long)src.max_h_samp_factor;
+                unsigned long mcu_w =
+                    src.num_components == 1 ? 8 : 8 * (unsigned long)src.max_h_samp_factor;
                 unsigned long per_row = (src.image_width + mcu_w - 1) / mcu_w, every = per_row;
                 if (column_px > 0) { /* the largest even split of a row at most column_px wide */
                     for (every = per_row; every > 1; every--)
-                        if (per_row % every == 0 && every * mcu_w <= (unsigned long)column_px) break;
+                        if (per_row % every == 0 && every * mcu_w <= (unsigned long)column_px)
+                            break;
                 }
                 dst.restart_interval = (unsigned int)every;
                 jpeg_mem_dest(&dst, (unsigned char **)&outbuf, &outsize);
@@ -447,7 +447,7 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, scale_num, x, y, w, h, fast, out) -> (decoded_width, x_shift, w, h, "
-     "seek_rows)"},
+     "cut_rows, cut_cols)"},
     {"cut_region", cut_region, METH_VARARGS,
      "cut_region(data, x, y, w, h) -> (jpeg bytes, rows_cut, cols_cut) or None"},
     {"transcode", transcode, METH_VARARGS,
