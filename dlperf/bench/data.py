@@ -96,6 +96,17 @@ def lossless_copy(src: str, dst: Path) -> Path:
     return dst
 
 
+def repeated_list(corpus: str | Path, times: int, csv_path: str | Path) -> Path:
+    """A ``path,label`` list naming every image of ``corpus`` ``times`` times (a longer epoch
+    from a small corpus, for fast pipelines whose single epoch would be too short to time)."""
+    from dlperf.data.sources import FileSource
+
+    src = FileSource.from_folder(corpus)
+    rows = [f"{Path(src.name(i)).resolve()},{src.label(i)}\n" for i in range(len(src))]
+    Path(csv_path).write_text("path,label\n" + "".join(rows) * times)
+    return Path(csv_path)
+
+
 def _count(batch) -> int:
     if hasattr(batch, "labels"):  # dlperf Batch
         return len(batch.labels)
