@@ -9,7 +9,7 @@ import torch
 from dlperf.cli import main
 from dlperf.data.loader import Loader, LoaderConfig
 from dlperf.data.sources import ShardSource, open_source
-from imagegen import make_folder, png_bytes, smooth_rgb
+from imagegen import jpeg_bytes, make_folder, png_bytes, smooth_rgb
 
 
 @pytest.fixture
@@ -91,6 +91,23 @@ def test_prepare_copies_jpegs_byte_for_byte_with_restart_px_0(corpus, tmp_path):
     copied = {src.read(i) for i in range(len(src))}
     assert originals <= copied  # every valid JPEG unchanged; the PNG re-encoded as JPEG
     assert len(copied - originals) == 1
+
+
+def test_prepare_without_a_full_decode_still_refuses_damaged_jpegs(corpus, tmp_path):
+    # The default path proves a JPEG by rewriting it (every coefficient entropy-decoded,
+    # warnings refused) instead of decoding its pixels: a cut-off or damaged file is skipped.
+    from dlperf.data.prepare import PrepareConfig, prepare
+
+    good = jpeg_bytes(smooth_rgb(200, 240, seed=9))
+    (corpus / "class00" / "cut.JPEG").write_bytes(good[:len(good) * 2 // 3])
+    sos = good.index(b"\xff\xda")
+    bad = bytearray(good)
+    bad[sos + 100:sos + 300] = bytes(200)  # zeroed entropy data
+    (corpus / "class01" / "zeroed.JPEG").write_bytes(bytes(bad))
+    summary = prepare(corpus, tmp_path / "s", PrepareConfig())
+    reasons = {name.rsplit("/", 1)[-1]: why for name, why in summary["bad"]}
+    assert set(reasons) == {"broken.JPEG", "cut.JPEG", "zeroed.JPEG"}
+    assert summary["samples"] == 11
 
 
 def test_prepare_keeps_every_jpeg_pixel_by_default(corpus, tmp_path):

@@ -36,7 +36,7 @@ import cv2
 import numpy as np
 
 from dlperf.data.decode import (JPEG_MAGIC, BadImage, DecodeLimits, decode_reference,
-                                lossless_restart, use_single_threaded_opencv)
+                                image_header, lossless_restart, use_single_threaded_opencv)
 from dlperf.data.sources import INDEX_FORMAT, INDEX_NAME, ShardSource, Source, open_source
 from dlperf.errors import DlperfError
 from dlperf.report import write_json_atomic, write_text_atomic
@@ -84,6 +84,13 @@ def _encode(img: np.ndarray, quality: int) -> bytes:
 
 
 def _prepare_one(data: bytes, cfg: PrepareConfig) -> bytes:
+    if cfg.restart_px and not cfg.max_side and data[:3] == JPEG_MAGIC:
+        image_header(data, cfg.limits)  # the size limits and a readable header first
+        # The rewrite entropy-decodes every coefficient and refuses any libjpeg warning, the
+        # same proof as a full decode minus the IDCT (which cannot fail): ~40% less work.
+        out = lossless_restart(data, cfg.restart_px)
+        if out is not data:
+            return out
     img = decode_reference(data, cfg.limits)  # full decode: proves the file is good
     if cfg.max_side and max(img.shape[:2]) > cfg.max_side:
         s = cfg.max_side / max(img.shape[:2])
