@@ -408,7 +408,9 @@ def _cmd_data(args) -> int:
             summary = prepare(source, args.dst, cfg, progress=lambda: bar.advance(task))
         console.print(f"Wrote {summary['samples']:,} samples in {summary['shards']} shards to "
                       f"{args.dst} ({summary['output_bytes'] / 2**20:,.1f} MiB from "
-                      f"{summary['input_bytes'] / 2**20:,.1f} MiB) in {summary['seconds']:.1f} s.")
+                      f"{summary['input_bytes'] / 2**20:,.1f} MiB) in {summary['seconds']:.1f} s; "
+                      f"{summary['restart_markers']:,} JPEGs carry restart markers (lossless "
+                      "rewrite: random crops decode only the data under them).")
         for name, reason in summary["bad"][:20]:
             console.print(f"  [yellow]skipped[/] {name}: {reason}")
         if len(summary["bad"]) > 20:

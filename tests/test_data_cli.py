@@ -96,6 +96,7 @@ def test_prepare_copies_jpegs_byte_for_byte_with_restart_px_0(corpus, tmp_path):
 def test_prepare_without_a_full_decode_still_refuses_damaged_jpegs(corpus, tmp_path):
     # The default path proves a JPEG by rewriting it (every coefficient entropy-decoded,
     # warnings refused) instead of decoding its pixels: a cut-off or damaged file is skipped.
+    from dlperf.data.decode import ROI_AVAILABLE
     from dlperf.data.prepare import PrepareConfig, prepare
 
     good = jpeg_bytes(smooth_rgb(200, 240, seed=9))
@@ -108,6 +109,8 @@ def test_prepare_without_a_full_decode_still_refuses_damaged_jpegs(corpus, tmp_p
     reasons = {name.rsplit("/", 1)[-1]: why for name, why in summary["bad"]}
     assert set(reasons) == {"broken.JPEG", "cut.JPEG", "zeroed.JPEG"}
     assert summary["samples"] == 11
+    if ROI_AVAILABLE:  # all 10 valid JPEGs and the re-encoded PNG
+        assert summary["restart_markers"] == 11
 
 
 def test_prepare_keeps_every_jpeg_pixel_by_default(corpus, tmp_path):

@@ -83,14 +83,15 @@ def _encode(img: np.ndarray, quality: int) -> bytes:
     return buf.tobytes()
 
 
-def _prepare_one(data: bytes, cfg: PrepareConfig) -> bytes:
+def _prepare_one(data: bytes, cfg: PrepareConfig) -> tuple[bytes, bool]:
+    """(the bytes to store, whether they carry restart markers from the lossless rewrite)"""
     if cfg.restart_px and not cfg.max_side and data[:3] == JPEG_MAGIC:
         image_header(data, cfg.limits)  # the size limits and a readable header first
         # The rewrite entropy-decodes every coefficient and refuses any libjpeg warning, the
         # same proof as a full decode minus the IDCT (which cannot fail): ~40% less work.
         out = lossless_restart(data, cfg.restart_px)
         if out is not data:
-            return out
+            return out, True
     img = decode_reference(data, cfg.limits)  # full decode: proves the file is good
     if cfg.max_side and max(img.shape[:2]) > cfg.max_side:
         s = cfg.max_side / max(img.shape[:2])
@@ -99,7 +100,8 @@ def _prepare_one(data: bytes, cfg: PrepareConfig) -> bytes:
         data = _encode(img, cfg.quality)
     elif cfg.max_side or data[:3] != JPEG_MAGIC:
         data = _encode(img, cfg.quality)
-    return lossless_restart(data, cfg.restart_px) if cfg.restart_px else data
+    out = lossless_restart(data, cfg.restart_px) if cfg.restart_px else data
+    return out, out is not data
 
 
 class _ShardWriter:
@@ -180,12 +182,13 @@ def prepare(src: str | Path | Source, dst: str | Path, cfg: PrepareConfig = Prep
                           "empty folder")
     writer = _ShardWriter(dst, cfg.shard_bytes)
     samples, bad = [], []
-    in_bytes = out_bytes = 0
+    in_bytes = out_bytes = rewritten = 0
     start = time.perf_counter()
 
     def work(i: int):
-        """(input bytes, output bytes) or (None, reason): decoding and re-encoding release
-        the GIL, so this runs in threads while the writer keeps the source order."""
+        """(input size, (output bytes, rewritten)) or (None, reason): decoding and
+        re-encoding release the GIL, so this runs in threads while the writer keeps the source
+        order."""
         try:
             data = source.read_limited(i, cfg.limits.max_bytes)
             if data is None:
@@ -209,6 +212,8 @@ def prepare(src: str | Path | Source, dst: str | Path, cfg: PrepareConfig = Prep
                 bad.append((source.name(i), result))
             else:
                 key = f"{len(samples):08d}"
+                result, marked = result
+                rewritten += marked
                 shard, offset, length = writer.add(key, result, source.label(i))
                 samples.append([shard, offset, length, source.label(i), key])
                 in_bytes += size_in
@@ -223,7 +228,7 @@ def prepare(src: str | Path | Source, dst: str | Path, cfg: PrepareConfig = Prep
     write_json_atomic(dst / INDEX_NAME, index)  # commit marker, written last
     summary = {"samples": len(samples), "shards": len(shards), "bad": bad,
                "input_bytes": in_bytes, "output_bytes": out_bytes,
-               "seconds": time.perf_counter() - start}
+               "restart_markers": rewritten, "seconds": time.perf_counter() - start}
     write_json_atomic(dst / "prepare-report.json", summary)
     return summary
 
