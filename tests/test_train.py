@@ -51,6 +51,40 @@ def test_tiny_recipe_learns_well_above_chance(toy, tmp_path):
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_training_on_prepared_shards_equals_training_on_the_folder(toy, tmp_path, monkeypatch):
+    # `dlperf data prepare` rewrites JPEGs losslessly (restart markers) and the loader then
+    # decodes only the intervals under each crop: same samples, same order, same pixels, so
+    # the same weights bit for bit.
+    from types import SimpleNamespace
+
+    from dlperf.data import decode as D
+    from dlperf.data.prepare import PrepareConfig, prepare
+
+    summary = prepare(toy[0], tmp_path / "shards", PrepareConfig())
+    assert summary["samples"] == 96 and not summary["bad"]
+    cuts = []
+    if D.ROI_AVAILABLE:  # count the decodes that read only part of the stream
+        real = D._jpegroi
+
+        def spy(*args):
+            got = real.decode_region(*args)
+            cuts.append(got[4] + got[5] > 0)
+            return got
+
+        monkeypatch.setattr(D, "_jpegroi", SimpleNamespace(decode_region=spy))
+    for name, data in (("folder", str(toy[0])), ("shards", str(tmp_path / "shards"))):
+        cuts.clear()
+        train(_cfg(toy, tmp_path / name, data=data, epochs=1, deterministic=True), resume=None,
+              progress=False, mfu=False)
+    if D.ROI_AVAILABLE:
+        assert sum(cuts) >= 10  # (in the shards run) crops below/right of the first interval
+    want, _ = _final_weights(tmp_path / "folder")
+    got, _ = _final_weights(tmp_path / "shards")
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
+
+
 def test_resume_mid_epoch_is_bit_identical(toy, tmp_path):
     cfg = _cfg(toy, tmp_path / "a", deterministic=True)
     train(cfg, resume=None, progress=False, mfu=False)
