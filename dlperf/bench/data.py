@@ -10,8 +10,8 @@ epochs, each after an untimed settle epoch (see ``run`` for how they are interle
 (c) dlperf's CPU path at 1 and ``threads`` threads, uint8 NHWC batches;
 (d) dlperf on shards re-encoded by ``dlperf data prepare --max-side 256``;
 (e) DALI and dlperf again on the same corpus rewritten losslessly with restart markers (what
-    ``dlperf data prepare`` stores by default: same pixels, and dlperf's ROI decoder enters
-    each file at the crop's first row), as a folder so both read the very same files.
+    ``dlperf data prepare`` stores by default: same pixels, and dlperf's ROI decoder reads
+    only the restart intervals under each crop), as a folder so both read the very same files.
 """
 
 from __future__ import annotations
