@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from dlperf.bench.data import lossless_copy, repeated_list
+from dlperf.bench.data import epoch_rate, lossless_copy, repeated_list
 from dlperf.bench.results import save_result
 from dlperf.data.decode import ROI_AVAILABLE
 from dlperf.data.gpu import GpuLoader
@@ -78,12 +78,10 @@ def measure(corpus: str, args) -> dict:
 
 def cpu_loader_rate(corpus: str, args, threads: int) -> float:
     """The CPU loader with every core of the machine, for comparison (median img/s)."""
-    from dlperf.bench.data import _epoch_rate
-
     src = open_source(corpus)
     ld = Loader(src, LoaderConfig(batch_size=args.batch, threads=threads, drop_last=False,
                                   pin_memory=False))
-    rates = [_epoch_rate(ld, len(src)) for _ in range(args.epochs + 1)][1:]
+    rates = [epoch_rate(ld, len(src)) for _ in range(args.epochs + 1)][1:]
     ld.close()
     return statistics.median(rates)
 

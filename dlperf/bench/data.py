@@ -125,7 +125,7 @@ def _wait_until_idle(quiet_s: float = 0.05, limit_s: float = 3.0) -> None:
             return
 
 
-def _epoch_rate(loader, n: int) -> float:
+def epoch_rate(loader, n: int) -> float:
     t0 = time.perf_counter()
     seen = sum(_count(batch) for batch in loader)
     dt = time.perf_counter() - t0
@@ -166,8 +166,8 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     # pipelines, which longer blocks per pipeline did not.
     for _ in range(cfg.rounds):
         for name, (loader, n) in pipelines.items():
-            _epoch_rate(loader, n)
-            rates[name].append(_epoch_rate(loader, n))
+            epoch_rate(loader, n)
+            rates[name].append(epoch_rate(loader, n))
             _wait_until_idle()
             if progress:
                 progress()

@@ -23,7 +23,8 @@
  *
  * cut_region(data, x, y, w, h) returns that cut as a JPEG file of its own, at full scale and
  * with one MCU of context kept on every side of the region, for decoders that cannot crop
- * (nvJPEG on the GPU path): (bytes, rows_cut, cols_cut), or None where the file cannot be cut.
+ * (nvJPEG on the GPU path): (bytes, rows_cut, cols_cut, height, width), or None where the file
+ * cannot be cut.
  *
  * transcode(data, column_px) rewrites a YCbCr or grayscale JPEG losslessly (same DCT
  * coefficients and quantisation tables, so the same decoded pixels) as baseline sequential with
@@ -130,10 +131,11 @@ static int patch_frame(unsigned char *buf, size_t len, unsigned int height, unsi
  * nothing would be saved. Intervals are whole MCU rows (a marker every k rows) or an even split
  * of each row (k markers per row): then the stream is also cut to the region's columns, a
  * lossless crop in the compressed domain. *rows_cut and *cols_cut receive the output rows and
- * columns the new stream leaves out at the top and left. */
+ * columns the new stream leaves out at the top and left, *cut_h and *cut_w its full-scale size. */
 static unsigned char *cut_stream(j_decompress_ptr cinfo, const unsigned char *data, size_t len,
                                   int scale_num, int x, int y, int w, int h, int fancy,
-                                  size_t *out_len, int *rows_cut, int *cols_cut) {
+                                  size_t *out_len, int *rows_cut, int *cols_cut,
+                                  unsigned int *cut_h, unsigned int *cut_w) {
     if (cinfo->restart_interval == 0 || cinfo->progressive_mode || cinfo->arith_code ||
         jpeg_has_multiple_scans(cinfo) || cinfo->comps_in_scan != cinfo->num_components)
         return NULL;
@@ -212,6 +214,8 @@ static unsigned char *cut_stream(j_decompress_ptr cinfo, const unsigned char *da
     *out_len = (size_t)(q - buf);
     *rows_cut = (int)(r0 * oh);
     *cols_cut = (int)(c0 * cols_per * ow);
+    *cut_h = new_h;
+    *cut_w = new_w;
 done:
     free((void *)starts);
     return buf;
@@ -251,9 +255,11 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         } else {
             size_t cut_len = 0;
             int rows = 0, cols = 0;
+            unsigned int cut_h = 0, cut_w = 0;
             if (!(fast & 4)) /* bit 2: never cut (benchmarks measure without) */
                 cut_buf = cut_stream(&cinfo, (const unsigned char *)data.buf, (size_t)data.len,
-                                     scale_num, x, y, w, h, !(fast & 2), &cut_len, &rows, &cols);
+                                     scale_num, x, y, w, h, !(fast & 2), &cut_len, &rows, &cols,
+                                     &cut_h, &cut_w);
             if (cut_buf) { /* decode the shortened stream instead */
                 jpeg_abort_decompress(&cinfo);
                 jpeg_mem_src(&cinfo, cut_buf, (unsigned long)cut_len);
@@ -333,6 +339,7 @@ static PyObject *cut_region(PyObject *self, PyObject *args) {
     unsigned char *volatile buf = NULL;
     size_t len = 0;
     int rows = 0, cols = 0;
+    unsigned int height = 0, width = 0;
     memset(&err, 0, sizeof(err));
 
     Py_BEGIN_ALLOW_THREADS
@@ -345,7 +352,7 @@ static PyObject *cut_region(PyObject *self, PyObject *args) {
         jpeg_read_header(&cinfo, TRUE);
         /* fancy = 1: keep one MCU of context on every side, enough for any chroma upsampler */
         buf = cut_stream(&cinfo, (const unsigned char *)data.buf, (size_t)data.len, 8, x, y, w,
-                          h, 1, &len, &rows, &cols);
+                          h, 1, &len, &rows, &cols, &height, &width);
     }
     jpeg_destroy_decompress(&cinfo);
     Py_END_ALLOW_THREADS
@@ -355,7 +362,7 @@ static PyObject *cut_region(PyObject *self, PyObject *args) {
     PyObject *bytes = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)len);
     free(buf);
     if (!bytes) return NULL;
-    return Py_BuildValue("(Nii)", bytes, rows, cols);
+    return Py_BuildValue("(Niiii)", bytes, rows, cols, (int)height, (int)width);
 }
 
 static PyObject *transcode(PyObject *self, PyObject *args) {
@@ -449,7 +456,7 @@ static PyMethodDef methods[] = {
      "decode_region(data, scale_num, x, y, w, h, fast, out) -> (decoded_width, x_shift, w, h, "
      "cut_rows, cut_cols)"},
     {"cut_region", cut_region, METH_VARARGS,
-     "cut_region(data, x, y, w, h) -> (jpeg bytes, rows_cut, cols_cut) or None"},
+     "cut_region(data, x, y, w, h) -> (jpeg bytes, rows_cut, cols_cut, height, width) or None"},
     {"transcode", transcode, METH_VARARGS,
      "transcode(data, column_px) -> bytes (lossless, restart markers) or None"},
     {NULL, NULL, 0, NULL}};

@@ -275,8 +275,7 @@ def cut_to_plan(data: bytes, plan: CropPlan, orientation: int
     cut = _jpegroi.cut_region(data, plan.left, plan.top, plan.width, plan.height)
     if cut is None:
         return None
-    part, rows, cols = cut
-    height, width, _, _ = image_header(part)
+    part, rows, cols, height, width = cut
     return part, height, width, replace(plan, top=plan.top - rows, left=plan.left - cols)
 
 
