@@ -103,16 +103,18 @@ def crop_resize_batch(images: list[torch.Tensor], boxes: list[tuple], flips: lis
             hmax, wmax, end = h, w, end + 1
         pack = torch.zeros((end - start, 3, hmax, wmax), dtype=compute, device=device)
         for i in range(start, end):
-            img, h, w = images[i], images[i].shape[1], images[i].shape[2]
-            pack[i - start, :, :h, :w] = img
-            # Replicate the last row and column into the padding: roi_align clamps only at
-            # the pack's edge, so a box on a smaller image's bottom or right border would
-            # otherwise blend its last output row/column with zeros.
-            if h < hmax:
-                pack[i - start, :, h, :w] = img[:, h - 1, :]
-            if w < wmax:
-                pack[i - start, :, :min(h + 1, hmax), w] = pack[i - start, :, :min(h + 1, hmax),
-                                                                w - 1]
+            pack[i - start, :, :images[i].shape[1], :images[i].shape[2]] = images[i]
+        # Replicate each image's last row and then last column into the padding: roi_align
+        # clamps only at the pack's edge, so a box on a smaller image's bottom or right border
+        # would otherwise blend its last output row/column with zeros. Two batched copies, not
+        # two per image (a self-copy where an image fills the pack's height or width).
+        sizes = torch.tensor([images[i].shape[1:] for i in range(start, end)])
+        hs, ws = sizes[:, 0], sizes[:, 1]
+        idx, last_h, last_w = (host_to_device(t, device) for t in (
+            torch.arange(end - start), torch.stack([hs - 1, torch.where(hs < hmax, hs, hs - 1)]),
+            torch.stack([ws - 1, torch.where(ws < wmax, ws, ws - 1)])))
+        pack[idx, :, last_h[1], :] = pack[idx, :, last_h[0], :]
+        pack[idx, :, :, last_w[1]] = pack[idx, :, :, last_w[0]]
         rois = host_to_device(torch.tensor([[i - start, *boxes[i]] for i in range(start, end)],
                                            dtype=compute), device)
         # aligned=True: pixel centres at +0.5, so a box of the full image maps exactly.
