@@ -6,9 +6,10 @@
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
 # ../shared does not travel to the device: carry the corpus inside the checkout first,
 #   mkdir -p .corpus && cp -r ../shared/data/imagenet-like .corpus/ && echo /.corpus/ >> .git/info/exclude
-# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus",
-# "dlperf/data/_jpegroi.cpython-311-x86_64-linux-gnu.so"] (the C extension built here: restart-
-# marker cuts on the GPU path; without it, or on another Python, that part is skipped), ~540 s.
+# and build the C extension for that machine's Python (3.12 there) with its libjpeg-turbo:
+#   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
+# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus", ".devext"], ~540 s.
+# Without the extension dlperf still runs (full-image decoding, no restart-marker cuts).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # One failed or timed-out step must not cost the others' results: each is run through `step`.
@@ -17,6 +18,8 @@ OUT=${OUT:-benchmarks/results/device}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
+[ -d .devext ] && cp .devext/* dlperf/data/
+$PY -c "import dlperf.data.decode as D; print('dlperf C extension:', D.ROI_AVAILABLE)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > "$OUT/gpu.csv" || true
 
 # Ordered by what the open issues need most, so a run cut short still brings those back.
@@ -87,4 +90,6 @@ step timeout 80 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --
 step timeout 80 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
     --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
     --json "$OUT/gpt-350m-bf16.json"
+# The ladder's PNG would be a ninth file: redraw it here from the JSON (dlperf.plots.ladder_chart).
+rm -f "$OUT/train-ladder-gpu.png"
 ls -la "$OUT"

@@ -41,6 +41,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <setjmp.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <jpeglib.h>
