@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared GPU run (brief: installs nothing, < 8 minutes, JSON results under $OUT;
 # exactly 8 result files, the most the device tool brings back).
-# On the lent device machine: python3 there already holds torch, torchvision and rich; dlperf is
-# pure Python and runs from this checkout via PYTHONPATH. Copy $OUT/*.json to
+# On the lent device machine: python3 (3.12) there already holds torch, torchvision and rich; dlperf
+# runs from this checkout via PYTHONPATH (its C extension from .devext). Copy $OUT/* to
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
 # ../shared does not travel to the device: carry the corpus inside the checkout first,
 #   mkdir -p .corpus && cp -r ../shared/data/imagenet-like .corpus/ && echo /.corpus/ >> .git/info/exclude
