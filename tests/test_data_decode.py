@@ -238,10 +238,34 @@ def test_everything_still_decodes_without_simplejpeg(monkeypatch):
     monkeypatch.setattr(D, "simplejpeg", None)
     data = exif_jpeg_bytes(smooth_rgb(60, 90), 6)
     h, w, orientation, fast = image_header(data)
-    assert (h, w, orientation, fast) == (90, 60, 6, False)
+    assert (h, w, orientation, fast) == (90, 60, 6, True)  # still a fast-path JPEG
     out = np.empty((90, 60, 3), np.uint8)
     decode_into(data, lambda hh, ww: CropPlan(0, 0, hh, ww), out, EXACT)
     assert np.abs(out.astype(int) - decode_reference(data, EXACT).astype(int)).mean() < 0.5
     with pytest.raises(BadImage, match="truncated"):
         decode_into(jpeg_bytes(smooth_rgb(128, 128))[:-300], lambda hh, ww: CropPlan(0, 0, 8, 8),
                     np.empty((8, 8, 3), np.uint8))
+
+
+def test_without_simplejpeg_headers_say_what_simplejpeg_says(monkeypatch):
+    # The GPU image has no simplejpeg: dlperf reads JPEG headers itself and must give the same
+    # size, orientation and fast-path verdict, or the GPU path would send every JPEG to the CPU.
+    from dlperf.data import decode as D
+
+    arr = smooth_rgb(61, 93)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG", keep_rgb=True)  # RGB-coded: Adobe transform 0
+    files = {"baseline": jpeg_bytes(arr), "progressive": jpeg_bytes(arr, progressive=True),
+             "444": jpeg_bytes(arr, subsampling=0), "gray": jpeg_bytes(arr[..., 0]),
+             "exif": exif_jpeg_bytes(arr, 8), "cmyk": cmyk_jpeg_bytes(arr),
+             "rgb": buf.getvalue(), "png": png_bytes(arr)}
+    want = {"baseline": (61, 93, 1, True), "progressive": (61, 93, 1, True),
+            "444": (61, 93, 1, True), "gray": (61, 93, 1, True), "exif": (93, 61, 8, True),
+            "cmyk": (61, 93, 1, False), "rgb": (61, 93, 1, False), "png": (61, 93, 1, False)}
+    if D.simplejpeg is not None:  # the independent reference, where it is installed
+        assert {k: image_header(v) for k, v in files.items()} == want
+    monkeypatch.setattr(D, "simplejpeg", None)
+    assert {k: image_header(v) for k, v in files.items()} == want
+    for bad in (files["baseline"][:40], b"\xff\xd8\xff\xe0\x00\x10JFIF" + bytes(30)):
+        with pytest.raises(BadImage, match="corrupt JPEG header"):
+            image_header(bad)

@@ -191,3 +191,19 @@ def test_gpu_loader_cuts_prepared_files_to_the_crop(folder, tmp_path, decoder, m
     # same pixels in, same boxes up to an integer shift: roi_align's float sample positions
     # may round differently, by one level at most
     assert diff.max() <= 1 and (diff == 0).float().mean() > 0.99
+
+
+def test_without_simplejpeg_the_gpu_decoder_still_gets_every_jpeg(folder, monkeypatch):
+    # The GPU image has no simplejpeg: only the PNG and the CMYK file may go to the CPU.
+    from dlperf.data import decode as D
+
+    monkeypatch.setattr(D, "simplejpeg", None)
+    cfg = LoaderConfig(batch_size=5, size=32, threads=2, seed=3, drop_last=False,
+                       max_bad_fraction=0.5)
+    ld = GpuLoader(open_source(folder), cfg, device="cpu")
+    seen = []
+    decode = ld._decode_batch
+    ld._decode_batch = lambda tensors, device: seen.extend(tensors) or decode(tensors, device)
+    n = sum(len(b) for b in ld)
+    assert n == 14 and ld.fallbacks == 2  # 12 JPEGs + PNG + CMYK; the cut-off one skipped
+    assert len(seen) >= 12

@@ -105,6 +105,57 @@ def _tiff_orientation(tiff: bytes) -> int:
     return 1
 
 
+# Frame headers: baseline, extended and progressive Huffman (what libjpeg-turbo's fast paths and
+# nvJPEG take), then every other kind (lossless, arithmetic-coded, hierarchical).
+_SOF_FAST = frozenset((0xC0, 0xC1, 0xC2))
+_SOF_OTHER = frozenset((0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+def _jpeg_header(data: bytes) -> tuple[int, int, int, bool]:
+    """(height, width, EXIF orientation, fast) read from a JPEG's markers in Python, for machines
+    without simplejpeg (the GPU image has none). ``fast`` means what simplejpeg's header says:
+    an 8-bit Huffman-coded YCbCr or grayscale image, with libjpeg's own colour-space guess for
+    three components (JFIF marker, else the Adobe transform flag, else the component ids)."""
+    pos, n = 2, len(data)
+    orientation, adobe, jfif = 1, None, False
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            raise BadImage("corrupt JPEG header (no marker where one belongs)")
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        if marker in (0xDA, 0xD9):
+            break
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        seg = data[pos + 4:pos + 2 + length]
+        if marker == 0xE0 and seg[:5] == b"JFIF\x00":
+            jfif = True
+        elif marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
+            orientation = _tiff_orientation(seg[6:])
+        elif marker == 0xEE and seg[:5] == b"Adobe" and len(seg) >= 12:
+            adobe = seg[11]
+        elif marker in _SOF_FAST or marker in _SOF_OTHER:
+            if len(seg) < 6:
+                raise BadImage("corrupt JPEG header (short frame header)")
+            precision, comps = seg[0], seg[5]
+            height, width = int.from_bytes(seg[1:3], "big"), int.from_bytes(seg[3:5], "big")
+            ids = bytes(seg[6:6 + 3 * comps:3])
+            if comps == 1:
+                ycc_or_gray = True
+            elif comps == 3:
+                ycc_or_gray = jfif or (adobe != 0 if adobe is not None else ids != b"RGB")
+            else:
+                ycc_or_gray = False
+            fast = marker in _SOF_FAST and precision == 8 and ycc_or_gray
+            return height, width, orientation, fast
+        pos += 2 + length
+    raise BadImage("corrupt JPEG header (no frame header)")
+
+
 def _check_size(data: bytes, limits: DecodeLimits) -> None:
     if not data:
         raise BadImage("empty file")
@@ -166,20 +217,24 @@ def decode_reference(data: bytes, limits: DecodeLimits = DecodeLimits()) -> np.n
 def image_header(data: bytes, limits: DecodeLimits = DecodeLimits()):
     """(upright height, upright width, orientation, fast) without decoding the pixels.
 
-    ``fast`` is True when the simplejpeg path can decode the file (YCbCr/gray baseline or
-    progressive JPEG); otherwise Pillow decodes it.
+    ``fast`` is True for a YCbCr/gray baseline or progressive JPEG, which the ROI decoder,
+    simplejpeg and nvJPEG decode directly; otherwise Pillow decodes it. Without simplejpeg the
+    header is read in Python (_jpeg_header), with the same answers.
     """
     _check_size(data, limits)
-    if data[:3] == JPEG_MAGIC and simplejpeg is not None:
-        try:
-            h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError as exc:
-            raise BadImage(f"corrupt JPEG header ({exc})") from None
+    if data[:3] == JPEG_MAGIC:
+        if simplejpeg is not None:
+            try:
+                h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            except ValueError as exc:
+                raise BadImage(f"corrupt JPEG header ({exc})") from None
+            orientation, fast = exif_orientation(data), colorspace in ("YCbCr", "Gray")
+        else:
+            h, w, orientation, fast = _jpeg_header(data)
         _check_pixels(h, w, limits)
-        orientation = exif_orientation(data)
         if orientation >= 5:
             h, w = w, h
-        return h, w, orientation, colorspace in ("YCbCr", "Gray")
+        return h, w, orientation, fast
     try:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
@@ -219,7 +274,7 @@ def _decode_upright(data: bytes, height: int, width: int, orientation: int, fast
     min_h, min_w = max(1, -(-height * n // 8)), max(1, -(-width * n // 8))
     if orientation >= 5:  # stored transposed
         min_h, min_w = min_w, min_h
-    if fast:
+    if fast and simplejpeg is not None:
         try:
             img = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=limits.fast_idct,
                                          fastupsample=limits.fast_idct, min_height=min_h,
