@@ -141,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("dst", help="folder written by `dlperf data prepare`")
     dv.add_argument("--threads", type=_positive_int, default=None,
                     help="decoding threads [every CPU]; the report is the same for any")
+    di = dsub.add_parser("inspect", help="which decode path each file takes, and what to fix",
+                         description="Read every file's header (no decoding) and count the "
+                                     "decode path dlperf's loader takes for a training crop: "
+                                     "restart-marker cut, region decode, progressive, rotated, "
+                                     "Pillow, bad; then say which command fixes what.")
+    di.add_argument("src", help="image folder, path,label .csv, or prepared shards")
+    di.add_argument("--size", type=_positive_int, default=224, help="training crop size [224]")
+    di.add_argument("--limit", type=_positive_int, default=None,
+                    help="inspect only the first N samples [all]")
+    di.add_argument("--json", default=None, help="also write the report to this JSON file")
 
     bench = sub.add_parser("bench", help="measure one optimisation at a time",
                            description="Benchmarks: a baseline plus one change, side by side.")
@@ -391,6 +401,41 @@ def _environment() -> dict:
             "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
 
 
+def _cmd_data_inspect(args, console) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dlperf.data.inspect import MEANING, PATHS, InspectConfig, inspect
+    from dlperf.data.sources import open_source
+
+    source = open_source(args.src)
+    cfg = InspectConfig(size=args.size, limit=args.limit)
+    total = len(source) if cfg.limit is None else min(cfg.limit, len(source))
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"reading {total:,} headers", total=total)
+        report = inspect(source, cfg, progress=lambda: bar.advance(task))
+    table = Table(title=f"{args.src}: decode paths of {report['samples']:,} samples")
+    for col in ("path", "files", "share", "mean KB", "what the loader does"):
+        table.add_column(col, justify="right" if col in ("files", "share", "mean KB") else "left")
+    for path in PATHS:
+        count = report["paths"][path]
+        if count:
+            table.add_row(path, f"{count:,}", f"{count / report['samples']:.1%}",
+                          f"{report['mean_kb'][path]:,.0f}", MEANING[path])
+    console.print(table)
+    if report["median_short_side"]:
+        console.print(f"median image: {report['median_megapixels']:.2f} MP, short side "
+                      f"{report['median_short_side']:,.0f} px (training crops of {args.size} px)")
+    for line in report["advice"] or ["nothing to fix: every file takes the cheapest path."]:
+        console.print(f"- {line}")
+    if args.json:
+        from dlperf.report import write_json_atomic
+
+        write_json_atomic(args.json, report)
+        console.print(f"Wrote {args.json}")
+    return 0
+
+
 def _cmd_data(args) -> int:
     from rich.progress import Progress
 
@@ -427,6 +472,8 @@ def _cmd_data(args) -> int:
         console.print(f"Wrote {train_dir} and {val_dir}; try: dlperf train --recipe tiny "
                       f"data={train_dir} val_data={val_dir} num_classes={args.classes}")
         return 0
+    if args.data_command == "inspect":
+        return _cmd_data_inspect(args, console)
     if args.data_command == "verify":
         n = len(ShardSource(args.dst))
         with Progress(console=console) as bar:
@@ -438,7 +485,7 @@ def _cmd_data(args) -> int:
         console.print(f"{'OK' if ok else 'FAILED'}: {result['samples']:,} samples in "
                       f"{result['shards']} shards, {len(result['problems'])} problems.")
         return 0 if ok else 1
-    raise DlperfError("dlperf data: choose an action: prepare, verify or toy "
+    raise DlperfError("dlperf data: choose an action: prepare, verify, inspect or toy "
                       "(see dlperf data --help)")
 
 

@@ -111,14 +111,45 @@ _SOF_FAST = frozenset((0xC0, 0xC1, 0xC2))
 _SOF_OTHER = frozenset((0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 
 
-def _jpeg_header(data: bytes) -> tuple[int, int, int, bool]:
-    """(height, width, EXIF orientation, fast) read from a JPEG's markers in Python, for machines
-    without simplejpeg (the GPU image has none). ``fast`` means what simplejpeg's header says:
-    an 8-bit Huffman-coded YCbCr or grayscale image, with libjpeg's own colour-space guess for
-    three components (JFIF marker, else the Adobe transform flag, else the component ids)."""
+@dataclass(frozen=True)
+class JpegInfo:
+    """What a JPEG's markers say, read in Python (no decoder needed)."""
+
+    height: int  # as stored (before EXIF orientation)
+    width: int
+    orientation: int  # EXIF, 1 when absent
+    sof: int  # frame marker: 0xC0 baseline, 0xC1 extended, 0xC2 progressive, ...
+    precision: int
+    components: int
+    ycc_or_gray: bool  # libjpeg's colour-space guess: YCbCr or grayscale (not RGB/CMYK/YCCK)
+    max_h: int  # sampling factors: an MCU is 8 * max_h by 8 * max_v pixels (8 x 8 for gray)
+    max_v: int
+    restart_interval: int  # MCUs per restart interval, 0 without markers
+
+    @property
+    def fast(self) -> bool:
+        """An 8-bit Huffman-coded YCbCr or grayscale image: what the ROI decoder, simplejpeg and
+        nvJPEG decode directly (simplejpeg's own verdict, tested against it)."""
+        return self.sof in _SOF_FAST and self.precision == 8 and self.ycc_or_gray
+
+    @property
+    def cuttable(self) -> bool:
+        """Restart intervals that line up with MCU rows (k whole rows, or an even split of each
+        row) in a single-scan file: the ROI decoder reads only the intervals under a crop."""
+        if not self.restart_interval or self.sof == 0xC2:
+            return False
+        mcu_w = 8 * self.max_h if self.components > 1 else 8
+        per_row = -(-self.width // mcu_w)
+        return self.restart_interval % per_row == 0 or per_row % self.restart_interval == 0
+
+
+def jpeg_info(data: bytes) -> JpegInfo:
+    """Read a JPEG's markers up to its frame header. For three components the colour space is
+    libjpeg's own guess: a JFIF marker means YCbCr, else the Adobe transform flag, else the
+    component ids ('R', 'G', 'B' means RGB). Raises BadImage when no frame header is found."""
     pos, n = 2, len(data)
-    orientation, adobe, jfif = 1, None, False
-    while pos + 4 <= n:
+    orientation, adobe, jfif, restart, frame = 1, None, False, 0, None
+    while pos + 4 <= n:  # every marker up to the first scan (DRI usually follows the frame)
         if data[pos] != 0xFF:
             raise BadImage("corrupt JPEG header (no marker where one belongs)")
         marker = data[pos + 1]
@@ -138,22 +169,29 @@ def _jpeg_header(data: bytes) -> tuple[int, int, int, bool]:
             orientation = _tiff_orientation(seg[6:])
         elif marker == 0xEE and seg[:5] == b"Adobe" and len(seg) >= 12:
             adobe = seg[11]
+        elif marker == 0xDD and len(seg) >= 2:
+            restart = int.from_bytes(seg[:2], "big")
         elif marker in _SOF_FAST or marker in _SOF_OTHER:
             if len(seg) < 6:
                 raise BadImage("corrupt JPEG header (short frame header)")
-            precision, comps = seg[0], seg[5]
-            height, width = int.from_bytes(seg[1:3], "big"), int.from_bytes(seg[3:5], "big")
-            ids = bytes(seg[6:6 + 3 * comps:3])
-            if comps == 1:
-                ycc_or_gray = True
-            elif comps == 3:
-                ycc_or_gray = jfif or (adobe != 0 if adobe is not None else ids != b"RGB")
-            else:
-                ycc_or_gray = False
-            fast = marker in _SOF_FAST and precision == 8 and ycc_or_gray
-            return height, width, orientation, fast
+            frame = (marker, seg)
         pos += 2 + length
-    raise BadImage("corrupt JPEG header (no frame header)")
+    if frame is None:
+        raise BadImage("corrupt JPEG header (no frame header)")
+    marker, seg = frame
+    comps = seg[5]
+    specs = [seg[6 + 3 * i:9 + 3 * i] for i in range(comps) if len(seg) >= 9 + 3 * i]
+    ids = bytes(c[0] for c in specs)
+    if comps == 1:
+        ycc_or_gray = True
+    elif comps == 3:
+        ycc_or_gray = jfif or (adobe != 0 if adobe is not None else ids != b"RGB")
+    else:
+        ycc_or_gray = False
+    return JpegInfo(int.from_bytes(seg[1:3], "big"), int.from_bytes(seg[3:5], "big"),
+                    orientation, marker, seg[0], comps, ycc_or_gray,
+                    max((c[1] >> 4 for c in specs), default=1),
+                    max((c[1] & 15 for c in specs), default=1), restart)
 
 
 def _check_size(data: bytes, limits: DecodeLimits) -> None:
@@ -219,7 +257,7 @@ def image_header(data: bytes, limits: DecodeLimits = DecodeLimits()):
 
     ``fast`` is True for a YCbCr/gray baseline or progressive JPEG, which the ROI decoder,
     simplejpeg and nvJPEG decode directly; otherwise Pillow decodes it. Without simplejpeg the
-    header is read in Python (_jpeg_header), with the same answers.
+    header is read in Python (jpeg_info), with the same answers.
     """
     _check_size(data, limits)
     if data[:3] == JPEG_MAGIC:
@@ -230,7 +268,8 @@ def image_header(data: bytes, limits: DecodeLimits = DecodeLimits()):
                 raise BadImage(f"corrupt JPEG header ({exc})") from None
             orientation, fast = exif_orientation(data), colorspace in ("YCbCr", "Gray")
         else:
-            h, w, orientation, fast = _jpeg_header(data)
+            info = jpeg_info(data)
+            h, w, orientation, fast = info.height, info.width, info.orientation, info.fast
         _check_pixels(h, w, limits)
         if orientation >= 5:
             h, w = w, h
