@@ -12,6 +12,7 @@ def test_input_bound_run_is_told_how_to_feed_the_model():
     # a JPEG folder: the lossless prepare step comes first
     files = advice({"data_wait_share": 0.4, "data_source": "files"}, TrainConfig(data="x"), "cpu")
     assert "`dlperf data prepare SRC DST`: the same pixels" in files[0]
+    assert "`dlperf data inspect x`" in files[0]
     assert files[0].index("restart markers") < files[0].index("--max-side 256")
     shards = advice({"data_wait_share": 0.4, "compute_img_per_s": 900.0, "data_source": "shards"},
                     TrainConfig(data="x"), "cpu")

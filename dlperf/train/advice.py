@@ -19,10 +19,10 @@ def advice(summary: dict, cfg: TrainConfig, device_type: str) -> list[str]:
         fixes = ("re-encode smaller shards (`dlperf data prepare SRC DST --max-side 256`), raise "
                  "`threads`, or decode on the GPU (`data_backend=gpu`).")
         if summary.get("data_source") == "files":  # the lossless step comes first
-            fixes = ("write the JPEGs as shards first (`dlperf data prepare SRC DST`: the same "
-                     "pixels, with restart markers that let each crop decode only the data "
-                     "under it, 1.3-1.4x faster on ImageNet-like photos); then "
-                     + fixes)
+            fixes = (f"`dlperf data inspect {cfg.data}` shows which files cost what; write "
+                     "them as shards first (`dlperf data prepare SRC DST`: the same pixels, with "
+                     "restart markers that let each crop decode only the data under it, "
+                     "1.3-1.4x faster on ImageNet-like photos); then " + fixes)
         lines.append(
             f"input-bound: {wait:.0%} of the time went waiting for data; the model alone ran "
             f"at {summary.get('compute_img_per_s', 0):,.0f} img/s. " + fixes[0].upper()
