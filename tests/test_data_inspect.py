@@ -100,3 +100,23 @@ def test_cli_inspect_writes_json(tmp_path, capsys):
     assert report["samples"] == 6 and sum(report["paths"].values()) == 6
     assert "decode paths of 6 samples" in capsys.readouterr().out
     assert main(["data", "inspect", str(tmp_path / "nothing")]) == 2
+
+
+def test_header_reader_survives_damaged_headers():
+    # Random damage to the first bytes (where the markers are) ends in a JpegInfo or BadImage,
+    # never another exception or a hang.
+    import random
+
+    from dlperf.data.decode import BadImage, JpegInfo
+
+    good = exif_jpeg_bytes(ARR, 6)[:2048]
+    rng = random.Random(3)
+    for _ in range(3000):
+        bad = bytearray(good)
+        for _ in range(rng.randrange(1, 8)):
+            bad[rng.randrange(2, len(bad))] = rng.choice([0xFF, 0x00, 0xC0, 0xDD, 0xDA,
+                                                          rng.randrange(256)])
+        try:
+            assert isinstance(jpeg_info(bytes(bad[:rng.randrange(4, len(bad))])), JpegInfo)
+        except BadImage:
+            pass
