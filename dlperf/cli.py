@@ -561,7 +561,9 @@ def _cmd_bench(args) -> int:
     console.print(f"restart markers (lossless rewrite, what `data prepare` stores): "
                   f"{r['restart_markers_vs_raw_folder']:.2f}x the raw folder"
                   + (f", {r['restart_markers_vs_dali_same_files']:.2f}x DALI on the same files"
-                     if r["restart_markers_vs_dali_same_files"] else ""))
+                     if r["restart_markers_vs_dali_same_files"] else "")
+                  + (f"; prepared shards {r['prepared_shards_vs_dali_raw_folder']:.2f}x DALI"
+                     if r["prepared_shards_vs_dali_raw_folder"] else ""))
     console.print(f"Wrote {out}" + (f" and {png}" if png else ""))
     return 0
 
