@@ -71,21 +71,35 @@ _ORIENT = {
 }
 
 
-def exif_orientation(data: bytes) -> int:
-    """The EXIF orientation tag of a JPEG (1 when absent or unreadable), from the APP1 segment."""
-    pos = 2
-    n = len(data)
-    while pos + 4 <= n and data[pos] == 0xFF:
+def _segments(data: bytes):
+    """(marker, payload) of each JPEG marker segment before the first scan. Raises BadImage
+    where a marker should start and none does."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            raise BadImage("corrupt JPEG header (no marker where one belongs)")
         marker = data[pos + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no payload
             pos += 2
             continue
         if marker in (0xDA, 0xD9):  # start of scan / end of image: no more metadata
-            return 1
-        length = struct.unpack(">H", data[pos + 2:pos + 4])[0]
-        if marker == 0xE1 and data[pos + 4:pos + 10] == b"Exif\x00\x00":
-            return _tiff_orientation(data[pos + 10:pos + 2 + length])
+            return
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        yield marker, data[pos + 4:pos + 2 + length]
         pos += 2 + length
+
+
+def exif_orientation(data: bytes) -> int:
+    """The EXIF orientation tag of a JPEG (1 when absent or unreadable), from the APP1 segment."""
+    try:
+        for marker, seg in _segments(data):
+            if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
+                return _tiff_orientation(seg[6:])
+    except BadImage:
+        pass
     return 1
 
 
@@ -144,25 +158,11 @@ class JpegInfo:
 
 
 def jpeg_info(data: bytes) -> JpegInfo:
-    """Read a JPEG's markers up to its frame header. For three components the colour space is
-    libjpeg's own guess: a JFIF marker means YCbCr, else the Adobe transform flag, else the
-    component ids ('R', 'G', 'B' means RGB). Raises BadImage when no frame header is found."""
-    pos, n = 2, len(data)
+    """Read a JPEG's marker segments up to its first scan. For three components the colour
+    space is libjpeg's own guess: a JFIF marker means YCbCr, else the Adobe transform flag, else
+    the component ids ('R', 'G', 'B' means RGB). Raises BadImage when no frame header is found."""
     orientation, adobe, jfif, restart, frame = 1, None, False, 0, None
-    while pos + 4 <= n:  # every marker up to the first scan (DRI usually follows the frame)
-        if data[pos] != 0xFF:
-            raise BadImage("corrupt JPEG header (no marker where one belongs)")
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            pos += 2
-            continue
-        if marker in (0xDA, 0xD9):
-            break
-        length = int.from_bytes(data[pos + 2:pos + 4], "big")
-        seg = data[pos + 4:pos + 2 + length]
+    for marker, seg in _segments(data):  # every segment up to the scan: DRI follows the frame
         if marker == 0xE0 and seg[:5] == b"JFIF\x00":
             jfif = True
         elif marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
@@ -175,7 +175,6 @@ def jpeg_info(data: bytes) -> JpegInfo:
             if len(seg) < 6:
                 raise BadImage("corrupt JPEG header (short frame header)")
             frame = (marker, seg)
-        pos += 2 + length
     if frame is None:
         raise BadImage("corrupt JPEG header (no frame header)")
     marker, seg = frame
