@@ -154,6 +154,9 @@ def test_bench_data_writes_json_and_png(tmp_path, capsys):
     res = data["results"]
     assert {"torchvision", "dlperf_1_thread", "dlperf_2_threads"} <= set(res["img_per_s"])
     assert all(v > 0 for v in res["img_per_s"].values())
+    assert sum(res["decode_paths"]["raw"].values()) == 16  # every file has a decode path
+    if "cut" in res["decode_paths"]["prepared"]:  # with the C extension: all cut once prepared
+        assert res["decode_paths"]["prepared"] == {"cut": 16}
     assert data["environment"]["torch"] == torch.__version__ and "git_commit" in data["environment"]
     assert out.with_suffix(".png").stat().st_size > 1000
 

@@ -148,6 +148,11 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     t0 = time.perf_counter()
     prepare(cfg.data, Path(tmp.name) / "prepared", PrepareConfig())  # lossless, the default
     prepare_lossless_s = time.perf_counter() - t0
+    from dlperf.data.inspect import inspect
+    from dlperf.data.sources import open_source
+
+    decode_paths = {name: {k: v for k, v in inspect(open_source(root))["paths"].items() if v}
+                    for name, root in (("raw", cfg.data), ("prepared", Path(tmp.name) / "prepared"))}
     restart = str(lossless_copy(cfg.data, Path(tmp.name) / "restart"))
     pipelines = {"torchvision": _torchvision(cfg)}
     dali = _dali(cfg, cfg.data)
@@ -219,6 +224,7 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
                   "dlperf_shards256_img_s": {"goal": GOALS["dlperf_shards256_img_s"],
                                              "measured": shards,
                                              "met": shards >= GOALS["dlperf_shards256_img_s"]}},
+        "decode_paths": decode_paths,  # `dlperf data inspect` of the raw and prepared corpus
         "anchors_from_notes": NOTES_ANCHORS, "dali_installed": dali_rate is not None,
         "config": asdict(cfg),
     }
