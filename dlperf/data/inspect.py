@@ -60,7 +60,10 @@ def decode_path(data: bytes, limits: DecodeLimits = DecodeLimits()) -> tuple[str
         return "pillow", height, width
     if orientation != 1:
         return "rotated", height, width
-    info = jpeg_info(data)
+    try:
+        info = jpeg_info(data)
+    except BadImage:  # simplejpeg read a header that dlperf's reader does not: no markers known
+        return ("roi" if ROI_AVAILABLE else "whole"), height, width
     if info.sof == 0xC2:
         return "progressive", height, width
     if not ROI_AVAILABLE:
