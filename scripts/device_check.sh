@@ -73,9 +73,16 @@ step timeout 60 $PY benchmarks/sync_audit.py /tmp/dlperf-sync-audit.json --steps
 #    The whole step as one CUDA graph (eager model), against the deferred eager run above.
 step timeout 60 $TRAIN steps_per_epoch=50 cuda_graphs=true out_dir=/tmp/dlperf-graphs
 #    Issue #4's second goal: the same run fed real JPEGs through the GPU input path (>= 95% of
-#    the synthetic rate): the corpus listed 40 times, 50 batches of 256.
+#    the synthetic rate): the corpus listed 40 times, 50 batches of 256; rewritten with restart
+#    markers first (what `dlperf data prepare` stores) when the C extension loaded.
 if [ -d "$DATA" ]; then
-  $PY -c "from dlperf.bench.data import repeated_list; repeated_list('$DATA', 40, '/tmp/jpegs.csv')"
+  $PY -c "
+from pathlib import Path
+from dlperf.bench.data import lossless_copy, repeated_list
+from dlperf.data.decode import ROI_AVAILABLE
+src = lossless_copy('$DATA', Path('/tmp/corpus-restart')) if ROI_AVAILABLE else '$DATA'
+repeated_list(src, 40, '/tmp/jpegs.csv')
+print('real-JPEG run reads', src)"
   step timeout 90 $TRAIN steps_per_epoch=50 cuda_graphs=true data=/tmp/jpegs.csv data_backend=gpu \
       out_dir=/tmp/dlperf-graphs-jpeg
 fi
