@@ -207,3 +207,17 @@ def test_without_simplejpeg_the_gpu_decoder_still_gets_every_jpeg(folder, monkey
     n = sum(len(b) for b in ld)
     assert n == 14 and ld.fallbacks == 2  # 12 JPEGs + PNG + CMYK; the cut-off one skipped
     assert len(seen) >= 12
+
+
+def test_a_bad_file_costs_a_few_decoder_calls_not_one_per_image(folder):
+    # One cut-off JPEG among 16 fails the batched call; halving finds it in ~2 log2(16) calls.
+    datas = [jpeg_bytes(smooth_rgb(40 + i, 50)) for i in range(16)]
+    datas[11] = datas[11][:-200]
+    ld = GpuLoader(open_source(folder), LoaderConfig(batch_size=16), device="cpu")
+    calls = []
+    decode = ld._decode_batch
+    ld._decode_batch = lambda tensors, device: calls.append(len(tensors)) or decode(tensors, device)
+    out = ld._decode_gpu(datas)
+    assert [o is None for o in out] == [i == 11 for i in range(16)]
+    assert all(o.shape == (3, 40 + i, 50) for i, o in enumerate(out) if o is not None)
+    assert len(calls) <= 9 and calls[0] == 16  # 1 + 2 per level, 4 levels (not 1 + 16)

@@ -9,8 +9,8 @@ state_dict/load_state_dict, sharding, the bad-file policy), but the batch lives 
    gets only the data under the crop (plus one MCU of context);
 2. ``decode_jpeg(list, device="cuda")`` decodes the JPEGs as one nvJPEG batch, with EXIF
    orientation: torchcodec's when it is installed (torchvision's image decoding is deprecated
-   since 0.29 in its favour), else torchvision.io's; a batch that fails is retried image by
-   image so one bad file only loses itself, and anything nvJPEG rejects (PNG, CMYK, corrupt)
+   since 0.29 in its favour), else torchvision.io's; a batch that fails is split in halves
+   until the bad files stand alone, so one bad file only loses itself, and anything nvJPEG rejects (PNG, CMYK, corrupt)
    goes to the CPU decoder;
 3. every sample's own crop box is resized to the output size by ONE ``torchvision.ops.roi_align``
    call over the packed batch (adaptive sampling averages ~ceil(box/output) samples per output
@@ -239,17 +239,20 @@ class GpuLoader(Loader):
         return index, data, height, width, plan, fast
 
     def _decode_gpu(self, datas: list[bytes]) -> list[torch.Tensor | None]:
-        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+        return self._decode_halves([torch.frombuffer(bytearray(d), dtype=torch.uint8)
+                                    for d in datas])
+
+    def _decode_halves(self, tensors: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """Decoded images, None for each file the decoder rejects. One bad file fails a whole
+        batched call, so a failing batch is split in halves until the bad files stand alone:
+        about 2 log2(n) calls for one bad file instead of n one-image calls."""
         try:
             return self._decode_batch(tensors, self.device)
-        except RuntimeError:  # one bad file fails the batch: retry one by one
-            out = []
-            for t in tensors:
-                try:
-                    out.append(self._decode_batch([t], self.device)[0])
-                except RuntimeError:
-                    out.append(None)
-            return out
+        except RuntimeError:
+            if len(tensors) == 1:
+                return [None]
+            mid = len(tensors) // 2
+            return self._decode_halves(tensors[:mid]) + self._decode_halves(tensors[mid:])
 
     def _cpu_decode(self, data: bytes, height: int, width: int) -> torch.Tensor:
         full = np.empty((height, width, 3), np.uint8)
