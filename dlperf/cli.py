@@ -540,13 +540,13 @@ def _cmd_bench(args) -> int:
 
     cfg = DataBenchConfig(data=args.data, batch_size=args.batch_size, threads=args.threads,
                           workers=args.workers, rounds=args.rounds)
+    out = Path(args.out)
+    if not out.parent.exists():  # before minutes of benchmarking, not after
+        raise DlperfError(f"{out}: folder {out.parent} does not exist")
     console = _console()
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("benchmarking pipelines", total=None)
         result = run(cfg, progress=lambda: bar.advance(task))
-    out = Path(args.out)
-    if not out.parent.exists():
-        raise DlperfError(f"{out}: folder {out.parent} does not exist")
     config = result.pop("config")
     save_result(out, "data-cpu", config, result)
     png = plot({**result, "config": config}, out.with_suffix(".png"))
@@ -564,6 +564,10 @@ def _cmd_bench(args) -> int:
                      if r["restart_markers_vs_dali_same_files"] else "")
                   + (f"; prepared shards {r['prepared_shards_vs_dali_raw_folder']:.2f}x DALI"
                      if r["prepared_shards_vs_dali_raw_folder"] else ""))
+    if r["dlperf_vs_ffcv"]:
+        console.print(f"vs FFCV (its own .beton, q90): raw folder {r['dlperf_vs_ffcv']:.2f}x, "
+                      f"prepared shards {r['prepared_shards_vs_ffcv']:.2f}x, max-side shards "
+                      f"{r['shards_vs_ffcv_same_max_side']:.2f}x FFCV at the same max side")
     console.print(f"Wrote {out}" + (f" and {png}" if png else ""))
     return 0
 

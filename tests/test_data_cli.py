@@ -136,6 +136,9 @@ def test_prepare_keeps_every_jpeg_pixel_by_default(corpus, tmp_path):
     (["data", "prepare", "a", "b", "--shard-size", "lots"], "--shard-size 'lots'"),
     (["data"], "choose an action"),
     (["bench", "data", "/nonexistent/corpus"], "corpus folder not found"),
+    # the results folder is checked before minutes of benchmarking, not after
+    (["bench", "data", "/nonexistent/corpus", "--out", "/nonexistent/dir/r.json"],
+     "folder /nonexistent/dir does not exist"),
 ])
 def test_data_cli_errors_are_one_line(argv, needle, capsys):
     assert main(argv) == 2
@@ -236,3 +239,23 @@ def test_shards_read_by_dali_with_our_index(corpus, tmp_path):
     got = sorted((bytes(jpgs.at(i)), int(bytes(labels.at(i)).decode()))
                  for i in range(len(truth)))
     assert got == sorted(truth.values())
+
+
+def test_ffcv_row_reads_every_sample_in_the_loader_layout(tmp_path):
+    """bench data's optional FFCV competitor: its own .beton of the corpus, read back as uint8
+    NHWC crops, every sample once per epoch (skipped where ffcv is not installed)."""
+    pytest.importorskip("ffcv", reason="ffcv is not installed (optional competitor)")
+    from dlperf.bench.data import DataBenchConfig, _beton_payload_mb, _ffcv
+
+    corpus = make_folder(tmp_path / "c", classes=2, per_class=5, size=(120, 90))
+    cfg = DataBenchConfig(data=str(corpus), batch_size=4, threads=2, size=64)
+    beton = tmp_path / "c.beton"
+    loader, n = _ffcv(cfg, str(corpus), beton, 64)
+    assert n == 10
+    batches = list(loader)
+    assert sum(len(labels) for _, labels in batches) == 10
+    images = batches[0][0]
+    assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (64, 64, 3)
+    labels = torch.cat([labels for _, labels in batches])
+    assert sorted(labels.tolist()) == [0] * 5 + [1] * 5
+    assert 0 < _beton_payload_mb(beton) < beton.stat().st_size / 1e6  # pages are padded

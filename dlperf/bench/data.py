@@ -13,7 +13,10 @@ epochs, each after an untimed settle epoch (see ``run`` for how they are interle
     ``dlperf data prepare`` stores by default: same pixels, and dlperf's ROI decoder reads
     only the restart intervals under each crop), as a folder so both read the very same files;
 (f) dlperf on the shards ``dlperf data prepare`` writes by default (those files, in tar shards
-    read by offset: the path the README recommends).
+    read by offset: the path the README recommends);
+(g) FFCV, if installed: its own ``.beton`` of the corpus (JPEG q90 at the original sizes, as its
+    ImageNet example writes, and again at max side ``max_side``) read by its
+    RandomResizedCropRGBImageDecoder + flip, uint8 NHWC, ``threads`` threads.
 """
 
 from __future__ import annotations
@@ -75,6 +78,58 @@ def _dali(cfg: DataBenchConfig, root: str):
     p.build()
     return DALIGenericIterator([p], ["images", "labels"], reader_name="reader",
                                auto_reset=True), len(files)
+
+
+def _ffcv(cfg: DataBenchConfig, root: str, beton: Path, max_side: int | None):
+    """FFCV's loader on a .beton written from ``root`` by FFCV's own writer; (None, 0) when
+    ffcv is not installed. FFCV re-encodes every image (q90, as its ImageNet example), so it
+    reads smaller files than the corpus: a gift to it, noted in the results."""
+    try:
+        from ffcv.fields import IntField, RGBImageField
+        from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+        from ffcv.loader import Loader, OrderOption
+        from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor
+        from ffcv.writer import DatasetWriter
+    except ImportError:
+        return None, 0
+    from dlperf.data.sources import FileSource
+
+    src = FileSource.from_folder(root)
+    ds = _PilDataset(src)
+    field = RGBImageField(write_mode="jpg", max_resolution=max_side, jpeg_quality=90)
+    DatasetWriter(str(beton), {"image": field, "label": IntField()},
+                  num_workers=cfg.threads).from_indexed_dataset(ds)
+    loader = Loader(str(beton), batch_size=cfg.batch_size, num_workers=cfg.threads,
+                    order=OrderOption.RANDOM, os_cache=True, drop_last=False, pipelines={
+                        "image": [RandomResizedCropRGBImageDecoder((cfg.size, cfg.size)),
+                                  RandomHorizontalFlip(), ToTensor()],
+                        "label": [IntDecoder(), ToTensor(), Squeeze()]})
+    return loader, len(ds)
+
+
+def _beton_payload_mb(beton: Path) -> float:
+    """Bytes of the samples in a .beton (the file itself is padded to FFCV's 8 MB pages)."""
+    from ffcv.reader import Reader
+
+    return float(Reader(str(beton)).alloc_table["size"].sum()) / 1e6
+
+
+class _PilDataset:
+    """(RGB PIL image, label) by index: what FFCV's DatasetWriter takes."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.source.read(i))) as im:
+            return im.convert("RGB"), int(self.source.label(i))
 
 
 def _dlperf(cfg: DataBenchConfig, data, threads: int):
@@ -154,6 +209,9 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     decode_paths = {name: {k: v for k, v in inspect(open_source(root))["paths"].items() if v}
                     for name, root in (("raw", cfg.data), ("prepared", Path(tmp.name) / "prepared"))}
     restart = str(lossless_copy(cfg.data, Path(tmp.name) / "restart"))
+    sizes_mb = {name: sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file()) / 1e6
+                for name, root in (("corpus", cfg.data), ("prepared", Path(tmp.name) / "prepared"),
+                                   (f"shards{cfg.max_side}", Path(tmp.name) / "shards"))}
     pipelines = {"torchvision": _torchvision(cfg)}
     dali = _dali(cfg, cfg.data)
     if dali[0] is not None:
@@ -168,6 +226,12 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     pipelines[f"dlperf_restart_markers_{cfg.threads}_threads"] = _dlperf(cfg, restart, cfg.threads)
     pipelines[f"dlperf_prepared_shards_{cfg.threads}_threads"] = _dlperf(
         cfg, Path(tmp.name) / "prepared", cfg.threads)
+    for name, side in (("ffcv", None), (f"ffcv_max{cfg.max_side}", cfg.max_side)):
+        beton = Path(tmp.name) / f"{name}.beton"
+        ffcv = _ffcv(cfg, cfg.data, beton, side)
+        if ffcv[0] is not None:
+            pipelines[name] = ffcv
+            sizes_mb[name] = _beton_payload_mb(beton)
     rates: dict[str, list[float]] = {k: [] for k in pipelines}
     # Every round runs each pipeline for an untimed settle epoch, then a timed one, then waits
     # until the process is idle. DALI and dlperf keep decoding the next epoch's first batches in
@@ -199,6 +263,7 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     restart_rate = med[f"dlperf_restart_markers_{cfg.threads}_threads"]
     dali_restart = med.get("dali_cpu_restart_markers")
     prepared = med[f"dlperf_prepared_shards_{cfg.threads}_threads"]
+    ffcv_rate, ffcv_small = med.get("ffcv"), med.get(f"ffcv_max{cfg.max_side}")
     return {
         "img_per_s": med, "img_per_s_all_rounds": rates,
         "img_per_s_per_core": {k: v / (1 if "1_thread" in k else cores) for k, v in med.items()},
@@ -215,6 +280,9 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
             "restart_markers_vs_dali_raw_folder": restart_rate / dali_rate if dali_rate else None,
             "prepared_shards_vs_dali_raw_folder": prepared / dali_rate if dali_rate else None,
             "prepared_shards_vs_torchvision": prepared / med["torchvision"],
+            "dlperf_vs_ffcv": main / ffcv_rate if ffcv_rate else None,
+            "prepared_shards_vs_ffcv": prepared / ffcv_rate if ffcv_rate else None,
+            "shards_vs_ffcv_same_max_side": shards / ffcv_small if ffcv_small else None,
         },
         "goals": {"dlperf_cpu_img_s": {"goal": GOALS["dlperf_cpu_img_s"], "measured": main,
                                        "met": main >= GOALS["dlperf_cpu_img_s"]},
@@ -226,6 +294,7 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
                                              "met": shards >= GOALS["dlperf_shards256_img_s"]}},
         "decode_paths": decode_paths,  # `dlperf data inspect` of the raw and prepared corpus
         "anchors_from_notes": NOTES_ANCHORS, "dali_installed": dali_rate is not None,
+        "ffcv_installed": ffcv_rate is not None, "stored_mb": sizes_mb,
         "config": asdict(cfg),
     }
 

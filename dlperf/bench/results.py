@@ -59,7 +59,7 @@ def environment() -> dict:
 
     env["packages"] = {}
     for dist in ("numpy", "pillow", "simplejpeg", "opencv-python-headless", "nvidia-dali-cuda120",
-                 "nvidia-dali-cuda130", "rich", "matplotlib"):
+                 "nvidia-dali-cuda130", "ffcv", "numba", "rich", "matplotlib"):
         try:
             env["packages"][dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
