@@ -2,7 +2,8 @@
 
 Every pipeline runs the same training transform (random-resized-crop to 224 + flip) over the same
 JPEG corpus, in the same process and run; each pipeline's rate is the median over its timed
-epochs, each after an untimed settle epoch (see ``run`` for how they are interleaved).
+blocks (whole epochs lasting >= MIN_BLOCK_S), each after an untimed settle epoch (see ``run``
+for how they are interleaved).
 
 (a) torchvision ImageFolder + PIL + RandomResizedCrop + flip + ToTensor + Normalize, DataLoader
     with ``workers`` worker processes (the common baseline);
@@ -21,6 +22,7 @@ epochs, each after an untimed settle epoch (see ``run`` for how they are interle
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -182,13 +184,18 @@ def _wait_until_idle(quiet_s: float = 0.05, limit_s: float = 3.0) -> None:
             return
 
 
-def epoch_rate(loader, n: int) -> float:
+def epoch_rate(loader, n: int, epochs: int = 1) -> float:
+    """Images per second over ``epochs`` consecutive epochs (one timed block)."""
     t0 = time.perf_counter()
-    seen = sum(_count(batch) for batch in loader)
+    seen = sum(_count(batch) for _ in range(epochs) for batch in loader)
     dt = time.perf_counter() - t0
     if seen == 0:
         raise DlperfError("a pipeline produced no samples")
     return seen / dt
+
+
+MIN_BLOCK_S = 0.4  # a timed block lasts at least this long (a 320-image epoch at 5,000 img/s
+#                    is 64 ms, where the first batch's latency and timer noise weigh too much)
 
 
 def run(cfg: DataBenchConfig, progress=None) -> dict:
@@ -233,21 +240,29 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
             pipelines[name] = ffcv
             sizes_mb[name] = _beton_payload_mb(beton)
     rates: dict[str, list[float]] = {k: [] for k in pipelines}
-    # Every round runs each pipeline for an untimed settle epoch, then a timed one, then waits
+    epochs: dict[str, int] = {}  # epochs per timed block, per pipeline
+    # Every round runs each pipeline for an untimed settle epoch, then a timed block, then waits
     # until the process is idle. DALI and dlperf keep decoding the next epoch's first batches in
     # the background after an epoch ends (steady state when streaming); on this small corpus that
     # is up to half an epoch of work, which would otherwise land on whichever pipeline runs
     # next. The settle epoch makes the timed one start with the pipeline's own steady-state head
     # start. Switching every round spreads this machine's slow and fast phases evenly over the
-    # pipelines, which longer blocks per pipeline did not.
+    # pipelines, which longer blocks per pipeline did not. A fast pipeline's block is several
+    # epochs (MIN_BLOCK_S), streaming from one into the next as in training.
     names = list(pipelines)
+    for name in names:  # warm-up: workers started, FFCV's JIT compiled, files in the page cache
+        epoch_rate(*pipelines[name])
+        _wait_until_idle()
     for r in range(cfg.rounds):
         # rotate the order every round: each pipeline runs in each position equally often
         # (a fixed order put the same neighbour before each one, worth a few percent here)
         for name in names[r % len(names):] + names[:r % len(names)]:
             loader, n = pipelines[name]
-            epoch_rate(loader, n)
-            rates[name].append(epoch_rate(loader, n))
+            settle = epoch_rate(loader, n)
+            # as many whole epochs as fill MIN_BLOCK_S, from the settle epoch's rate (fixed
+            # after the first round, so every timed block of a pipeline does the same work)
+            k = epochs.setdefault(name, max(1, math.ceil(MIN_BLOCK_S * settle / n)))
+            rates[name].append(epoch_rate(loader, n, k))
             _wait_until_idle()
             if progress:
                 progress()
@@ -295,6 +310,7 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
         "decode_paths": decode_paths,  # `dlperf data inspect` of the raw and prepared corpus
         "anchors_from_notes": NOTES_ANCHORS, "dali_installed": dali_rate is not None,
         "ffcv_installed": ffcv_rate is not None, "stored_mb": sizes_mb,
+        "epochs_per_timed_block": epochs, "min_block_seconds": MIN_BLOCK_S,
         "config": asdict(cfg),
     }
 
