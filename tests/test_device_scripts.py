@@ -1,0 +1,91 @@
+"""The one prepared GPU run (scripts/device_check.sh) checked here, so a lent device's few
+minutes are never lost to a typo: every dlperf command in it parses and its training configs
+resolve, and the benchmark scripts it calls run end to end on this CPU at tiny sizes."""
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlperf.cli import build_parser, main
+from dlperf.hardware.specs import get_device
+from imagegen import make_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "device_check.sh"
+
+
+def _commands() -> list[list[str]]:
+    """Every dlperf invocation in device_check.sh as argv (after `-m dlperf`), $TRAIN expanded."""
+    text = SCRIPT.read_text().replace("\\\n", " ")
+    train = re.search(r'^TRAIN="\$PY -m dlperf (.*?)"\s*$', text, re.M).group(1)
+    argvs = []
+    for line in text.splitlines():
+        line = line.split(" #")[0].strip()
+        if line.startswith(("#", "TRAIN=")):
+            continue
+        line = line.replace("$TRAIN", "$PY -m dlperf " + train)
+        if "$PY -m dlperf " not in line:
+            continue
+        rest = line.split("$PY -m dlperf ", 1)[1]
+        rest = rest.replace('"$OUT', '"/tmp/out').replace("$OUT", "/tmp/out")
+        argvs.append(shlex.split(rest))
+    return argvs
+
+
+def test_device_scripts_are_valid_bash():
+    for script in (SCRIPT, ROOT / "scripts" / "build_device_ext.sh"):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_every_dlperf_command_in_the_device_run_parses(capsys):
+    argvs = _commands()
+    kinds = [a[0] for a in argvs]
+    # the run's priorities: probe, the compiled training goal, analyze, the sync A/B, graphs,
+    # the real-JPEG run, the ladder (if one disappears, the check should say so)
+    assert kinds.count("train") == 5 and {"probe", "analyze", "bench"} <= set(kinds), kinds
+    parser = build_parser()
+    for argv in argvs:
+        if argv[0] == "train":  # the whole config resolves (unknown keys, bad values, ...)
+            assert main(argv + ["--show-config"]) == 0, argv
+            cfg = json.loads(capsys.readouterr().out)
+            assert cfg["batch_size"] == 256 and cfg["epochs"] == 1, argv
+            continue
+        args, extra = parser.parse_known_args(argv)
+        assert not extra, (argv, extra)
+        if argv[0] == "analyze":
+            for name in args.device.split(","):
+                get_device(name)  # a known preset, or this raises
+
+
+@pytest.mark.slow
+def test_gpu_data_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/bench_data_gpu.py falls back to the CPU here; its JSON has every field."""
+    corpus = make_folder(tmp_path / "c", classes=2, per_class=6, size=(120, 160))
+    out = tmp_path / "data-gpu.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_data_gpu.py"), str(corpus),
+                    str(out), "--batch", "8", "--epochs", "1", "--repeat", "2", "--threads", "2"],
+                   check=True, cwd=ROOT, capture_output=True)
+    res = json.loads(out.read_text())["results"]
+    assert res["device"] == "cpu" and res["img_per_s"] > 0 and res["bad"] == 0
+    assert 0 <= res["decode_call_share"] <= 1 and res["raw_decoder_img_per_s"] > 0
+    assert res["cpu_loader"]["raw"] > 0
+    from dlperf.data.decode import ROI_AVAILABLE
+
+    if ROI_AVAILABLE:
+        assert res["restart_markers"]["img_per_s"] > 0
+        assert res["cpu_loader"]["restart_markers"] > 0
+
+
+@pytest.mark.slow
+def test_sync_audit_runs_on_cpu(tmp_path):
+    out = tmp_path / "sync.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sync_audit.py"), str(out),
+                    "--recipe", "tiny", "--steps", "3", "--log-every", "1"],
+                   check=True, cwd=ROOT, capture_output=True)
+    res = json.loads(out.read_text())["results"]
+    assert res["audited"] is False and res["steps"] == 3 and res["total_syncs"] == 0
