@@ -166,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--workers", type=int, default=2, help="torchvision DataLoader workers [2]")
     bd.add_argument("--rounds", type=_positive_int, default=7, help="timed epochs each [7]")
     bd.add_argument("--batch-size", type=_positive_int, default=64)
-    bd.add_argument("--out", default="benchmarks/results/data-cpu.json",
-                    help="result JSON; the PNG goes beside it [benchmarks/results/data-cpu.json]")
+    bd.add_argument("--out", default=None,
+                    help="result JSON; the PNG goes beside it [benchmarks/results/data-cpu.json "
+                         "in a dlperf checkout, else ./data-cpu.json]")
 
     t = sub.add_parser("train", help="train a classifier with the record ResNet-50 recipe",
                        description="Train with mixed precision, NHWC, the dlperf input pipeline "
@@ -199,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--steps", type=_positive_int, default=6, help="timed steps per rung [6]")
     bt.add_argument("--warmup", type=_positive_int, default=3, help="warm-up steps per rung [3]")
     bt.add_argument("--compile", action="store_true", help="add a torch.compile rung (slow on CPU)")
-    bt.add_argument("--out", default="benchmarks/results/train-ladder.json")
+    bt.add_argument("--out", default=None,
+                    help="result JSON; the PNG goes beside it [benchmarks/results/train-ladder.json "
+                         "in a dlperf checkout, else ./train-ladder.json]")
 
     p = sub.add_parser("probe", help="measure this machine's matmul/conv FLOP/s and bandwidth",
                        description="Measure matmul (and conv) FLOP/s per dtype and copy bandwidth "
@@ -489,18 +492,28 @@ def _cmd_data(args) -> int:
                       "(see dlperf data --help)")
 
 
-def _cmd_bench_train(args) -> int:
+def _result_path(out: str | None, name: str):
+    """--out, checked before minutes of benchmarking; by default the checkout's
+    benchmarks/results/NAME when run from one, else NAME in the current folder."""
     from pathlib import Path
 
+    if out is None:
+        results = Path("benchmarks") / "results"
+        return results / name if results.is_dir() else Path(name)
+    path = Path(out)
+    if not path.parent.exists():
+        raise DlperfError(f"{path}: folder {path.parent} does not exist")
+    return path
+
+
+def _cmd_bench_train(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
     from dlperf.bench.ladder import LadderConfig, run
     from dlperf.bench.results import save_result
 
-    out = Path(args.out)
-    if not out.parent.exists():
-        raise DlperfError(f"{out}: folder {out.parent} does not exist")
+    out = _result_path(args.out, "train-ladder.json")
     lcfg = LadderConfig(model=args.model, image_size=args.image_size, batch_size=args.batch_size,
                         warmup=args.warmup, steps=args.steps, compile=args.compile)
     console = _console()
@@ -531,8 +544,6 @@ def _cmd_bench(args) -> int:
     if args.bench_command != "data":
         raise DlperfError("dlperf bench: choose what to measure: data or train "
                           "(see dlperf bench --help)")
-    from pathlib import Path
-
     from rich.progress import Progress
 
     from dlperf.bench.data import DataBenchConfig, plot, run
@@ -540,9 +551,7 @@ def _cmd_bench(args) -> int:
 
     cfg = DataBenchConfig(data=args.data, batch_size=args.batch_size, threads=args.threads,
                           workers=args.workers, rounds=args.rounds)
-    out = Path(args.out)
-    if not out.parent.exists():  # before minutes of benchmarking, not after
-        raise DlperfError(f"{out}: folder {out.parent} does not exist")
+    out = _result_path(args.out, "data-cpu.json")
     console = _console()
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("benchmarking pipelines", total=None)

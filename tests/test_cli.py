@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from dlperf.cli import main
+from dlperf.errors import DlperfError
 
 LAYER_KEYS = {"module", "op", "phase", "flops", "bytes", "intensity", "bound", "gemm",
               "tensor_core_aligned", "quantization_efficiency", "predicted_time_s"}
@@ -204,3 +205,16 @@ def test_compare_devices_from_one_capture(tmp_path, capsys):
     assert "the same kernels on each device" in out
     code, _, err = _run(["analyze", "resnet18", "--device", "h100-sxm,h200", "--measure"], capsys)
     assert code == 2 and "--measure needs a single --device" in err
+
+
+def test_bench_results_default_to_the_checkout_or_the_current_folder(tmp_path, monkeypatch):
+    from dlperf.cli import _result_path
+
+    monkeypatch.chdir(tmp_path)
+    assert str(_result_path(None, "data-cpu.json")) == "data-cpu.json"  # outside a checkout
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    assert str(_result_path(None, "data-cpu.json")) == "benchmarks/results/data-cpu.json"
+    with pytest.raises(DlperfError, match="folder r does not exist"):
+        _result_path("r/x.json", "data-cpu.json")  # an explicit --out is never created
+    (tmp_path / "r").mkdir()
+    assert str(_result_path("r/x.json", "data-cpu.json")) == "r/x.json"
