@@ -8,7 +8,7 @@ STAMP := $(VENV)/.dlperf-installed
 # torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test install clean bench-analyze bench-predict bench-data bench-train bench-digits
+.PHONY: demo test install clean bench-analyze bench-predict bench-data bench-data-ladder bench-train bench-digits
 
 install: $(STAMP)
 
@@ -36,6 +36,9 @@ bench-predict: $(STAMP)
 
 bench-data: $(STAMP)
 	$(BIN)/dlperf bench data ../shared/data/imagenet-like --rounds 10
+
+bench-data-ladder: $(STAMP)
+	$(BIN)/dlperf bench data ../shared/data/imagenet-like --ladder --rounds 10
 
 bench-train: $(STAMP)
 	$(BIN)/dlperf bench train --compile

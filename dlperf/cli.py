@@ -164,11 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ImageNet-layout JPEG folder [../shared/data/imagenet-like]")
     bd.add_argument("--threads", type=_positive_int, default=2, help="dlperf threads [2]")
     bd.add_argument("--workers", type=int, default=2, help="torchvision DataLoader workers [2]")
-    bd.add_argument("--rounds", type=_positive_int, default=7, help="timed epochs each [7]")
+    bd.add_argument("--rounds", type=_positive_int, default=7, help="timed blocks each [7]")
+    bd.add_argument("--ladder", action="store_true",
+                    help="instead: dlperf's own CPU path built up one speed-up at a time (full "
+                         "decode -> fast IDCT -> DCT scaling -> region decode -> restart markers "
+                         "-> shards -> threads), each rung the previous plus one change "
+                         "[results in data-ladder.json]")
     bd.add_argument("--batch-size", type=_positive_int, default=64)
     bd.add_argument("--out", default=None,
                     help="result JSON; the PNG goes beside it [benchmarks/results/data-cpu.json "
-                         "in a dlperf checkout, else ./data-cpu.json]")
+                         "(data-ladder.json with --ladder) in a dlperf checkout, else in the "
+                         "current folder]")
 
     t = sub.add_parser("train", help="train a classifier with the record ResNet-50 recipe",
                        description="Train with mixed precision, NHWC, the dlperf input pipeline "
@@ -538,6 +544,35 @@ def _cmd_bench_train(args) -> int:
     return 0
 
 
+def _bench_data_ladder(cfg, out) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dlperf.bench.data import plot_ladder, run_ladder
+    from dlperf.bench.results import save_result
+
+    console = _console()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("measuring the ladder", total=None)
+        result = run_ladder(cfg, progress=lambda: bar.advance(task))
+    table = Table(title=f"dlperf CPU path on {cfg.data}, one speed-up per rung",
+                  title_justify="left")
+    for col in ("rung", "img/s", "vs previous", "vs first"):
+        table.add_column(col, justify="left" if col == "rung" else "right")
+    for r in result["rungs"]:
+        table.add_row(r["rung"], f"{r['img_per_s']:,.0f}", f"{r['vs_previous']:.2f}x",
+                      f"{r['vs_baseline']:.2f}x")
+    console.print(table)
+    if not result["roi_decoder"]:
+        console.print("dlperf's C extension is not built here: the region and restart-marker "
+                      "rungs fall back to whole-image decoding")
+    config = result.pop("config")
+    save_result(out, "data-ladder", config, result)
+    png = plot_ladder({**result, "config": config}, out.with_suffix(".png"))
+    console.print(f"Wrote {out}" + (f" and {png}" if png else ""))
+    return 0
+
+
 def _cmd_bench(args) -> int:
     if args.bench_command == "train":
         return _cmd_bench_train(args)
@@ -551,6 +586,8 @@ def _cmd_bench(args) -> int:
 
     cfg = DataBenchConfig(data=args.data, batch_size=args.batch_size, threads=args.threads,
                           workers=args.workers, rounds=args.rounds)
+    if args.ladder:
+        return _bench_data_ladder(cfg, _result_path(args.out, "data-ladder.json"))
     out = _result_path(args.out, "data-cpu.json")
     console = _console()
     with Progress(console=console, transient=True) as bar:

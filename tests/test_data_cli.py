@@ -164,6 +164,27 @@ def test_bench_data_writes_json_and_png(tmp_path, capsys):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
+@pytest.mark.slow
+def test_bench_data_ladder_adds_one_speedup_per_rung(tmp_path, capsys):
+    corpus = make_folder(tmp_path / "c", classes=2, per_class=6, size=(200, 260))
+    out = tmp_path / "ladder.json"
+    assert main(["bench", "data", str(corpus), "--ladder", "--rounds", "1", "--batch-size", "4",
+                 "--out", str(out)]) == 0
+    rungs = json.loads(out.read_text())["results"]["rungs"]
+    assert len(rungs) == 7 and rungs[0]["vs_baseline"] == 1.0
+    sw = [r["decode_switches"] for r in rungs]
+    # each rung switches exactly one thing on (or changes the data / thread count)
+    assert [(s["fast_idct"], s["dct_scaling"], s["region"]) for s in sw[:4]] == [
+        (False, False, False), (True, False, False), (True, True, False), (True, True, True)]
+    assert [r["data"] for r in rungs] == ["raw"] * 4 + ["restart", "prepared", "prepared"]
+    assert [r["threads"] for r in rungs] == [1] * 6 + [2]
+    assert all(r["img_per_s"] > 0 for r in rungs)
+    for prev, r in zip(rungs, rungs[1:]):
+        assert r["vs_previous"] == pytest.approx(r["img_per_s"] / prev["img_per_s"])
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert "+ region decode" in capsys.readouterr().out  # the table is printed
+
+
 def test_prepare_output_does_not_depend_on_threads(corpus, tmp_path):
     for threads in ("1", "2"):
         assert main(["data", "prepare", str(corpus), str(tmp_path / threads), "--max-side", "128",

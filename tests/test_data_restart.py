@@ -215,3 +215,48 @@ def test_damaged_files_raise_or_decode_never_crash():
             D._jpegroi.cut_region(bad, rng.randrange(300), rng.randrange(280), 60, 40)
         except ValueError:
             pass
+
+
+def _spy_region(monkeypatch) -> list:
+    """Record the (scale n, fast bits) of every decode_region call."""
+    calls, real = [], D._jpegroi.decode_region
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(D._jpegroi, name)
+
+    def region(data, n, x, y, w, h, fast, buf):
+        calls.append((n, fast))
+        return real(data, n, x, y, w, h, fast, buf)
+
+    spy = Spy()
+    spy.decode_region = region
+    monkeypatch.setattr(D, "_jpegroi", spy)
+    return calls
+
+
+def test_each_decoder_speedup_can_be_switched_off(monkeypatch):
+    """The ladder's switches (DecodeLimits.dct_scaling / region / restart_cut) each turn off
+    exactly one speed-up and keep the pixels: the same crop through every combination."""
+    from dlperf.data.augment import CropPlan
+
+    data = lossless_restart(_jpeg("420"))
+    plan = CropPlan(40, 60, 240, 300)  # >= 2x the 64 px output: a reduced DCT scale
+    calls = _spy_region(monkeypatch)
+    outs = {}
+    for name, limits in {"all": D.DecodeLimits(), "no_cut": D.DecodeLimits(restart_cut=False),
+                         "no_scale": D.DecodeLimits(dct_scaling=False),
+                         "no_region": D.DecodeLimits(region=False)}.items():
+        calls.clear()
+        outs[name] = np.empty((64, 64, 3), np.uint8)
+        D.decode_into(data, lambda h, w: plan, outs[name], limits)
+        outs[name + "_calls"] = list(calls)
+    # 64/240 = 0.27 of the crop is needed: 4/8, the smallest power-of-two scale above it
+    assert outs["all_calls"] == [(4, 3)]  # ... and cut to the crop's intervals (bit 2 clear)
+    assert outs["no_cut_calls"] == [(4, 3 | NO_CUT)]
+    assert outs["no_scale_calls"] == [(8, 3)]
+    assert outs["no_region_calls"] == []  # the whole image through simplejpeg/Pillow
+    assert np.array_equal(outs["all"], outs["no_cut"])  # the cut is bit-exact
+    for other in ("no_scale", "no_region"):  # other paths, the same picture within resampling
+        diff = np.abs(outs["all"].astype(int) - outs[other].astype(int))
+        assert diff.mean() < 3, (other, diff.mean())

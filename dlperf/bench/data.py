@@ -134,13 +134,15 @@ class _PilDataset:
             return im.convert("RGB"), int(self.source.label(i))
 
 
-def _dlperf(cfg: DataBenchConfig, data, threads: int):
+def _dlperf(cfg: DataBenchConfig, data, threads: int, limits=None):
+    from dlperf.data.decode import DecodeLimits
     from dlperf.data.loader import Loader, LoaderConfig
     from dlperf.data.sources import open_source
 
     source = open_source(data)
     return Loader(source, LoaderConfig(batch_size=cfg.batch_size, threads=threads, size=cfg.size,
-                                       drop_last=False, pin_memory=False)), len(source)
+                                       drop_last=False, pin_memory=False,
+                                       limits=limits or DecodeLimits())), len(source)
 
 
 def lossless_copy(src: str, dst: Path) -> Path:
@@ -198,6 +200,40 @@ MIN_BLOCK_S = 0.4  # a timed block lasts at least this long (a 320-image epoch a
 #                    is 64 ms, where the first batch's latency and timer noise weigh too much)
 
 
+def measure_interleaved(pipelines: dict, rounds: int, progress=None
+                        ) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """img/s of every (loader, samples per epoch) in ``pipelines``, one timed block per round,
+    and the epochs per block of each."""
+    rates: dict[str, list[float]] = {k: [] for k in pipelines}
+    epochs: dict[str, int] = {}  # epochs per timed block, per pipeline
+    # Every round runs each pipeline for an untimed settle epoch, then a timed block, then waits
+    # until the process is idle. DALI and dlperf keep decoding the next epoch's first batches in
+    # the background after an epoch ends (steady state when streaming); on this small corpus that
+    # is up to half an epoch of work, which would otherwise land on whichever pipeline runs
+    # next. The settle epoch makes the timed one start with the pipeline's own steady-state head
+    # start. Switching every round spreads this machine's slow and fast phases evenly over the
+    # pipelines, which longer blocks per pipeline did not. A fast pipeline's block is several
+    # epochs (MIN_BLOCK_S), streaming from one into the next as in training.
+    names = list(pipelines)
+    for name in names:  # warm-up: workers started, FFCV's JIT compiled, files in the page cache
+        epoch_rate(*pipelines[name])
+        _wait_until_idle()
+    for r in range(rounds):
+        # rotate the order every round: each pipeline runs in each position equally often
+        # (a fixed order put the same neighbour before each one, worth a few percent here)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            loader, n = pipelines[name]
+            settle = epoch_rate(loader, n)
+            # as many whole epochs as fill MIN_BLOCK_S, from the settle epoch's rate (fixed
+            # after the first round, so every timed block of a pipeline does the same work)
+            k = epochs.setdefault(name, max(1, math.ceil(MIN_BLOCK_S * settle / n)))
+            rates[name].append(epoch_rate(loader, n, k))
+            _wait_until_idle()
+            if progress:
+                progress()
+    return rates, epochs
+
+
 def run(cfg: DataBenchConfig, progress=None) -> dict:
     if not Path(cfg.data).is_dir():
         raise DlperfError(f"{cfg.data}: corpus folder not found (an ImageNet-layout folder)")
@@ -239,33 +275,7 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
         if ffcv[0] is not None:
             pipelines[name] = ffcv
             sizes_mb[name] = _beton_payload_mb(beton)
-    rates: dict[str, list[float]] = {k: [] for k in pipelines}
-    epochs: dict[str, int] = {}  # epochs per timed block, per pipeline
-    # Every round runs each pipeline for an untimed settle epoch, then a timed block, then waits
-    # until the process is idle. DALI and dlperf keep decoding the next epoch's first batches in
-    # the background after an epoch ends (steady state when streaming); on this small corpus that
-    # is up to half an epoch of work, which would otherwise land on whichever pipeline runs
-    # next. The settle epoch makes the timed one start with the pipeline's own steady-state head
-    # start. Switching every round spreads this machine's slow and fast phases evenly over the
-    # pipelines, which longer blocks per pipeline did not. A fast pipeline's block is several
-    # epochs (MIN_BLOCK_S), streaming from one into the next as in training.
-    names = list(pipelines)
-    for name in names:  # warm-up: workers started, FFCV's JIT compiled, files in the page cache
-        epoch_rate(*pipelines[name])
-        _wait_until_idle()
-    for r in range(cfg.rounds):
-        # rotate the order every round: each pipeline runs in each position equally often
-        # (a fixed order put the same neighbour before each one, worth a few percent here)
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            loader, n = pipelines[name]
-            settle = epoch_rate(loader, n)
-            # as many whole epochs as fill MIN_BLOCK_S, from the settle epoch's rate (fixed
-            # after the first round, so every timed block of a pipeline does the same work)
-            k = epochs.setdefault(name, max(1, math.ceil(MIN_BLOCK_S * settle / n)))
-            rates[name].append(epoch_rate(loader, n, k))
-            _wait_until_idle()
-            if progress:
-                progress()
+    rates, epochs = measure_interleaved(pipelines, cfg.rounds, progress)
     for loader, _ in pipelines.values():
         if hasattr(loader, "close"):
             loader.close()
@@ -313,6 +323,79 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
         "epochs_per_timed_block": epochs, "min_block_seconds": MIN_BLOCK_S,
         "config": asdict(cfg),
     }
+
+
+# The ladder: dlperf's CPU path built up one speed-up at a time, each rung the one before plus
+# one change (the brief's "baseline plus one change"), on the same corpus and crops.
+LADDER = (
+    ("full decode, exact IDCT, then crop + resize (1 thread)", "raw",
+     dict(fast_idct=False, dct_scaling=False, region=False), 1),
+    ("+ fast integer IDCT and plain chroma upsampling", "raw",
+     dict(dct_scaling=False, region=False), 1),
+    ("+ DCT-scaled decode (1/2, 1/4, 1/8 when the crop allows)", "raw", dict(region=False), 1),
+    ("+ region decode (only the crop's rows and columns)", "raw", {}, 1),
+    ("+ restart markers (lossless rewrite, as a folder)", "restart", {}, 1),
+    ("+ shards written by `dlperf data prepare`", "prepared", {}, 1),
+    ("+ {threads} decode threads", "prepared", {}, None),
+)
+
+
+def run_ladder(cfg: DataBenchConfig, progress=None) -> dict:
+    """Every LADDER rung measured side by side (measure_interleaved); rate and speed-up of each
+    over the rung before it and over the first."""
+    if not Path(cfg.data).is_dir():
+        raise DlperfError(f"{cfg.data}: corpus folder not found (an ImageNet-layout folder)")
+    from dlperf.data.decode import ROI_AVAILABLE, DecodeLimits
+    from dlperf.data.prepare import PrepareConfig, prepare
+
+    with tempfile.TemporaryDirectory(prefix="dlperf-ladder-") as tmp:
+        roots = {"raw": cfg.data, "restart": str(lossless_copy(cfg.data, Path(tmp) / "restart"))}
+        prepare(cfg.data, Path(tmp) / "prepared", PrepareConfig())
+        roots["prepared"] = str(Path(tmp) / "prepared")
+        ladder = [(name.format(threads=cfg.threads), root, switches, threads or cfg.threads)
+                  for name, root, switches, threads in LADDER]
+        pipelines = {name: _dlperf(cfg, roots[root], threads, DecodeLimits(**switches))
+                     for name, root, switches, threads in ladder}
+        rates, epochs = measure_interleaved(pipelines, cfg.rounds, progress)
+        for loader, _ in pipelines.values():
+            loader.close()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    rungs, prev = [], None
+    for name, root, switches, threads in ladder:
+        rate = med[name]
+        rungs.append({"rung": name, "data": root, "threads": threads,
+                      "decode_switches": {**asdict(DecodeLimits()), **switches},
+                      "img_per_s": rate, "all_rounds": rates[name], "epochs_per_block": epochs[name],
+                      "vs_previous": rate / prev if prev else 1.0,
+                      "vs_baseline": rate / med[ladder[0][0]]})
+        prev = rate
+    return {"rungs": rungs, "roi_decoder": ROI_AVAILABLE, "min_block_seconds": MIN_BLOCK_S,
+            "config": asdict(cfg)}
+
+
+def plot_ladder(result: dict, path: str | Path) -> Path | None:
+    """Bar chart of the ladder: img/s per rung with its gain over the rung before (PNG)."""
+    from dlperf.plots import pyplot, save_figure
+
+    plt = pyplot()
+    if plt is None:
+        return None
+    rungs = result["rungs"]
+    fig, ax = plt.subplots(figsize=(8.5, 3.4), dpi=120)
+    bars = ax.barh([r["rung"] for r in rungs], [r["img_per_s"] for r in rungs], color="#1f77b4")
+    for bar, r in zip(bars, rungs):
+        gain = "" if r is rungs[0] else f"  x{r['vs_previous']:.2f}"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" {r['img_per_s']:,.0f}{gain}", va="center", fontsize=8)
+    ax.set_xlabel(f"images/s (train transform, median of {result['config']['rounds']} "
+                  "timed blocks); x = gain over the rung above")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(r["img_per_s"] for r in rungs) * 1.25)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return Path(path)
 
 
 def plot(result: dict, path: str | Path) -> Path | None:

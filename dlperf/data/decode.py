@@ -51,9 +51,15 @@ class BadImage(Exception):
 
 @dataclass(frozen=True)
 class DecodeLimits:
+    """Memory limits, and the decoder's speed-ups (each can be switched off, so `dlperf bench
+    data --ladder` measures them one at a time; they never change which files are accepted)."""
+
     max_bytes: int = 64 << 20  # larger files are refused before they are read
     max_pixels: int = 50_000_000  # decompression-bomb guard, checked on the header
     fast_idct: bool = True  # libjpeg-turbo's fast integer IDCT/upsampling (~5% faster, ~1 level)
+    dct_scaling: bool = True  # decode at 1/2, 1/4, 1/8 scale when the crop is >= 2x the output
+    region: bool = True  # decode only the crop's rows and columns (the C extension)
+    restart_cut: bool = True  # with restart markers, entropy-decode only the crop's intervals
 
 
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -376,7 +382,8 @@ def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int
                 limits: DecodeLimits, scratch: Scratch) -> np.ndarray | None:
     """The crop at the DCT scale n/8 of dct_scale_eighths that keeps it >= the output (or at
     full size when the crop is smaller than the output); None for CMYK."""
-    n = dct_scale_eighths(min(1.0, max(out_h / plan.height, out_w / plan.width)))
+    n = (dct_scale_eighths(min(1.0, max(out_h / plan.height, out_w / plan.width)))
+         if limits.dct_scaling else 8)
     x0, y0 = plan.left * n // 8, plan.top * n // 8
     x1 = max(x0 + 1, -(-(plan.left + plan.width) * n // 8))
     y1 = max(y0 + 1, -(-(plan.top + plan.height) * n // 8))
@@ -384,6 +391,7 @@ def _decode_roi(data: bytes, plan: CropPlan, height: int, width: int, out_h: int
     buf = scratch.get(h * (w + 64) * 3)
     try:
         fast = 3 if limits.fast_idct else 0  # fast integer IDCT + plain chroma upsampling
+        fast |= 0 if limits.restart_cut else 4  # bit 2: decode from the top, markers or not
         row_w, shift, w, h, _, _ = _jpegroi.decode_region(data, n, x0, y0, w, h, fast, buf)
     except ValueError as exc:
         if str(exc) == "cmyk":
@@ -401,8 +409,8 @@ def decode_into(data: bytes, plan_for, out: np.ndarray, limits: DecodeLimits = D
     height, width, orientation, fast = image_header(data, limits)
     plan = plan_for(height, width)
     out_h, out_w = out.shape[:2]
-    if (ROI_AVAILABLE and fast and orientation == 1 and plan.resize_to is None
-            and _has_eoi(data)):
+    if (ROI_AVAILABLE and limits.region and fast and orientation == 1
+            and plan.resize_to is None and _has_eoi(data)):
         region = _decode_roi(data, plan, height, width, out_h, out_w, limits,
                              scratch or Scratch())
         if region is not None:
@@ -414,6 +422,8 @@ def decode_into(data: bytes, plan_for, out: np.ndarray, limits: DecodeLimits = D
         scale = min(1.0, max(out_h / plan.height, out_w / plan.width))
     else:  # eval: resize the whole image, then crop
         scale = min(1.0, plan.resize_to[0] / height)
+    if not limits.dct_scaling:
+        scale = 1.0
     img = _decode_upright(data, height, width, orientation, fast, scale, limits)
     sy, sx = img.shape[0] / height, img.shape[1] / width
     if plan.resize_to is None:
