@@ -387,8 +387,8 @@ def plot_ladder(result: dict, path: str | Path) -> Path | None:
         gain = "" if r is rungs[0] else f"  x{r['vs_previous']:.2f}"
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
                 f" {r['img_per_s']:,.0f}{gain}", va="center", fontsize=8)
-    ax.set_xlabel(f"images/s (train transform, median of {result['config']['rounds']} "
-                  "timed blocks); x = gain over the rung above")
+    ax.set_xlabel(f"images/s (median of {result['config']['rounds']} timed blocks); "
+                  "xN: gain over the rung above", fontsize=9)
     ax.tick_params(axis="y", labelsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, max(r["img_per_s"] for r in rungs) * 1.25)
