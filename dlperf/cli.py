@@ -236,7 +236,6 @@ def _console():
 def _cmd_analyze(args) -> int:
     import torch
 
-
     from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
     from dlperf.analysis.report import render, render_comparison
     from dlperf.models.registry import build_model, parse_input_shape
@@ -268,6 +267,11 @@ def _cmd_analyze(args) -> int:
             from dlperf.hardware.specs import get_device
 
             specs.append(get_device(name))
+    if args.dtype == "bf16":  # before the capture, so a comparison never stops half printed
+        lacking = [s.name for s in specs if s.peak_flops("bf16") is None]
+        if lacking:
+            raise DlperfError(f"{', '.join(lacking)} has no bf16 math: use --dtype fp16 or fp32, "
+                              "or leave it out of --device")
     spec = specs[0]
     model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
     sample_shape = parse_input_shape(args.input_shape) if args.input_shape else model_input.shape

@@ -127,6 +127,13 @@ def test_bad_input_gives_one_line_and_exit_2(argv, needle, capsys):
     assert needle in lines[0] and "Traceback" not in err
 
 
+def test_a_comparison_with_a_device_lacking_the_dtype_stops_before_any_output(capsys):
+    code, out, err = _run(["analyze", "resnet50", "--device", "h200,v100-sxm2", "--dtype", "bf16",
+                           "--batch-size", "8"], capsys)
+    assert code == 2 and "v100-sxm2 has no bf16 math" in err
+    assert out == ""  # not the first device's table followed by an error
+
+
 def test_bad_spec_file_names_the_field(tmp_path, capsys):
     spec = tmp_path / "gpu.json"
     spec.write_text(json.dumps({"name": "x", "sm_count": 10, "mem_bandwidth": 1e12,
