@@ -296,7 +296,10 @@ def _cmd_analyze(args) -> int:
     if args.measure:
         result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
     if args.json:
-        write_json_atomic(args.json, result)
+        from dlperf.bench.results import environment
+
+        # machine, versions and commit beside the numbers (a --measure run is a benchmark)
+        write_json_atomic(args.json, {**result, "environment": environment()})
         console.print(f"Wrote {args.json}")
     if args.html:
         from dlperf.analysis.html import render_html

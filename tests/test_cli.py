@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from dlperf.cli import main
 from dlperf.errors import DlperfError
@@ -26,7 +27,8 @@ def test_analyze_resnet50_train_json_shape(tmp_path, capsys):
     assert code == 0, err
     assert "Predicted step" in out and "convolution" in out
     data = json.loads(path.read_text())
-    assert set(data) >= {"device", "config", "totals", "layers", "uncounted"}
+    assert set(data) >= {"device", "config", "totals", "layers", "uncounted", "environment"}
+    assert data["environment"]["torch"] == torch.__version__
     assert set(data["totals"]) >= {"flops", "bytes", "predicted_time_s"}
     assert data["device"]["name"] == "h100-sxm" and data["config"]["train"] is True
     for layer in data["layers"]:
