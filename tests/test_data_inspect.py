@@ -9,7 +9,7 @@ from PIL import Image
 
 from dlperf.cli import main
 from dlperf.data import decode as D
-from dlperf.data.decode import jpeg_info, lossless_restart
+from dlperf.data.decode import ROI_AVAILABLE, jpeg_info, lossless_restart
 from dlperf.data.inspect import InspectConfig, advice, decode_path, inspect
 from dlperf.data.sources import open_source
 from imagegen import (cmyk_jpeg_bytes, exif_jpeg_bytes, jpeg_bytes, make_folder, png_bytes,
@@ -120,3 +120,51 @@ def test_header_reader_survives_damaged_headers():
             assert isinstance(jpeg_info(bytes(bad[:rng.randrange(4, len(bad))])), JpegInfo)
         except BadImage:
             pass
+
+
+def _big_endian_exif_jpeg(orientation: int) -> bytes:
+    """A JPEG whose EXIF block is Motorola (MM) byte order, with two IFD entries."""
+    import struct
+
+    ifd = struct.pack(">H", 2) + struct.pack(">HHIHH", 0x010F, 2, 4, 0x4142, 0) + struct.pack(
+        ">HHIHH", 0x0112, 3, 1, orientation, 0) + struct.pack(">I", 0)
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8) + ifd
+    app1 = b"Exif\x00\x00" + tiff
+    data = jpeg_bytes(ARR)
+    return data[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + data[2:]
+
+
+@pytest.mark.skipif(not ROI_AVAILABLE, reason="C extension not built")
+def test_c_header_reader_agrees_with_the_python_reference():
+    """The C jpeg_info (the loader's hot path) against _jpeg_info_py on the file kinds and on
+    thousands of damaged headers: the same JpegInfo, or both refuse with the same reason."""
+    import random
+
+    from dlperf.data import decode as D
+
+    def both(data):
+        try:
+            c = D.jpeg_info(data)
+        except D.BadImage as exc:
+            c = str(exc)
+        try:
+            py = D._jpeg_info_py(data)
+        except D.BadImage as exc:
+            py = str(exc)
+        assert c == py, (c, py, bytes(data[:64]))
+        return c
+
+    kinds = [jpeg_bytes(ARR), jpeg_bytes(ARR, progressive=True), jpeg_bytes(ARR[..., 0]),
+             jpeg_bytes(ARR, subsampling=0), exif_jpeg_bytes(ARR, 6), cmyk_jpeg_bytes(ARR),
+             lossless_restart(jpeg_bytes(ARR)), _big_endian_exif_jpeg(8)]
+    infos = [both(k) for k in kinds]
+    assert infos[-1].orientation == 8 and infos[4].orientation == 6  # MM and II EXIF
+    assert infos[6].restart_interval > 0 and not infos[5].ycc_or_gray
+    rng = random.Random(11)
+    for _ in range(4000):
+        bad = bytearray(rng.choice(kinds)[:1500])
+        for _ in range(rng.randrange(1, 8)):
+            bad[rng.randrange(2, len(bad))] = rng.choice(
+                [0xFF, 0x00, 0x01, 0xC0, 0xC2, 0xC3, 0xDD, 0xDA, 0xE0, 0xE1, 0xEE, 0x12,
+                 rng.randrange(256)])
+        both(bytes(bad[:rng.randrange(2, len(bad))]))

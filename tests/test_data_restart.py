@@ -219,15 +219,15 @@ def test_damaged_files_raise_or_decode_never_crash():
 
 def _spy_region(monkeypatch) -> list:
     """Record the (scale n, fast bits) of every decode_region call."""
-    calls, real = [], D._jpegroi.decode_region
+    calls, module = [], D._jpegroi
 
     class Spy:
         def __getattr__(self, name):
-            return getattr(D._jpegroi, name)
+            return getattr(module, name)
 
     def region(data, n, x, y, w, h, fast, buf):
         calls.append((n, fast))
-        return real(data, n, x, y, w, h, fast, buf)
+        return module.decode_region(data, n, x, y, w, h, fast, buf)
 
     spy = Spy()
     spy.decode_region = region

@@ -71,7 +71,8 @@ def test_training_on_prepared_shards_equals_training_on_the_folder(toy, tmp_path
             cuts.append(got[4] + got[5] > 0)
             return got
 
-        monkeypatch.setattr(D, "_jpegroi", SimpleNamespace(decode_region=spy))
+        monkeypatch.setattr(D, "_jpegroi", SimpleNamespace(decode_region=spy,
+                                                           jpeg_info=real.jpeg_info))
     for name, data in (("folder", str(toy[0])), ("shards", str(tmp_path / "shards"))):
         cuts.clear()
         train(_cfg(toy, tmp_path / name, data=data, epochs=1, deterministic=True), resume=None,
