@@ -409,6 +409,7 @@ def plot(result: dict, path: str | Path) -> Path | None:
     # rewritten corpus, then the max-side copies
     groups = ("torchvision", "dali_cpu", "ffcv", "dlperf_1_thread", "dlperf_", "dali_cpu_restart",
               "dlperf_restart", "dlperf_prepared", "ffcv_max", "dlperf_shards")
+
     def group(name: str) -> int:  # the position of the longest matching prefix
         match = max((g for g in groups if name.startswith(g)), key=len, default=None)
         return groups.index(match) if match else len(groups)
@@ -420,15 +421,14 @@ def plot(result: dict, path: str | Path) -> Path | None:
     bars = ax.barh(names, values, color=colors)
     for bar, v in zip(bars, values):
         ax.text(v, bar.get_y() + bar.get_height() / 2, f" {v:,.0f}", va="center", fontsize=8)
-    goal = result["goals"]["dlperf_cpu_img_s"]["goal"]
-    for key in ("dlperf_cpu_img_s", "dlperf_shards256_img_s"):
-        g = result["goals"][key]["goal"]
+    goals = [result["goals"][k]["goal"] for k in ("dlperf_cpu_img_s", "dlperf_shards256_img_s")]
+    for g in goals:
         ax.axvline(g, color="#d62728", ls="--", lw=1)
         ax.text(g, -0.6, f" goal {g:,.0f}", color="#d62728", fontsize=8)
     ax.set_xlabel(f"images/s (train transform, {result['cores']} cores, median of "
                   f"{result['config']['rounds']} timed blocks)")
     ax.invert_yaxis()
-    ax.set_xlim(0, max(values + [goal]) * 1.18)
+    ax.set_xlim(0, max(values + goals) * 1.18)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
