@@ -32,8 +32,8 @@
  * at most column_px wide (the largest such divisor of the row's MCU count, at worst one MCU;
  * column_px 0: one interval per row), keeping APPn/COM markers (EXIF orientation, ICC
  * profiles). Returns None for other colour spaces. Decoding such a file from the top is slower
- * (libjpeg-turbo leaves its fast Huffman path whenever markers exist: 1,000 vs 882 us per crop
- * in results/profile-decode.json), which the cut repays (648 us).
+ * (libjpeg-turbo leaves its fast Huffman path whenever markers exist: 883 vs 851 us per crop
+ * in results/profile-decode.json), which the cut repays (567 us).
  *
  * The GIL is released for the whole decode. Errors and libjpeg warnings (corrupt data) raise
  * ValueError; CMYK/YCCK images raise ValueError("cmyk") so the caller can use Pillow.
