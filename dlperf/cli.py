@@ -401,20 +401,13 @@ def _cmd_probe(args) -> int:
                    else None)
         table.add_row(m.kind, m.unit, m.shape, value, *([ref or "-"] if preset else []))
     console.print(table)
+    from dlperf.bench.results import environment
+
     write_json_atomic(args.out, {"spec": spec.to_dict(),
                                  "measurements": [m.to_dict() for m in measurements],
-                                 "environment": _environment()})
+                                 "environment": environment()})
     console.print(f"Wrote {args.out}; use it with `dlperf analyze MODEL --device {args.out}`.")
     return 0
-
-
-def _environment() -> dict:
-    import platform
-
-    import torch
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "platform": platform.platform(), "cpu_threads": torch.get_num_threads()}
 
 
 def _cmd_data_inspect(args, console) -> int:
