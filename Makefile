@@ -8,7 +8,7 @@ STAMP := $(VENV)/.dlperf-installed
 # torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test install clean bench-analyze bench-predict bench-data bench-data-ladder bench-train bench-digits
+.PHONY: demo test fuzz install clean bench-analyze bench-predict bench-data bench-data-ladder bench-train bench-digits
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# the native JPEG core under AddressSanitizer + UndefinedBehaviorSanitizer for 90 s (CI runs it;
+# `make test` runs the same harness for 20 s)
+fuzz: $(STAMP)
+	DLPERF_FUZZ_SECONDS=$${DLPERF_FUZZ_SECONDS:-90} $(BIN)/python -m pytest -q -s tests/test_fuzz_native.py
 
 bench-analyze: $(STAMP)
 	$(BIN)/python benchmarks/bench_analyze.py

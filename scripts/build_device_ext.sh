@@ -12,7 +12,7 @@ LIB=$(gcc -print-file-name=libjpeg.so.62)
 [ -f "$LIB" ] || { echo "libjpeg.so.62 not found (apt-get install libjpeg62-turbo-dev)" >&2; exit 1; }
 mkdir -p .devext
 grep -qx '/.devext/' .git/info/exclude 2>/dev/null || echo /.devext/ >> .git/info/exclude
-gcc -shared -fPIC -O2 -DPy_LIMITED_API=0x030B0000 -I"$INC" dlperf/data/_jpegroi.c \
+gcc -shared -fPIC -O2 -DPy_LIMITED_API=0x030B0000 -I"$INC" dlperf/data/_jpegroi.c dlperf/data/jpegroi.c \
     -o .devext/_jpegroi.abi3.so -ljpeg -Wl,-rpath,'$ORIGIN'
 cp -L "$LIB" .devext/libjpeg.so.62
 echo "built .devext/: $(ls .devext | tr '\n' ' ')"
