@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH_PINS)
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m dlperf.data.native
 	@touch $(STAMP)
 
 demo: $(STAMP)

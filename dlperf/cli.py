@@ -410,6 +410,14 @@ def _cmd_probe(args) -> int:
     return 0
 
 
+def _warn_native(console) -> None:
+    from dlperf.data.native import warning
+
+    line = warning()
+    if line:
+        console.print(f"[yellow]warning:[/] {line}")
+
+
 def _cmd_data_inspect(args, console) -> int:
     from rich.progress import Progress
     from rich.table import Table
@@ -418,6 +426,7 @@ def _cmd_data_inspect(args, console) -> int:
     from dlperf.data.sources import open_source
 
     source = open_source(args.src)
+    _warn_native(console)
     cfg = InspectConfig(size=args.size, limit=args.limit)
     total = len(source) if cfg.limit is None else min(cfg.limit, len(source))
     with Progress(console=console, transient=True) as bar:
@@ -457,18 +466,26 @@ def _cmd_data(args) -> int:
                             quality=args.quality, threads=args.threads or 0,
                             restart_px=args.restart_px)
         source = open_source(args.src)
+        _warn_native(console)
         with Progress(console=console) as bar:
             task = bar.add_task(f"writing shards from {len(source):,} images", total=len(source))
             summary = prepare(source, args.dst, cfg, progress=lambda: bar.advance(task))
+        if summary["already"]:
+            console.print(f"{args.dst} already holds this prepare of {args.src} with the same "
+                          f"settings ({summary['samples']:,} samples in {summary['shards']} "
+                          "shards): nothing to do.")
+            return 0
         console.print(f"Wrote {summary['samples']:,} samples in {summary['shards']} shards to "
                       f"{args.dst} ({summary['output_bytes'] / 2**20:,.1f} MiB from "
                       f"{summary['input_bytes'] / 2**20:,.1f} MiB) in {summary['seconds']:.1f} s; "
                       f"{summary['restart_markers']:,} JPEGs carry restart markers (lossless "
                       "rewrite: random crops decode only the data under them).")
-        for name, reason in summary["bad"][:20]:
-            console.print(f"  [yellow]skipped[/] {name}: {reason}")
-        if len(summary["bad"]) > 20:
-            console.print(f"  ... {len(summary['bad']) - 20} more in {args.dst}/prepare-report.json")
+        for label, rows in (("[yellow]skipped[/]", summary["bad"]),
+                            ("[cyan]changed[/]", summary["changed"])):
+            for name, reason in rows[:20]:
+                console.print(f"  {label} {name}: {reason}")
+            if len(rows) > 20:
+                console.print(f"  ... {len(rows) - 20} more in {args.dst}/prepare-report.json")
         return 0
     if args.data_command == "toy":
         from pathlib import Path
@@ -488,8 +505,12 @@ def _cmd_data(args) -> int:
         with Progress(console=console) as bar:
             task = bar.add_task("verifying", total=n)
             result = verify(args.dst, progress=lambda: bar.advance(task), threads=args.threads)
+        for note in result["notes"]:
+            console.print(f"  [yellow]note[/] {note}")
         for where, problem in result["problems"][:20]:
             console.print(f"  [red]problem[/] {where}: {problem}")
+        if len(result["problems"]) > 20:
+            console.print(f"  ... {len(result['problems']) - 20} more problems")
         ok = not result["problems"]
         console.print(f"{'OK' if ok else 'FAILED'}: {result['samples']:,} samples in "
                       f"{result['shards']} shards, {len(result['problems'])} problems.")
@@ -586,10 +607,11 @@ def _cmd_bench(args) -> int:
 
     cfg = DataBenchConfig(data=args.data, batch_size=args.batch_size, threads=args.threads,
                           workers=args.workers, rounds=args.rounds)
+    console = _console()
+    _warn_native(console)
     if args.ladder:
         return _bench_data_ladder(cfg, _result_path(args.out, "data-ladder.json"))
     out = _result_path(args.out, "data-cpu.json")
-    console = _console()
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("benchmarking pipelines", total=None)
         result = run(cfg, progress=lambda: bar.advance(task))

@@ -109,8 +109,8 @@ def test_prepare_without_a_full_decode_still_refuses_damaged_jpegs(corpus, tmp_p
     reasons = {name.rsplit("/", 1)[-1]: why for name, why in summary["bad"]}
     assert set(reasons) == {"broken.JPEG", "cut.JPEG", "zeroed.JPEG"}
     assert summary["samples"] == 11
-    if ROI_AVAILABLE:  # all 10 valid JPEGs and the re-encoded PNG
-        assert summary["restart_markers"] == 11
+    if ROI_AVAILABLE:  # all 10 valid JPEGs (the PNG is stored as it is: lossless)
+        assert summary["restart_markers"] == 10
 
 
 def test_prepare_keeps_every_jpeg_pixel_by_default(corpus, tmp_path):
@@ -122,11 +122,12 @@ def test_prepare_keeps_every_jpeg_pixel_by_default(corpus, tmp_path):
     src = ShardSource(dst)
     stored = [src.read(i) for i in range(len(src))]
     good = sorted(corpus.rglob("img*.JPEG"))  # the 10 valid JPEGs (+ broken, + a PNG)
-    assert len(stored) == len(good) + 1  # + the PNG named .JPEG, re-encoded
+    assert len(stored) == len(good) + 1  # + the PNG named .JPEG, stored byte for byte
+    assert png_bytes(smooth_rgb(50, 60)) in stored
     decoded = {decode_reference(b).tobytes() for b in stored}
     assert all(decode_reference(p.read_bytes()).tobytes() in decoded for p in good)
-    if ROI_AVAILABLE:  # rewritten: each has a DRI (define restart interval) segment
-        assert all(b"\xff\xdd\x00\x04" in b for b in stored)
+    if ROI_AVAILABLE:  # rewritten: each JPEG has a DRI (define restart interval) segment
+        assert all(b"\xff\xdd\x00\x04" in b for b in stored if b[:3] == b"\xff\xd8\xff")
         assert not any(b"\xff\xdd" in p.read_bytes() for p in good)
 
 
@@ -234,8 +235,11 @@ def test_shards_read_by_the_webdataset_library(corpus, tmp_path):
     urls = [str(p) for p in sorted(dst.glob("shard-*.tar"))]
     seen = {}
     for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
-        seen[sample["__key__"]] = (sample["jpg"], int(sample["cls"]))
+        image = sample.get("jpg", sample.get("png"))  # the PNG is stored as KEY.png
+        seen[sample["__key__"]] = (image, int(sample["cls"]))
     assert seen == truth
+    assert sum("png" in s for s in wds.WebDataset(urls, shardshuffle=False,
+                                                     empty_check=False)) == 1
 
 
 def test_shards_read_by_dali_with_our_index(corpus, tmp_path):

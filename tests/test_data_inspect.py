@@ -75,9 +75,9 @@ def test_inspect_counts_a_folder_and_its_prepared_shards(tmp_path):
     prepare(root, tmp_path / "shards")
     shards = inspect(open_source(tmp_path / "shards"), InspectConfig(limit=5))
     assert shards["samples"] == 5
-    if D.ROI_AVAILABLE:  # the 8 JPEGs and the re-encoded PNG are now cut, the CMYK stays
+    if D.ROI_AVAILABLE:  # the 8 JPEGs are now cut; the CMYK and the PNG (lossless) stay
         full = inspect(open_source(tmp_path / "shards"))["paths"]
-        assert (full["cut"], full["pillow"], full["roi"]) == (9, 1, 0)
+        assert (full["cut"], full["pillow"], full["roi"]) == (8, 2, 0)
 
 
 def test_advice_for_big_images_and_a_clean_dataset():

@@ -89,7 +89,7 @@ class DaliLoader:
         jpegs, cls = fn.readers.webdataset(
             paths=[str(root / s) for s in self.source.shards],
             index_paths=[str(root / dali_index_name(s)) for s in self.source.shards],
-            ext=["jpg", "cls"], missing_component_behavior="error", **common)
+            ext=["jpg;png", "cls"], missing_component_behavior="error", **common)
         # ASCII digits of different lengths: zero-padded to a fixed width, parsed on the host
         return jpegs, fn.pad(cls, axes=(0,), shape=(LABEL_BYTES,), fill_value=0)
 

@@ -262,12 +262,21 @@ def _pillow_decode(data: bytes, limits: DecodeLimits, min_size: tuple[int, int] 
             return np.ascontiguousarray(_to_rgb8(im))
     except BadImage:
         raise
-    except UnidentifiedImageError:
-        raise BadImage("not an image (unrecognised format)") from None
-    except Image.DecompressionBombError as exc:
-        raise BadImage(f"too many pixels ({exc})") from None
-    except (OSError, ValueError, SyntaxError, struct.error, EOFError) as exc:
-        raise BadImage(f"corrupt or truncated image ({exc})") from None
+    except Exception as exc:  # Pillow's plugins raise many types; every one means a bad file
+        raise _pillow_failure(exc, "data") from None
+
+
+def _pillow_failure(exc: Exception, part: str) -> BadImage:
+    """One reason per kind of Pillow failure, for the header reader and the decoder alike.
+    A decompression bomb (more pixels than Pillow's own guard, which fires before dlperf's
+    DecodeLimits.max_pixels can look at the size) is a bad file, not a crash (issue #10)."""
+    if isinstance(exc, Image.DecompressionBombError):
+        return BadImage(f"too many pixels ({exc}); a decompression bomb or a huge scan")
+    if isinstance(exc, UnidentifiedImageError):
+        return BadImage("not an image (unrecognised format)")
+    if isinstance(exc, MemoryError):
+        return BadImage("too large to decode (out of memory)")
+    return BadImage(f"corrupt or truncated image {part} ({type(exc).__name__}: {exc})")
 
 
 def decode_reference(data: bytes, limits: DecodeLimits = DecodeLimits()) -> np.ndarray:
@@ -301,12 +310,12 @@ def image_header(data: bytes, limits: DecodeLimits = DecodeLimits()):
     try:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
+            _check_pixels(h, w, limits)
             orientation = im.getexif().get(0x0112, 1) if hasattr(im, "getexif") else 1
-    except UnidentifiedImageError:
-        raise BadImage("not an image (unrecognised format)") from None
-    except (OSError, ValueError, SyntaxError, struct.error, EOFError) as exc:
-        raise BadImage(f"corrupt image header ({exc})") from None
-    _check_pixels(h, w, limits)
+    except BadImage:
+        raise
+    except Exception as exc:  # Pillow's plugins raise many types; every one means a bad file
+        raise _pillow_failure(exc, "header") from None
     if orientation in (5, 6, 7, 8):
         h, w = w, h
     return h, w, orientation, False
@@ -457,6 +466,16 @@ def decode_into(data: bytes, plan_for, out: np.ndarray, limits: DecodeLimits = D
     if plan.flip:
         cv2.flip(out, 1, out)
     return plan
+
+
+def check_decodes(data: bytes, limits: DecodeLimits = DecodeLimits()) -> None:
+    """Raise BadImage unless the whole of ``data`` decodes through the decoder training uses,
+    with its refusals (`dlperf data verify` and `prepare` call it). The crop is the whole image
+    and the output an eighth of its size, so JPEGs decode at DCT scale 1/8: every coefficient
+    is entropy-decoded (where corruption shows) while the IDCT and resize cost little."""
+    height, width, _, _ = image_header(data, limits)
+    out = np.empty((max(1, height // 8), max(1, width // 8), 3), np.uint8)
+    decode_into(data, lambda h, w: CropPlan(0, 0, h, w), out, limits)
 
 
 def _interp(factor: float) -> int:

@@ -222,9 +222,7 @@ class GpuLoader(Loader):
         """(index, bytes, upright h, w, plan, nvjpeg-able) or (index, None, reason)."""
         src, limits = self.source, self.cfg.limits
         try:
-            data = src.read_limited(index, limits.max_bytes)
-            if data is None:
-                return index, None, f"file too large (> limit {limits.max_bytes:,} bytes)"
+            data = src.read_limited(index, limits.max_bytes)  # BadImage if over the limit
             height, width, orientation, fast = image_header(data, limits)
             plan = self._plan_for(index, epoch)(height, width)
             # Files with restart markers (dlperf data prepare writes them) are cut to the crop

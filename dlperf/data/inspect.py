@@ -80,7 +80,7 @@ def inspect(source: Source, cfg: InspectConfig = InspectConfig(), progress=None)
     for i in range(n):
         try:
             data = source.read_limited(i, cfg.limits.max_bytes)
-        except OSError:
+        except (OSError, BadImage):
             data = None
         path, height, width = ("bad", 0, 0) if data is None else decode_path(data, cfg.limits)
         counts[path] += 1
@@ -114,11 +114,12 @@ def advice(report: dict) -> list[str]:
             "progressive): `dlperf data prepare SRC DST` rewrites them losslessly (the same "
             "pixels) as baseline JPEGs with restart markers; training crops then decode "
             "1.3-1.4x faster on ImageNet-like photos (benchmarks/README.md).")
-    if share["whole"] >= NOTABLE:
+    if paths["whole"]:  # any at all: the extension is missing, which costs every JPEG
         lines.append(
-            f"{share['whole']:.0%} of the files are decoded whole because dlperf's region "
-            "decoder is not built: install libjpeg-turbo's headers (Debian: libjpeg62-turbo-dev) "
-            "and reinstall dlperf.")
+            f"{share['whole']:.0%} of the files are decoded whole because dlperf's JPEG "
+            "extension is not built (1.4-2x slower, and `prepare` cannot add restart markers): "
+            "install gcc and libjpeg-turbo's headers (Debian: libjpeg62-turbo-dev) and "
+            "reinstall dlperf.")
     if share["rotated"] >= NOTABLE:
         lines.append(
             f"{share['rotated']:.0%} of the files are EXIF-rotated and decoded whole: "
@@ -126,8 +127,9 @@ def advice(report: dict) -> list[str]:
     if share["pillow"] >= NOTABLE:
         lines.append(
             f"{share['pillow']:.0%} of the files take Pillow's full decode (e.g. "
-            f"{report['example'].get('pillow')}): `dlperf data prepare` re-encodes non-JPEG "
-            "files as JPEG; CMYK and RGB-coded JPEGs stay on this path.")
+            f"{report['example'].get('pillow')}): `dlperf data prepare` keeps non-JPEG files "
+            "lossless (PNG), still Pillow's; `--max-side M` re-encodes them as JPEG (lossy). "
+            "CMYK and RGB-coded JPEGs stay on this path.")
     if paths["bad"]:
         lines.append(
             f"{paths['bad']:,} files have no readable header or break the size limits (e.g. "

@@ -258,9 +258,7 @@ class Loader:
         """Decode sample ``index`` into ``out``; the reason it is bad, or None."""
         src, limits = self.source, self.cfg.limits
         try:
-            data = src.read_limited(index, limits.max_bytes)
-            if data is None:
-                return f"file too large ({src.size(index):,} bytes > limit {limits.max_bytes:,})"
+            data = src.read_limited(index, limits.max_bytes)  # BadImage if over the limit
             target = out
             if self.cfg.channels == 4:  # decode into RGB scratch, then the first 3 channels
                 target = getattr(self._scratch, "rgb", None)

@@ -3,6 +3,11 @@
 A source answers, by sample position: the encoded bytes, the label, a name for reports, and the
 byte size (so oversized files are refused before they are read). Reads are thread-safe: shards
 use os.pread on one descriptor per shard, folders open each file.
+
+Every reader (prepare, verify, inspect, the CPU and GPU loaders) takes a sample's bytes through
+``read_limited``: one size limit, one message, and for shards the sample's checksum when asked
+(issue #10). A bad sample raises :class:`~dlperf.data.decode.BadImage`, which each caller's
+skip-and-report policy handles; a damaged index raises a one-line DlperfError naming the entry.
 """
 
 from __future__ import annotations
@@ -11,16 +16,28 @@ import abc
 import csv
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from dlperf.data.decode import BadImage
 from dlperf.errors import DlperfError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm")
 INDEX_NAME = "index.json"
-INDEX_FORMAT = "dlperf-shards-v1"
+# v2 rows: [shard, offset, size, label, key, crc32, ext] and a sha256 per shard; v1 rows
+# (dlperf before issue #10): [shard, offset, size, label, key], no checksums, every ext "jpg".
+INDEX_FORMAT = "dlperf-shards-v2"
+INDEX_FORMATS = ("dlperf-shards-v1", INDEX_FORMAT)
+MAX_CLASSES = 1 << 20  # integer labels above this are a mistake (and a list of that many names)
+
+
+def too_large(size: int, limit: int) -> BadImage:
+    """The one message for a file over the size limit, whoever reads it."""
+    return BadImage(f"file too large ({size:,} bytes > limit {limit:,}; raise "
+                    "DecodeLimits.max_bytes if it is a real image)")
 
 
 class Source(abc.ABC):
@@ -49,9 +66,12 @@ class Source(abc.ABC):
     def describe(self) -> str:
         return f"{type(self).__name__}: {len(self):,} samples, {len(self.classes)} classes"
 
-    def read_limited(self, index: int, limit: int) -> bytes | None:
-        """The bytes, or None when the sample is larger than ``limit`` (never read whole)."""
-        return None if self.size(index) > limit else self.read(index)
+    def read_limited(self, index: int, limit: int) -> bytes:
+        """The bytes; BadImage when the sample is larger than ``limit`` (never read whole)."""
+        size = self.size(index)
+        if size > limit:
+            raise too_large(size, limit)
+        return self.read(index)
 
 
 @dataclass(frozen=True)
@@ -63,9 +83,10 @@ class _Item:
 class FileSource(Source):
     """Files on disk with labels: an image folder (one sub-folder per class) or a CSV list."""
 
-    def __init__(self, items: list[_Item], classes: list[str]):
+    def __init__(self, items: list[_Item], classes: list[str], origin: str | None = None):
         self.items = items
         self.classes = classes
+        self.origin = origin  # the folder or .csv it came from (absolute), for reports
 
     @classmethod
     def from_folder(cls, root: str | Path, extensions=IMAGE_EXTENSIONS) -> "FileSource":
@@ -83,7 +104,7 @@ class FileSource(Source):
         if not items:
             raise DlperfError(f"{root}: no image files ({', '.join(extensions)}) in the class "
                               "folders")
-        return cls(items, classes)
+        return cls(items, classes, str(root.resolve()))
 
     @classmethod
     def from_csv(cls, csv_path: str | Path, root: str | Path | None = None) -> "FileSource":
@@ -92,28 +113,40 @@ class FileSource(Source):
         csv_path = Path(csv_path)
         base = Path(root) if root else csv_path.parent
         try:
-            rows = list(csv.reader(csv_path.open(newline="")))
+            with csv_path.open(newline="", encoding="utf-8") as f:
+                reader = csv.reader(f)
+                rows = [(reader.line_num, r) for r in reader]  # file line numbers for messages
         except OSError as exc:
             raise DlperfError(f"{csv_path}: cannot read file list ({exc.strerror})") from None
-        rows = [r for r in rows if r and not r[0].startswith("#")]
-        if rows and rows[0][:2] == ["path", "label"]:
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise DlperfError(f"{csv_path}: not a UTF-8 path,label list ({exc})") from None
+        rows = [(n, r) for n, r in rows if r and not r[0].startswith("#")]
+        if rows and rows[0][1][:2] == ["path", "label"]:
             rows = rows[1:]
-        raw = []
-        for line, row in enumerate(rows, 1):
+        raw, lines = [], []
+        for line, row in rows:
             if len(row) < 2:
-                raise DlperfError(f"{csv_path}: row {line} needs 'path,label', got {row!r}")
+                raise DlperfError(f"{csv_path}: line {line} needs 'path,label', got {row!r}")
             raw.append((row[0].strip(), row[1].strip()))
+            lines.append(line)
         if not raw:
             raise DlperfError(f"{csv_path}: no samples")
         if all(lab.lstrip("-").isdigit() for _, lab in raw):
             labels = [int(lab) for _, lab in raw]
+            for line, lab in zip(lines, labels):
+                # a negative label would index the logits from the end (or crash the loss);
+                # a huge one would make that many classes: refuse both here, not mid-training
+                if not 0 <= lab < MAX_CLASSES:
+                    raise DlperfError(f"{csv_path}: line {line}: label {lab} must be in 0.."
+                                      f"{MAX_CLASSES - 1} (integer labels are class numbers "
+                                      "from 0; or use class names)")
             classes = [str(i) for i in range(max(labels) + 1)]
         else:
             classes = sorted({lab for _, lab in raw})
             lookup = {c: i for i, c in enumerate(classes)}
             labels = [lookup[lab] for _, lab in raw]
         items = [_Item(str(base / p), lab) for (p, _), lab in zip(raw, labels)]
-        return cls(items, classes)
+        return cls(items, classes, str(csv_path.resolve()))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -122,13 +155,19 @@ class FileSource(Source):
         with open(self.items[index].path, "rb") as f:
             return f.read()
 
-    def read_limited(self, index: int, limit: int) -> bytes | None:
+    def read_limited(self, index: int, limit: int) -> bytes:
         # fstat on the open file, not a separate stat of the path; never read(limit + 1), which
         # would allocate a limit-sized buffer for every image.
         with open(self.items[index].path, "rb", buffering=0) as f:
-            if os.fstat(f.fileno()).st_size > limit:
-                return None
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise too_large(size, limit)
             return f.readall()
+
+    def describe(self) -> str:
+        where = self.origin or (os.path.commonpath([it.path for it in self.items])
+                                if self.items else "?")
+        return f"{where} ({len(self):,} files, {len(self.classes)} classes)"
 
     def label(self, index: int) -> int:
         return self.items[index].label
@@ -147,28 +186,88 @@ class ShardSource(Source):
     The shards stay ordinary tar files that webdataset and DALI read too.
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, check_checksums: bool = False):
         self.root = Path(root)
+        self.origin = str(self.root.resolve())
         index_path = self.root / INDEX_NAME
         try:
-            index = json.loads(index_path.read_text())
+            index = json.loads(index_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise DlperfError(f"{index_path}: no shard index (make one with `dlperf data "
                               "prepare SRC DST`)") from None
         except (OSError, ValueError) as exc:
             raise DlperfError(f"{index_path}: unreadable shard index ({exc})") from None
-        if index.get("format") != INDEX_FORMAT:
-            raise DlperfError(f"{index_path}: not a {INDEX_FORMAT} index")
-        self.classes = index["classes"]
-        self.shards = index["shards"]
-        # samples: [shard, offset, size, label, key] in the file; kept as compact columns
-        # (ImageNet's 1.28 M samples: ~40 MB instead of ~300 MB of Python lists per rank).
-        rows = index.pop("samples")
+        if not isinstance(index, dict) or index.get("format") not in INDEX_FORMATS:
+            raise DlperfError(f"{index_path}: not a dlperf shard index ({' or '.join(INDEX_FORMATS)})")
+        self.format = index["format"]
+        self.classes, self.shards = index.get("classes"), index.get("shards")
+        rows = index.pop("samples", None)
+        self.shard_sha256 = index.get("shard_sha256")
+        self._check_header(index_path, rows)
+        # samples: [shard, offset, size, label, key(, crc32, ext)] in the file; kept as compact
+        # columns (ImageNet's 1.28 M samples: ~40 MB instead of ~300 MB of Python lists/rank).
+        self._check_rows(index_path, rows)
         cols = np.array([row[:4] for row in rows], dtype=np.int64).reshape(-1, 4)
         self._shard, self._offset, self._size, self._label = (cols[:, j].copy() for j in range(4))
         self._keys = [row[4] for row in rows]
+        self.has_checksums = self.format == INDEX_FORMAT
+        self._crc = (np.array([row[5] for row in rows], dtype=np.uint32) if self.has_checksums
+                     else None)
+        self._exts = [row[6] for row in rows] if self.has_checksums else None
+        self.check_checksums = check_checksums and self.has_checksums
         del rows, cols
         self._fds: dict[int, int] = {}
+
+    def _check_header(self, index_path: Path, rows) -> None:
+        fix = "the index is damaged: re-run `dlperf data prepare`"
+        if not (isinstance(self.classes, list) and all(isinstance(c, str) for c in self.classes)):
+            raise DlperfError(f"{index_path}: 'classes' must be a list of names; {fix}")
+        if not (isinstance(self.shards, list) and all(isinstance(n, str) and "/" not in n
+                                                      and n.endswith(".tar") for n in self.shards)):
+            raise DlperfError(f"{index_path}: 'shards' must be a list of .tar names in its "
+                              f"folder; {fix}")
+        if not isinstance(rows, list):
+            raise DlperfError(f"{index_path}: 'samples' missing or not a list; {fix}")
+        if self.format == INDEX_FORMAT and not (
+                isinstance(self.shard_sha256, list) and len(self.shard_sha256) == len(self.shards)):
+            raise DlperfError(f"{index_path}: 'shard_sha256' must give one digest per shard; {fix}")
+
+    def _check_rows(self, index_path: Path, rows: list) -> None:
+        """Every entry well formed before any is used: a bad one is named, never a traceback."""
+        width = 7 if self.format == INDEX_FORMAT else 5
+        n_shards, n_classes = len(self.shards), len(self.classes)
+
+        def problem(row) -> str | None:
+            if not isinstance(row, list) or len(row) != width:
+                return f"needs {width} fields"
+            shard, offset, size, label, key = row[:5]
+            if not all(type(v) is int for v in (shard, offset, size, label)):
+                return "shard, offset, size and label must be integers"
+            if not 0 <= shard < n_shards:
+                return f"shard {shard} is past the {n_shards} shards"
+            if offset < 0 or size < 0 or offset % 512:
+                return f"offset {offset} / size {size} cannot be a tar member's data"
+            if not 0 <= label < n_classes:
+                return f"label {label} is outside the {n_classes} classes"
+            if not isinstance(key, str) or not key or "/" in key:
+                return f"key {key!r} must be a file name"
+            if width == 7 and not (type(row[5]) is int and 0 <= row[5] < 1 << 32
+                                   and row[6] in ("jpg", "png")):
+                return "checksum must be a 32-bit integer and ext jpg or png"
+            return None
+
+        for i, row in enumerate(rows):
+            why = problem(row)
+            if why:
+                raise DlperfError(f"{index_path}: sample {i} {str(row)[:80]}: {why}; the index is "
+                                  "damaged: re-run `dlperf data prepare`")
+
+    def member(self, index: int) -> str:
+        """The sample's image member in its tar (webdataset naming: KEY.jpg or KEY.png)."""
+        return f"{self._keys[index]}.{self._exts[index] if self._exts else 'jpg'}"
+
+    def crc32(self, index: int) -> int | None:
+        return int(self._crc[index]) if self._crc is not None else None
 
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
@@ -197,6 +296,9 @@ class ShardSource(Source):
         data = os.pread(self._fd(shard), size, offset)
         if len(data) != size:
             raise OSError(f"short read from {self.shards[shard]} at {offset}")
+        if self.check_checksums and zlib.crc32(data) != self._crc[index]:
+            raise BadImage("checksum mismatch: the stored bytes changed after `dlperf data "
+                           "prepare` (a damaged disk or copy); re-copy or re-prepare the shard")
         return data
 
     def label(self, index: int) -> int:
