@@ -65,7 +65,7 @@ def mutate(data: bytes, rng: np.random.Generator) -> bytes:
     b = bytearray(data)
     kind = int(rng.integers(0, 5))
     scan = data.find(b"\xff\xda")
-    if kind == 0 and scan > 0:  # flip bits inside the entropy-coded data
+    if kind == 0 and 0 < scan < len(b) - 20:  # flip bits inside the entropy-coded data
         for _ in range(int(rng.integers(1, 17))):
             i = int(rng.integers(scan + 14, len(b) - 2))
             b[i] ^= 1 << int(rng.integers(0, 8))

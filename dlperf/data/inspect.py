@@ -95,7 +95,8 @@ def inspect(source: Source, cfg: InspectConfig = InspectConfig(), progress=None)
               "mean_kb": {p: sizes[p] / counts[p] / 1024 for p in PATHS if counts[p]},
               "example": examples, "crop_size": cfg.size,
               "median_short_side": statistics.median(short_sides) if short_sides else None,
-              "median_megapixels": statistics.median(pixels) / 1e6 if pixels else None}
+              "median_megapixels": statistics.median(pixels) / 1e6 if pixels else None,
+              "native_jpeg": ROI_AVAILABLE}
     report["advice"] = advice(report)
     return report
 

@@ -57,9 +57,21 @@ def build_model(name: str, num_classes: int, meta: bool = False) -> nn.Module:
     return model
 
 
+def _open_checked(path: str, check_checksums: bool, setting: str):
+    """open_source, with each sample's CRC-32 checked on read when asked (shards only)."""
+    from dlperf.data.sources import ShardSource, open_source
+
+    source = open_source(path)
+    if check_checksums:
+        if not (isinstance(source, ShardSource) and source.has_checksums):
+            raise DlperfError(f"check_checksums=true needs shards with checksums, but {setting}="
+                              f"{path} is not (make them with `dlperf data prepare SRC DST`)")
+        source.check_checksums = True
+    return source
+
+
 def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
     from dlperf.data.loader import Loader, LoaderConfig, SyntheticLoader
-    from dlperf.data.sources import open_source
 
     if cfg.batch_size % (info.world_size * cfg.grad_accum):
         raise DlperfError(f"batch_size {cfg.batch_size} must divide by world_size x grad_accum "
@@ -72,8 +84,9 @@ def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
                                 seed=cfg.seed + info.rank, pin_memory=info.device.type == "cuda")
         return train, None
     common = dict(threads=cfg.threads, prefetch=cfg.prefetch, seed=cfg.seed, rank=info.rank,
-                  world_size=info.world_size, on_bad_file=cfg.on_bad_file, channels=channels)
-    source = open_source(cfg.data)
+                  world_size=info.world_size, on_bad_file=cfg.on_bad_file,
+                  max_bad_fraction=cfg.max_bad_fraction, channels=channels)
+    source = _open_checked(cfg.data, cfg.check_checksums, "data")
     if len(source.classes) > cfg.num_classes:
         raise DlperfError(f"{cfg.data}: {len(source.classes)} classes but num_classes="
                           f"{cfg.num_classes}; set num_classes={len(source.classes)}")
@@ -93,7 +106,7 @@ def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
                                       scale=(cfg.min_crop_area, 1.0), flip=cfg.flip, **common))
     val = None
     if cfg.val_data:
-        val = make(open_source(cfg.val_data), LoaderConfig(
+        val = make(_open_checked(cfg.val_data, cfg.check_checksums, "val_data"), LoaderConfig(
             batch_size=per_rank, train=False, size=cfg.eval_image_size or image_size,
             drop_last=False, **common))
     return train, val

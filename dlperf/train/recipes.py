@@ -63,7 +63,9 @@ class TrainConfig:
     data_backend: str = "cpu"  # cpu (dlperf threads) | gpu (nvJPEG + batched crops) | dali
     threads: int = 0
     prefetch: int = 2
-    on_bad_file: str = "skip"
+    on_bad_file: str = "skip"  # skip (and report) | raise
+    max_bad_fraction: float = 0.01  # more bad files than this share of the data stops the run
+    check_checksums: bool = False  # shards: check each sample's CRC-32 as it is read
     # run control
     seed: int = 0
     deterministic: bool = False
@@ -120,6 +122,10 @@ class TrainConfig:
             (not (self.cuda_graphs and self.optimizer == "sgd" and not self.fused_optimizer),
              "cuda_graphs needs fused_optimizer=true"),
             (self.profile_steps >= 0, "profile_steps must be >= 0"),
+            (self.on_bad_file in ("skip", "raise"),
+             f"on_bad_file must be skip or raise, got {self.on_bad_file!r}"),
+            (0 <= self.max_bad_fraction <= 1,
+             f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}"),
             (self.nonfinite_check in ("auto", "step", "deferred"),
              f"nonfinite_check must be auto, step or deferred, got {self.nonfinite_check!r}"),
             (not (self.nonfinite_check == "deferred" and self.optimizer == "sgd"
