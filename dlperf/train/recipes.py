@@ -126,6 +126,9 @@ class TrainConfig:
              f"on_bad_file must be skip or raise, got {self.on_bad_file!r}"),
             (0 <= self.max_bad_fraction <= 1,
              f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}"),
+            (not (self.check_checksums and self.data_backend == "dali"),
+             "check_checksums needs data_backend=cpu or gpu (DALI reads the shards itself); "
+             "or run `dlperf data verify` before training"),
             (self.nonfinite_check in ("auto", "step", "deferred"),
              f"nonfinite_check must be auto, step or deferred, got {self.nonfinite_check!r}"),
             (not (self.nonfinite_check == "deferred" and self.optimizer == "sgd"
