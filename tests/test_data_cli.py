@@ -255,7 +255,7 @@ def test_shards_read_by_dali_with_our_index(corpus, tmp_path):
     def pipe():
         jpg, cls = fn.readers.webdataset(paths=[str(t) for t in tars],
                                          index_paths=[str(t.with_suffix(".idx")) for t in tars],
-                                         ext=["jpg", "cls"], missing_component_behavior="error")
+                                         ext=["jpg;png", "cls"], missing_component_behavior="error")
         return jpg, cls
 
     p = pipe()

@@ -377,3 +377,20 @@ def test_shards_from_before_checksums_still_read_and_verify_with_a_note(folder, 
     with pytest.raises(DlperfError, match="check_checksums=true needs shards with checksums"):
         from dlperf.train.loop import _open_checked
         _open_checked(str(dst), True, "data")
+
+
+def test_max_side_prepare_does_not_bake_damage_into_a_clean_file(tmp_path):
+    # --max-side decodes with Pillow to shrink; Pillow decodes damaged entropy data as grey
+    # with only a warning, and the re-encoded result would then verify clean. The strict
+    # decoder sees the file first.
+    good = jpeg_bytes(smooth_rgb(300, 400, seed=2))
+    bad = bytearray(good)
+    sos = bad.index(b"\xff\xda")
+    bad[sos + 40:sos + 80] = bytes(40)
+    decode_reference(bytes(bad))  # Pillow alone accepts it
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "good.jpg").write_bytes(good)
+    (tmp_path / "src" / "a" / "damaged.jpg").write_bytes(bytes(bad))
+    summary = prepare(tmp_path / "src", tmp_path / "out", PrepareConfig(max_side=128))
+    assert [Path(n).name for n, _ in summary["bad"]] == ["damaged.jpg"]
+    assert summary["samples"] == 1

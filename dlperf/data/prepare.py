@@ -124,13 +124,16 @@ def _prepare_one(data: bytes, cfg: PrepareConfig) -> _Prepared:
     """The bytes to store for one file, proven decodable by the decoder training uses."""
     is_jpeg = data[:3] == JPEG_MAGIC
     if cfg.max_side:  # re-encode smaller, as asked
-        img = decode_reference(data, cfg.limits)  # full decode: proves the file is good
-        note = None
+        # the strict decoder first: Pillow decodes damaged entropy data as grey with only a
+        # warning, and re-encoding would bake that damage into a file that then verifies
+        check_decodes(data, cfg.limits)
+        img = decode_reference(data, cfg.limits)
+        note = None  # shrinking and re-encoding is the change --max-side asked for
         if max(img.shape[:2]) > cfg.max_side:
             s = cfg.max_side / max(img.shape[:2])
             size = (max(1, round(img.shape[1] * s)), max(1, round(img.shape[0] * s)))
             img = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
-            data, note = _encode(img, cfg.quality), None  # --max-side: the change asked for
+            data = _encode(img, cfg.quality)
         elif not is_jpeg:
             data, note = _encode(img, cfg.quality), f"re-encoded as JPEG q{cfg.quality} (lossy)"
         out = lossless_restart(data, cfg.restart_px) if cfg.restart_px else data
