@@ -69,13 +69,13 @@ def mutate(data: bytes, rng: np.random.Generator) -> bytes:
         for _ in range(int(rng.integers(1, 17))):
             i = int(rng.integers(scan + 14, len(b) - 2))
             b[i] ^= 1 << int(rng.integers(0, 8))
-    elif kind == 1:  # truncated
+    elif kind == 1 and len(b) > 3:  # truncated
         b = b[:int(rng.integers(2, len(b) - 1))]
     elif kind == 2:  # a frame dimension edited
         sof = max(data.find(b"\xff\xc0"), data.find(b"\xff\xc2"))
-        if sof > 0:
+        if 0 < sof and sof + 8 < len(b):
             b[sof + 5 + 2 * int(rng.integers(0, 2))] = int(rng.integers(0, 256))
-    elif kind == 3:  # 16 bytes overwritten inside one JPEG
+    elif kind == 3 and len(b) > 3:  # 16 bytes overwritten inside one JPEG
         i = int(rng.integers(2, max(3, len(b) - 16)))
         b[i:i + 16] = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
     else:  # a large APP segment in front
