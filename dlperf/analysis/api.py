@@ -86,7 +86,7 @@ class Analysis:
                 "module": c.module, "module_type": c.module_type, "op": c.op, "phase": c.phase,
                 "kind": c.kind, "dtype": c.dtype, "math_unit": p.unit, "flops": c.flops,
                 "bytes": c.bytes, "intensity": None if math.isinf(p.intensity) else p.intensity,
-                "bound": p.bound,
+                "bound": p.bound, "limited_by": p.limited_by,
                 "gemm": None if c.gemm is None else {"m": c.gemm.m, "n": c.gemm.n,
                                                      "k": c.gemm.k, "batch": c.gemm.batch},
                 "tensor_core_aligned": p.aligned, "misaligned_dims": list(p.misaligned),

@@ -17,6 +17,13 @@ def _gemm_text(c) -> str:
     return f"{text} x{g.batch}" if g.batch > 1 else text
 
 
+def _limit_text(p) -> str:
+    """What sets the predicted time, shown only where it is not what ``bound`` suggests (a
+    memory-bound kernel limited by its quantised math, or by launch cost)."""
+    expected = {"compute": "math", "memory": "memory"}.get(p.bound)
+    return "" if p.limited_by == expected else f"[magenta]{p.limited_by}[/]"
+
+
 def render(analysis, console: Console | None = None, top: int = 25, macs: bool = False) -> None:
     console = console or Console()
     totals = analysis.totals()
@@ -32,7 +39,8 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
                   title_justify="left", header_style="bold")
     for col, just in (("layer", "left"), ("op", "left"), ("phase", "left"),
                       ("GEMM MxNxK", "right"), (work, "right"), ("bytes", "right"),
-                      ("FLOP/B", "right"), ("bound", "left"), ("TC-aligned", "left"),
+                      ("FLOP/B", "right"), ("bound", "left"), ("limit", "left"),
+                      ("TC-aligned", "left"),
                       ("tile x wave", "right"), ("time", "right"), ("share", "right")):
         table.add_column(col, justify=just, overflow="fold")
     ranked = sorted(analysis.predictions, key=lambda p: -p.time_s)[:top]
@@ -43,7 +51,8 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
         bound = "[yellow]memory[/]" if p.bound == "memory" else p.bound
         intensity = "inf" if p.intensity == float("inf") else f"{p.intensity:.3g}"
         table.add_row(c.module or "(model)", c.op, c.phase, _gemm_text(c),
-                      si(c.flops * scale), si(c.bytes, "B"), intensity, bound, aligned,
+                      si(c.flops * scale), si(c.bytes, "B"), intensity, bound,
+                      _limit_text(p), aligned,
                       f"{p.quantization_efficiency:.0%}" if p.quantization else "",
                       seconds(p.time_s), f"{p.time_s / total_time:.1%}")
     console.print(table)

@@ -26,6 +26,12 @@ MEMORY_EFFICIENCY = 0.85
 MISALIGNED_EFFICIENCY = 0.50
 # GPU time per kernel that does no useful work (launch, ramp-up and tail), back to back.
 LAUNCH_OVERHEAD_S = 3e-6
+# Grouped convolutions with fewer channels per group than this (depthwise: 1) run in cuDNN's
+# direct CUDA-core kernels in every precision, FP32 included: an implicit GEMM per group would
+# have N = channels per group, a sliver of any tile, so neither Tensor Cores nor the tile/wave
+# model apply (issue #11: fp32 EfficientNet-B0 on a V100 was predicted at 238 img/s with a
+# 128-wide tile over N = 1; NVIDIA measured 655).
+NARROW_GROUP_CHANNELS = 8
 # Tensor Core convolutions in cuDNN work on NHWC data; given NCHW tensors, cuDNN transposes the
 # activations into NHWC and back around the kernel (the record ResNet-50 blog's reason to keep
 # NHWC end to end). Modelled as one extra read + write of every activation the pass touches,
@@ -62,6 +68,18 @@ class Prediction:
     def time_s(self) -> float:
         return max(self.math_time_s, self.memory_time_s) + self.transpose_time_s + self.launch_time_s
 
+    @property
+    def limited_by(self) -> str:
+        """The largest term of the predicted time: "math" (peak x efficiency x quantization),
+        "memory" (bandwidth), "transposes" (NCHW <-> NHWC around a Tensor Core convolution) or
+        "launch". Not the guide's ``bound``, which compares intensity with the ops:byte ratio
+        at full peak: a memory-bound kernel whose math is cut by tile quantization can still be
+        limited by its math."""
+        roof = ("math", self.math_time_s) if self.math_time_s >= self.memory_time_s else (
+            "memory", self.memory_time_s)
+        terms = (roof, ("transposes", self.transpose_time_s), ("launch", self.launch_time_s))
+        return max(terms, key=lambda t: t[1])[0] if any(t[1] for t in terms) else "none"
+
 
 def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: float | None = None,
             memory_efficiency: float | None = None, launch_overhead_s: float | None = None
@@ -83,10 +101,11 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: f
         unit, peak = "fp32", spec.peak_flops("fp32")
     efficiency = m_eff
     quant, miss, aligned = None, (), None
-    if is_matmul and cost.groups > 1 and cost.align_dims and unit != "fp32" and min(
-            size for _, size in cost.align_dims) < (alignment_elements(unit) or 1):
-        # Depthwise and narrow grouped convolutions (fewer channels per group than one Tensor
-        # Core fragment) run in cuDNN's CUDA-core kernels: no Tensor Cores, no tile model.
+    if is_matmul and cost.groups > 1 and cost.align_dims and min(
+            size for _, size in cost.align_dims) < max(NARROW_GROUP_CHANNELS,
+                                                        alignment_elements(unit) or 0):
+        # Depthwise and narrow grouped convolutions run in cuDNN's CUDA-core kernels, whatever
+        # the precision: no Tensor Cores, no tile model.
         unit, peak = "fp32", spec.peak_flops("fp32")
     elif cost.gemm is not None and cost.kind == "gemm":
         if spec.tensor_cores and unit != "fp32":
