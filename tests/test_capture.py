@@ -87,3 +87,42 @@ def test_user_model_is_not_touched():
     assert not model.training and not model[1].training  # eval mode restored
     for k, v in model.state_dict().items():
         assert v.device.type == "cpu" and torch.equal(v, before[k])
+
+
+def test_dropout_is_captured_as_cuda_runs_it():
+    # Issue #11 defect 2: on meta tensors at::dropout took its CPU decomposition (bernoulli_ +
+    # div_ + mul, the mask at the input's dtype); CUDA runs one native_dropout (read x, write y
+    # and a bool mask) and one native_dropout_backward. Linear 64 -> 64 at batch 32 in fp16
+    # (autocast): x is 32*64*2 = 4,096 B; forward reads 4,096, writes y 4,096 + mask 2,048 =
+    # 10,240 B; backward reads dy 4,096 + mask 2,048, writes dx 4,096 = 10,240 B.
+    import torch.nn.functional as F
+
+    import dlperf
+
+    class Functional(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.fc, self.how = nn.Linear(64, 64), how
+
+        def forward(self, x):
+            y = self.fc(x)
+            if self.how == "F":
+                return F.dropout(y, 0.1, self.training)
+            if self.how == "torch":
+                return torch.dropout(y, 0.1, self.training)
+            return F.dropout(y, 0.1, self.training, inplace=True)
+
+    for model in (nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.1)), Functional("F"),
+                  Functional("torch")):
+        a = dlperf.analyze(model, (32, 64), device="h100-sxm", dtype="fp16", train=True)
+        ops = {p.cost.op: p for p in a.predictions}
+        assert "bernoulli_" not in ops and "div_" not in ops and not a.uncounted
+        assert ops["native_dropout"].cost.bytes == 10_240
+        assert ops["native_dropout_backward"].cost.bytes == 10_240
+        assert ops["native_dropout"].cost.kernels == ops["native_dropout_backward"].cost.kernels == 1
+    # inference: no kernel at all; in place: ATen's decomposition on CUDA too
+    a = dlperf.analyze(nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.1)), (32, 64),
+                       device="h100-sxm", dtype="fp16", train=False)
+    assert not any("dropout" in p.cost.op or p.cost.op == "bernoulli_" for p in a.predictions)
+    a = dlperf.analyze(Functional("inplace"), (32, 64), device="h100-sxm", dtype="fp16")
+    assert "native_dropout" not in {p.cost.op for p in a.predictions}
