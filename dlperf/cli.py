@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
                    help="bf16/fp16: mixed precision as torch.autocast runs it; fp32: no autocast")
     a.add_argument("--tf32", action="store_true", help="with --dtype fp32: GEMMs on TF32 Tensor Cores")
+    a.add_argument("--precision", choices=("mixed", "half"), default="mixed",
+                   help="with --dtype fp16/bf16: mixed = torch.autocast (fp32 weights, per-op "
+                        "casts, softmax/norms in fp32); half = the model cast to the dtype "
+                        "(model.half(): no casts, everything and the optimizer state in half) "
+                        "[mixed]")
     a.add_argument("--train", action="store_true",
                    help="also the loss and backward pass (dgrad and wgrad)")
     a.add_argument("--channels-last", action="store_true",
@@ -281,7 +286,7 @@ def _cmd_analyze(args) -> int:
                          tf32=args.tf32, train=args.train, channels_last=args.channels_last,
                          device=spec.name, tokens=tokens and len(sample_shape) == 1,
                          optimizer=(("adamw" if tokens else "sgd") if args.optimizer == "auto"
-                                    else args.optimizer))
+                                    else args.optimizer), precision=args.precision)
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,

@@ -126,3 +126,33 @@ def test_dropout_is_captured_as_cuda_runs_it():
     assert not any("dropout" in p.cost.op or p.cost.op == "bernoulli_" for p in a.predictions)
     a = dlperf.analyze(Functional("inplace"), (32, 64), device="h100-sxm", dtype="fp16")
     assert "native_dropout" not in {p.cost.op for p in a.predictions}
+
+
+def test_half_model_precision_has_no_casts_and_half_everything():
+    # Issue #11 defect 3: --dtype fp16 always meant autocast. A model cast with model.half()
+    # (apex O2 style without master weights) runs no per-op casts, LayerNorm and softmax in
+    # fp16, and keeps its SGD state in fp16: 5 x 2 B per parameter instead of 5 x 4 B.
+    import dlperf
+
+    model = nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.Softmax(-1),
+                          nn.Linear(128, 16))
+    params = 64 * 128 + 128 + 2 * 128 + 128 * 16 + 16  # 10,640
+    mixed = dlperf.analyze(model, (32, 64), device="h100-sxm", dtype="fp16", train=True)
+    half = dlperf.analyze(model, (32, 64), device="h100-sxm", dtype="fp16", train=True,
+                          precision="half")
+    ops = lambda a: {p.cost.op for p in a.predictions}  # noqa: E731
+    assert "_to_copy" in ops(mixed) and "_to_copy" not in ops(half)
+    norm = lambda a: next(p for p in a.predictions if p.cost.op == "native_layer_norm")  # noqa: E731
+    assert norm(mixed).cost.dtype == "fp32" and norm(half).cost.dtype == "fp16"
+    step = lambda a: next(p for p in a.predictions if p.cost.phase == "optimizer")  # noqa: E731
+    assert step(mixed).cost.bytes == 20 * params and step(half).cost.bytes == 10 * params
+    assert all(p.cost.dtype in ("fp16", "int64", "bool") for p in half.predictions
+               if p.cost.kind == "gemm")
+    assert half.totals()["bytes"] < mixed.totals()["bytes"]
+    assert half.config.precision == "half" and half.to_dict()["config"]["precision"] == "half"
+    import pytest
+
+    from dlperf.errors import DlperfError
+
+    with pytest.raises(DlperfError, match="needs --dtype fp16 or bf16"):
+        dlperf.analyze(model, (32, 64), dtype="fp32", precision="half")

@@ -17,6 +17,7 @@ from dlperf.errors import DlperfError
 from dlperf.hardware.specs import DeviceSpec, get_device
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("mixed", "half")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class AnalysisConfig:
     model: str
     input_shape: tuple[int, ...]  # including the batch dimension
     dtype: str = "bf16"  # mixed precision as CUDA autocast runs it; fp32 = no autocast
+    # mixed: torch.autocast (fp32 weights, per-op casts, softmax/norms in fp32); half: the model
+    # itself in ``dtype`` (model.half(): no casts, everything in half, optimizer state in half)
+    precision: str = "mixed"
     tf32: bool = False  # with fp32: GEMMs on TF32 Tensor Cores
     train: bool = True
     channels_last: bool = False
@@ -126,19 +130,21 @@ def _meta_inputs(input_shape, input_dtype, channels_last: bool) -> tuple:
     return (torch.empty(input_shape, device="meta", dtype=input_dtype),)
 
 
-def _meta_forward(model: torch.nn.Module, channels_last: bool):
-    """A forward that runs ``model`` with meta stand-ins for its tensors, leaving it untouched."""
+def _meta_forward(model: torch.nn.Module, channels_last: bool, cast: torch.dtype | None = None):
+    """A forward that runs ``model`` with meta stand-ins for its tensors, leaving it untouched;
+    ``cast``: floating-point tensors in that dtype (what ``model.to(cast)`` would give)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
 
     def like(t: torch.Tensor, grad: bool) -> torch.Tensor:
+        dtype = cast if cast is not None and t.is_floating_point() else t.dtype
         if channels_last and t.dim() == 4:
-            m = torch.empty(t.shape, dtype=t.dtype, device="meta").contiguous(memory_format=fmt)
+            m = torch.empty(t.shape, dtype=dtype, device="meta").contiguous(memory_format=fmt)
         else:
-            m = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            m = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="meta")
         return m.requires_grad_(grad)
 
     on_meta = all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
-    if on_meta and not channels_last:
+    if on_meta and not channels_last and cast is None:
         return None, None
     params = {id(p): like(p, p.requires_grad) for p in model.parameters()}  # tied weights stay tied
     state = {n: params[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
@@ -161,13 +167,21 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         raise DlperfError(f"--dtype {config.dtype!r}: choose one of {', '.join(DTYPES)}")
     if config.optimizer not in (*OPTIMIZER_BYTES_PER_PARAM, "none"):
         raise DlperfError(f"--optimizer {config.optimizer!r}: choose sgd, adamw or none")
+    if config.precision not in PRECISIONS:
+        raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
+    half = DTYPES[config.dtype] if config.precision == "half" else None
+    if config.precision == "half" and half is None:
+        raise DlperfError("--precision half needs --dtype fp16 or bf16 (the dtype the model is "
+                          "cast to)")
+    if half is not None and input_dtype.is_floating_point:
+        input_dtype = half  # model.half() is fed half inputs
     inputs = _meta_inputs(config.input_shape, input_dtype, config.channels_last)
     start = time.perf_counter()
-    forward, params = _meta_forward(model, config.channels_last)
+    forward, params = _meta_forward(model, config.channels_last, half)
     try:
         cap = capture_mod.capture(model, inputs, train=config.train,
-                                  autocast_dtype=DTYPES[config.dtype], forward=forward,
-                                  params=params)
+                                  autocast_dtype=None if half is not None else DTYPES[config.dtype],
+                                  forward=forward, params=params)
     except DlperfError:
         raise
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as exc:
@@ -180,7 +194,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     if config.train and config.optimizer != "none":
         trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
         costs.append(optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
-                                    config.optimizer))
+                                    config.optimizer, element_bytes=2 if half else 4))
     return costs, uncounted, time.perf_counter() - start
 
 
@@ -206,11 +220,13 @@ def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSp
 
 def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",
             train: bool = True, tf32: bool = False, channels_last: bool = False,
-            input_dtype: torch.dtype | None = None, optimizer: str = "sgd") -> Analysis:
+            input_dtype: torch.dtype | None = None, optimizer: str = "sgd",
+            precision: str = "mixed") -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
-    token model, ``(batch, seq_len)`` with ``input_dtype=torch.long``.
+    token model, ``(batch, seq_len)`` with ``input_dtype=torch.long``. ``precision``: "mixed"
+    (torch.autocast in ``dtype``) or "half" (the model cast to ``dtype``, ``model.half()``).
     """
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -223,6 +239,6 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     input_dtype = input_dtype or default_dtype
     cfg = AnalysisConfig(model=name, input_shape=tuple(example_input_shape), dtype=dtype,
                          tf32=tf32, train=train, channels_last=channels_last, device=spec.name,
-                         optimizer=optimizer,
+                         optimizer=optimizer, precision=precision,
                          tokens=not input_dtype.is_floating_point and len(example_input_shape) == 2)
     return analyze_model(model, cfg, spec, input_dtype)

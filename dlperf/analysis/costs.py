@@ -385,11 +385,15 @@ OPTIMIZER_FLOPS_PER_PARAM = {"sgd": 4, "adamw": 12}
 TENSORS_PER_OPTIMIZER_KERNEL = 64
 
 
-def optimizer_cost(num_params: int, num_tensors: int, optimizer: str) -> Cost:
-    """One training step's parameter update, as the fused multi-tensor kernels run it."""
+def optimizer_cost(num_params: int, num_tensors: int, optimizer: str,
+                   element_bytes: int = 4) -> Cost:
+    """One training step's parameter update, as the fused multi-tensor kernels run it.
+    OPTIMIZER_BYTES_PER_PARAM is for fp32 parameters and state (SGD: read p, g, momentum and
+    write p, momentum: 5 x 4 B); a model cast to half (``element_bytes`` 2) moves half that."""
+    nbytes = OPTIMIZER_BYTES_PER_PARAM[optimizer] * num_params * element_bytes // 4
     return Cost(module="(optimizer)", module_type=optimizer, op=f"{optimizer}_step",
                 phase="optimizer", kind="memory",
                 flops=OPTIMIZER_FLOPS_PER_PARAM[optimizer] * num_params,
-                bytes=OPTIMIZER_BYTES_PER_PARAM[optimizer] * num_params, dtype="fp32",
+                bytes=nbytes, dtype="fp32" if element_bytes == 4 else "fp16",
                 kernels=max(1, math.ceil(num_tensors / TENSORS_PER_OPTIMIZER_KERNEL)),
-                output_bytes=OPTIMIZER_BYTES_PER_PARAM[optimizer] * num_params * 2 // 5)
+                output_bytes=nbytes * 2 // 5)

@@ -34,7 +34,8 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
     scale = 0.5 if macs else 1.0
 
     table = Table(title=f"Top {top} kernels by predicted time: {cfg.model}, batch "
-                        f"{analysis.batch_size}, {cfg.dtype}{' +tf32' if cfg.tf32 else ''}, "
+                        f"{analysis.batch_size}, {cfg.dtype}{' +tf32' if cfg.tf32 else ''}"
+                        f"{' (half model)' if cfg.precision == 'half' else ''}, "
                         f"{'train' if cfg.train else 'inference'} on {spec.display_name}",
                   title_justify="left", header_style="bold")
     for col, just in (("layer", "left"), ("op", "left"), ("phase", "left"),
