@@ -44,6 +44,20 @@ def test_every_measured_kernel_lands_on_its_prediction():
     assert len(conv_bwd) == 2 and all(x > 0 for x in conv_bwd)
 
 
+def test_measure_a_half_model_runs_the_kernels_the_analysis_costs():
+    # --precision half: the real run casts the model (no autocast) and feeds bf16 inputs, so
+    # its kernels are the ones the meta analysis of the half model costs: none of them a cast.
+    cfg = AnalysisConfig(model="net", input_shape=(4, 3, 32, 32), dtype="bf16", train=True,
+                         device="cpu", optimizer="none", precision="half")
+    m = measure(_net(), cfg, CPU, "cpu", cfg=MeasureConfig(steps=2, warmup=1))
+    meta = analyze_model(_net().to("meta"), cfg, CPU)
+    key = lambda a: sorted((p.cost.module, p.cost.op, p.cost.phase, p.cost.dtype)  # noqa: E731
+                           for p in a.predictions)
+    assert key(meta) == key(m.analysis)
+    assert "_to_copy" not in {p.cost.op for p in m.analysis.predictions}
+    assert {p.cost.dtype for p in m.analysis.predictions if p.cost.kind == "gemm"} == {"bf16"}
+
+
 def test_cli_measure_on_cpu_writes_measurement(tmp_path, capsys):
     path = tmp_path / "m.json"
     code = main(["analyze", "resnet18", "--device", "cpu", "--batch-size", "2", "--input-shape",

@@ -56,7 +56,7 @@ def kernel_timer(device: torch.device):
 def _inputs(config: AnalysisConfig, input_dtype: torch.dtype, device, generator):
     shape = config.input_shape
     if input_dtype.is_floating_point:
-        x = torch.randn(shape, generator=generator).to(device)
+        x = torch.randn(shape, generator=generator).to(device=device, dtype=input_dtype)
         if config.channels_last and len(shape) == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return (x,)
@@ -119,6 +119,10 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
     if any(t.is_meta for t in model.parameters()):
         raise DlperfError("--measure needs a model with real weights, not one on the meta device")
     model = model.to(device)
+    half = DTYPES[config.dtype] if config.precision == "half" else None
+    if half is not None:  # --precision half: the model itself in half, no autocast
+        model = model.to(half)
+        input_dtype = half if input_dtype.is_floating_point else input_dtype
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     inputs = _inputs(config, input_dtype, device, gen)
@@ -127,8 +131,8 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
     for step in range(cfg.warmup + cfg.steps):
         model.zero_grad(set_to_none=True)  # same kernels every step (no grad accumulation)
         try:
-            cap = capture(model, inputs, train=config.train, autocast_dtype=DTYPES[config.dtype],
-                          timer=timer)
+            cap = capture(model, inputs, train=config.train, timer=timer,
+                          autocast_dtype=None if half is not None else DTYPES[config.dtype])
         except torch.OutOfMemoryError:
             raise DlperfError(f"--measure: out of memory at batch {config.input_shape[0]}; "
                               "try a smaller --batch-size") from None
