@@ -4,6 +4,7 @@
   device so construction allocates nothing and skips weight initialisation;
 * ``path/to/file.py:factory`` where ``factory()`` returns an ``nn.Module``;
 * ``gpt`` (dlperf.models.gpt) with its GPTConfig;
+* ``resnext101_32x4d``, ``se_resnext101_32x4d`` (dlperf.models.convnets: NVIDIA's variants);
 * ``timm:NAME`` when timm is installed (an optional extra).
 """
 
@@ -116,9 +117,15 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
         kwargs = {"num_classes": num_classes} if num_classes else {}
         return (_construct(lambda: timm.create_model(arch, pretrained=False, **kwargs), real),
                 ModelInput((3, 224, 224)))
+    from dlperf.models.convnets import BUILDERS
+
+    if name in BUILDERS:  # NVIDIA DeepLearningExamples ConvNets torchvision lacks
+        kwargs = {"num_classes": num_classes} if num_classes else {}
+        return _construct(lambda: BUILDERS[name](**kwargs), real), ModelInput((3, 224, 224))
     names = torchvision_names()
     if name not in names:
-        raise DlperfError(f"unknown model {name!r}{close_matches(name, names + ['gpt'])}; "
+        raise DlperfError(f"unknown model {name!r}"
+                          f"{close_matches(name, names + ['gpt', *BUILDERS])}; "
                           "use a torchvision name, timm:NAME, gpt, or path/to/file.py:factory")
     import torchvision
 

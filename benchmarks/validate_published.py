@@ -1,0 +1,171 @@
+"""dlperf's predictions against published, measured single-GPU training throughputs (issue #11).
+
+Reads benchmarks/validation/published_training.csv (each row: model, image size, batch, GPU
+preset, precision, layout, optimizer, what the source measured, a class and a flag), predicts
+every row from the device's datasheet preset alone (nothing is fitted to these rows), and
+prints and saves the table with the error per row, per class and per device, in-sample only
+until the calibrated model of issue #11 has parameters to hold out.
+
+The error of a row is predicted / measured - 1 (positive: dlperf says faster than measured).
+Rows flagged ``suspect`` or ``input-bound?`` are shown but kept out of the "clean" summary.
+
+Usage: python benchmarks/validate_published.py [CSV] [OUT.json] [--only ID,ID]
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = ROOT / "benchmarks/validation/published_training.csv"
+DEFAULT_OUT = ROOT / "benchmarks/results/validation-published.json"
+PRECISIONS = {"amp": ("fp16", False), "fp32": ("fp32", False), "tf32": ("fp32", True),
+              "bf16": ("bf16", False)}
+
+
+def read_rows(path: Path) -> list[dict]:
+    text = "".join(line for line in path.read_text().splitlines(keepends=True)
+                   if not line.startswith("#"))
+    rows = list(csv.DictReader(io.StringIO(text)))
+    for row in rows:
+        row["batch"], row["image_size"] = int(row["batch"]), int(row["image_size"])
+        row["measured_img_s"] = float(row["measured_img_s"])
+        if row["precision"] not in PRECISIONS:
+            raise SystemExit(f"{path}: {row['id']}: unknown precision {row['precision']!r}")
+    return rows
+
+
+def predict_rows(rows: list[dict], progress=None) -> list[dict]:
+    """Each row with its prediction; one capture per (model, size, batch, precision, layout,
+    optimizer), shared by every device that row shape appears on."""
+    from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
+    from dlperf.hardware.specs import get_device
+    from dlperf.models.registry import build_model
+
+    captures: dict[tuple, tuple] = {}
+    out = []
+    for row in rows:
+        dtype, tf32 = PRECISIONS[row["precision"]]
+        key = (row["model"], row["image_size"], row["batch"], dtype, row["layout"],
+               row["optimizer"])
+        cfg = AnalysisConfig(model=row["model"], dtype=dtype, tf32=tf32, train=True,
+                             input_shape=(row["batch"], 3, row["image_size"], row["image_size"]),
+                             channels_last=row["layout"] == "nhwc", optimizer=row["optimizer"],
+                             device=row["device"])
+        if key not in captures:
+            model, _ = build_model(row["model"])
+            captures[key] = capture_costs(model, cfg)
+        costs, uncounted, seconds = captures[key]
+        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds)
+        totals = analysis.totals()
+        predicted = totals["samples_per_s"]
+        out.append({**row, "predicted_img_s": predicted,
+                    "ratio": predicted / row["measured_img_s"],
+                    "memory_bound_time_share": totals["memory_bound_time_share"],
+                    "uncounted_ops": sum(uncounted.values())})
+        if progress:
+            progress()
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Median |error| and median signed ratio per group; 'clean' leaves flagged rows out."""
+    def stats(group):
+        if not group:
+            return None
+        errors = [abs(r["ratio"] - 1) for r in group]
+        return {"rows": len(group), "median_abs_error": statistics.median(errors),
+                "median_ratio": statistics.median(r["ratio"] for r in group),
+                "max_abs_error": max(errors)}
+
+    clean = [r for r in rows if r["flag"] == "clean"]
+    groups = {"all": rows, "clean": clean}
+    for field in ("class", "device", "model"):
+        for value in sorted({r[field] for r in clean}):
+            groups[f"clean {field}={value}"] = [r for r in clean if r[field] == value]
+    return {name: stats(group) for name, group in groups.items()}
+
+
+def render(rows: list[dict], summary: dict) -> str:
+    lines = [f"{'id':26s} {'model':20s} {'device':10s} {'prec':5s} {'batch':>5s} "
+             f"{'measured':>9s} {'predicted':>9s} {'pred/meas':>9s}  flag"]
+    for r in rows:
+        lines.append(f"{r['id']:26s} {r['model']:20s} {r['device']:10s} {r['precision']:5s} "
+                     f"{r['batch']:5d} {r['measured_img_s']:9,.0f} {r['predicted_img_s']:9,.0f} "
+                     f"{r['ratio']:9.2f}  {r['flag']}")
+    lines.append("")
+    for name, s in summary.items():
+        if s:
+            lines.append(f"{name:36s} rows {s['rows']:3d}  median |error| "
+                         f"{s['median_abs_error']:6.1%}  median pred/meas {s['median_ratio']:.2f}"
+                         f"  worst {s['max_abs_error']:6.1%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = [a for a in argv if not a.startswith("--only")]
+    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
+    csv_path = Path(args[0]) if args else DEFAULT_CSV
+    out_path = Path(args[1]) if len(args) > 1 else DEFAULT_OUT
+    rows = read_rows(csv_path)
+    if only:
+        wanted = set(only.split(","))
+        rows = [r for r in rows if r["id"] in wanted]
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"predicting {len(rows)} published rows", total=len(rows))
+        rows = predict_rows(rows, progress=lambda: bar.advance(task))
+    summary = summarize(rows)
+    print(render(rows, summary))
+    from dlperf.analysis.roofline import (LAUNCH_OVERHEAD_S, MATH_EFFICIENCY,
+                                          MEMORY_EFFICIENCY)
+    from dlperf.bench.results import save_result
+
+    config = {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
+                         else csv_path),
+              "model_constants": {"math_efficiency": MATH_EFFICIENCY,
+                                  "memory_efficiency": MEMORY_EFFICIENCY,
+                                  "launch_overhead_s": LAUNCH_OVERHEAD_S},
+              "fitted_to_these_rows": False}
+    save_result(out_path, "validation-published", config, {"rows": rows, "summary": summary})
+    _plot(rows, out_path.with_suffix(".png"))
+    print(f"Wrote {out_path} and {out_path.with_suffix('.png')}")
+    return 0
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    """Predicted vs measured, log-log, one colour per class; flagged rows hollow."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    classes = sorted({r["class"] for r in rows})
+    for i, cls in enumerate(classes):
+        for clean in (True, False):
+            pts = [r for r in rows if r["class"] == cls and (r["flag"] == "clean") == clean]
+            if pts:
+                ax.scatter([r["measured_img_s"] for r in pts], [r["predicted_img_s"] for r in pts],
+                           label=cls + ("" if clean else " (flagged)"), s=28,
+                           facecolors=f"C{i}" if clean else "none", edgecolors=f"C{i}")
+    lo = min(min(r["measured_img_s"], r["predicted_img_s"]) for r in rows) * 0.8
+    hi = max(max(r["measured_img_s"], r["predicted_img_s"]) for r in rows) * 1.25
+    for k, style in ((1.0, "-"), (1.15, ":"), (1 / 1.15, ":")):
+        ax.plot([lo, hi], [lo * k, hi * k], "k" + style, lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="measured img/s (published)", ylabel="dlperf predicted img/s (datasheet)",
+           title="dlperf vs published single-GPU training (dotted: +-15%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

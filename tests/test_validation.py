@@ -1,0 +1,69 @@
+"""Issue #11's validation table of published GPU training throughputs, and the models it needs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV = ROOT / "benchmarks/validation/published_training.csv"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("validate_published",
+                                                  ROOT / "benchmarks/validate_published.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_published_row_is_complete_and_runnable_as_written():
+    from dlperf.hardware.specs import get_device
+    from dlperf.models.registry import build_model
+
+    rows = _script().read_rows(CSV)
+    assert len(rows) >= 30 and len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        get_device(r["device"])  # a preset that exists
+        assert r["class"] in ("cnn-amp", "cnn-fp32-tf32", "transformer-amp",
+                              "transformer-fp32-tf32")
+        assert r["flag"] in ("clean", "input-bound?") or r["flag"].startswith("suspect: ")
+        assert r["layout"] in ("nchw", "nhwc") and r["optimizer"] in ("sgd", "adamw")
+        assert r["source"] and r["table"] and r["measured_img_s"] > 0
+    for name in {r["model"] for r in rows}:
+        build_model(name)  # on the meta device: cheap
+
+
+def test_nvidia_convnets_match_timm_parameter_for_parameter():
+    # An independent reference for the two models torchvision lacks: timm's resnext101_32x4d
+    # and seresnext101_32x4d have 44,177,704 and 48,955,416 parameters, the published sizes
+    # (44.18 M and 48.96 M) of NVIDIA's ResNeXt101-32x4d and SE-ResNeXt101-32x4d.
+    timm = pytest.importorskip("timm")
+    from dlperf.models.registry import build_model
+
+    for ours, theirs in (("resnext101_32x4d", "resnext101_32x4d"),
+                         ("se_resnext101_32x4d", "seresnext101_32x4d")):
+        model, _ = build_model(ours)
+        count = sum(p.numel() for p in model.parameters())
+        with __import__("torch").device("meta"):
+            reference = timm.create_model(theirs, pretrained=False)
+        assert count == sum(p.numel() for p in reference.parameters())
+
+
+@pytest.mark.slow
+def test_validation_script_predicts_rows_and_saves_them(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert _script().main([str(CSV), str(out), "--only=dle-rn50-v100-16-amp,dle-effb0-v100-16-fp32"]) == 0
+    saved = json.loads(out.read_text())
+    rows = {r["id"]: r for r in saved["results"]["rows"]}
+    assert set(rows) == {"dle-rn50-v100-16-amp", "dle-effb0-v100-16-fp32"}
+    for r in rows.values():
+        assert r["predicted_img_s"] > 0 and r["ratio"] == pytest.approx(
+            r["predicted_img_s"] / r["measured_img_s"])
+    assert saved["results"]["summary"]["clean"]["rows"] == 2
+    assert saved["config"]["fitted_to_these_rows"] is False and "environment" in saved
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert "median |error|" in capsys.readouterr().out
