@@ -84,7 +84,7 @@ def summarize(rows: list[dict]) -> dict:
 
     clean = [r for r in rows if r["flag"] == "clean"]
     groups = {"all": rows, "clean": clean}
-    for field in ("class", "device", "model"):
+    for field in ("class", "source", "device", "model"):
         for value in sorted({r[field] for r in clean}):
             groups[f"clean {field}={value}"] = [r for r in clean if r[field] == value]
     return {name: stats(group) for name, group in groups.items()}

@@ -120,6 +120,15 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           {"tf32": 125.0, "fp16": 250.0, "bf16": 250.0, "int8": 500.0}, l2_mb=6, mem_gb=24,
           source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/"
                  "datasheet-new/nvidia-a10-datasheet.pdf"),
+    _spec("rtx3090", "NVIDIA GeForce RTX 3090", 82, 1695, 936,
+          {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0, "int8": 284.0},
+          {"tf32": 71.0, "fp16": 142.0, "bf16": 142.0, "int8": 568.0}, l2_mb=6, mem_gb=24,
+          source="https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-"
+                 "whitepaper-v2.pdf",
+          notes="GeForce GA102: FP16/BF16 Tensor Core math with FP32 accumulation (what "
+                "autocast's GEMMs use) runs at half the FP16-accumulate rate (142 TFLOP/s); "
+                "the whitepaper's table of RTX 3090 specifications gives both. timm's published "
+                "training benchmarks ran on this card."),
     _spec("a100-40gb", "NVIDIA A100-SXM4-40GB", 108, 1410, 1555,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=40,
@@ -219,7 +228,7 @@ def get_device(name_or_path: str) -> DeviceSpec:
 _NAME_PATTERNS = (
     (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"), (r"\bh200\b", "h200"),
     (r"\bb200\b", "b200"), (r"\ba100\b.*80\s*gb", "a100-80gb"), (r"\ba100\b", "a100-40gb"),
-    (r"\ba10\b", "a10"), (r"\bl40s\b", "l40s"), (r"\bl4\b", "l4"), (r"\bt4\b", "t4"),
+    (r"\brtx 3090\b", "rtx3090"), (r"\ba10\b", "a10"), (r"\bl40s\b", "l40s"), (r"\bl4\b", "l4"), (r"\bt4\b", "t4"),
     (r"\bv100\b", "v100-sxm2"))
 
 
