@@ -43,7 +43,8 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
                       ("FLOP/B", "right"), ("bound", "left"), ("limit", "left"),
                       ("TC-aligned", "left"),
                       ("tile x wave", "right"), ("time", "right"), ("share", "right")):
-        table.add_column(col, justify=just, overflow="fold")
+        # op names stay whole (people grep for them); everything else may fold
+        table.add_column(col, justify=just, overflow="fold", no_wrap=col == "op")
     ranked = sorted(analysis.predictions, key=lambda p: -p.time_s)[:top]
     for p in ranked:
         c = p.cost
