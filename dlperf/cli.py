@@ -555,10 +555,13 @@ def _cmd_bench_train(args) -> int:
     table = Table(title=f"{lcfg.model}, batch {lcfg.batch_size}, {lcfg.image_size} px, "
                         f"{result['device']}: training step, one change per rung",
                   title_justify="left")
-    for col in ("rung", "img/s", "vs baseline", "MFU", "ceiling"):
+    for col in ("rung", "img/s", "vs baseline", "predicted", "measured/pred", "MFU", "ceiling"):
         table.add_column(col, justify="left" if col in ("rung", "ceiling") else "right")
     for r in result["rungs"]:
+        pred = r["predicted_img_per_s"]
         table.add_row(r["rung"], f"{r['img_per_s']:.1f}", f"{r['speedup_vs_baseline']:.2f}x",
+                      f"{pred:.1f}" if pred else "-",
+                      f"{r['measured_over_predicted']:.2f}" if pred else "-",
                       f"{r['mfu']:.0%}" if r["mfu"] is not None else "-", r["peak_source"])
     console.print(table)
     config = result.pop("config")

@@ -359,8 +359,14 @@ def test_bench_train_ladder_on_a_tiny_model(tmp_path, capsys):
     assert rungs[2]["config"] == {"dtype": "bf16", "channels_last": True, "compile": None,
                                   "cuda_graphs": False}
     assert all(r["img_per_s"] > 0 and len(r["step_s"]) == 2 for r in rungs)
+    # issue #11: each rung beside what dlperf analyze predicts for it on this (probed) CPU
+    assert all(r["predicted_img_per_s"] > 0 and r["prediction_source"] == "this CPU, probed"
+               and r["measured_over_predicted"] == pytest.approx(
+                   r["img_per_s"] / r["predicted_img_per_s"]) for r in rungs)
+    assert rungs[0]["predicted_img_per_s"] != rungs[2]["predicted_img_per_s"]  # bf16 costed
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
-    assert "vs baseline" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "vs baseline" in printed and "measured/pred" in printed
 
 
 DYING = '''

@@ -91,9 +91,39 @@ def _time_steps(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device, prog
     return times, compile_s
 
 
+def predicted_img_per_s(lcfg: LadderConfig, cfg: TrainConfig, spec, on_gpu: bool
+                        ) -> float | None:
+    """What `dlperf analyze` predicts for this rung on ``spec`` (issue #11: every measured rung
+    beside its prediction). Eager rungs are the analysed step as is; the CUDA-graphs rung drops
+    the predicted launch overhead (rule launch-overhead), the compile rung the predicted saving
+    of fusing memory-bound kernels (rule fusion). None when the model cannot be analysed."""
+    if spec is None:
+        return None
+    try:
+        from dlperf.analysis.api import AnalysisConfig, analyze_model
+        from dlperf.train.loop import build_model
+
+        with torch.device("meta"):
+            model = build_model(lcfg.model, 1000, meta=True)
+        acfg = AnalysisConfig(model=lcfg.model, dtype=cfg.dtype, tf32=cfg.tf32 and on_gpu,
+                              input_shape=(lcfg.batch_size, 3, lcfg.image_size, lcfg.image_size),
+                              train=True, channels_last=cfg.channels_last, device=spec.name,
+                              optimizer="sgd")
+        analysis = analyze_model(model, acfg, spec)
+    except Exception:  # a model the analyzer cannot capture: no prediction, never a failed run
+        return None
+    step = analysis.totals()["predicted_time_s"]
+    saving = {f.rule: f.saving_s for f in analysis.findings}
+    if cfg.cuda_graphs:
+        step -= saving.get("launch-overhead", 0.0)
+    elif cfg.compile:
+        step -= saving.get("fusion", 0.0)
+    return lcfg.batch_size / step if step > 0 else None
+
+
 def run(lcfg: LadderConfig, progress=None) -> dict:
     from dlperf.train.distributed import setup
-    from dlperf.train.metrics import flops_per_image, peak_flops
+    from dlperf.train.metrics import device_spec, flops_per_image, peak_flops
 
     device = setup(lcfg.device).device
     rungs = list(RUNGS)
@@ -105,6 +135,7 @@ def run(lcfg: LadderConfig, progress=None) -> dict:
     cfg = TrainConfig(model=lcfg.model, zero_init_residual=False, tf32=True)
     rows = []
     peaks: dict[str, tuple] = {}
+    spec_and_source = device_spec(device)  # one probe on a CPU, shared by every rung
     for name, change in rungs:
         cfg = dataclasses.replace(cfg, **change)
         times, compile_s = _time_steps(cfg, lcfg, device, progress)
@@ -112,15 +143,18 @@ def run(lcfg: LadderConfig, progress=None) -> dict:
         img_s = lcfg.batch_size / med
         fpi = flops_per_image(lcfg.model, 1000, lcfg.image_size, cfg.dtype)
         if cfg.dtype not in peaks:
-            peaks[cfg.dtype] = peak_flops(device, cfg.dtype)
+            peaks[cfg.dtype] = peak_flops(device, cfg.dtype, spec_and_source)
         peak, source = peaks[cfg.dtype]
+        predicted = predicted_img_per_s(lcfg, cfg, spec_and_source[0], device.type == "cuda")
         rows.append({"rung": name, "config": {k: getattr(cfg, k) for k in
                                               ("dtype", "channels_last", "compile",
                                                "cuda_graphs")},
                      "step_median_s": med, "step_s": times, "img_per_s": img_s,
                      "compile_s": compile_s, "flops_per_image": fpi, "peak_flops": peak,
                      "peak_source": source,
-                     "mfu": fpi * img_s / peak if fpi and peak else None})
+                     "mfu": fpi * img_s / peak if fpi and peak else None,
+                     "predicted_img_per_s": predicted, "prediction_source": spec_and_source[1],
+                     "measured_over_predicted": img_s / predicted if predicted else None})
     base = rows[0]["img_per_s"]
     for r in rows:
         r["speedup_vs_baseline"] = r["img_per_s"] / base

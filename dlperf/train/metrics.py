@@ -118,18 +118,28 @@ def flops_per_image(model_name: str, num_classes: int, image_size: int, dtype: s
         return None
 
 
-def peak_flops(device: torch.device, dtype: str) -> tuple[float | None, str]:
-    """(peak FLOP/s for the dtype's math unit, where it came from)."""
-    unit = {"bf16": "bf16", "fp16": "fp16"}.get(dtype, "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
+def device_spec(device: torch.device):
+    """(DeviceSpec for the training device, where it came from): the datasheet preset of a
+    CUDA GPU (None if dlperf has no preset for it), or this CPU probed (quick)."""
     if device.type == "cuda":
         from dlperf.hardware.specs import match_preset
 
         spec = match_preset(torch.cuda.get_device_name(device))
-        if spec is None:
-            return None, "no preset for this GPU"
-        return spec.peak_flops(unit), f"{spec.name} datasheet ({unit})"
+        return (spec, f"{spec.name} datasheet") if spec else (None, "no preset for this GPU")
     from dlperf.hardware.probe import ProbeConfig, probe
 
     spec, _ = probe(ProbeConfig(device="cpu", quick=True))
-    unit = unit if unit in spec.peak else "fp32"
-    return spec.peak_flops(unit), f"this CPU, probed ({unit})"
+    return spec, "this CPU, probed"
+
+
+def peak_flops(device: torch.device, dtype: str, spec_and_source=None
+               ) -> tuple[float | None, str]:
+    """(peak FLOP/s for the dtype's math unit, where it came from); ``spec_and_source``: a
+    device_spec() result to reuse instead of probing again."""
+    unit = {"bf16": "bf16", "fp16": "fp16"}.get(dtype, "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
+    spec, source = spec_and_source or device_spec(device)
+    if spec is None:
+        return None, source
+    if device.type != "cuda":
+        unit = unit if unit in spec.peak else "fp32"
+    return spec.peak_flops(unit), f"{source} ({unit})"
