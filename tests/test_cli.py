@@ -53,6 +53,7 @@ def test_html_report_is_self_contained(tmp_path, capsys):
     text = path.read_text()
     assert text.startswith("<!doctype html>") and "<svg" in text
     assert "<script" not in text and "src=" not in text and "href=" not in text
+    assert "<th>limited by</th>" in text  # issue #11: what sets each kernel's time
     # one circle per kernel that has both math and traffic
     import dlperf
 

@@ -92,7 +92,7 @@ def render_html(analysis, top: int = 50) -> str:
             f"<tr><td>{esc(c.module or '(model)')}</td><td>{esc(c.op)}</td><td>{c.phase}</td>"
             f"<td>{gemm}</td><td>{si(c.flops)}</td><td>{si(c.bytes, 'B')}</td>"
             f"<td>{'inf' if math.isinf(p.intensity) else f'{p.intensity:.3g}'}</td>"
-            f"<td class='{p.bound}'>{p.bound}</td><td>{aligned}</td>"
+            f"<td class='{p.bound}'>{p.bound}</td><td>{p.limited_by}</td><td>{aligned}</td>"
             f"<td>{f'{p.quantization_efficiency:.0%}' if p.quantization else ''}</td>"
             f"<td>{seconds(p.time_s)}</td><td>{p.time_s / t['predicted_time_s']:.1%}</td></tr>")
     findings = "".join(f"<li><b>{esc(f.rule)}</b>: {esc(f.message)}"
@@ -126,7 +126,8 @@ memory-bound, blue compute-bound by the guide's definition (intensity vs the ops
 <h3>What the guide says to do</h3><ul>{findings or '<li>Nothing above the reporting threshold.</li>'}</ul>
 <h3>Top {top} kernels by predicted time</h3>
 <table><tr><th>layer</th><th>op</th><th>phase</th><th>GEMM MxNxK</th><th>FLOPs</th><th>bytes</th>
-<th>FLOP/B</th><th>bound</th><th>TC-aligned</th><th>tile x wave</th><th>time</th><th>share</th></tr>
+<th>FLOP/B</th><th>bound</th><th>limited by</th><th>TC-aligned</th><th>tile x wave</th><th>time</th>
+<th>share</th></tr>
 {''.join(rows)}</table>
 <p>{('Uncounted ops (no cost rule, not in the totals): ' + uncounted) if uncounted else 'Every op was costed.'}</p>
 <p style="color:#888">Model constants and the device's datasheet source are in the JSON
