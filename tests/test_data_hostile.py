@@ -449,3 +449,13 @@ def test_a_missing_extension_is_said_not_silent(folder, tmp_path, capsys, monkey
         capsys.readouterr().err
     monkeypatch.setattr(N, "ROI_AVAILABLE", True)
     assert N.main() == 0 and "built" in capsys.readouterr().out
+
+
+def test_prepare_into_the_current_empty_folder(folder, tmp_path, monkeypatch):
+    # "." has no name and is its own parent: the staging folder must go beside the real one
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert prepare(folder, ".")["samples"] == 10
+    assert sorted(p.name for p in (tmp_path / "here").iterdir() if not p.name.startswith(
+        "shard-")) == ["index.json", "prepare-report.json"]
+    assert not list(tmp_path.glob(".*prepare-*"))

@@ -356,7 +356,7 @@ def prepare(src: str | Path | Source, dst: str | Path, cfg: PrepareConfig = Prep
     with the bad files and their reasons (``already`` is True when ``dst`` already held this
     very prepare and nothing was redone)."""
     source = src if isinstance(src, Source) else open_source(src)
-    dst = Path(dst)
+    dst = Path(dst).absolute()  # "." or "out/" name a real folder with a real parent
     source_id = _source_id(src, source)
     done = _existing(dst, source_id, cfg)
     if done is not None:
