@@ -2,7 +2,7 @@
 
 MFU = (training FLOPs per image, counted by dlperf's own analysis of the model, forward +
 backward) x images/s / the device's peak for the math unit in use: the datasheet preset for a
-GPU, a quick probe for a CPU (DESIGN.md convention 10: achieved over ceiling).
+GPU, a quick probe for a CPU (achieved FLOP/s reported as a fraction of the ceiling).
 """
 
 from __future__ import annotations
