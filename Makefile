@@ -41,10 +41,10 @@ bench-predict: $(STAMP)
 	$(BIN)/python benchmarks/bench_predict_vs_measure.py
 
 bench-data: $(STAMP)
-	$(BIN)/dlperf bench data ../shared/data/imagenet-like --rounds 10
+	$(BIN)/dlperf bench data --rounds 10
 
 bench-data-ladder: $(STAMP)
-	$(BIN)/dlperf bench data ../shared/data/imagenet-like --ladder --rounds 10
+	$(BIN)/dlperf bench data --ladder --rounds 10
 
 bench-train: $(STAMP)
 	$(BIN)/dlperf bench train --compile

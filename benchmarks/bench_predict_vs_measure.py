@@ -1,7 +1,7 @@
 """How close is the roofline to this machine? Predicted vs measured, per kernel, on the CPU.
 
 Probes this CPU's ceilings (full probe), then runs a ResNet-50 training step (batch 16, 128 px,
-as in NOTES.md) for real with every kernel timed, for fp32 NCHW and bf16 channels_last, and saves
+small enough for a 2-core CPU) for real with every kernel timed, for fp32 NCHW and bf16 channels_last, and saves
 predicted and measured times side by side. Run: `make bench-predict`.
 """
 

@@ -4,8 +4,9 @@
 # On the lent device machine: python3 (3.12) there already holds torch, torchvision and rich; dlperf
 # runs from this checkout via PYTHONPATH (its C extension from .devext). Copy $OUT/* to
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
-# ../shared does not travel to the device: carry the corpus inside the checkout first,
-#   mkdir -p .corpus && cp -r ../shared/data/imagenet-like .corpus/ && echo /.corpus/ >> .git/info/exclude
+# The benchmark corpus (shared/data/imagenet-like in the folder holding this checkout) does not
+# travel to the device: carry it inside the checkout first,
+#   mkdir -p .corpus && cp -r "$(dirname "$PWD")/shared/data/imagenet-like" .corpus/ && echo /.corpus/ >> .git/info/exclude
 # and build the C extension for that machine's Python (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
 # then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus", ".devext"], ~540 s.
@@ -54,7 +55,7 @@ collect
 # 3. Issue #3's goal: the GPU input path on the JPEG corpus, >= 10,000 img/s (carry the corpus
 #    or point DATA at a copy on the machine).
 DATA=${DATA:-.corpus/imagenet-like}
-[ -d "$DATA" ] || DATA=../shared/data/imagenet-like
+[ -d "$DATA" ] || DATA="$(dirname "$PWD")/shared/data/imagenet-like"
 if [ -d "$DATA" ]; then
   step timeout 150 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json"
 fi

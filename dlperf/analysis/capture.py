@@ -3,7 +3,7 @@
 The model runs on the ``meta`` device under two modes:
 
 * :class:`_AutocastEmulation` (a TorchFunctionMode, above autograd) applies CUDA autocast's
-  per-op precision rules itself, because autocast does nothing for meta tensors (NOTES.md). Casts
+  per-op precision rules itself, because autocast does nothing for meta tensors (it only acts on CUDA/CPU ones). Casts
   are real ``.to()`` calls, so the cast kernels autocast launches show up as copies, and autograd
   records their backward exactly as it would under autocast. It also remembers which module (and
   which fused region, e.g. one scaled-dot-product-attention call) created each autograd node.

@@ -4,7 +4,7 @@ The same capture that drives the analysis runs on real tensors with a timer arou
 kernel, so each measured time lands on exactly the Cost it belongs to (module, op, phase): no
 name matching against a profiler trace. Each step runs with gradients reset to None, so every
 step launches the same kernel sequence; the first ``warmup`` steps are dropped and the median of
-the rest is kept per kernel (DESIGN.md convention 9).
+the rest is kept per kernel (warm-up excluded, medians: timing noise stays out).
 
 The optimizer step is not part of the measured step (the analysis can count it: --optimizer).
 

@@ -1,6 +1,6 @@
 """`dlperf bench train`: the recipe's speed-ups measured one at a time (a cumulative ladder).
 
-Each rung is the previous one plus one change (DESIGN.md convention 8; on a GPU, compile replaces
+Each rung is the previous one plus one change (a cumulative ladder of single changes; on a GPU, compile replaces
 the CUDA-graphs rung, as the two are exclusive), all in one process on
 synthetic data, timed as the median of training steps after warm-up steps (forward, loss,
 backward, optimizer step; synchronised on a GPU). Model FLOP utilisation uses dlperf's own FLOP

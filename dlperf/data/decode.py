@@ -10,7 +10,7 @@ then resized with OpenCV into the caller's batch buffer.
 
 Reference path (everything else: PNG, CMYK JPEG, 16-bit images, odd modes): Pillow, with EXIF
 orientation applied. ``decode_reference`` runs it for any file so tests can hold the fast path
-against it (DESIGN.md convention 7).
+against it (a slow, obvious reference beside each fast path).
 
 Every failure raises :class:`BadImage` with a short reason; nothing is ever substituted.
 """

@@ -1,11 +1,11 @@
 """Measure this machine's ceilings: matmul and convolution FLOP/s per dtype, copy bandwidth.
 
 The result is a measured DeviceSpec (efficiency already included, so the roofline uses it with
-efficiency 1.0) that ``dlperf analyze --device PATH`` accepts. NOTES.md: on CPUs oneDNN's
-channels_last convolutions can beat the matmul rate, so the probe keeps the best of several
+efficiency 1.0) that ``dlperf analyze --device PATH`` accepts. On CPUs oneDNN's
+channels_last convolutions can beat the matmul rate (measured on this project's machines), so the probe keeps the best of several
 shapes and kinds per dtype; otherwise predictions inherit the probe's error.
 
-Timing (DESIGN.md convention 9): warm-up runs first, then the median of repeated runs, with CUDA
+Timing: warm-up runs first, then the median of repeated runs, with CUDA
 events on a GPU.
 """
 

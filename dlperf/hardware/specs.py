@@ -1,7 +1,7 @@
 """Device presets: one table of datasheet facts, each with its source.
 
 Peaks are *dense* FLOP/s (structured-sparsity figures are kept in ``sparse_peak`` and never used
-by default, DESIGN.md convention 6). Tensor Core math units are named by their input dtype:
+by default: dense and sparse peaks never mix). Tensor Core math units are named by their input dtype:
 ``tf32``, ``fp16``, ``bf16``, ``fp8``, ``int8``; ``fp32`` means the CUDA cores (FMA pipes).
 
 Performance guide 2.2: Tensor Cores are most efficient when the key GEMM dimensions are multiples

@@ -1,4 +1,5 @@
-"""Named recipes: functions returning a frozen TrainConfig (DESIGN.md convention 3).
+"""Named recipes: functions returning a frozen TrainConfig (presets are code, and the resolved
+config is saved with every run).
 
 ``resnet50-90ep`` is the standard ImageNet recipe the record blog trains with: SGD momentum 0.9,
 lr 0.1 per 256 images scaled linearly with the batch, 5 warm-up epochs, cosine decay, weight decay

@@ -1,4 +1,4 @@
-"""Model-in/model-out speed-ups, applied in one documented order (DESIGN.md convention 4).
+"""Model-in/model-out speed-ups, applied in one documented order (the model stays plain PyTorch).
 
 Order, and why:
 1. backend flags   TF32 for FP32 GEMMs/convs (guide 2.2), cudnn.benchmark (tuned kernels: the
