@@ -39,11 +39,10 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def predict_rows(rows: list[dict], progress=None) -> list[dict]:
-    """Each row with its prediction; one capture per (model, size, batch, precision, layout,
-    optimizer), shared by every device that row shape appears on."""
-    from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
-    from dlperf.hardware.specs import get_device
+def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
+    """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
+    precision, layout, optimizer), shared by every device that row shape appears on."""
+    from dlperf.analysis.api import AnalysisConfig, capture_costs
     from dlperf.models.registry import build_model
 
     captures: dict[tuple, tuple] = {}
@@ -59,16 +58,28 @@ def predict_rows(rows: list[dict], progress=None) -> list[dict]:
         if key not in captures:
             model, _ = build_model(row["model"])
             captures[key] = capture_costs(model, cfg)
-        costs, uncounted, seconds = captures[key]
-        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds)
+        out.append((row, cfg, *captures[key]))
+        if progress:
+            progress()
+    return out
+
+
+def predict_rows(rows: list[dict], progress=None, captured=None, efficiency=None) -> list[dict]:
+    """Each row with its prediction from the device preset (and ``efficiency``: default, the
+    shipped model of dlperf/hardware/efficiency.py)."""
+    from dlperf.analysis.api import predict_on
+    from dlperf.hardware.specs import get_device
+
+    out = []
+    for row, cfg, costs, uncounted, seconds in captured or capture_rows(rows, progress):
+        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds,
+                              efficiency=efficiency)
         totals = analysis.totals()
         predicted = totals["samples_per_s"]
         out.append({**row, "predicted_img_s": predicted,
                     "ratio": predicted / row["measured_img_s"],
                     "memory_bound_time_share": totals["memory_bound_time_share"],
                     "uncounted_ops": sum(uncounted.values())})
-        if progress:
-            progress()
     return out
 
 
@@ -122,16 +133,15 @@ def main(argv: list[str]) -> int:
         rows = predict_rows(rows, progress=lambda: bar.advance(task))
     summary = summarize(rows)
     print(render(rows, summary))
-    from dlperf.analysis.roofline import (LAUNCH_OVERHEAD_S, MATH_EFFICIENCY,
-                                          MEMORY_EFFICIENCY)
     from dlperf.bench.results import save_result
+    from dlperf.hardware.efficiency import FITTED
 
     config = {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
                          else csv_path),
-              "model_constants": {"math_efficiency": MATH_EFFICIENCY,
-                                  "memory_efficiency": MEMORY_EFFICIENCY,
-                                  "launch_overhead_s": LAUNCH_OVERHEAD_S},
-              "fitted_to_these_rows": False}
+              "efficiency_model": FITTED.to_dict(),
+              "fitted_to_these_rows": "the shipped efficiency parameters were fitted to the "
+                                      "clean rows of this table (benchmarks/fit_efficiency.py); "
+                                      "its held-out errors are in efficiency-fit.json"}
     save_result(out_path, "validation-published", config, {"rows": rows, "summary": summary})
     _plot(rows, out_path.with_suffix(".png"))
     print(f"Wrote {out_path} and {out_path.with_suffix('.png')}")

@@ -37,9 +37,13 @@ def test_analyze_resnet50_train_json_shape(tmp_path, capsys):
     assert phases == {"forward", "dgrad", "wgrad", "optimizer"}  # SGD step by default
     convs = [layer for layer in data["layers"] if layer["gemm"] is not None]
     assert convs and all(set(layer["gemm"]) >= {"m", "n", "k"} for layer in convs)
-    # Time adds up: the total is the sum over kernels.
+    # Time adds up: the GPU's time is the sum over kernels; the step adds the time the GPU
+    # waits for the CPU to issue kernels (at least the first kernel's issue).
     total = sum(layer["predicted_time_s"] for layer in data["layers"])
-    assert data["totals"]["predicted_time_s"] == pytest.approx(total)
+    totals = data["totals"]
+    assert totals["gpu_time_s"] == pytest.approx(total)
+    assert totals["host_wait_s"] > 0
+    assert totals["predicted_time_s"] == pytest.approx(total + totals["host_wait_s"])
     # Forward+backward at batch 64 is about 3x the forward: 3 x 8.18 GFLOP x 64 = 1.57 TFLOP
     # (plus a little memory-bound arithmetic).
     assert data["totals"]["flops"] == pytest.approx(3 * 8.178e9 * 64, rel=0.03)

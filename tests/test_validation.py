@@ -66,6 +66,36 @@ def test_validation_script_predicts_rows_and_saves_them(tmp_path, capsys):
         assert r["predicted_img_s"] > 0 and r["ratio"] == pytest.approx(
             r["predicted_img_s"] / r["measured_img_s"])
     assert saved["results"]["summary"]["clean"]["rows"] == 2
-    assert saved["config"]["fitted_to_these_rows"] is False and "environment" in saved
+    # the shipped efficiency model is recorded with the result, and says it was fitted here
+    assert saved["config"]["efficiency_model"]["memory"] > 0 and "environment" in saved
+    assert "fit_efficiency" in saved["config"]["fitted_to_these_rows"]
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert "median |error|" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
+    # Three small rows from two sources: the fit runs end to end, lowers the in-sample error
+    # below the unfitted constants', and predicts every row of each source with a fit that
+    # never saw it (held out).
+    spec = importlib.util.spec_from_file_location("fit_efficiency",
+                                                  ROOT / "benchmarks/fit_efficiency.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    lines = [line for line in CSV.read_text().splitlines() if not line.startswith("#")]
+    wanted = ("skb-rn50-v100-amp-nhwc", "skb-rn50-v100-fp32-nchw", "dle-rn50-v100-16-amp",
+              "dle-effb0-v100-16-fp32")
+    small = tmp_path / "small.csv"
+    small.write_text("\n".join([lines[0]] + [line for line in lines[1:]
+                                              if line.split(",")[0] in wanted]) + "\n")
+    out = tmp_path / "fit.json"
+    assert fit.main([str(small), str(out)]) == 0
+    res = json.loads(out.read_text())["results"]
+    assert len(res["rows"]) == 4 and set(res["folds"]) == {"dle-efficientnet",
+                                                             "dle-resnet50v1.5",
+                                                             "skb-pytorch-experiments"}
+    assert all(r["ratio_held_out"] > 0 for r in res["rows"])
+    assert (res["summary_in_sample"]["clean"]["median_abs_error"]
+            <= res["summary_constants_0.8_0.85_two_pass"]["clean"]["median_abs_error"])
+    for name, (lo, hi) in fit.BOUNDS.items():
+        assert lo <= res["parameters"][name] <= hi

@@ -11,9 +11,9 @@ import torch
 
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import OPTIMIZER_BYTES_PER_PARAM, all_costs, optimizer_cost
-from dlperf.analysis.roofline import (LAUNCH_OVERHEAD_S, MATH_EFFICIENCY, MEMORY_EFFICIENCY,
-                                      MISALIGNED_EFFICIENCY, Prediction, predict)
+from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.errors import DlperfError
+from dlperf.hardware.efficiency import efficiency_for
 from dlperf.hardware.specs import DeviceSpec, get_device
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,6 +46,7 @@ class Analysis:
     uncounted: dict[str, int]
     capture_seconds: float = 0.0
     findings: list = field(default_factory=list)
+    efficiency: object = None  # the hardware.efficiency.Efficiency the times were predicted with
 
     @property
     def batch_size(self) -> int:
@@ -53,7 +54,10 @@ class Analysis:
 
     def totals(self) -> dict:
         preds = self.predictions
-        time_s = sum(p.time_s for p in preds)
+        gpu_s = sum(p.time_s for p in preds)
+        host_s = (self.efficiency or efficiency_for(self.device)).host_s
+        # the CPU issuing the kernels can leave the GPU idle (roofline.step_time)
+        time_s = step_time([p.time_s for p in preds], [p.kernels for p in preds], host_s)
         mem = sum(p.time_s for p in preds if p.bound == "memory")
         by_phase: dict[str, float] = {}
         for p in preds:
@@ -74,6 +78,9 @@ class Analysis:
             "memory_time_s": sum(max(p.math_time_s, p.memory_time_s) for p in preds
                                  if p.math_time_s < p.memory_time_s),
             "launch_time_s": sum(p.launch_time_s for p in preds),
+            "gpu_time_s": gpu_s,
+            # time the GPU waits for the CPU to issue kernels (eager PyTorch's per-op cost)
+            "host_wait_s": time_s - gpu_s,
             "nchw_transpose_time_s": sum(p.transpose_time_s for p in preds),
             "time_by_phase_s": by_phase,
             "gemm_flops_share": (sum(p.cost.flops for p in preds
@@ -99,6 +106,8 @@ class Analysis:
                 "tile_efficiency": None if q is None else q.tile_efficiency,
                 "wave_efficiency": None if q is None else q.wave_efficiency,
                 "waves": None if q is None else q.waves,
+                "math_class": p.math_class, "memory_class": p.memory_class,
+                "traffic_factor": p.traffic_factor,
                 "math_time_s": p.math_time_s, "memory_time_s": p.memory_time_s,
                 "predicted_time_s": p.time_s, "kernels": c.kernels,
             })
@@ -108,10 +117,7 @@ class Analysis:
         return {
             "device": self.device.to_dict(),
             "config": asdict(self.config),
-            "model_constants": {"math_efficiency": MATH_EFFICIENCY,
-                                "memory_efficiency": MEMORY_EFFICIENCY,
-                                "misaligned_efficiency": MISALIGNED_EFFICIENCY,
-                                "launch_overhead_s": LAUNCH_OVERHEAD_S,
+            "model_constants": {**(self.efficiency or efficiency_for(self.device)).to_dict(),
                                 "flops_convention": "2 FLOPs per multiply-add"},
             "totals": self.totals(),
             "layers": self.layers(),
@@ -199,14 +205,18 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
 
 
 def predict_on(costs: list, uncounted: dict, config: AnalysisConfig, spec: DeviceSpec,
-               capture_seconds: float = 0.0) -> Analysis:
-    """The device half: roofline predictions and the checklist's findings on ``spec``."""
+               capture_seconds: float = 0.0, efficiency=None) -> Analysis:
+    """The device half: roofline predictions and the checklist's findings on ``spec``
+    (``efficiency``: a hardware.efficiency.Efficiency; default, the one for ``spec``)."""
     from dlperf.analysis.rules import findings
 
     config = dataclasses.replace(config, device=spec.name)
+    efficiency = efficiency or efficiency_for(spec)
     analysis = Analysis(device=spec, config=config,
-                        predictions=[predict(c, spec, tf32=config.tf32) for c in costs],
-                        uncounted=uncounted, capture_seconds=capture_seconds)
+                        predictions=[predict(c, spec, tf32=config.tf32, efficiency=efficiency)
+                                     for c in costs],
+                        uncounted=uncounted, capture_seconds=capture_seconds,
+                        efficiency=efficiency)
     analysis.findings = findings(analysis)
     return analysis
 

@@ -75,11 +75,23 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
         f"{seconds(totals['memory_time_s'])}, "
         + (f"NCHW transposes {seconds(totals['nchw_transpose_time_s'])}, "
            if totals["nchw_transpose_time_s"] else "")
-        + f"launch {seconds(totals['launch_time_s'])}; "
+        + f"launch {seconds(totals['launch_time_s'])}"
+        + (f", GPU waiting for the CPU to issue kernels {seconds(totals['host_wait_s'])}"
+           if totals.get("host_wait_s", 0) > 0.02 * totals["predicted_time_s"] else "")
+        + "; "
         f"memory-bound kernels take {totals['memory_bound_time_share']:.0%} of the time "
         f"while GEMMs hold {totals['gemm_flops_share']:.0%} of the FLOPs. By phase: {phases}.")
     console.print(f"Ops:byte ratio of {spec.display_name}: {ratios}"
                   f"{'; ' if ratios else ''}fp32 (CUDA cores) {ratio:.1f} FLOP/B.")
+    eff = analysis.efficiency
+    if eff is not None and not spec.measured:
+        console.print(
+            f"[dim]Efficiency model ({eff.source or 'hardware/efficiency.py'}): GEMMs "
+            f"{eff.tensor_gemm:.0%} and convolutions {eff.tensor_conv:.0%} of Tensor Core peak "
+            f"after tile/wave losses, FP32 {eff.cuda_core:.0%}; memory "
+            f"{eff.bandwidth(spec) / 1e9:,.0f} GB/s achieved of {spec.mem_bandwidth / 1e9:,.0f} "
+            f"(depthwise {eff.depthwise:.0%} of that); {eff.launch_s * 1e6:.0f} us GPU and "
+            f"{eff.host_s * 1e6:.0f} us CPU per kernel.[/]")
     if analysis.uncounted:
         items = ", ".join(f"{op} x{n}" for op, n in sorted(analysis.uncounted.items()))
         console.print(f"[yellow]Uncounted ops (no cost rule, not in the totals)[/]: {items}")

@@ -13,19 +13,15 @@ from dlperf.analysis.costs import Cost
 from dlperf.analysis.gemm import (Quantization, alignment_elements, best_quantization,
                                   misaligned_dims)
 from dlperf.errors import DlperfError
+from dlperf.hardware.efficiency import FITTED, Efficiency, efficiency_for, traffic_factor
 from dlperf.hardware.specs import DeviceSpec
 
-# Fraction of the datasheet's dense peak a large, well-shaped GEMM sustains (cuBLAS typically
-# reaches 75-90% of dense Tensor Core peak; clocks drop under full load on H100-class parts).
-MATH_EFFICIENCY = 0.80
-# Fraction of datasheet DRAM bandwidth a streaming kernel sustains (STREAM-like copies reach
-# 80-90% on HBM parts).
-MEMORY_EFFICIENCY = 0.85
-# Tensor Core GEMMs whose M, N or K break the 16-byte rule (guide 2.2) still run on Tensor Cores
-# with cuBLAS >= 11 / cuDNN >= 7.6.3, but with narrower loads; our estimate of the remaining rate.
-MISALIGNED_EFFICIENCY = 0.50
-# GPU time per kernel that does no useful work (launch, ramp-up and tail), back to back.
-LAUNCH_OVERHEAD_S = 3e-6
+# How much of each peak real kernels reach, by kernel class: hardware/efficiency.py (issue #11).
+# The constants below are the fitted model's values, kept as names for the report's JSON.
+MATH_EFFICIENCY = FITTED.tensor_gemm
+MEMORY_EFFICIENCY = FITTED.memory
+MISALIGNED_EFFICIENCY = FITTED.misaligned
+LAUNCH_OVERHEAD_S = FITTED.launch_s
 # Grouped convolutions with fewer channels per group than this (depthwise: 1) run in cuDNN's
 # direct CUDA-core kernels in every precision, FP32 included: an implicit GEMM per group would
 # have N = channels per group, a sliver of any tile, so neither Tensor Cores nor the tile/wave
@@ -59,6 +55,11 @@ class Prediction:
     memory_time_s: float
     launch_time_s: float
     transpose_time_s: float = 0.0  # NCHW <-> NHWC around a Tensor Core convolution
+    # The efficiency model's classes this kernel's time used (hardware/efficiency.py)
+    math_class: str = "none"  # tensor-gemm | tensor-conv | grouped-conv | cuda-core | none
+    memory_class: str = "stream"  # stream | depthwise
+    traffic_factor: float = 1.0  # real traffic / the guide's minimum bytes (two-pass kernels)
+    kernels: int = 1  # kernels launched, the NCHW transposes included
 
     @property
     def quantization_efficiency(self) -> float:
@@ -81,16 +82,11 @@ class Prediction:
         return max(terms, key=lambda t: t[1])[0] if any(t[1] for t in terms) else "none"
 
 
-def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: float | None = None,
-            memory_efficiency: float | None = None, launch_overhead_s: float | None = None
-            ) -> Prediction:
-    """Predict one kernel's time on ``spec``. Measured specs (probe) carry efficiency 1.0."""
-    m_eff = math_efficiency if math_efficiency is not None else (
-        1.0 if spec.measured else MATH_EFFICIENCY)
-    b_eff = memory_efficiency if memory_efficiency is not None else (
-        1.0 if spec.measured else MEMORY_EFFICIENCY)
-    launch = launch_overhead_s if launch_overhead_s is not None else (
-        spec.launch_overhead_s if spec.launch_overhead_s is not None else LAUNCH_OVERHEAD_S)
+def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
+            efficiency: Efficiency | None = None) -> Prediction:
+    """Predict one kernel's time on ``spec`` with the efficiency model (default: the one for
+    ``spec``, hardware/efficiency.py: fitted for datasheet presets, 1.0 for measured specs)."""
+    eff = efficiency or efficiency_for(spec)
     is_matmul = cost.kind in ("gemm", "fused")
     unit = math_unit(cost.dtype, tf32) if is_matmul else "fp32"
     peak = spec.peak_flops(unit)
@@ -99,27 +95,39 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: f
                           f"({', '.join(u for u in spec.peak if u != 'fp32')} or fp32)")
     if peak is None:  # e.g. tf32 on a pre-Ampere part: FP32 runs on the CUDA cores
         unit, peak = "fp32", spec.peak_flops("fp32")
-    efficiency = m_eff
+    is_conv = cost.op.startswith("convolution")
     quant, miss, aligned = None, (), None
+    memory_class = "stream"
+    efficiency = 1.0
     if is_matmul and cost.groups > 1 and cost.align_dims and min(
             size for _, size in cost.align_dims) < max(NARROW_GROUP_CHANNELS,
                                                         alignment_elements(unit) or 0):
         # Depthwise and narrow grouped convolutions run in cuDNN's CUDA-core kernels, whatever
-        # the precision: no Tensor Cores, no tile model.
+        # the precision: no Tensor Cores, no tile model; their traffic is the depthwise class.
         unit, peak = "fp32", spec.peak_flops("fp32")
-    elif cost.gemm is not None and cost.kind == "gemm":
-        if spec.tensor_cores and unit != "fp32":
-            miss = tuple(misaligned_dims(cost.align_dims or cost.gemm, unit,
-                                         spec.tc_alignment_bytes))
-            aligned = not miss
-            if miss:
-                efficiency *= MISALIGNED_EFFICIENCY
-        if spec.tensor_cores:  # tile/wave model of cuBLAS on SMs; CPUs have no such waves
-            quant = best_quantization(cost.gemm, spec.sm_count)
-            efficiency *= quant.efficiency * quant.intrinsic_efficiency
+        math_class, memory_class = "cuda-core", "depthwise"
+    elif is_matmul:
+        on_tc = spec.tensor_cores and unit != "fp32"
+        math_class = ("cuda-core" if not on_tc else "grouped-conv" if is_conv and cost.groups > 1
+                      else "tensor-conv" if is_conv else "tensor-gemm")
+        if cost.gemm is not None and cost.kind == "gemm":
+            if on_tc:
+                miss = tuple(misaligned_dims(cost.align_dims or cost.gemm, unit,
+                                             spec.tc_alignment_bytes))
+                aligned = not miss
+                if miss:
+                    efficiency *= eff.misaligned
+            if spec.tensor_cores:  # tile/wave model of cuBLAS on SMs; CPUs have no such waves
+                quant = best_quantization(cost.gemm, spec.sm_count)
+                efficiency *= quant.efficiency * quant.intrinsic_efficiency
+    else:
+        math_class = "cuda-core" if cost.flops else "none"
+    efficiency *= eff.math(math_class)
+    bandwidth = eff.bandwidth(spec, memory_class)
+    factor = traffic_factor(cost.op)
     transpose_s, kernels = 0.0, cost.kernels
     if cost.nhwc is False and spec.tensor_cores and unit != "fp32" and cost.activation_bytes:
-        transpose_s = 2 * cost.activation_bytes / (spec.mem_bandwidth * b_eff)
+        transpose_s = 2 * cost.activation_bytes / eff.bandwidth(spec)
         kernels += NCHW_TRANSPOSE_KERNELS
     intensity = cost.intensity
     ratio = peak / spec.mem_bandwidth
@@ -128,5 +136,26 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False, math_efficiency: f
     return Prediction(
         cost=cost, unit=unit, intensity=intensity, bound=bound, aligned=aligned, misaligned=miss,
         quantization=quant, math_time_s=cost.flops / (peak * efficiency) if cost.flops else 0.0,
-        memory_time_s=cost.bytes / (spec.mem_bandwidth * b_eff) if cost.bytes else 0.0,
-        launch_time_s=kernels * launch, transpose_time_s=transpose_s)
+        memory_time_s=cost.bytes * factor / bandwidth if cost.bytes else 0.0,
+        launch_time_s=kernels * eff.launch_s, transpose_time_s=transpose_s,
+        math_class=math_class, memory_class=memory_class, traffic_factor=factor,
+        kernels=kernels)
+
+
+def step_time(kernel_times, kernel_counts, host_s: float) -> float:
+    """Step time when a CPU issues the kernels, ``host_s`` each, into the GPU's launch queue.
+
+    Kernel i can start once the GPU finished kernel i-1 and the CPU has issued it:
+    g_i = max(g_{i-1}, C_i) + d_i with C_i the CPU's cumulative issue time, so the step ends at
+    max over i of (C_i + the GPU time of kernels i..N). With host_s = 0 this is the plain sum;
+    when kernels are shorter than host_s the CPU is the bottleneck and the GPU idles.
+    """
+    total = sum(kernel_times)
+    if host_s <= 0:
+        return total
+    issued, remaining, end = 0.0, total, total
+    for d, n in zip(kernel_times, kernel_counts):
+        issued += n * host_s
+        end = max(end, issued + remaining)
+        remaining -= d
+    return end

@@ -43,6 +43,9 @@ class DeviceSpec:
     notes: str = ""
     measured: bool = False  # True when the figures come from `dlperf probe`
     launch_overhead_s: float | None = None  # per-kernel fixed cost; None = roofline default
+    # Overrides of the efficiency model's parameters for this device (hardware/efficiency.py):
+    # e.g. {"memory": 0.9, "tensor_conv": 0.7}; empty: the fitted defaults.
+    efficiency: dict = field(default_factory=dict)
 
     def peak_flops(self, unit: str) -> float | None:
         """Dense peak for a math unit, or None when the device has no such unit."""
@@ -82,6 +85,10 @@ class DeviceSpec:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise DlperfError(f"{origin}: {key} must be a positive number, got {value!r}")
         data = dict(data)
+        if "efficiency" in data:
+            from dlperf.hardware.efficiency import check_overrides
+
+            data["efficiency"] = check_overrides(data["efficiency"], origin)
         data.setdefault("display_name", data["name"])
         return cls(**data)
 

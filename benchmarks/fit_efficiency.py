@@ -1,0 +1,272 @@
+"""Fit the efficiency model (dlperf/hardware/efficiency.py) to published measurements (issue #11).
+
+Every clean row of benchmarks/validation/published_training.csv is captured once; each kernel's
+predicted time is split into the parts each parameter scales (math time by its class, memory
+time by its class and the device's achieved bandwidth, NCHW transposes, kernel launches), so
+that one evaluation of a parameter set is a few numpy operations over all rows. The fit
+minimises the mean squared log error (pred/meas) of the step time over the clean rows with a
+bounded Nelder-Mead search; no parameter is per row or per GPU.
+
+Held-out errors, the honest number: for each source in the table, the parameters are refitted
+without that source's rows, and those rows are predicted with them (leave one source out).
+
+Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
+Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
+row, class and source) and prints the parameters to put in dlperf/hardware/efficiency.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks/results/efficiency-fit.json"
+
+# The fitted parameters, their bounds, and the classes they divide (the others stay at the
+# identity model's values: misaligned GEMMs keep the guide-derived 0.5).
+BOUNDS = {"tensor_gemm": (0.3, 1.0), "tensor_conv": (0.3, 1.0), "grouped_conv": (0.05, 1.0),
+          "cuda_core": (0.3, 1.0), "memory": (0.5, 1.0), "sm_bytes_per_clock": (2.0, 64.0),
+          "depthwise": (0.05, 1.0), "launch_s": (0.5e-6, 20e-6)}
+NAMES = tuple(BOUNDS)
+MATH_CLASSES = ("tensor-gemm", "tensor-conv", "grouped-conv", "cuda-core")
+
+
+def _validate_module():
+    spec = importlib.util.spec_from_file_location("validate_published",
+                                                  ROOT / "benchmarks/validate_published.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def identity():
+    """Every fraction 1, no per-SM cap, 1 s per kernel, no host: predictions then hold the
+    raw terms (launch_time_s is the kernel count)."""
+    from dlperf.hardware.efficiency import FITTED, Efficiency
+
+    return Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,
+                      memory=1.0, sm_bytes_per_clock=None, depthwise=1.0,
+                      misaligned=FITTED.misaligned, launch_s=1.0, host_s=0.0,
+                      source="identity")
+
+
+class Terms:
+    """Per-kernel raw terms of every row, flattened, with the row each kernel belongs to."""
+
+    def __init__(self, captured, host_s: float):
+        from dlperf.analysis.api import predict_on
+        from dlperf.hardware.efficiency import sm_cycles_per_s
+        from dlperf.hardware.specs import get_device
+
+        unit = identity()
+        self.host_s = host_s  # not fitted: no row of the table is host-bound
+        math_s, math_cls, mem_s, dw, trans_s, kernels, row_of = [], [], [], [], [], [], []
+        self.rows, self.batch, self.bw, self.sm_rate = [], [], [], []
+        for i, (row, cfg, costs, uncounted, seconds) in enumerate(captured):
+            spec = get_device(row["device"])
+            analysis = predict_on(costs, uncounted, cfg, spec, seconds, efficiency=unit)
+            for p in analysis.predictions:
+                math_s.append(p.math_time_s)
+                math_cls.append(MATH_CLASSES.index(p.math_class)
+                                if p.math_class in MATH_CLASSES else -1)
+                mem_s.append(p.memory_time_s)
+                dw.append(p.memory_class == "depthwise")
+                trans_s.append(p.transpose_time_s)
+                kernels.append(p.launch_time_s)  # launch_s = 1: the kernel count
+                row_of.append(i)
+            self.rows.append(row)
+            self.batch.append(cfg.input_shape[0])
+            self.bw.append(spec.mem_bandwidth)
+            self.sm_rate.append(sm_cycles_per_s(spec) if spec.tensor_cores else math.inf)
+        self.math_s, self.mem_s = np.array(math_s), np.array(mem_s)
+        self.math_cls, self.dw = np.array(math_cls), np.array(dw)
+        self.trans_s, self.kernels = np.array(trans_s), np.array(kernels)
+        self.row_of = np.array(row_of)
+        edges = np.searchsorted(self.row_of, np.arange(len(self.rows) + 1))
+        self.bounds = list(zip(edges[:-1], edges[1:]))
+        self.batch, self.bw = np.array(self.batch, float), np.array(self.bw)
+        self.sm_rate = np.array(self.sm_rate)
+        self.measured = np.array([r["measured_img_s"] for r in self.rows])
+
+    def step_time(self, params: dict) -> np.ndarray:
+        """Predicted step seconds per row: the same arithmetic as roofline.predict."""
+        math_eff = np.array([params[n] for n in ("tensor_gemm", "tensor_conv", "grouped_conv",
+                                                  "cuda_core")] + [1.0])
+        math_t = self.math_s / math_eff[self.math_cls]
+        # achieved / datasheet bandwidth per row, then per kernel (depthwise slower)
+        ach = np.minimum(params["memory"], params["sm_bytes_per_clock"] * self.sm_rate / self.bw)
+        stream = ach[self.row_of]
+        mem_t = self.mem_s / (stream * np.where(self.dw, params["depthwise"], 1.0))
+        kernel_t = (np.maximum(math_t, mem_t) + self.trans_s / stream
+                    + self.kernels * params["launch_s"])
+        # roofline.step_time per row: max over i of (CPU issue time of i + GPU time from i on)
+        out = np.empty(len(self.rows))
+        for i, (a, b) in enumerate(self.bounds):
+            d = kernel_t[a:b]
+            issued = np.cumsum(self.kernels[a:b]) * self.host_s
+            remaining = np.cumsum(d[::-1])[::-1]
+            out[i] = max(float(remaining[0]), float(np.max(issued + remaining)))
+        return out
+
+    def ratios(self, params: dict) -> np.ndarray:
+        return (self.batch / self.step_time(params)) / self.measured
+
+
+def _to_params(z: np.ndarray) -> dict:
+    """Unbounded search vector -> bounded parameters (log-uniform sigmoid between bounds)."""
+    out = {}
+    for value, name in zip(z, NAMES):
+        lo, hi = BOUNDS[name]
+        out[name] = math.exp(math.log(lo) + (math.log(hi) - math.log(lo))
+                             / (1.0 + math.exp(-value)))
+    return out
+
+
+def _from_params(params: dict) -> np.ndarray:
+    z = []
+    for name in NAMES:
+        lo, hi = BOUNDS[name]
+        f = (math.log(params[name]) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        f = min(max(f, 1e-6), 1 - 1e-6)
+        z.append(math.log(f / (1 - f)))
+    return np.array(z)
+
+
+def nelder_mead(f, x0: np.ndarray, step: float = 0.8, iters: int = 3000,
+                tol: float = 1e-10) -> np.ndarray:
+    """Plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < tol:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = centroid + 2 * (centroid - simplex[-1])
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:
+                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
+                values = [f(x) for x in simplex]
+    return simplex[int(np.argmin(values))]
+
+
+def fit(terms: Terms, mask: np.ndarray, start: dict) -> dict:
+    """Parameters minimising the mean squared log ratio over the rows in ``mask``; restarted
+    from the best point until it stops improving (Nelder-Mead stalls in 8 dimensions)."""
+    def loss(z):
+        r = terms.ratios(_to_params(z))[mask]
+        return float(np.mean(np.log(r) ** 2))
+
+    z = _from_params(start)
+    best = loss(z)
+    for _ in range(6):
+        z_new = nelder_mead(loss, z)
+        new = loss(z_new)
+        if new > best - 1e-9:
+            break
+        z, best = z_new, new
+    return _to_params(z)
+
+
+def errors(ratios) -> dict:
+    err = [abs(r - 1) for r in ratios]
+    return {"rows": len(err), "median_abs_error": statistics.median(err),
+            "median_ratio": statistics.median(ratios), "max_abs_error": max(err)} if err else None
+
+
+def main(argv: list[str]) -> int:
+    vp = _validate_module()
+    csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
+    out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
+    rows = [r for r in vp.read_rows(csv_path)]
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"capturing {len(rows)} published rows", total=len(rows))
+        captured = vp.capture_rows(rows, progress=lambda: bar.advance(task))
+    from dlperf.hardware.efficiency import FITTED
+
+    terms = Terms(captured, FITTED.host_s)
+    clean = np.array([r["flag"] == "clean" for r in terms.rows])
+    from dlperf.hardware.efficiency import Efficiency
+
+    default = Efficiency()
+    start = {n: getattr(default, n) if getattr(default, n) is not None else 8.0 for n in NAMES}
+    params = fit(terms, clean, start)
+    in_sample = terms.ratios(params)
+    held_out = np.full(len(rows), np.nan)
+    sources = sorted({r["source"] for r in terms.rows if r["flag"] == "clean"})
+    folds = {}
+    for source in sources:
+        mine = np.array([r["source"] == source for r in terms.rows])
+        fold = fit(terms, clean & ~mine, params)
+        held_out[mine] = terms.ratios(fold)[mine]
+        folds[source] = fold
+    before = terms.ratios({**Efficiency().to_dict(), "sm_bytes_per_clock": math.inf})
+
+    def summary(ratios):
+        out = {"clean": errors([float(x) for x, c in zip(ratios, clean) if c])}
+        for field in ("class", "source", "device"):
+            for value in sorted({r[field] for r in terms.rows}):
+                out[f"clean {field}={value}"] = errors(
+                    [float(x) for x, r, c in zip(ratios, terms.rows, clean)
+                     if c and r[field] == value])
+        return out
+
+    result = {
+        "parameters": params,
+        "bounds": BOUNDS,
+        "objective": "mean squared log(predicted / measured) over the clean rows",
+        "summary_in_sample": summary(in_sample),
+        "summary_held_out_by_source": summary(held_out),
+        "summary_constants_0.8_0.85_two_pass": summary(before),
+        "folds": folds,
+        "rows": [{"id": r["id"], "source": r["source"], "class": r["class"],
+                  "device": r["device"], "flag": r["flag"], "measured_img_s": r["measured_img_s"],
+                  "ratio_in_sample": float(a), "ratio_held_out": float(h),
+                  "ratio_before": float(b)}
+                 for r, a, h, b in zip(terms.rows, in_sample, held_out, before)],
+    }
+    for name, block in (("before (0.80 / 0.85 constants)", result["summary_constants_0.8_0.85_two_pass"]),
+                        ("in-sample", result["summary_in_sample"]),
+                        ("held out (leave one source out)", result["summary_held_out_by_source"])):
+        print(f"\n{name}")
+        for key, s in block.items():
+            if s:
+                print(f"  {key:62s} rows {s['rows']:3d}  median |error| "
+                      f"{s['median_abs_error']:6.1%}  pred/meas {s['median_ratio']:.2f}  "
+                      f"worst {s['max_abs_error']:6.1%}")
+    print("\nparameters:")
+    for k, v in params.items():
+        print(f"  {k} = {v:.4g}")
+    from dlperf.bench.results import save_result
+
+    save_result(out_path, "efficiency-fit",
+                {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
+                            else csv_path)}, result)
+    print(f"Wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,174 @@
+"""How much of a datasheet peak real kernels reach, by kernel class (issue #11).
+
+The performance guide (2.1) defines *whether* an operation is math- or memory-bound from its
+arithmetic intensity and the ops:byte ratio at full peak; dlperf keeps that definition for the
+``bound`` column. How *long* the kernel takes also depends on how close real kernels get to
+those peaks, which differs by kind of kernel. This module holds that part, as a handful of
+named, readable parameters instead of two constants for every op on every GPU:
+
+Math (fraction of the dense peak of the unit the kernel runs on, before the tile and wave
+quantization of ``gemm.py``, which stays separate):
+
+* ``tensor_gemm``: cuBLAS GEMMs (linear layers, attention matmuls) on Tensor Cores.
+* ``tensor_conv``: cuDNN implicit-GEMM convolutions on Tensor Cores (im2col addressing,
+  filter/halo loads and the epilogue cost them more than a GEMM of the same M, N, K).
+* ``grouped_conv``: grouped convolutions wide enough for Tensor Cores (ResNeXt's 32 groups of
+  4-32 channels); cuDNN runs them as many small GEMMs that never fill a tile pipeline.
+* ``cuda_core``: FP32 on the FMA pipes (FP32 GEMMs without TF32, depthwise convolutions).
+
+Memory (achieved bytes/s):
+
+* ``memory``: a streaming kernel's fraction of the datasheet DRAM bandwidth (STREAM-like).
+* ``sm_bytes_per_clock``: the most bytes per SM per clock the SMs can keep in flight to DRAM
+  (Little's law: outstanding loads per SM / memory latency). Achieved bandwidth is
+  min(memory x datasheet, SMs x clock x this). Without this cap every memory-bound kernel
+  speeds up with the datasheet bandwidth alone, and dlperf said an H200 (4.8 TB/s, the same
+  132 SMs and clocks as an H100) trains ResNet-50 1.35x faster than an H100; measured: 1.10x.
+* ``depthwise``: fraction of the achieved bandwidth that depthwise and narrow grouped
+  convolutions reach (each output reads a k x k window of one channel: short, strided rows,
+  and the weight gradient is a reduction over batch x pixels per channel).
+
+Host: ``launch_s`` is the GPU's own gap per kernel; ``host_s`` the CPU's time to issue one
+(eager PyTorch), which bounds the step when the GPU's kernels are shorter (roofline.step_time).
+
+Memory traffic by class: the guide's minimum bytes (every input read once, every output written
+once) is what the ``bytes`` and ``intensity`` columns show. Some kernels must read their input
+twice, and their time is predicted from the traffic they really move (``TRAFFIC_FACTOR``):
+training-mode batch/group normalisation computes the statistics in one pass over x and
+normalises in a second; their backward reduces (dy, x) to the two parameter gradients, then
+reads both again to form dx; LayerNorm's backward computes dx and, in a second kernel,
+gamma/beta gradients from the same (dy, x).
+
+The shipped parameters (``FITTED``) are one set for every NVIDIA GPU, fitted by
+``benchmarks/fit_efficiency.py`` to the published measurements in
+``benchmarks/validation/published_training.csv``, with leave-one-source-out errors saved in
+``benchmarks/results/efficiency-fit.json``. The per-generation differences come from the
+device itself (SM count, clock, bandwidth, peaks), not from a constant per GPU. A device file
+may override any parameter (``"efficiency": {...}``); a measured profile (``dlperf probe``)
+carries its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from dlperf.errors import DlperfError
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    tensor_gemm: float = 0.80
+    tensor_conv: float = 0.80
+    grouped_conv: float = 0.80
+    cuda_core: float = 0.80
+    memory: float = 0.85
+    sm_bytes_per_clock: float | None = None  # None: no per-SM cap
+    depthwise: float = 1.0
+    misaligned: float = 0.50  # Tensor Core GEMMs breaking the 16-byte rule (guide 2.2)
+    launch_s: float = 3e-6  # GPU time per kernel that does no useful work
+    # CPU time eager PyTorch spends issuing one kernel (Python, dispatcher, autocast, the CUDA
+    # launch). The CPU runs ahead of the GPU through the launch queue, so this only costs time
+    # where kernels are shorter than it: small batches, many small ops (see roofline.step_time).
+    host_s: float = 0.0
+    source: str = ""
+
+    def math(self, math_class: str) -> float:
+        return {"tensor-gemm": self.tensor_gemm, "tensor-conv": self.tensor_conv,
+                "grouped-conv": self.grouped_conv, "cuda-core": self.cuda_core}.get(
+                    math_class, 1.0)
+
+    def bandwidth(self, spec, memory_class: str = "stream") -> float:
+        """Achieved bytes/s of a kernel of ``memory_class`` on ``spec``."""
+        bw = spec.mem_bandwidth * self.memory
+        if self.sm_bytes_per_clock and spec.tensor_cores:
+            bw = min(bw, sm_cycles_per_s(spec) * self.sm_bytes_per_clock)
+        return bw * (self.depthwise if memory_class == "depthwise" else 1.0)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# A GPU whose datasheet gives no boost clock (B200) is capped as if it ran at this clock, the
+# highest of the presets, so its cap is never tighter than a known part's.
+FALLBACK_CLOCK_MHZ = 2000.0
+
+
+def sm_cycles_per_s(spec) -> float:
+    """SMs x boost clock: the SM-cycles per second the per-SM memory cap multiplies."""
+    return spec.sm_count * (spec.boost_clock_mhz or FALLBACK_CLOCK_MHZ) * 1e6
+
+
+# Ops whose kernels read their inputs twice (see the module docstring); the factor is real
+# traffic / minimum traffic when the input and output activations are the same size:
+# forward: read x twice + write y = 3 units for a minimum of 2; backward: read (dy, x) twice +
+# write dx = 5 units for a minimum of 3.
+_TWO_PASS_FORWARD = ("native_batch_norm", "_native_batch_norm_legit",
+                     "_native_batch_norm_legit_functional", "cudnn_batch_norm",
+                     "native_group_norm")
+_TWO_PASS_BACKWARD = ("native_batch_norm_backward", "cudnn_batch_norm_backward",
+                      "batch_norm_backward", "native_group_norm_backward",
+                      "native_layer_norm_backward")
+TRAFFIC_FACTOR = {**{op: 1.5 for op in _TWO_PASS_FORWARD},
+                  **{op: 5 / 3 for op in _TWO_PASS_BACKWARD}}
+
+
+def traffic_factor(op: str) -> float:
+    return TRAFFIC_FACTOR.get(op, 1.0)
+
+
+# Fitted by benchmarks/fit_efficiency.py to every clean row of the published table (see the
+# module docstring and benchmarks/results/efficiency-fit.json for the held-out errors).
+FITTED = Efficiency(tensor_gemm=0.78, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.88,
+                    memory=0.845, sm_bytes_per_clock=8.3, depthwise=0.29, launch_s=14e-6,
+                    host_s=10e-6, source="benchmarks/results/efficiency-fit.json")
+# Reading the fit: tensor_conv and grouped_conv sit at their bound of 1.0, i.e. after the tile
+# model's own losses (tile, wave, and the per-tile intrinsic efficiency of gemm.py, 0.70-1.00)
+# cuDNN's convolutions lose nothing more; cuBLAS GEMMs keep 78%. sm_bytes_per_clock = 8.3 caps
+# an A100-80GB at 1.26 TB/s (62% of 2.04 TB/s) and an H100/H200 at 2.17 TB/s, while a V100 or
+# an RTX 3090 stays at 84.5% of its datasheet bandwidth. launch_s = 14 us per kernel is the
+# GPU-side cost of a kernel that the roofline does not see (launch, ramp-up, the tail of its
+# last wave, helper kernels the capture does not list). host_s is not fitted: no row of the
+# table is host-bound; 10 us is our estimate of an eager PyTorch op's CPU cost (Python,
+# dispatcher, autocast, cudaLaunchKernel) on a server CPU.
+
+# A measured profile (dlperf probe) already holds achieved rates: nothing left to discount.
+MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,
+                      memory=1.0, source="measured by dlperf probe")
+
+# Every parameter named in the table above, what a device file's "efficiency" may set.
+PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
+
+
+def efficiency_for(spec) -> Efficiency:
+    """The efficiency model for ``spec``: measured profiles carry achieved rates; datasheet
+    presets use the fitted parameters; a spec's own ``efficiency`` entries override either."""
+    base = MEASURED if spec.measured else FITTED
+    if spec.launch_overhead_s is not None:
+        base = replace(base, launch_s=spec.launch_overhead_s)
+    overrides = getattr(spec, "efficiency", None) or {}
+    return replace(base, **overrides) if overrides else base
+
+
+def check_overrides(overrides, origin: str) -> dict:
+    """A device file's "efficiency" table: known names, fractions in (0, 1] (per-SM bytes and
+    launch seconds: positive), or one line saying what is wrong."""
+    if not isinstance(overrides, dict):
+        raise DlperfError(f"{origin}: 'efficiency' must be a table of "
+                          f"{', '.join(PARAMETERS)}")
+    for key, value in overrides.items():
+        if key not in PARAMETERS:
+            raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
+                              f"use one of {', '.join(PARAMETERS)}")
+        if key == "sm_bytes_per_clock" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                value > 0 or (key == "host_s" and value == 0)):
+            raise DlperfError(f"{origin}: efficiency {key} must be a positive number, "
+                              f"got {value!r}")
+        if key not in ("sm_bytes_per_clock", "launch_s", "host_s") and value > 1:
+            raise DlperfError(f"{origin}: efficiency {key} is a fraction of peak; "
+                              f"give a number in (0, 1], got {value!r}")
+        if key in ("launch_s", "host_s") and value > 1e-2:
+            raise DlperfError(f"{origin}: efficiency {key} is seconds per kernel; "
+                              f"{value!r} is not plausible (microseconds: e.g. 3e-6)")
+    return dict(overrides)
