@@ -399,7 +399,7 @@ def _cmd_probe(args) -> int:
         if m.kind == "copy":
             value = f"{m.value / 1e9:,.1f} GB/s"
             ref = f"{preset.mem_bandwidth / 1e9:,.0f} GB/s" if preset else None
-        elif m.kind == "launch":
+        elif m.kind in ("launch", "host"):
             value, ref = f"{m.value * 1e6:.2f} µs/op", None
         else:
             value = f"{m.value / 1e12:,.3f} TFLOP/s"

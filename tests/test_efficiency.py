@@ -131,3 +131,18 @@ def test_fit_evaluator_is_the_shipped_model():
     predicted = [r["predicted_img_s"] for r in vp.predict_rows(rows, captured=captured,
                                                                  efficiency=eff)]
     assert list(terms.batch / terms.step_time(params)) == pytest.approx(predicted, rel=1e-9)
+
+
+def test_probe_host_issue_time_becomes_host_s_of_a_measured_gpu_spec():
+    from dlperf.hardware.probe import Measurement, efficiency_overrides
+
+    ms = [Measurement("copy", "bytes", "x", 1e12), Measurement("launch", "seconds", "x", 2e-6),
+          Measurement("host", "seconds", "x", 7e-6)]
+    assert efficiency_overrides(ms) == {"host_s": 7e-6}
+    assert efficiency_overrides(ms[:2]) == {}  # a CPU probe: ops run synchronously
+    gpu = DeviceSpec(name="probed", display_name="p", sm_count=132, mem_bandwidth=3e12,
+                     peak={"fp32": 5e13, "bf16": 7e14}, measured=True, launch_overhead_s=2e-6,
+                     efficiency=efficiency_overrides(ms))
+    eff = efficiency_for(gpu)
+    # measured peaks are achieved rates (1.0); the probe's launch and host figures are used
+    assert (eff.tensor_gemm, eff.memory, eff.launch_s, eff.host_s) == (1.0, 1.0, 2e-6, 7e-6)

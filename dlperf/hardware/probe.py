@@ -33,7 +33,7 @@ class ProbeConfig:
 
 @dataclass
 class Measurement:
-    kind: str  # matmul | conv | copy | launch
+    kind: str  # matmul | conv | copy | launch | host (CPU issue time per kernel, GPU only)
     unit: str  # math unit (fp32, tf32, bf16 ...) or "bytes" / "seconds"
     shape: str
     value: float  # FLOP/s, bytes/s or seconds
@@ -116,11 +116,47 @@ def _copy(nbytes: int, device, cfg, timer) -> Measurement:
 
 
 def _launch(device, cfg, timer) -> Measurement:
+    """GPU time per kernel that does no work. On a GPU the 200 tiny kernels are replayed from a
+    CUDA graph, so the CPU's cost to issue them (``_host_issue``) is not in the figure; on a CPU
+    the two are the same thing, the eager per-op overhead."""
     x = torch.zeros(1, device=device)
     n = 200
-    times = timer(lambda: [x.add_(1) for _ in range(n)], cfg.repeats, cfg.warmup)
-    return Measurement("launch", "seconds", "1-element add", statistics.median(times) / n,
+    run = lambda: [x.add_(1) for _ in range(n)]  # noqa: E731
+    shape = "1-element add"
+    if device.type == "cuda":
+        try:
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                run()  # warm-up on the side stream, as graph capture requires
+            torch.cuda.current_stream(device).wait_stream(stream)
+            with torch.cuda.graph(graph):
+                run()
+            run, shape = graph.replay, "1-element add, CUDA graph replay"
+        except RuntimeError:  # no graph support: keep the eager figure (host included)
+            pass
+    times = timer(run, cfg.repeats, cfg.warmup)
+    return Measurement("launch", "seconds", shape, statistics.median(times) / n,
                        [t / n for t in times])
+
+
+def _host_issue(device, cfg) -> Measurement:
+    """CPU time eager PyTorch takes to issue one tiny kernel to the GPU (no synchronisation
+    inside the loop: the GPU queue absorbs them), the efficiency model's ``host_s``."""
+    x = torch.zeros(1, device=device)
+    n = 200
+    times = []
+    for i in range(cfg.warmup + cfg.repeats):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            x.add_(1)
+        elapsed = time.perf_counter() - start
+        if i >= cfg.warmup:
+            times.append(elapsed / n)
+    return Measurement("host", "seconds", "1-element add issued from Python",
+                       statistics.median(times), times)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -160,6 +196,8 @@ def probe(cfg: ProbeConfig = ProbeConfig(), progress=None) -> tuple[DeviceSpec, 
         tasks.append(("copy", lambda: _copy((1 << 26) if cfg.quick else (1 << 28), device, cfg,
                                              timer)))
     tasks.append(("launch", lambda: _launch(device, cfg, timer)))
+    if gpu:
+        tasks.append(("host", lambda: _host_issue(device, cfg)))
 
     measurements: list[Measurement] = []
     for _, task in tasks:
@@ -173,7 +211,7 @@ def probe(cfg: ProbeConfig = ProbeConfig(), progress=None) -> tuple[DeviceSpec, 
 
 def probe_task_count(cfg: ProbeConfig) -> int:
     device = resolve_device(cfg.device)
-    return 8 if device.type == "cuda" else 3 * 3 + 2
+    return 9 if device.type == "cuda" else 3 * 3 + 2
 
 
 def _with_tf32(enabled: bool, fn):
@@ -184,6 +222,13 @@ def _with_tf32(enabled: bool, fn):
         return fn()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def efficiency_overrides(ms: list[Measurement]) -> dict:
+    """What a probe measured of the efficiency model beyond peaks: the CPU's issue time per
+    kernel on a GPU machine (``host_s``); empty on a CPU, where ops run synchronously."""
+    host = [m.value for m in ms if m.kind == "host"]
+    return {"host_s": host[0]} if host else {}
 
 
 def _to_spec(device: torch.device, ms: list[Measurement]) -> DeviceSpec:
@@ -200,7 +245,7 @@ def _to_spec(device: torch.device, ms: list[Measurement]) -> DeviceSpec:
             display_name=f"{props.name} (measured)", sm_count=props.multi_processor_count,
             mem_bandwidth=bandwidth, peak=peak, l2_bytes=getattr(props, "L2_cache_size", None),
             memory_bytes=props.total_memory, tensor_cores=props.major >= 7, measured=True,
-            launch_overhead_s=launch,
+            launch_overhead_s=launch, efficiency=efficiency_overrides(ms),
             source=f"dlperf probe, torch {torch.__version__}, CUDA {torch.version.cuda}",
             notes="Sustained rates measured by dlperf probe; efficiency already included.")
     cores = torch.get_num_threads()
