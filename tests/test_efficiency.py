@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from dlperf.analysis.costs import Cost
 from dlperf.analysis.roofline import predict, step_time
@@ -105,17 +105,9 @@ def test_shipped_parameters_are_the_saved_fit():
     assert held["clean"]["median_abs_error"] <= 0.10  # the issue's goal, held out
 
 
-def _fit_module():
-    spec = importlib.util.spec_from_file_location("fit_efficiency",
-                                                  ROOT / "benchmarks/fit_efficiency.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_fit_evaluator_is_the_shipped_model():
     """The fit's vectorised arithmetic and roofline.predict + step_time give the same step."""
-    fit = _fit_module()
+    fit = load_benchmark("fit_efficiency")
     vp = fit._validate_module()
     rows = [dict(id="a", model="resnet18", image_size=64, batch=8, device="a100-80gb",
                  precision="amp", layout="nchw", optimizer="sgd", measured_img_s=1.0,

@@ -7,17 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "benchmarks/validation/published_training.csv"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("validate_published",
-                                                  ROOT / "benchmarks/validate_published.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("validate_published")
 
 
 def test_every_published_row_is_complete_and_runnable_as_written():
@@ -78,10 +75,7 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
     # Three small rows from two sources: the fit runs end to end, lowers the in-sample error
     # below the unfitted constants', and predicts every row of each source with a fit that
     # never saw it (held out).
-    spec = importlib.util.spec_from_file_location("fit_efficiency",
-                                                  ROOT / "benchmarks/fit_efficiency.py")
-    fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit)
+    fit = load_benchmark("fit_efficiency")
     lines = [line for line in CSV.read_text().splitlines() if not line.startswith("#")]
     wanted = ("skb-rn50-v100-amp-nhwc", "skb-rn50-v100-fp32-nchw", "dle-rn50-v100-16-amp",
               "dle-effb0-v100-16-fp32")
