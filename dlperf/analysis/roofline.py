@@ -2,7 +2,9 @@
 
 Performance guide 2.1: an operation is math-bound when its arithmetic intensity (FLOPs per byte
 moved) exceeds the GPU's ops:byte ratio for the math unit it runs on, memory-bound otherwise.
-The ``bound`` label uses exactly that definition; the predicted time adds the efficiencies below.
+The ``bound`` label uses exactly that definition; the predicted time uses how much of each peak
+real kernels reach, by kernel class (hardware/efficiency.py, fitted to published measurements),
+and ``step_time`` adds the time the GPU waits for the CPU to issue its kernels.
 """
 
 from __future__ import annotations
@@ -13,15 +15,9 @@ from dlperf.analysis.costs import Cost
 from dlperf.analysis.gemm import (Quantization, alignment_elements, best_quantization,
                                   misaligned_dims)
 from dlperf.errors import DlperfError
-from dlperf.hardware.efficiency import FITTED, Efficiency, efficiency_for, traffic_factor
+from dlperf.hardware.efficiency import Efficiency, efficiency_for, traffic_factor
 from dlperf.hardware.specs import DeviceSpec
 
-# How much of each peak real kernels reach, by kernel class: hardware/efficiency.py (issue #11).
-# The constants below are the fitted model's values, kept as names for the report's JSON.
-MATH_EFFICIENCY = FITTED.tensor_gemm
-MEMORY_EFFICIENCY = FITTED.memory
-MISALIGNED_EFFICIENCY = FITTED.misaligned
-LAUNCH_OVERHEAD_S = FITTED.launch_s
 # Grouped convolutions with fewer channels per group than this (depthwise: 1) run in cuDNN's
 # direct CUDA-core kernels in every precision, FP32 included: an implicit GEMM per group would
 # have N = channels per group, a sliver of any tile, so neither Tensor Cores nor the tile/wave
