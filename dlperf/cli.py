@@ -224,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="what to measure [auto: cuda if present, else cpu]")
     p.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time generic layers (convolutions, linear, BN+ReLU, residual "
+                        "adds) and fit the efficiency model to this machine: the spec file then "
+                        "predicts real layers, not just peaks")
     p.add_argument("--compare", default=None,
                    help="preset to print beside the measurement (default: the preset matching "
                         "this GPU's name; none on CPU)")
@@ -370,6 +374,11 @@ def _cmd_devices(args) -> int:
     return 0
 
 
+def probe_device(spec) -> str:
+    """The torch device a probe's spec was measured on."""
+    return "cpu" if spec.name == "cpu" else "cuda"
+
+
 def _cmd_probe(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
@@ -409,8 +418,27 @@ def _cmd_probe(args) -> int:
     console.print(table)
     from dlperf.bench.results import environment
 
+    sweep = None
+    if args.sweep:
+        import dataclasses
+
+        from dlperf.analysis.calibrate import cases, sweep as run_sweep
+
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("sweeping layers", total=len(cases(args.quick)))
+            overrides, rows, fitted = run_sweep(spec, str(probe_device(spec)), quick=args.quick,
+                                                progress=lambda: bar.advance(task))
+        spec = dataclasses.replace(spec, efficiency={**spec.efficiency, **overrides})
+        sweep = {"fit": fitted, "kernels": rows}
+        console.print(
+            f"Sweep ({fitted['kernels']} kernels, median |error| after the fit "
+            f"{fitted['median_abs_error']:.0%}): math {fitted['math']:.0%} of the probed peak, "
+            f"half rate at M={fitted['gemm_m0']:.0f} N={fitted['gemm_n0']:.0f} "
+            f"K={fitted['gemm_k0']:.0f}; memory-bound kernels {fitted['memory']:.0%} of the "
+            f"copy bandwidth; {fitted['launch_s'] * 1e6:.1f} µs per kernel.")
     write_json_atomic(args.out, {"spec": spec.to_dict(),
                                  "measurements": [m.to_dict() for m in measurements],
+                                 **({"sweep": sweep} if sweep else {}),
                                  "environment": environment()})
     console.print(f"Wrote {args.out}; use it with `dlperf analyze MODEL --device {args.out}`.")
     return 0

@@ -194,17 +194,25 @@ def test_analyze_device_cpu_runs_a_fresh_probe(capsys):
 @pytest.mark.slow
 def test_probe_writes_spec_that_analyze_accepts(tmp_path, capsys):
     path = tmp_path / "probe.json"
-    code, out, err = _run(["probe", "--device", "cpu", "--quick", "--out", str(path)], capsys)
+    code, out, err = _run(["probe", "--device", "cpu", "--quick", "--sweep", "--out", str(path)],
+                          capsys)
     assert code == 0, err
+    assert "Sweep (" in out
     data = json.loads(path.read_text())
     spec = data["spec"]
     assert spec["measured"] is True and spec["name"] == "cpu"
     assert spec["peak"]["fp32"] > 1e9 and spec["mem_bandwidth"] > 1e9
     assert {m["kind"] for m in data["measurements"]} >= {"matmul", "conv", "copy", "launch"}
+    # --sweep fitted the efficiency model to this CPU from generic layers and stored it
+    eff = spec["efficiency"]
+    assert set(eff) >= {"cuda_core", "memory", "depthwise", "launch_s", "gemm_m0"}
+    assert 0 < eff["cuda_core"] <= 1.5 and data["sweep"]["fit"]["kernels"] >= 20
+    report = tmp_path / "a.json"
     code, out, err = _run(["analyze", "resnet18", "--device", str(path), "--batch-size", "2",
-                           "--dtype", "fp32"], capsys)
+                           "--dtype", "fp32", "--json", str(report)], capsys)
     assert code == 0, err
     assert "(measured)" in out
+    assert json.loads(report.read_text())["model_constants"]["cuda_core"] == eff["cuda_core"]
 
 
 def test_compare_devices_from_one_capture(tmp_path, capsys):

@@ -85,7 +85,7 @@ def test_device_file_overrides_efficiency_and_rejects_nonsense(tmp_path):
     spec = load_spec_file(good)
     assert efficiency_for(spec).memory == 0.5
     assert efficiency_for(spec).tensor_gemm == FITTED.tensor_gemm
-    for bad, words in (({"memory": 2}, "fraction of peak"), ({"memroy": 0.5}, "unknown"),
+    for bad, words in (({"memory": 3}, "fraction of peak"), ({"memroy": 0.5}, "unknown"),
                        ({"launch_s": -1}, "positive"), ("fast", "table")):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({**base, "efficiency": bad}))
@@ -138,3 +138,40 @@ def test_probe_host_issue_time_becomes_host_s_of_a_measured_gpu_spec():
     eff = efficiency_for(gpu)
     # measured peaks are achieved rates (1.0); the probe's launch and host figures are used
     assert (eff.tensor_gemm, eff.memory, eff.launch_s, eff.host_s) == (1.0, 1.0, 2e-6, 7e-6)
+
+
+def test_sweep_fit_recovers_known_parameters_from_synthetic_kernels():
+    # Kernels generated from known parameters (math 0.6, ramp half-rates M=32 N=8 K=16,
+    # memory 0.9, depthwise 0.3, 20 us per kernel) are fitted back to within a few percent.
+    from dlperf.analysis.calibrate import fit_kernels
+
+    truth = dict(math=0.6, gemm_m0=32.0, gemm_n0=8.0, gemm_k0=16.0, memory=0.9, depthwise=0.3,
+                 launch_s=20e-6)
+    rows = []
+    for m, n, k in [(4096, 64, 576), (256, 512, 4096), (64, 4096, 1024), (25088, 16, 147),
+                    (100352, 64, 64), (512, 1000, 32), (16, 3072, 768), (2048, 2048, 8)]:
+        math_s = 2 * m * n * k / 1e11
+        ramp = m / (m + 32) * n / (n + 8) * k / (k + 16)
+        rows.append(dict(math_s=math_s, memory_s=1e-5, kernels=1, gemm=(m, n, k),
+                         measured_s=math_s / (0.6 * ramp) + 20e-6))
+    for mem in (1e-4, 1e-3, 1e-2):
+        rows.append(dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None,
+                         measured_s=mem / 0.9 + 20e-6))
+        rows.append(dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None, depthwise=True,
+                         measured_s=mem / (0.9 * 0.3) + 20e-6))
+    fitted = fit_kernels(rows)
+    assert fitted["median_abs_error"] < 0.01
+    for key in ("math", "memory", "depthwise"):
+        assert fitted[key] == pytest.approx(truth[key], rel=0.05), key
+    assert fitted["launch_s"] == pytest.approx(20e-6, rel=0.2)
+
+
+def test_ramp_slows_small_gemms_only():
+    from dlperf.analysis.gemm import GemmShape
+
+    eff = Efficiency(gemm_m0=32, gemm_n0=8, gemm_k0=16)
+    # 4096 x 4096 x 4096: 0.992 x 0.998 x 0.996; 32 x 8 x 16: a half of each, 1/8
+    assert eff.ramp(GemmShape(4096, 4096, 4096)) == pytest.approx(
+        4096 / 4128 * 4096 / 4104 * 4096 / 4112)
+    assert eff.ramp(GemmShape(32, 8, 16)) == pytest.approx(1 / 8)
+    assert Efficiency().ramp(GemmShape(1, 1, 1)) == 1.0  # presets: no ramp

@@ -116,6 +116,7 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
             if spec.tensor_cores:  # tile/wave model of cuBLAS on SMs; CPUs have no such waves
                 quant = best_quantization(cost.gemm, spec.sm_count)
                 efficiency *= quant.efficiency * quant.intrinsic_efficiency
+            efficiency *= eff.ramp(cost.gemm)
     else:
         math_class = "cuda-core" if cost.flops else "none"
     efficiency *= eff.math(math_class)

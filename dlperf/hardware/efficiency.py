@@ -65,6 +65,12 @@ class Efficiency:
     sm_bytes_per_clock: float | None = None  # None: no per-SM cap
     depthwise: float = 1.0
     misaligned: float = 0.50  # Tensor Core GEMMs breaking the 16-byte rule (guide 2.2)
+    # Small-problem ramp of GEMM-shaped kernels: x m/(m+gemm_m0) x n/(n+gemm_n0) x k/(k+gemm_k0),
+    # the M, N, K at which a GEMM runs at half its large-problem rate (0: no ramp). Fitted per
+    # machine by `dlperf probe --sweep`; the GPU presets leave it to the tile/wave model.
+    gemm_m0: float = 0.0
+    gemm_n0: float = 0.0
+    gemm_k0: float = 0.0
     launch_s: float = 3e-6  # GPU time per kernel that does no useful work
     # CPU time eager PyTorch spends issuing one kernel (Python, dispatcher, autocast, the CUDA
     # launch). The CPU runs ahead of the GPU through the launch queue, so this only costs time
@@ -76,6 +82,11 @@ class Efficiency:
         return {"tensor-gemm": self.tensor_gemm, "tensor-conv": self.tensor_conv,
                 "grouped-conv": self.grouped_conv, "cuda-core": self.cuda_core}.get(
                     math_class, 1.0)
+
+    def ramp(self, gemm) -> float:
+        """The small-problem factor of a GEMM (per group for grouped convolutions)."""
+        return (gemm.m / (gemm.m + self.gemm_m0) * gemm.n / (gemm.n + self.gemm_n0)
+                * gemm.k / (gemm.k + self.gemm_k0))
 
     def bandwidth(self, spec, memory_class: str = "stream") -> float:
         """Achieved bytes/s of a kernel of ``memory_class`` on ``spec``."""
@@ -137,6 +148,8 @@ MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 
 # Every parameter named in the table above, what a device file's "efficiency" may set.
 PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
+FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "memory", "depthwise",
+             "misaligned")
 
 
 def efficiency_for(spec) -> Efficiency:
@@ -165,9 +178,10 @@ def check_overrides(overrides, origin: str) -> dict:
                 value > 0 or (key == "host_s" and value == 0)):
             raise DlperfError(f"{origin}: efficiency {key} must be a positive number, "
                               f"got {value!r}")
-        if key not in ("sm_bytes_per_clock", "launch_s", "host_s") and value > 1:
+        if key in FRACTIONS and value > 2:
             raise DlperfError(f"{origin}: efficiency {key} is a fraction of peak; "
-                              f"give a number in (0, 1], got {value!r}")
+                              f"give a number in (0, 1] (a measured profile may reach up to 2: "
+                              f"its peaks are the probe's best shapes), got {value!r}")
         if key in ("launch_s", "host_s") and value > 1e-2:
             raise DlperfError(f"{origin}: efficiency {key} is seconds per kernel; "
                               f"{value!r} is not plausible (microseconds: e.g. 3e-6)")
