@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dlperf.analysis.calibrate import nelder_mead
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks/results/efficiency-fit.json"
 
@@ -138,37 +140,6 @@ def _from_params(params: dict) -> np.ndarray:
         f = min(max(f, 1e-6), 1 - 1e-6)
         z.append(math.log(f / (1 - f)))
     return np.array(z)
-
-
-def nelder_mead(f, x0: np.ndarray, step: float = 0.8, iters: int = 3000,
-                tol: float = 1e-10) -> np.ndarray:
-    """Plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
-    n = len(x0)
-    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if values[-1] - values[0] < tol:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        reflected = centroid + (centroid - simplex[-1])
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = centroid + 2 * (centroid - simplex[-1])
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(contracted)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
-                values = [f(x) for x in simplex]
-    return simplex[int(np.argmin(values))]
 
 
 def fit(terms: Terms, mask: np.ndarray, start: dict) -> dict:
