@@ -16,7 +16,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import torchvision
+import torch
 
 from dlperf.analysis.api import AnalysisConfig
 from dlperf.analysis.calibrate import sweep
@@ -25,9 +25,13 @@ from dlperf.bench.results import save_result
 from dlperf.hardware.probe import ProbeConfig, probe
 
 OUT = Path(__file__).resolve().parent / "results"
-# (model, batch, image size, dtype, channels_last): small enough for a 2-core CPU
-CASES = [("resnet18", 8, 112, "fp32", False), ("resnet50", 8, 112, "fp32", False),
-         ("mobilenet_v3_large", 8, 112, "fp32", False), ("resnet18", 8, 112, "bf16", True)]
+# (model, input shape, dtype, channels_last): small enough for a 2-core CPU. "gpt" is the
+# built-in GPT at the small size below, on token ids.
+CASES = [("resnet18", (8, 3, 112, 112), "fp32", False), ("resnet50", (8, 3, 112, 112), "fp32", False),
+         ("mobilenet_v3_large", (8, 3, 112, 112), "fp32", False),
+         ("vit_b_16", (2, 3, 224, 224), "fp32", False), ("gpt", (4, 256), "fp32", False),
+         ("resnet18", (8, 3, 112, 112), "bf16", True)]
+GPT = dict(layers=4, d_model=256, heads=4, vocab=8192, seq_len=256)
 
 
 def _summary(m) -> dict:
@@ -48,12 +52,17 @@ def main() -> int:
     results = {"probe": {"spec": spec.to_dict(), "measurements": [m.to_dict() for m in probe_ms]},
                "sweep": {"fit": fitted, "overrides": overrides, "kernels": rows}, "cases": {}}
     mcfg = MeasureConfig(steps=3, warmup=1)
-    for model, batch, size, dtype, channels_last in CASES:
+    from dlperf.models.gpt import GPTConfig
+    from dlperf.models.registry import build_model
+
+    for model, shape, dtype, channels_last in CASES:
         key = f"{model}-{dtype}-{'channels_last' if channels_last else 'nchw'}"
-        cfg = AnalysisConfig(model=model, input_shape=(batch, 3, size, size), dtype=dtype,
-                             train=True, channels_last=channels_last, device="cpu",
-                             optimizer="none")
-        m = measure(getattr(torchvision.models, model)(), cfg, calibrated, "cpu", cfg=mcfg)
+        cfg = AnalysisConfig(model=model, input_shape=shape, dtype=dtype, train=True,
+                             channels_last=channels_last, device="cpu", optimizer="none",
+                             tokens=model == "gpt")
+        torch.manual_seed(0)
+        net, model_input = build_model(model, gpt=GPTConfig(**GPT), real=True)
+        m = measure(net, cfg, calibrated, "cpu", input_dtype=model_input.dtype, cfg=mcfg)
         # the same measured kernels, predicted from the probe's peaks alone
         from dlperf.analysis.roofline import predict
 
@@ -68,7 +77,7 @@ def main() -> int:
               f"{s['weighted_median_abs_error']:.0%}", flush=True)
     path = OUT / "predict-vs-measure-cpu.json"
     save_result(path, "predict-vs-measure-cpu",
-                {"cases": CASES, "steps": mcfg.steps, "warmup": mcfg.warmup,
+                {"cases": CASES, "gpt": GPT, "steps": mcfg.steps, "warmup": mcfg.warmup,
                  "calibration": "dlperf probe --quick + sweep (dlperf/analysis/calibrate.py)"},
                 results)
     print(f"wrote {path}")

@@ -81,3 +81,14 @@ def test_split_k_fills_the_gpu_for_weight_gradients():
 def test_launch_overhead_flagged_for_tiny_batches():
     a = dlperf.analyze("resnet18", (2, 3, 32, 32), device="h100-sxm", train=True)
     assert "launch-overhead" in _rules(a)
+
+
+def test_tf32_convolutions_read_nchw_without_transposes():
+    # cuDNN transposes NCHW around FP16/BF16 Tensor Core convolutions, not around TF32 ones.
+    tf32 = dlperf.analyze("resnet18", (8, 3, 112, 112), device="a100-80gb", dtype="fp32",
+                          tf32=True)
+    fp16 = dlperf.analyze("resnet18", (8, 3, 112, 112), device="a100-80gb", dtype="fp16")
+    assert any(p.unit == "tf32" for p in tf32.predictions)
+    assert all(p.transpose_time_s == 0 for p in tf32.predictions)
+    assert "channels-last" not in _rules(tf32)
+    assert any(p.transpose_time_s > 0 for p in fp16.predictions)

@@ -27,7 +27,9 @@ NARROW_GROUP_CHANNELS = 8
 # Tensor Core convolutions in cuDNN work on NHWC data; given NCHW tensors, cuDNN transposes the
 # activations into NHWC and back around the kernel (the record ResNet-50 blog's reason to keep
 # NHWC end to end). Modelled as one extra read + write of every activation the pass touches,
-# in this many extra kernels.
+# in this many extra kernels. Only for 16- and 8-bit convolutions: TF32 convolutions read their
+# FP32 NCHW tensors directly (cuDNN has NCHW kernels for them; with the transposes counted,
+# every TF32 NCHW row of the published table was predicted 5-20% too slow).
 NCHW_TRANSPOSE_KERNELS = 2
 
 
@@ -123,7 +125,8 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     bandwidth = eff.bandwidth(spec, memory_class)
     factor = traffic_factor(cost.op)
     transpose_s, kernels = 0.0, cost.kernels
-    if cost.nhwc is False and spec.tensor_cores and unit != "fp32" and cost.activation_bytes:
+    if (cost.nhwc is False and spec.tensor_cores and unit not in ("fp32", "tf32")
+            and cost.activation_bytes):
         transpose_s = 2 * cost.activation_bytes / eff.bandwidth(spec)
         kernels += NCHW_TRANSPOSE_KERNELS
     intensity = cost.intensity
