@@ -8,7 +8,7 @@ STAMP := $(VENV)/.dlperf-installed
 # torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test fuzz install clean bench-analyze bench-predict bench-data bench-data-ladder bench-train bench-digits
+.PHONY: demo test fuzz install clean bench-analyze bench-predict bench-data bench-data-ladder bench-train bench-digits bench-kernels
 
 install: $(STAMP)
 
@@ -45,6 +45,12 @@ bench-data: $(STAMP)
 
 bench-data-ladder: $(STAMP)
 	$(BIN)/dlperf bench data --ladder --rounds 10
+
+# the guide's GEMM and convolution figures on this machine, predicted with a calibrated probe
+bench-kernels: $(STAMP)
+	$(BIN)/dlperf probe --quick --sweep --out benchmarks/results/probe-cpu-sweep.json
+	$(BIN)/dlperf bench gemm --spec benchmarks/results/probe-cpu-sweep.json
+	$(BIN)/dlperf bench conv --spec benchmarks/results/probe-cpu-sweep.json
 
 bench-train: $(STAMP)
 	$(BIN)/dlperf bench train --compile

@@ -216,6 +216,33 @@ def build_parser() -> argparse.ArgumentParser:
                     help="result JSON; the PNG goes beside it [benchmarks/results/train-ladder.json "
                          "in a dlperf checkout, else ./train-ladder.json]")
 
+    for kind, what in (("gemm", "GEMM throughput: K around a multiple of 8 (alignment), N "
+                                "across tile and wave boundaries, square sizes 512 vs 520"),
+                       ("conv", "convolutions: the ResNet stem with 3/4/8 input channels, 3x3 "
+                                "layers at channel counts around 64, NCHW vs NHWC")):
+        bk = bsub.add_parser(kind, help=f"the performance guide's {kind.upper()} figures on this "
+                                        "device, measured and predicted",
+                             description=f"{what}: measured on this device (median of repeats) "
+                                         "with dlperf's prediction for the same shapes drawn over "
+                                         "it. Saves JSON (hardware, versions, commit, config) "
+                                         "and a PNG.")
+        bk.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where to measure [auto: cuda if present, else cpu]")
+        bk.add_argument("--dtype", default="auto", choices=("auto", "fp32", "tf32", "bf16", "fp16"),
+                        help="operand type [auto: fp16 on a GPU, as the guide's figures; fp32 on "
+                             "a CPU]")
+        bk.add_argument("--spec", default=None,
+                        help="what the predictions use: a preset or a `dlperf probe` file [the "
+                             "preset matching this GPU; on a CPU a quick probe of it]")
+        bk.add_argument("--quick", action="store_true", help="tiny sizes: seconds, for a smoke test")
+        bk.add_argument("--repeats", type=_positive_int, default=7,
+                        help="rounds over every shape; each shape's time is the median of its "
+                             "rounds [7]")
+        bk.add_argument("--out", default=None,
+                        help=f"result JSON; the PNG goes beside it [benchmarks/results/"
+                             f"{kind}-cpu.json (or {kind}-gpu.json) in a dlperf checkout, else "
+                             "the current folder]")
+
     p = sub.add_parser("probe", help="measure this machine's matmul/conv FLOP/s and bandwidth",
                        description="Measure matmul (and conv) FLOP/s per dtype and copy bandwidth "
                                    "on this machine (GPU if present, else CPU), print them beside "
@@ -631,11 +658,77 @@ def _bench_data_ladder(cfg, out) -> int:
     return 0
 
 
+def _kernel_spec(args, device):
+    """The spec `dlperf bench gemm|conv` predicts with: --spec, else the preset matching this
+    GPU, else (CPU) a quick probe of this machine."""
+    from dlperf.hardware.specs import get_device, match_preset
+
+    if args.spec:
+        return get_device(args.spec)
+    if device.type == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(device)
+        spec = match_preset(name)
+        if spec is None:
+            raise DlperfError(f"no preset matches {name}: pass --spec with a preset (dlperf "
+                              "devices) or a `dlperf probe` file")
+        return spec
+    from dlperf.hardware.probe import ProbeConfig, probe
+
+    with _console().status("probing this CPU's ceilings for the predictions (--spec to skip)..."):
+        return probe(ProbeConfig(device="cpu", quick=True))[0]
+
+
+def _cmd_bench_kernels(args) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dlperf.bench.kernels import KernelBenchConfig, plot, point_count, resolve_dtype, run
+    from dlperf.bench.results import save_result
+    from dlperf.hardware.probe import resolve_device
+
+    cfg = KernelBenchConfig(kind=args.bench_command, device=args.device, dtype=args.dtype,
+                            quick=args.quick, repeats=args.repeats)
+    device = resolve_device(args.device)
+    gpu = device.type == "cuda"
+    resolve_dtype(cfg, gpu)  # a wrong --dtype is refused before any probing
+    out = _result_path(args.out, f"{cfg.kind}-{'gpu' if gpu else 'cpu'}.json")
+    spec = _kernel_spec(args, device)
+    console = _console()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"measuring {cfg.kind} shapes", total=point_count(cfg, gpu))
+        result = run(cfg, spec, progress=lambda: bar.advance(task))
+    table = Table(title=f"dlperf bench {cfg.kind}: {result['device']}, {result['dtype']}; "
+                        f"predicted with {spec.name}", title_justify="left")
+    for col in ("sweep", "points", "median |pred/meas-1|", "max"):
+        table.add_column(col, justify="left" if col == "sweep" else "right")
+    for s in result["series"]:
+        table.add_row(s["title"], str(s["points"]), f"{s['median_abs_error']:.0%}",
+                      f"{s['max_abs_error']:.0%}")
+    console.print(table)
+    table = Table(title="The guide's contrasts: speed-up of the first over the second",
+                  title_justify="left")
+    for col in ("contrast", "measured", "predicted"):
+        table.add_column(col, justify="left" if col == "contrast" else "right")
+    for c in result["contrasts"]:
+        table.add_row(c["contrast"], f"{c['measured_speedup']:.2f}x",
+                      f"{c['predicted_speedup']:.2f}x")
+    console.print(table)
+    config = result.pop("config")
+    save_result(out, f"bench-{cfg.kind}", config, result)
+    png = plot(result, out.with_suffix(".png"))
+    console.print(f"Wrote {out}" + (f" and {png}" if png else ""))
+    return 0
+
+
 def _cmd_bench(args) -> int:
     if args.bench_command == "train":
         return _cmd_bench_train(args)
+    if args.bench_command in ("gemm", "conv"):
+        return _cmd_bench_kernels(args)
     if args.bench_command != "data":
-        raise DlperfError("dlperf bench: choose what to measure: data or train "
+        raise DlperfError("dlperf bench: choose what to measure: data, train, gemm or conv "
                           "(see dlperf bench --help)")
     from rich.progress import Progress
 
