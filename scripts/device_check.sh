@@ -9,7 +9,9 @@
 #   mkdir -p .corpus && cp -r "$(dirname "$PWD")/shared/data/imagenet-like" .corpus/ && echo /.corpus/ >> .git/info/exclude
 # and build the C extension for that machine's Python (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
-# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus", ".devext"], ~540 s.
+# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus", ".devext"] and
+# timeout_s 590. Issue #11's steps (1-4) come first and take at most 500 s by their timeouts
+# (far less when all goes well); the later steps use what is left of the call.
 # Without the extension dlperf still runs (full-image decoding, no restart-marker cuts).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,33 +28,60 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=c
 # Ordered by what the open issues need most, so a run cut short still brings those back.
 TRAIN="$PY -m dlperf train --recipe resnet50-90ep --no-progress --resume never data=synthetic \
     epochs=1 batch_size=256"
-# Training summaries are gathered into one file (the device tool brings back 8 files at most),
-# rewritten after each training step.
-collect() {
-  $PY - "$OUT/train-summaries.json" <<'PYEOF'
+# Several results are gathered into one file (the device tool brings back 8 files at most):
+#   gather OUT.json name=path.json ...   (rewritten after each step; a missing path -> null)
+gather() {
+  $PY - "$@" <<'PYEOF'
 import json, pathlib, sys
-runs = {"compiled": "/tmp/dlperf-compiled/summary.json",
-        "eager_sync_per_step": "/tmp/dlperf-sync-step/summary.json",
-        "eager_deferred_check": "/tmp/dlperf-sync-deferred/summary.json",
-        "eager_cuda_graphs": "/tmp/dlperf-graphs/summary.json",
-        "eager_cuda_graphs_gpu_jpegs": "/tmp/dlperf-graphs-jpeg/summary.json",
-        "sync_audit": "/tmp/dlperf-sync-audit.json"}
 out = {}
-for name, path in runs.items():
+for arg in sys.argv[2:]:
+    name, path = arg.split("=", 1)
     f = pathlib.Path(path)
     out[name] = json.loads(f.read_text()) if f.exists() else None
 pathlib.Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
 PYEOF
 }
+collect() {
+  gather "$OUT/train-summaries.json" compiled=/tmp/dlperf-compiled/summary.json \
+    eager_sync_per_step=/tmp/dlperf-sync-step/summary.json \
+    eager_deferred_check=/tmp/dlperf-sync-deferred/summary.json \
+    eager_cuda_graphs=/tmp/dlperf-graphs/summary.json \
+    eager_cuda_graphs_gpu_jpegs=/tmp/dlperf-graphs-jpeg/summary.json \
+    sync_audit=/tmp/dlperf-sync-audit.json
+}
 
-# 1. Ceilings: matmul fp32/tf32/bf16/fp16/fp8, conv bf16, copy bandwidth, launch overhead.
-step timeout 90 $PY -m dlperf probe --device cuda --out "$OUT/probe.json"
+# Issue #11 first (the open issue that needs this GPU most): predictions against measurements.
+# 1. Ceilings (matmul fp32/tf32/bf16/fp16/fp8, conv bf16, copy, launch, host issue time), then
+#    the sweep: generic layers timed per kernel and the efficiency model fitted to this GPU.
+step timeout 150 $PY -m dlperf probe --device cuda --sweep --out "$OUT/probe.json"
 
-# 2. Issue #4's goal: >= 8,000 img/s, ResNet-50 224 px, bf16, channels_last, compiled, synthetic.
+# 2. Predicted (datasheet preset) vs measured, per kernel: ResNet-50 training in the record
+#    recipe's layout and precision (the sweep's profile is applied to the same kernels offline:
+#    the capture is device-independent).
+step timeout 100 $PY -m dlperf analyze resnet50 --device h200 --batch-size 256 --dtype bf16 --train \
+    --channels-last --measure --measure-steps 5 --top 15 --json "$OUT/resnet50-bf16-cl.json"
+
+# 3. A GPT stack and the fp32 NCHW baseline, predicted vs measured (gathered: analyses.json).
+step timeout 70 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
+    --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
+    --json /tmp/dlperf-gpt.json
+step timeout 70 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtype fp32 --train \
+    --measure --measure-steps 3 --top 10 --json /tmp/dlperf-fp32-nchw.json
+gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json \
+    resnet50_fp32_nchw=/tmp/dlperf-fp32-nchw.json
+
+# 4. The guide's figures on this GPU (fp16): GEMM alignment, tile/wave quantization, 512 vs 520;
+#    the padded stem, channels around 64, NCHW vs NHWC; measured with the prediction over them
+#    (gathered: kernels.json; the PNGs are redrawn here from it with dlperf.bench.kernels.plot).
+step timeout 50 $PY -m dlperf bench gemm --device cuda --out /tmp/dlperf-gemm.json
+step timeout 60 $PY -m dlperf bench conv --device cuda --out /tmp/dlperf-conv.json
+gather "$OUT/kernels.json" gemm=/tmp/dlperf-gemm.json conv=/tmp/dlperf-conv.json
+
+# 5. Issue #4's goal: >= 8,000 img/s, ResNet-50 224 px, bf16, channels_last, compiled, synthetic.
 step timeout 200 $TRAIN steps_per_epoch=60 compile=default out_dir=/tmp/dlperf-compiled
 collect
 
-# 3. Issue #3's goal: the GPU input path on the JPEG corpus, >= 10,000 img/s (carry the corpus
+# 5b. Issue #3's goal: the GPU input path on the JPEG corpus, >= 10,000 img/s (carry the corpus
 #    or point DATA at a copy on the machine).
 DATA=${DATA:-.corpus/imagenet-like}
 [ -d "$DATA" ] || DATA="$(dirname "$PWD")/shared/data/imagenet-like"
@@ -60,12 +89,7 @@ if [ -d "$DATA" ]; then
   step timeout 150 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json"
 fi
 
-# 4. Predicted (datasheet preset) vs measured, per kernel: ResNet-50 training in the record
-#    recipe's layout and precision.
-step timeout 120 $PY -m dlperf analyze resnet50 --device h200 --batch-size 256 --dtype bf16 --train \
-    --channels-last --measure --measure-steps 5 --top 15 --json "$OUT/resnet50-bf16-cl.json"
-
-# 5. Host syncs: the per-step sync of the non-finite check against the deferred one (eager),
+# 5c. Host syncs: the per-step sync of the non-finite check against the deferred one (eager),
 #    then which lines still make the host wait for the GPU (set_sync_debug_mode), then the
 #    step captured as a CUDA graph.
 step timeout 60 $TRAIN steps_per_epoch=50 nonfinite_check=step out_dir=/tmp/dlperf-sync-step
@@ -89,15 +113,9 @@ print('real-JPEG run reads', src)"
 fi
 collect
 
-# 6. The speed-up ladder (one change per rung), then the fp32 NCHW baseline and a GPT stack
-#    predicted vs measured.
+# 6. The speed-up ladder (one change per rung), each rung beside its prediction.
 step timeout 100 $PY -m dlperf bench train --model resnet50 --image-size 224 --batch-size 256 \
     --steps 10 --warmup 5 --out "$OUT/train-ladder-gpu.json"
-step timeout 80 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtype fp32 --train \
-    --measure --measure-steps 3 --top 10 --json "$OUT/resnet50-fp32-nchw.json"
-step timeout 80 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
-    --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
-    --json "$OUT/gpt-350m-bf16.json"
 # The ladder's PNG would be a ninth file: redraw it here from the JSON (dlperf.plots.ladder_chart).
 rm -f "$OUT/train-ladder-gpu.png"
 ls -la "$OUT"

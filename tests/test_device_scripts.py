@@ -45,8 +45,11 @@ def test_device_scripts_are_valid_bash():
 def test_every_dlperf_command_in_the_device_run_parses(capsys):
     argvs = _commands()
     kinds = [a[0] for a in argvs]
-    # the run's priorities: probe, the compiled training goal, analyze, the sync A/B, graphs,
-    # the real-JPEG run, the ladder (if one disappears, the check should say so)
+    # the run's priorities: issue #11 first (probe --sweep, three analyze --measure, bench gemm
+    # and conv), then the compiled training goal, the sync A/B, graphs, the real-JPEG run, the
+    # ladder (if one disappears, the check should say so)
+    assert kinds[:6] == ["probe", "analyze", "analyze", "analyze", "bench", "bench"], kinds
+    assert "--sweep" in argvs[0] and [a[1] for a in argvs[4:6]] == ["gemm", "conv"]
     assert kinds.count("train") == 5 and {"probe", "analyze", "bench"} <= set(kinds), kinds
     parser = build_parser()
     for argv in argvs:

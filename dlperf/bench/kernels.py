@@ -230,18 +230,18 @@ def _backend_flags(dtype: str, device: torch.device):
 def _operator(point: Point, dtype: str, device: torch.device):
     """The real operator call for ``point``, inputs made once on ``device``."""
     dt = DTYPES[dtype]
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape, fmt=torch.contiguous_format):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype=dt, memory_format=fmt)
+
     if not point.is_conv:
         m, n, k = point.shape
-        a = torch.randn(m, k, generator=gen).to(device=device, dtype=dt)
-        b = torch.randn(k, n, generator=gen).to(device=device, dtype=dt)
+        a, b = randn(m, k), randn(k, n)
         return lambda: torch.mm(a, b)
     batch, c_in, h, w, c_out, r, s = point.shape
     fmt = torch.channels_last if point.nhwc else torch.contiguous_format
-    x = torch.randn(batch, c_in, h, w, generator=gen).to(device=device, dtype=dt,
-                                                           memory_format=fmt)
-    weight = torch.randn(c_out, c_in, r, r, generator=gen).to(device=device, dtype=dt,
-                                                               memory_format=fmt)
+    x, weight = randn(batch, c_in, h, w, fmt=fmt), randn(c_out, c_in, r, r, fmt=fmt)
     return lambda: torch.nn.functional.conv2d(x, weight, None, s, r // 2)
 
 
