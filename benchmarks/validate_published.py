@@ -1,10 +1,11 @@
 """dlperf's predictions against published, measured single-GPU training throughputs (issue #11).
 
-Reads benchmarks/validation/published_training.csv (each row: model, image size, batch, GPU
-preset, precision, layout, optimizer, what the source measured, a class and a flag), predicts
-every row from the device's datasheet preset alone (nothing is fitted to these rows), and
-prints and saves the table with the error per row, per class and per device, in-sample only
-until the calibrated model of issue #11 has parameters to hold out.
+Reads benchmarks/validation/published_training.csv (each row: model, image size (the sequence
+length for token models such as bert-large), batch, GPU preset, precision, layout, optimizer,
+what the source measured in samples/s, a class and a flag), predicts every row from the device's
+datasheet preset and the shipped efficiency model (dlperf/hardware/efficiency.py; its
+held-out errors come from benchmarks/fit_efficiency.py), and prints and saves the table with the
+error per row, per class and per device.
 
 The error of a row is predicted / measured - 1 (positive: dlperf says faster than measured).
 Rows flagged ``suspect`` or ``input-bound?`` are shown but kept out of the "clean" summary.
@@ -23,8 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks/validation/published_training.csv"
 DEFAULT_OUT = ROOT / "benchmarks/results/validation-published.json"
-PRECISIONS = {"amp": ("fp16", False), "fp32": ("fp32", False), "tf32": ("fp32", True),
-              "bf16": ("bf16", False)}
+# precision column -> (dtype, TF32 GEMMs, dlperf precision mode). fp16-o2: apex amp O2 (the
+# model cast to fp16, LayerNorm and softmax included; FP32 master weights in the optimizer),
+# dlperf's --precision half.
+PRECISIONS = {"amp": ("fp16", False, "mixed"), "fp32": ("fp32", False, "mixed"),
+              "tf32": ("fp32", True, "mixed"), "bf16": ("bf16", False, "mixed"),
+              "fp16-o2": ("fp16", False, "half")}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -46,18 +51,23 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     from dlperf.models.registry import build_model
 
     captures: dict[tuple, tuple] = {}
+    models: dict[str, tuple] = {}
     out = []
     for row in rows:
-        dtype, tf32 = PRECISIONS[row["precision"]]
-        key = (row["model"], row["image_size"], row["batch"], dtype, row["layout"],
+        dtype, tf32, precision = PRECISIONS[row["precision"]]
+        key = (row["model"], row["image_size"], row["batch"], dtype, precision, row["layout"],
                row["optimizer"])
+        if row["model"] not in models:
+            models[row["model"]] = build_model(row["model"])
+        model, model_input = models[row["model"]]
+        tokens = model_input.kind == "tokens"  # image_size is then the sequence length
         cfg = AnalysisConfig(model=row["model"], dtype=dtype, tf32=tf32, train=True,
-                             input_shape=(row["batch"], 3, row["image_size"], row["image_size"]),
+                             input_shape=(row["batch"], row["image_size"]) if tokens else
+                             (row["batch"], 3, row["image_size"], row["image_size"]),
                              channels_last=row["layout"] == "nhwc", optimizer=row["optimizer"],
-                             device=row["device"])
+                             device=row["device"], precision=precision, tokens=tokens)
         if key not in captures:
-            model, _ = build_model(row["model"])
-            captures[key] = capture_costs(model, cfg)
+            captures[key] = capture_costs(model, cfg, model_input.dtype)
         out.append((row, cfg, *captures[key]))
         if progress:
             progress()

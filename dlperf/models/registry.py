@@ -4,6 +4,7 @@
   device so construction allocates nothing and skips weight initialisation;
 * ``path/to/file.py:factory`` where ``factory()`` returns an ``nn.Module``;
 * ``gpt`` (dlperf.models.gpt) with its GPTConfig;
+* ``bert-base``, ``bert-large`` (dlperf.models.bert: SQuAD fine-tuning, sequence length 384);
 * ``resnext101_32x4d``, ``se_resnext101_32x4d`` (dlperf.models.convnets: NVIDIA's variants);
 * ``timm:NAME`` when timm is installed (an optional extra).
 """
@@ -105,6 +106,12 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
 
         cfg = gpt or GPTConfig()
         return _construct(lambda: GPT(cfg), real), ModelInput((cfg.seq_len,), torch.long, "tokens")
+    if name.replace("_", "-") in ("bert-base", "bert-large"):
+        from dlperf.models.bert import CONFIGS, BertForQuestionAnswering
+
+        cfg = CONFIGS[name.replace("_", "-")]
+        return (_construct(lambda: BertForQuestionAnswering(cfg), real),
+                ModelInput((cfg.seq_len,), torch.long, "tokens"))
     if name.startswith("timm:"):  # optional extra: pip install 'dlperf[timm]'
         try:
             import timm
@@ -125,8 +132,9 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
     names = torchvision_names()
     if name not in names:
         raise DlperfError(f"unknown model {name!r}"
-                          f"{close_matches(name, names + ['gpt', *BUILDERS])}; "
-                          "use a torchvision name, timm:NAME, gpt, or path/to/file.py:factory")
+                          f"{close_matches(name, names + ['gpt', 'bert-base', 'bert-large', *BUILDERS])}; "
+                          "use a torchvision name, timm:NAME, gpt, bert-base, bert-large, or "
+                          "path/to/file.py:factory")
     import torchvision
 
     # weights=None and weights_backbone=None: never download anything (detection and
