@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dlperf.analysis.calibrate import nelder_mead
+from dlperf.hardware.efficiency import combine_bandwidth
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks/results/efficiency-fit.json"
@@ -50,7 +51,7 @@ def _validate_module():
 
 
 def identity():
-    """Every fraction 1, no per-SM cap, 1 s per kernel, no host: predictions then hold the
+    """Every fraction 1, no SM term, 1 s per kernel, no host: predictions then hold the
     raw terms (launch_time_s is the kernel count); misaligned GEMMs keep the shipped rate."""
     from dlperf.analysis.calibrate import identity as raw
     from dlperf.hardware.efficiency import FITTED
@@ -102,7 +103,8 @@ class Terms:
                                                   "cuda_core")] + [1.0])
         math_t = self.math_s / math_eff[self.math_cls]
         # achieved / datasheet bandwidth per row, then per kernel (depthwise slower)
-        ach = np.minimum(params["memory"], params["sm_bytes_per_clock"] * self.sm_rate / self.bw)
+        ach = combine_bandwidth(params["memory"], params["sm_bytes_per_clock"] * self.sm_rate
+                                / self.bw)
         stream = ach[self.row_of]
         mem_t = self.mem_s / (stream * np.where(self.dw, params["depthwise"], 1.0))
         kernel_t = (np.maximum(math_t, mem_t) + self.trans_s / stream

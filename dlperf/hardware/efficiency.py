@@ -19,11 +19,15 @@ quantization of ``gemm.py``, which stays separate):
 Memory (achieved bytes/s):
 
 * ``memory``: a streaming kernel's fraction of the datasheet DRAM bandwidth (STREAM-like).
-* ``sm_bytes_per_clock``: the most bytes per SM per clock the SMs can keep in flight to DRAM
-  (Little's law: outstanding loads per SM / memory latency). Achieved bandwidth is
-  min(memory x datasheet, SMs x clock x this). Without this cap every memory-bound kernel
-  speeds up with the datasheet bandwidth alone, and dlperf said an H200 (4.8 TB/s, the same
-  132 SMs and clocks as an H100) trains ResNet-50 1.35x faster than an H100; measured: 1.10x.
+* ``sm_bytes_per_clock``: bytes per SM per clock the SMs move to and from DRAM (Little's law:
+  outstanding loads per SM / memory latency). Each byte costs the DRAM's time and the SMs'
+  time, in series: achieved = 1 / (1 / (memory x datasheet) + 1 / (SMs x clock x this)).
+  Without the SM term every memory-bound kernel speeds up with the datasheet bandwidth alone,
+  and dlperf said an H200 (4.8 TB/s, the same 132 SMs and clocks as an H100) trains ResNet-50
+  1.35x faster than an H100; measured: 1.10x. With a hard cap (min of the two) instead, an
+  H200 was no faster than an H100 and a B200 (148 SMs, 8 TB/s) barely faster: held out, the
+  published H200 and B200 rows came out at 0.71x and 0.58x of their measured speed; with the
+  series form 1.03x and 1.06x (benchmarks/README.md).
 * ``depthwise``: fraction of the achieved bandwidth that depthwise and narrow grouped
   convolutions reach (each output reads a k x k window of one channel: short, strided rows,
   and the weight gradient is a reduction over batch x pixels per channel).
@@ -62,7 +66,7 @@ class Efficiency:
     grouped_conv: float = 0.80
     cuda_core: float = 0.80
     memory: float = 0.85
-    sm_bytes_per_clock: float | None = None  # None: no per-SM cap
+    sm_bytes_per_clock: float | None = None  # None: no SM term (the DRAM alone)
     depthwise: float = 1.0
     misaligned: float = 0.50  # Tensor Core GEMMs breaking the 16-byte rule (guide 2.2)
     # Small-problem ramp of GEMM-shaped kernels: x m/(m+gemm_m0) x n/(n+gemm_n0) x k/(k+gemm_k0),
@@ -92,7 +96,7 @@ class Efficiency:
         """Achieved bytes/s of a kernel of ``memory_class`` on ``spec``."""
         bw = spec.mem_bandwidth * self.memory
         if self.sm_bytes_per_clock and spec.tensor_cores:
-            bw = min(bw, sm_cycles_per_s(spec) * self.sm_bytes_per_clock)
+            bw = combine_bandwidth(bw, sm_cycles_per_s(spec) * self.sm_bytes_per_clock)
         return bw * (self.depthwise if memory_class == "depthwise" else 1.0)
 
     def to_dict(self) -> dict:
@@ -102,6 +106,12 @@ class Efficiency:
 # A GPU whose datasheet gives no boost clock (B200) is capped as if it ran at this clock, the
 # highest of the presets, so its cap is never tighter than a known part's.
 FALLBACK_CLOCK_MHZ = 2000.0
+
+
+def combine_bandwidth(dram, sm_cap):
+    """Achieved bandwidth from the DRAM's (``memory`` x datasheet) and the SMs' (SMs x clock x
+    ``sm_bytes_per_clock``) limits. Floats or numpy arrays (the fit evaluates whole tables)."""
+    return 1.0 / (1.0 / dram + 1.0 / sm_cap)
 
 
 def sm_cycles_per_s(spec) -> float:
@@ -129,19 +139,20 @@ def traffic_factor(op: str) -> float:
 
 # Fitted by benchmarks/fit_efficiency.py to every clean row of the published table (see the
 # module docstring and benchmarks/results/efficiency-fit.json for the held-out errors).
-FITTED = Efficiency(tensor_gemm=0.773, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.866,
-                    memory=0.825, sm_bytes_per_clock=6.61, depthwise=0.32, launch_s=12.2e-6,
+FITTED = Efficiency(tensor_gemm=0.790, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.904,
+                    memory=1.0, sm_bytes_per_clock=15.9, depthwise=0.35, launch_s=0.5e-6,
                     host_s=10e-6, source="benchmarks/results/efficiency-fit.json")
-# Reading the fit (112 clean rows: CNNs and transformers, AMP, O2 fp16, TF32 and FP32): the
-# convolution classes sit at their bound of 1.0, i.e. after the tile model's own losses (tile,
-# wave, and the per-tile intrinsic efficiency of gemm.py, 0.70-1.00) cuDNN's convolutions lose
-# nothing more; cuBLAS GEMMs keep 77%. sm_bytes_per_clock = 6.61 caps an A100 (108 SMs x
-# 1410 MHz) at 1.01 TB/s and an H100/H200 (132 x 1980 MHz) at 1.73 TB/s, while a V100 (80 x
-# 1530 MHz: 0.81 TB/s of cap) or an RTX 3090 keeps 82.5% of its datasheet bandwidth.
-# launch_s = 12.2 us per kernel is the GPU-side cost of a kernel that the roofline does not see
-# (launch, ramp-up, the tail of its last wave, helper kernels the capture does not list).
-# host_s is not fitted: no row of the table is host-bound; 10 us is our estimate of an eager
-# PyTorch op's CPU cost (Python, dispatcher, autocast, cudaLaunchKernel) on a server CPU.
+# Reading the fit (129 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
+# and FP32): the convolution classes sit at their bound of 1.0, i.e. after the tile model's own
+# losses (tile, wave, and the per-tile intrinsic efficiency of gemm.py, 0.70-1.00) cuDNN's
+# convolutions lose nothing more; cuBLAS GEMMs keep 79%. Memory: the DRAM term sits at its
+# bound (the datasheet), and the SM term is 15.9 B per SM per clock, so a streaming kernel
+# achieves 1.86 TB/s on an H100 (3.35 datasheet; SM term 4.16), 2.23 TB/s on an H200 (1.20x
+# the H100 from 1.43x the DRAM), 1.11 TB/s on an A100 80 GB, 0.62 TB/s on a V100 (68% of its
+# 900 GB/s), 2.96 TB/s on a B200. launch_s sits at its lower bound (0.5 us): the table's
+# large-batch rows cannot see a per-kernel GPU gap; steps of many small kernels are bounded by
+# host_s instead, which is not fitted (no row is host-bound): 10 us is our estimate of an
+# eager PyTorch op's CPU cost (Python, dispatcher, autocast, cudaLaunchKernel) on a server CPU.
 
 # A measured profile (dlperf probe) already holds achieved rates: nothing left to discount.
 MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,
