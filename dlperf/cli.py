@@ -798,8 +798,8 @@ def _cmd_train(args) -> int:
     except NonFinite as exc:
         print(f"dlperf: error: {exc}", file=sys.stderr)
         return EXIT_NONFINITE
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
-        return 0
+    if os.environ.get("RANK", "0") != "0" or summary.get("already_finished"):
+        return 0  # under torchrun, rank 0 reports; a finished run said so already
     parts = [f"{summary['img_per_s']:,.1f} img/s ({summary['compute_img_per_s']:,.1f} compute-only)",
              f"data wait {summary['data_wait_share']:.0%}"]
     if summary.get("mfu") is not None:

@@ -8,8 +8,10 @@ Layout of a run folder's ``checkpoints/``::
 The .pt is written to a temporary name, fsynced and renamed; the manifest is written the same
 way *after* it, so a manifest exists only for a complete checkpoint (a SIGKILL at any moment
 leaves at worst an orphan .pt or temp file, which is ignored). Loading checks size and sha256
-and uses ``torch.load(weights_only=True)``, so a checkpoint that carries pickled code is refused.
-A checkpoint that fails its check is reported and the previous complete one is used instead.
+and uses ``torch.load(weights_only=True)``, so a checkpoint that carries pickled code is refused;
+every load is checked, a path given by hand included (``load_verified``). A checkpoint that
+fails its check is reported, moved aside (``*.corrupt``, so it no longer counts toward
+keep_last) and the previous complete one is used instead.
 """
 
 from __future__ import annotations
@@ -113,12 +115,50 @@ def load(path: str | Path, map_location="cpu") -> dict:
         raise CheckpointError(f"{path}: refused to load ({first[:200]})") from None
 
 
-def load_latest(folder: str | Path, map_location="cpu", warn=print) -> tuple[dict, CheckpointInfo] | None:
-    """The newest checkpoint that passes its integrity check and loads; older ones as fallback."""
+def load_verified(path: str | Path, map_location="cpu") -> tuple[dict, CheckpointInfo]:
+    """Load the checkpoint at ``path`` after checking it against its manifest (size and
+    sha256): every load is checked, a path given by hand included."""
+    path = Path(path)
+    manifest = path.with_suffix(".json")
+    try:
+        m = json.loads(manifest.read_text())
+        info = CheckpointInfo(path, manifest, int(m["step"]), int(m["epoch"]), m.get("metric"))
+        if m["file"] != path.name:
+            raise CheckpointError(f"{path}: its manifest {manifest.name} describes {m['file']}")
+    except FileNotFoundError:
+        what = "no such checkpoint" if not path.exists() else (
+            f"no manifest ({manifest.name}) beside it, so it cannot be checked: not a complete "
+            "dlperf checkpoint (pass a step-N.pt from a run's checkpoints/ folder)")
+        raise CheckpointError(f"{path}: {what}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: unreadable manifest {manifest.name} ({exc})") from None
+    verify(info)
+    return load(path, map_location), info
+
+
+def quarantine(info: CheckpointInfo) -> Path:
+    """Move a checkpoint that failed its check aside (``*.corrupt``): it no longer counts as
+    complete, so it is never picked again and never takes a good one's place in keep_last."""
+    for p in (info.manifest, info.path):  # manifest first: never a manifest without data
+        if p.exists():
+            p.replace(p.with_name(p.name + ".corrupt"))
+    return info.path.with_name(info.path.name + ".corrupt")
+
+
+def load_latest(folder: str | Path, map_location="cpu", warn=print, move_aside: bool = False
+                ) -> tuple[dict, CheckpointInfo] | None:
+    """The newest checkpoint that passes its integrity check and loads; older ones as fallback.
+    ``move_aside``: quarantine each one that fails (the run folder's owner, rank 0)."""
     for info in reversed(complete(folder)):
         try:
             verify(info)
             return load(info.path, map_location), info
         except CheckpointError as exc:
-            warn(f"skipping checkpoint: {exc}")
+            note = ""
+            if move_aside:
+                try:
+                    note = f"; moved aside to {quarantine(info).name}"
+                except OSError:
+                    pass
+            warn(f"skipping checkpoint: {exc}{note}")
     return None

@@ -4,7 +4,7 @@ non-finite skipping) -> evaluation -> checkpoints and logs, resumable at any ste
 Exit conditions a caller sees (the CLI maps them to exit codes):
 * normal end: returns the summary;
 * SIGTERM/SIGUSR1 or a first Ctrl-C: the current step finishes, a checkpoint is written,
-  `Preempted` is raised (exit code 75, EX_TEMPFAIL); `resume=auto` (the default) continues
+  `Preempted` is raised (exit code 75, EX_TEMPFAIL); `--resume auto` (the default) continues
   from it;
 * `max_nonfinite_steps` consecutive steps with a non-finite loss or gradient: `NonFinite`
   (exit code 3) with a diagnostic; each skipped step leaves the weights unchanged
@@ -14,9 +14,11 @@ Exit conditions a caller sees (the CLI maps them to exit codes):
 from __future__ import annotations
 
 import io
+import json
 import math
 import random
 import signal
+import sys
 import time
 import warnings
 from contextlib import nullcontext
@@ -34,7 +36,8 @@ from dlperf.train import speedups
 from dlperf.train.graphs import GraphedStep, float_learning_rates
 from dlperf.train.guard import EMA, NonFinite, StepGuard, gradient_norm, prepare_deferred  # noqa: F401
 from dlperf.train.metrics import RunLog, Throughput, flops_per_image, peak_flops
-from dlperf.train.recipes import TrainConfig
+from dlperf.train.recipes import RESUME_NOTES, TrainConfig, resume_differences
+from dlperf.train.runlock import RunLock
 
 EXIT_PREEMPTED = 75
 EXIT_NONFINITE = 3
@@ -325,28 +328,75 @@ def train(cfg: TrainConfig, resume: str | None = "auto", progress: bool = True,
     info = D.setup(cfg.device, cfg.collective_timeout_s)
     out = Path(cfg.out_dir)
     ckpt_dir = out / "checkpoints"
-    log = RunLog(out if info.is_main else None)
     try:
-        return _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, console)
+        # The folder is this run's before anything is read or written, and the resume is
+        # checked before anything changes on disk (config.json, logs, checkpoints).
+        with RunLock(out, enabled=info.is_main):
+            notes: list[str] = []
+            found = _resume_point(cfg, ckpt_dir, resume, info, notes, console)
+            log = RunLog(out if info.is_main else None)
+            try:
+                for note in notes:
+                    log.event("warning", message=note)
+                return _train(cfg, info, out, ckpt_dir, log, found, progress, stop_at_step, mfu,
+                              console)
+            finally:
+                log.close()
     except torch.OutOfMemoryError:
         raise DlperfError(f"out of memory at {cfg.batch_size // info.world_size} images per "
                           f"{info.device.type} (batch_size={cfg.batch_size}); try "
                           f"batch_size={max(1, cfg.batch_size // 2)} or grad_accum="
                           f"{cfg.grad_accum * 2}") from None
     finally:
-        log.close()
         D.teardown(info)
 
 
-def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, console):
+def _say(console, message: str) -> None:
+    """A note for the person at the console (stderr when there is no rich console)."""
+    if console is not None:
+        console.print(f"dlperf: {message}", highlight=False)
+    else:
+        print(f"dlperf: {message}", file=sys.stderr)
+
+
+def _resume_point(cfg, ckpt_dir: Path, resume, info, notes: list, console):
+    """(state, CheckpointInfo) to resume from, or None for a fresh start; refuses (DlperfError)
+    a fresh start over checkpoints and a resume whose settings differ from the checkpoint's."""
+    if resume is None:
+        if ckpt.complete(ckpt_dir):
+            raise DlperfError(f"{ckpt_dir}: holds checkpoints; resume them (--resume auto) or "
+                              "choose another out_dir")
+        return None
+
+    def warn(message):
+        notes.append(message)
+        if info.is_main:
+            _say(console, message)
+
+    if resume == "auto":
+        found = ckpt.load_latest(ckpt_dir, map_location=info.device, warn=warn,
+                                 move_aside=info.is_main)
+    else:
+        found = ckpt.load_verified(resume, map_location=info.device)
+    if found is None:
+        return None
+    state, where = found
+    refused, accepted = resume_differences(state.get("config") or {}, cfg)
+    if refused:
+        diffs = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in refused)
+        raise DlperfError(f"resume from {where.path}: this run's settings differ from the "
+                          f"checkpoint's ({diffs}); resume with the checkpoint's settings, or "
+                          "train into another out_dir (nothing was changed)")
+    for key, old, new in accepted:
+        if key in RESUME_NOTES:
+            warn(f"{key} {old!r} -> {new!r} on resume: {RESUME_NOTES[key]}")
+    return found
+
+
+def _train(cfg, info, out, ckpt_dir, log, found, progress, stop_at_step, mfu, console):
     from dlperf.data.device import DevicePrefetcher
 
     seed_everything(cfg.seed)
-    if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "config.json", {"config": cfg.to_dict(),
-                                                 "world_size": info.world_size,
-                                                 "device": str(info.device)})
     dtype = DTYPES[cfg.dtype]
     if cfg.dtype == "bf16" and info.device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise DlperfError("this GPU has no bf16; use dtype=fp16")
@@ -388,13 +438,9 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
 
     step, start_epoch, best = 0, 0, None
     resumed_from = None
-    if resume is not None:
-        found = (ckpt.load_latest(ckpt_dir, map_location=info.device,
-                                  warn=lambda m: log.event("warning", message=m))
-                 if resume == "auto" else
-                 (ckpt.load(resume, map_location=info.device), Path(resume)))
-        if found:
-            state, where = found
+    if found:
+        state, where = found
+        try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
@@ -403,12 +449,20 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                 ema.load_state_dict(state["ema"])
             train_loader.load_state_dict(state["loader"])
             set_rng_state(state["rng"][min(info.rank, len(state["rng"]) - 1)])
-            step, start_epoch, best = state["step"], train_loader.epoch, state.get("best")
-            resumed_from = str(getattr(where, "path", where))
-            log.event("resume", step=step, epoch=start_epoch, checkpoint=resumed_from)
-    elif ckpt.complete(ckpt_dir):
-        raise DlperfError(f"{ckpt_dir}: holds checkpoints; resume (resume=auto) or choose another "
-                          "out_dir")
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise DlperfError(f"resume from {where.path}: it does not fit this run's model, "
+                              f"optimizer or data ({first}); resume with the settings it was "
+                              "trained with, or train into another out_dir") from None
+        step, start_epoch, best = state["step"], train_loader.epoch, state.get("best")
+        resumed_from = str(where.path)
+        if step >= total_steps and start_epoch >= cfg.epochs:
+            return _finished(out, step, resumed_from, console if info.is_main else None)
+        log.event("resume", step=step, epoch=start_epoch, checkpoint=resumed_from)
+    if info.is_main:  # the settings this folder's weights are trained with from here on
+        write_json_atomic(out / "config.json", {"config": cfg.to_dict(),
+                                                 "world_size": info.world_size,
+                                                 "device": str(info.device)})
 
     it = None  # the epoch's DevicePrefetcher: one batch ahead of the steps
 
@@ -430,7 +484,13 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
                  "loader": it.loader_state() if it is not None else train_loader.state_dict(),
                  "rng": rng, "step": step,
                  "best": best, "config": cfg.to_dict()}
-        saved = ckpt.save(ckpt_dir, state, step, train_loader.epoch, metric, cfg.keep_last)
+        try:
+            saved = ckpt.save(ckpt_dir, state, step, train_loader.epoch, metric, cfg.keep_last)
+        except OSError as exc:  # disk full, quota, a folder gone: stop cleanly, lose nothing
+            raise DlperfError(f"{ckpt_dir}: could not write the checkpoint of step {step} "
+                              f"({exc.strerror or exc}); the checkpoints before it are intact: "
+                              "free space and run the same command again to resume from the "
+                              "newest") from None
         log.event("checkpoint", step=step, path=str(saved.path), reason=reason)
         return saved
 
@@ -593,6 +653,20 @@ def _train(cfg, info, out, ckpt_dir, log, resume, progress, stop_at_step, mfu, c
         write_json_atomic(out / "summary.json", summary)
         log.event("summary", **{k: v for k, v in summary.items()
                                  if not isinstance(v, (dict, list))})
+    return summary
+
+
+def _finished(out: Path, step: int, checkpoint: str, console) -> dict:
+    """A rerun of a finished run: nothing to train and nothing rewritten; its summary as it was."""
+    summary_path = out / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        summary = {"steps": step, "resumed_from": checkpoint}
+    summary["already_finished"] = True
+    if console is not None:
+        _say(console, f"{out} already finished at step {step} ({checkpoint}); nothing to "
+                      "train (raise epochs= to train on, or choose another out_dir)")
     return summary
 
 

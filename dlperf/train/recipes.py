@@ -159,6 +159,32 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+# What a resume may change: how long the run goes, how it is watched, stored, fed and sped up.
+# Everything else (model, classes, data, optimizer, learning rate, schedule, precision, batch,
+# augmentation, seed) must equal the checkpoint's: otherwise the resumed run trains weights
+# from one recipe under another's settings, and config.json would describe neither.
+RESUME_MAY_CHANGE = frozenset({
+    "epochs", "target_accuracy", "val_data", "eval_every", "eval_image_size", "log_every",
+    "checkpoint_every", "keep_last", "max_nonfinite_steps", "nonfinite_check", "profile_steps",
+    "out_dir", "device", "collective_timeout_s", "threads", "prefetch", "on_bad_file",
+    "max_bad_fraction", "check_checksums", "cudnn_benchmark", "compile", "cuda_graphs"})
+# changes a resume accepts but must point out
+RESUME_NOTES = {"epochs": "the learning-rate schedule is stretched to the new length from the "
+                          "checkpoint's step on"}
+
+
+def resume_differences(saved: dict, cfg: TrainConfig) -> tuple[list, list]:
+    """(refused, accepted) differences between a checkpoint's settings and ``cfg``, each as
+    (setting, checkpoint's value, this run's value). Settings the checkpoint does not record
+    (written by an older dlperf) are not compared."""
+    now = cfg.to_dict()
+    refused, accepted = [], []
+    for key in now:
+        if key in saved and saved[key] != now[key]:
+            (accepted if key in RESUME_MAY_CHANGE else refused).append((key, saved[key], now[key]))
+    return refused, accepted
+
+
 def resnet50_90ep() -> TrainConfig:
     return TrainConfig()
 
