@@ -33,6 +33,13 @@ def _positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
+def _batch_size(text: str) -> int:
+    value = _int_at_least(text, 1, "a positive integer")
+    if value > 1 << 24:  # tensor sizes overflow long before; no GPU holds such a batch
+        raise argparse.ArgumentTypeError(f"expected at most {1 << 24:,}, got {value:,}")
+    return value
+
+
 def _nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
@@ -60,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(.json/.toml), or cpu for a fresh probe of this machine; several, "
                         "comma-separated, to compare them (the first gets the full table) "
                         "[h100-sxm]")
-    a.add_argument("--batch-size", type=_positive_int, default=None,
+    a.add_argument("--batch-size", type=_batch_size, default=None,
                    help="samples per step [256 for image models, 8 for gpt]")
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
                    help="bf16/fp16: mixed precision as torch.autocast runs it; fp32: no autocast")
@@ -137,8 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "seconds: try `dlperf train --recipe tiny data=DST/train "
                                      "val_data=DST/val`.")
     dt.add_argument("dst", help="folder to create")
-    dt.add_argument("--classes", type=_positive_int, default=4)
-    dt.add_argument("--per-class", type=_positive_int, default=40)
+    dt.add_argument("--classes", type=_positive_int, default=4,
+                    help="classes (sub-folders), each a different pattern [4]")
+    dt.add_argument("--per-class", type=_positive_int, default=40,
+                    help="training images per class; val/ gets a quarter as many [40]")
     dv = dsub.add_parser("verify", help="check a prepared dataset: index vs tar, decode all",
                          description="Check every index entry (and each shard's DALI .idx) "
                                      "against its tar members and decode every sample; exit 1 "
@@ -250,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "`dlperf analyze --device PATH`.")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="what to measure [auto: cuda if present, else cpu]")
-    p.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes: ~10 s on a 2-core CPU (the full probe ~1-2 min)")
     p.add_argument("--sweep", action="store_true",
                    help="also time generic layers (convolutions, linear, BN+ReLU, residual "
                         "adds) and fit the efficiency model to this machine: the spec file then "
@@ -270,8 +280,24 @@ def _console():
     return console if console.is_terminal else Console(width=160)
 
 
+def _output_file(path: str | None, flag: str) -> None:
+    """Refuse an output path that cannot be written, before minutes of work are spent."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise DlperfError(f"{flag} {path}: is a folder; give a file name")
+    if not p.parent.exists():
+        raise DlperfError(f"{flag} {path}: folder {p.parent} does not exist")
+
+
 def _cmd_analyze(args) -> int:
     import torch
+
+    _output_file(args.json, "--json")
+    _output_file(args.html, "--html")
 
     from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
     from dlperf.analysis.report import render, render_comparison
@@ -311,7 +337,8 @@ def _cmd_analyze(args) -> int:
                               "or leave it out of --device")
     spec = specs[0]
     model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
-    sample_shape = parse_input_shape(args.input_shape) if args.input_shape else model_input.shape
+    sample_shape = (parse_input_shape(args.input_shape) if args.input_shape is not None
+                     else model_input.shape)
     batch = args.batch_size or (8 if model_input.kind == "tokens" else 256)
     tokens = (args.input_dtype or ("int64" if model_input.kind == "tokens" else "")) == "int64"
     cfg = AnalysisConfig(model=args.model, input_shape=(batch, *sample_shape), dtype=args.dtype,
@@ -414,6 +441,7 @@ def _cmd_probe(args) -> int:
     from dlperf.hardware.specs import get_device
     from dlperf.report import write_json_atomic
 
+    _output_file(args.out, "--out")  # before minutes of measuring
     cfg = ProbeConfig(device=args.device, quick=args.quick)
     preset = get_device(args.compare) if args.compare else None
     if preset is None and args.device != "cpu":
@@ -555,7 +583,11 @@ def _cmd_data(args) -> int:
 
         if Path(args.dst).exists() and any(Path(args.dst).iterdir()):
             raise DlperfError(f"{args.dst}: not empty; choose a new folder")
-        train_dir, val_dir = make_toy_split(args.dst, args.per_class, args.classes)
+        try:
+            train_dir, val_dir = make_toy_split(args.dst, args.per_class, args.classes)
+        except OSError as exc:
+            raise DlperfError(f"{args.dst}: cannot write there ({exc.strerror}); choose a "
+                              "folder you can write") from None
         console.print(f"Wrote {train_dir} and {val_dir}; try: dlperf train --recipe tiny "
                       f"data={train_dir} val_data={val_dir} num_classes={args.classes}")
         return 0

@@ -33,6 +33,8 @@ def write_atomic(path: str | Path, write, binary: bool = False) -> Path:
     path = Path(path)
     if not path.parent.exists():
         raise DlperfError(f"{path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise DlperfError(f"{path}: is a folder; give a file name (e.g. {path / 'result.json'})")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:

@@ -108,7 +108,7 @@ from dlperf.data.decode import ROI_AVAILABLE
 src = lossless_copy('$DATA', Path('/tmp/corpus-restart')) if ROI_AVAILABLE else '$DATA'
 repeated_list(src, 40, '/tmp/jpegs.csv')
 print('real-JPEG run reads', src)"
-  step timeout 90 $TRAIN steps_per_epoch=50 cuda_graphs=true data=/tmp/jpegs.csv data_backend=gpu \
+  step timeout 90 $TRAIN cuda_graphs=true data=/tmp/jpegs.csv data_backend=gpu \
       out_dir=/tmp/dlperf-graphs-jpeg
 fi
 collect

@@ -90,10 +90,14 @@ def parse_size(text: str) -> int:
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     try:
         if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
+            value = float(t[:-1]) * mult[t[-1]]
+            if not value < 1 << 50:  # inf, nan and sizes no disk holds
+                raise OverflowError
+            return int(value)
         return int(t)
-    except ValueError:
-        raise DlperfError(f"--shard-size {text!r}: give a size like 1GB or 512MB") from None
+    except (ValueError, OverflowError):
+        raise DlperfError(f"--shard-size {text!r}: give a size like 1GB or 512MB (below "
+                          "1 PB)") from None
 
 
 def _encode(img: np.ndarray, quality: int) -> bytes:

@@ -80,10 +80,34 @@ class DeviceSpec:
                                   f"use one of {', '.join(MATH_UNITS)}")
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise DlperfError(f"{origin}: peak[{unit!r}] must be a positive FLOP/s number")
+        if "fp32" not in peak:
+            raise DlperfError(f"{origin}: peak has no 'fp32' entry; every device needs its FP32 "
+                              "FLOP/s (what non-Tensor-Core math runs at)")
         for key in ("sm_count", "mem_bandwidth"):
             value = data[key]
-            if not isinstance(value, (int, float)) or value <= 0:
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value) or value <= 0):
                 raise DlperfError(f"{origin}: {key} must be a positive number, got {value!r}")
+        if not isinstance(data["sm_count"], int) and not float(data["sm_count"]).is_integer():
+            raise DlperfError(f"{origin}: sm_count must be a whole number, got {data['sm_count']!r}")
+        # optional numbers: (field, smallest allowed, what it is)
+        for key, low, what in (("tc_alignment_bytes", 1, "bytes"),
+                               ("tc_best_alignment_bytes", 1, "bytes"),
+                               ("launch_overhead_s", 0, "seconds"),
+                               ("boost_clock_mhz", 1e-9, "MHz"), ("l2_bytes", 0, "bytes"),
+                               ("memory_bytes", 1, "bytes")):
+            value = data.get(key)
+            if value is None:
+                continue
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value) or value < low):
+                raise DlperfError(f"{origin}: {key} must be a number >= {low:g} ({what}), got "
+                                  f"{value!r}")
+        for key in ("tc_alignment_bytes", "tc_best_alignment_bytes"):
+            value = data.get(key)
+            if value is not None and (value & (value - 1) if isinstance(value, int) else True):
+                raise DlperfError(f"{origin}: {key} must be a power of two (16 on NVIDIA Tensor "
+                                  f"Cores), got {value!r}")
         data = dict(data)
         if "efficiency" in data:
             from dlperf.hardware.efficiency import check_overrides

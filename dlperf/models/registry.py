@@ -39,7 +39,7 @@ def torchvision_names() -> list[str]:
 def parse_input_shape(text: str) -> tuple[int, ...]:
     """'3,224,224' -> (3, 224, 224); one positive integer per dimension."""
     try:
-        dims = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+        dims = tuple(int(p) for p in text.replace("x", ",").split(","))  # no empty parts
     except ValueError:
         dims = ()
     if not dims or any(d <= 0 for d in dims):

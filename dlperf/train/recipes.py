@@ -13,12 +13,18 @@ small dataset in seconds on a CPU (demos and tests).
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches
+
+
+# the largest global batch a setting may ask for (beyond it every tensor size overflows long
+# before memory runs out)
+MAX_BATCH = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -86,9 +92,41 @@ class TrainConfig:
     collective_timeout_s: int = 600
 
     def __post_init__(self):
+        reals = [f.name for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), float)]
         checks = [
+            *((math.isfinite(getattr(self, name)),
+               f"{name} must be a finite number, got {getattr(self, name)}") for name in reals),
             (self.epochs > 0, "epochs must be positive"),
-            (self.batch_size > 0, "batch_size must be positive"),
+            (0 < self.batch_size <= MAX_BATCH, f"batch_size must be in 1..{MAX_BATCH:,}"),
+            (self.num_classes >= 2, "num_classes must be at least 2"),
+            (bool(self.data.strip()), "data must name a folder, .csv or shard folder, or "
+                                      "synthetic (it is empty)"),
+            (bool(self.out_dir.strip()), "out_dir must name a folder (it is empty; write "
+                                         "out_dir=. for the current one)"),
+            (self.steps_per_epoch is None or self.steps_per_epoch > 0,
+             "steps_per_epoch must be positive (or unset)"),
+            (self.steps_per_epoch is None or self.data == "synthetic",
+             "steps_per_epoch applies to data=synthetic only (real data runs whole epochs); "
+             "drop it, or lower epochs"),
+            (8 <= self.image_size <= 4096, "image_size must be in 8..4096 pixels"),
+            (self.eval_image_size is None or 8 <= self.eval_image_size <= 4096,
+             "eval_image_size must be in 8..4096 pixels (or unset)"),
+            (0 <= self.seed < 2**32, "seed must be in 0..4294967295"),
+            (self.warmup_epochs >= 0, "warmup_epochs must be >= 0"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (self.log_every >= 1, "log_every must be at least 1 (steps)"),
+            (self.eval_every >= 1, "eval_every must be at least 1 (epochs)"),
+            (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (steps; 0: at epoch "
+                                         "ends only)"),
+            (self.keep_last >= 1, "keep_last must be at least 1 (checkpoints kept)"),
+            (self.max_nonfinite_steps >= 1, "max_nonfinite_steps must be at least 1"),
+            (self.threads >= 0, "threads must be >= 0 (0: one per core)"),
+            (self.prefetch >= 1, "prefetch must be at least 1 (batches)"),
+            (self.collective_timeout_s > 0, "collective_timeout_s must be positive"),
+            (self.target_accuracy is None or 0 < self.target_accuracy <= 1,
+             "target_accuracy must be in (0, 1] (or unset)"),
             (self.grad_accum > 0 and self.batch_size % self.grad_accum == 0,
              f"batch_size ({self.batch_size}) must be a multiple of grad_accum ({self.grad_accum})"),
             (self.schedule in ("cosine", "step", "onecycle", "linear"),
@@ -265,12 +303,18 @@ def load_config_file(path: str | Path) -> TrainConfig:
     """A TOML file: optional ``recipe = "name"`` to start from, then any TrainConfig fields."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise DlperfError(f"{path}: cannot read config ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise DlperfError(f"{path}: not UTF-8 text; save the config as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise DlperfError(f"{path}: invalid TOML ({exc})") from None
-    base = get_recipe(data.pop("recipe")) if "recipe" in data else TrainConfig()
+    recipe = data.pop("recipe", None)
+    if recipe is not None and not isinstance(recipe, str):
+        raise DlperfError(f"{path}: recipe = {recipe!r}: give a recipe name in quotes, one of "
+                          f"{', '.join(RECIPES)}")
+    base = get_recipe(recipe) if recipe is not None else TrainConfig()
     try:
         return apply_overrides(base, data)
     except DlperfError as exc:

@@ -1,0 +1,98 @@
+"""Issue #12: every bad setting or flag gets one line that names it, exit 2, no traceback."""
+
+import json
+
+import pytest
+
+from dlperf.cli import main
+
+TRAIN = ["train", "--recipe", "tiny", "--no-progress"]
+
+
+def _refused(argv, capsys) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (argv, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("log_every=0", "log_every must be at least 1"),
+    ("eval_every=0", "eval_every must be at least 1"),
+    ("image_size=0", "image_size must be in 8..4096"),
+    ("seed=-1", "seed must be in 0..4294967295"),
+    ("lr_per_256=inf", "lr_per_256 must be a finite number"),
+    ("warmup_epochs=nan", "warmup_epochs must be a finite number"),
+    ("momentum=5", "momentum must be in [0, 1)"),
+    ("weight_decay=-1", "weight_decay must be >= 0"),
+    ("keep_last=-1", "keep_last must be at least 1"),
+    ("checkpoint_every=-5", "checkpoint_every must be >= 0"),
+    ("max_nonfinite_steps=0", "max_nonfinite_steps must be at least 1"),
+    ("batch_size=9223372036854775807", "batch_size must be in 1..16,777,216"),
+    ("num_classes=1", "num_classes must be at least 2"),
+    ("data=", "data must name a folder"),
+    ("out_dir=", "out_dir must name a folder"),
+    ("prefetch=0", "prefetch must be at least 1"),
+    ("target_accuracy=2", "target_accuracy must be in (0, 1]"),
+])
+def test_bad_train_settings(setting, says, capsys):
+    data = [] if setting.startswith("data=") else ["data=synthetic"]
+    assert says in _refused(TRAIN + data + [setting], capsys)
+
+
+def test_steps_per_epoch_with_real_data_is_refused_not_ignored(tmp_path, capsys):
+    err = _refused(TRAIN + [f"data={tmp_path}", "steps_per_epoch=5"], capsys)
+    assert "steps_per_epoch applies to data=synthetic only" in err
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"recipe = 3\n", "give a recipe name in quotes"),
+    (b"\xff\xfe\x00epochs = 2\n", "not UTF-8"),
+    (b"epochs = \n", "invalid TOML"),
+    (b'recipe = "tiny"\nbogus = 1\n', "unknown setting 'bogus'"),
+])
+def test_bad_config_files(tmp_path, content, says, capsys):
+    path = tmp_path / "run.toml"
+    path.write_bytes(content)
+    assert says in _refused(["train", "--config", str(path)], capsys)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["analyze", "resnet18", "--batch-size", "9223372036854775807"], "at most 16,777,216"),
+    (["analyze", "resnet18", "--input-shape", ""], "--input-shape ''"),
+    (["analyze", "resnet18", "--input-shape", "3,,224"], "--input-shape '3,,224'"),
+    (["analyze", "resnet18", "--json", "{tmp}"], "is a folder"),
+    (["analyze", "resnet18", "--html", "{tmp}/missing/r.html"], "does not exist"),
+    (["probe", "--quick", "--out", "{tmp}/missing/p.json"], "does not exist"),
+    (["data", "prepare", "{tmp}", "{tmp}/out", "--shard-size", "1e400GB"], "below 1 PB"),
+    (["data", "toy", "{tmp}/a-file/sub"], "cannot write there"),
+])
+def test_bad_flags(tmp_path, argv, says, capsys):
+    (tmp_path / "a-file").write_text("not a folder")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert says in _refused(argv, capsys)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"peak": {"fp16": 1e14}}, "no 'fp32' entry"),
+    ({"tc_alignment_bytes": 0}, "tc_alignment_bytes must be a number >= 1"),
+    ({"tc_alignment_bytes": 12}, "must be a power of two"),
+    ({"launch_overhead_s": -1}, "launch_overhead_s must be a number >= 0"),
+    ({"sm_count": 1.5}, "sm_count must be a whole number"),
+])
+def test_bad_device_files(tmp_path, change, says, capsys):
+    spec = {"name": "mine", "sm_count": 10, "mem_bandwidth": 1e12,
+            "peak": {"fp32": 1e13, "fp16": 1e14}, **change}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(spec))
+    assert says in _refused(["analyze", "resnet18", "--device", str(path)], capsys)
+
+
+def test_a_good_device_file_still_works(tmp_path, capsys):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"name": "mine", "sm_count": 10, "mem_bandwidth": 1e12,
+                                "peak": {"fp32": 1e13, "fp16": 1e14}, "launch_overhead_s": 0}))
+    assert main(["analyze", "resnet18", "--batch-size", "2", "--dtype", "fp16",
+                 "--device", str(path)]) == 0
+    assert "Predicted step" in capsys.readouterr().out
