@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (newest complete checkpoint in out_dir), never, or a .pt path [auto]")
     t.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--no-mfu", action="store_true",
+                   help="skip the model FLOP utilisation figure (on a CPU its ceiling comes from "
+                        "a probe of this machine, ~10 s once, then cached)")
 
     bt = bsub.add_parser("train", help="the recipe's speed-ups one at a time (a ladder)",
                          description="Training-step throughput of a model as each speed-up is "
@@ -823,7 +826,8 @@ def _cmd_train(args) -> int:
     console = _console()
     resume = None if args.resume == "never" else args.resume
     try:
-        summary = train(cfg, resume=resume, progress=not args.no_progress, console=console)
+        summary = train(cfg, resume=resume, progress=not args.no_progress, console=console,
+                        mfu=not args.no_mfu)
     except Preempted as exc:
         print(f"dlperf: {exc}", file=sys.stderr)
         return EXIT_PREEMPTED

@@ -15,6 +15,21 @@ def load_benchmark(name: str):
     return module
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Probe caches (hardware.probe.cached_cpu_probe) in a folder of this test session, never
+    in the user's home."""
+    import os
+
+    old = os.environ.get("DLPERF_CACHE_DIR")
+    os.environ["DLPERF_CACHE_DIR"] = str(tmp_path_factory.mktemp("dlperf-cache"))
+    yield
+    if old is None:
+        os.environ.pop("DLPERF_CACHE_DIR", None)
+    else:
+        os.environ["DLPERF_CACHE_DIR"] = old
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.manual_seed(0)

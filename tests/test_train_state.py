@@ -202,3 +202,64 @@ def test_cli_refusals_name_the_flag_that_exists(toy, tmp_path, capsys):
     assert main(args + ["lr_per_256=0.5"]) == 2
     assert "lr_per_256" in capsys.readouterr().err
     assert main(args) == 0 and "already finished" in capsys.readouterr().out
+
+
+def test_the_cpu_ceiling_is_probed_once_per_machine(tmp_path, monkeypatch):
+    from dlperf.hardware import probe as P
+
+    monkeypatch.setenv("DLPERF_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    real = P.probe
+
+    def counting(cfg, progress=None):
+        calls.append(cfg)
+        return real(cfg, progress)
+
+    monkeypatch.setattr(P, "probe", counting)
+    first, where = P.cached_cpu_probe()
+    again, where_again = P.cached_cpu_probe()
+    assert len(calls) == 1 and again.peak == first.peak and "cpu-probe-" in where_again
+    # another environment (here: another thread count) is probed afresh
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        P.cached_cpu_probe()
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == 2
+
+
+def test_summary_is_on_disk_before_the_mfu_ceiling_is_looked_up(toy, tmp_path, monkeypatch):
+    from dlperf.train import loop
+
+    out = tmp_path / "s"
+    seen = {}
+
+    def ceiling(device, dtype, spec_and_source=None):
+        seen["summary"] = json.loads((out / "summary.json").read_text())
+        return 1e12, "test ceiling"
+
+    monkeypatch.setattr(loop, "peak_flops", ceiling)
+    summary = train(_cfg(toy, out), resume=None, progress=False, mfu=True)
+    assert seen["summary"]["steps"] == summary["steps"] and "mfu" not in seen["summary"]
+    assert json.loads((out / "summary.json").read_text())["mfu"] == summary["mfu"] > 0
+
+
+def test_epochs_csv_after_a_mid_epoch_resume_averages_the_whole_epoch(toy, tmp_path):
+    rows = {}
+    for name, stop in (("whole", None), ("resumed", 2)):
+        cfg = _cfg(toy, tmp_path / name, epochs=2, deterministic=True)
+        if stop:
+            with pytest.raises(Exception, match="stopped at step 2"):
+                _run(cfg, resume=None, stop_at_step=stop)  # half of epoch 0
+            _run(cfg)
+        else:
+            _run(cfg, resume=None)
+        lines = (tmp_path / name / "epochs.csv").read_text().splitlines()
+        header = lines[0].split(",")
+        rows[name] = [dict(zip(header, line.split(","))) for line in lines[1:]]
+    assert [r["epoch"] for r in rows["resumed"]] == ["0", "1"]
+    for whole, resumed in zip(rows["whole"], rows["resumed"]):
+        assert float(resumed["loss"]) == pytest.approx(float(whole["loss"]), rel=1e-6)

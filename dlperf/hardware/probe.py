@@ -11,13 +11,16 @@ events on a GPU.
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from dlperf.errors import DlperfError
 from dlperf.hardware.specs import DeviceSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -221,6 +224,51 @@ def probe(cfg: ProbeConfig = ProbeConfig(), progress=None) -> tuple[DeviceSpec, 
         if progress:
             progress()
     return _to_spec(device, measurements), measurements
+
+
+def cache_dir() -> Path:
+    """Where probes of this machine are kept: $DLPERF_CACHE_DIR, else ~/.cache/dlperf."""
+    env = os.environ.get("DLPERF_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "dlperf"
+
+
+def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
+    """This CPU's measured spec, probed once per machine and environment (CPU model, threads,
+    torch version, platform) and then read from ``cache_dir()``: `dlperf train` needs the
+    ceiling for its MFU figure, not a fresh minute of measuring after every run. Returns
+    (spec, where it came from)."""
+    import hashlib
+    import json
+
+    from dlperf.report import write_json_atomic
+
+    env = {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "platform": platform.platform(), "quick": quick}
+    key = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / f"cpu-probe-{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        if data.get("environment") == env:
+            return DeviceSpec.from_dict(data["spec"], str(path)), f"this CPU, probed ({path})"
+    except (OSError, ValueError, KeyError, TypeError, DlperfError):
+        pass  # no cache yet, or one from another version: probe afresh
+    spec, _ = probe(ProbeConfig(device="cpu", quick=quick))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"spec": spec.to_dict(), "environment": env})
+    except (OSError, DlperfError):
+        pass  # a read-only home: the figure stands, only the cache is lost
+    return spec, "this CPU, probed"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def probe_task_count(cfg: ProbeConfig) -> int:

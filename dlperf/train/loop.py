@@ -437,7 +437,8 @@ def _train(cfg, info, out, ckpt_dir, log, found, progress, stop_at_step, mfu, co
                               max_grad_norm=cfg.max_grad_norm)
 
     step, start_epoch, best = 0, 0, None
-    resumed_from = None
+    resumed_from, resumed_stats = None, None
+    live: dict = {}  # what a checkpoint records of the epoch in progress
     if found:
         state, where = found
         try:
@@ -455,6 +456,7 @@ def _train(cfg, info, out, ckpt_dir, log, found, progress, stop_at_step, mfu, co
                               f"optimizer or data ({first}); resume with the settings it was "
                               "trained with, or train into another out_dir") from None
         step, start_epoch, best = state["step"], train_loader.epoch, state.get("best")
+        resumed_stats = state.get("epoch_stats")
         resumed_from = str(where.path)
         if step >= total_steps and start_epoch >= cfg.epochs:
             return _finished(out, step, resumed_from, console if info.is_main else None)
@@ -484,6 +486,9 @@ def _train(cfg, info, out, ckpt_dir, log, found, progress, stop_at_step, mfu, co
                  "loader": it.loader_state() if it is not None else train_loader.state_dict(),
                  "rng": rng, "step": step,
                  "best": best, "config": cfg.to_dict()}
+        if "epoch_stats" in live:  # the loss sum so far this epoch (one sync, at checkpoints)
+            stats = live["epoch_stats"]
+            state["epoch_stats"] = {"loss": float(stats["loss"]), "n": int(stats["n"])}
         try:
             saved = ckpt.save(ckpt_dir, state, step, train_loader.epoch, metric, cfg.keep_last)
         except OSError as exc:  # disk full, quota, a folder gone: stop cleanly, lose nothing
@@ -516,6 +521,11 @@ def _train(cfg, info, out, ckpt_dir, log, found, progress, stop_at_step, mfu, co
                 if train_loader.state_dict()["next_batch"] == 0:
                     train_loader.set_epoch(epoch)
                 epoch_stats = {"loss": 0.0, "n": 0}  # mean loss over the finite steps
+                if resumed_stats and train_loader.state_dict()["next_batch"] > 0:
+                    # resumed mid-epoch: the row averages the steps before the stop too
+                    epoch_stats.update(resumed_stats)
+                resumed_stats = None
+                live["epoch_stats"] = epoch_stats
                 last_loss = float("nan")
                 bar.start(epoch, steps_per_epoch)
                 t_prev = time.perf_counter()
@@ -639,6 +649,8 @@ def _train(cfg, info, out, ckpt_dir, log, found, progress, stop_at_step, mfu, co
                "resumed_from": resumed_from, "data_source": _source_kind(train_loader),
                "eval": last_eval, "best_top1": best, "time_to_target_s": time_to_target,
                "wall_s": time.perf_counter() - run_start}
+    if info.is_main:  # on disk before the ceiling is looked up (a first run probes this CPU)
+        write_json_atomic(out / "summary.json", summary)
     if mfu and tput.img_per_s:
         fpi = flops_per_image(cfg.model, cfg.num_classes, image_size, cfg.dtype,
                               4 if cfg.pad_stem_to_4 else 3)

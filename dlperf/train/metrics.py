@@ -120,16 +120,16 @@ def flops_per_image(model_name: str, num_classes: int, image_size: int, dtype: s
 
 def device_spec(device: torch.device):
     """(DeviceSpec for the training device, where it came from): the datasheet preset of a
-    CUDA GPU (None if dlperf has no preset for it), or this CPU probed (quick)."""
+    CUDA GPU (None if dlperf has no preset for it), or this CPU probed (quick, once per machine
+    and environment: hardware.probe.cached_cpu_probe)."""
     if device.type == "cuda":
         from dlperf.hardware.specs import match_preset
 
         spec = match_preset(torch.cuda.get_device_name(device))
         return (spec, f"{spec.name} datasheet") if spec else (None, "no preset for this GPU")
-    from dlperf.hardware.probe import ProbeConfig, probe
+    from dlperf.hardware.probe import cached_cpu_probe
 
-    spec, _ = probe(ProbeConfig(device="cpu", quick=True))
-    return spec, "this CPU, probed"
+    return cached_cpu_probe(quick=True)
 
 
 def peak_flops(device: torch.device, dtype: str, spec_and_source=None
