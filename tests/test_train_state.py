@@ -218,7 +218,8 @@ def test_the_cpu_ceiling_is_probed_once_per_machine(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "probe", counting)
     first, where = P.cached_cpu_probe()
     again, where_again = P.cached_cpu_probe()
-    assert len(calls) == 1 and again.peak == first.peak and "cpu-probe-" in where_again
+    assert len(calls) == 1 and again.peak == first.peak and where_again == where
+    assert list((tmp_path / "cache").glob("cpu-probe-*.json"))
     # another environment (here: another thread count) is probed afresh
     import torch
 

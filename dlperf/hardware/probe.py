@@ -249,7 +249,7 @@ def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
     try:
         data = json.loads(path.read_text())
         if data.get("environment") == env:
-            return DeviceSpec.from_dict(data["spec"], str(path)), f"this CPU, probed ({path})"
+            return DeviceSpec.from_dict(data["spec"], str(path)), "this CPU, probed"
     except (OSError, ValueError, KeyError, TypeError, DlperfError):
         pass  # no cache yet, or one from another version: probe afresh
     spec, _ = probe(ProbeConfig(device="cpu", quick=quick))
