@@ -19,9 +19,10 @@ def test_fp32_gets_mixed_precision_and_tf32_advice():
     # bf16 Tensor Cores (312 TF/s) vs FP32 CUDA cores (19.5): a big, but bounded, saving
     assert 0.3 * step < found[0].saving_s < step
     assert "autocast" in found[0].message and "TF32" in found[1].message
-    # The estimate agrees with a real bf16 analysis of the same model within 25%
+    # The estimate agrees with a real bf16 analysis of the same model within 10% (6% today: this
+    # step is host-bound and autocast adds a few cast kernels the estimate does not list)
     bf16 = dlperf.analyze("resnet18", (32, 3, 112, 112), device="a100-80gb", dtype="bf16")
-    assert step - found[0].saving_s == pytest.approx(bf16.totals()["predicted_time_s"], rel=0.25)
+    assert step - found[0].saving_s == pytest.approx(bf16.totals()["predicted_time_s"], rel=0.10)
 
 
 def test_bf16_has_no_mixed_precision_finding():
@@ -92,3 +93,18 @@ def test_tf32_convolutions_read_nchw_without_transposes():
     assert all(p.transpose_time_s == 0 for p in tf32.predictions)
     assert "channels-last" not in _rules(tf32)
     assert any(p.transpose_time_s > 0 for p in fp16.predictions)
+
+
+def test_mixed_precision_with_tf32_compares_against_tf32_and_only_when_it_pays():
+    # ResNet-50 at batch 64 on an A100: Tensor Core math either way; bf16 halves the traffic
+    a = dlperf.analyze("resnet50", (64, 3, 224, 224), device="a100-80gb", dtype="fp32",
+                       tf32=True)
+    found = [f for f in a.findings if f.rule == "mixed-precision"]
+    assert len(found) == 1 and "TFLOP/s TF32" in found[0].message  # 312 vs 156, not vs 19.5
+    assert "156 TFLOP/s TF32" in found[0].message and found[0].saving_s > 0
+    # ResNet-18 at batch 32, 112 px: a host-bound step (10 us of CPU per kernel) where
+    # autocast's extra cast kernels cost more than the faster math saves: no advice to switch
+    b = dlperf.analyze("resnet18", (32, 3, 112, 112), device="a100-80gb", dtype="fp32",
+                       tf32=True)
+    assert b.totals()["host_wait_s"] > 0
+    assert not [f for f in b.findings if f.rule == "mixed-precision"]

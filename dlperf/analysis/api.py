@@ -162,6 +162,22 @@ def _meta_forward(model: torch.nn.Module, channels_last: bool, cast: torch.dtype
     return forward, list(params.values())
 
 
+# What PyTorch says when a meta tensor meets an op whose result depends on values.
+_DATA_DEPENDENT = (("nonzero", "torch.nonzero (or boolean-mask indexing)"),
+                   ("item()", "Tensor.item()"), ("_local_scalar_dense", "Tensor.item()"),
+                   ("unique", "torch.unique"), ("masked_select", "torch.masked_select"),
+                   ("data-dependent", "an op with a data-dependent output"),
+                   ("data dependent", "an op with a data-dependent output"))
+
+
+def data_dependent_op(message: str) -> str | None:
+    """The value-dependent op a capture error is about, or None for any other error."""
+    low = message.lower()
+    if "meta" not in low and "data-dependent" not in low and "data dependent" not in low:
+        return None
+    return next((op for key, op in _DATA_DEPENDENT if key in low), None)
+
+
 def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                   input_dtype: torch.dtype = torch.float32) -> tuple[list, dict, float]:
     """The device-independent half: capture on meta tensors and cost every kernel.
@@ -190,11 +206,20 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                                   forward=forward, params=params)
     except DlperfError:
         raise
-    except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as exc:
-        # The model rejected the input (shape, dtype): a user mistake, reported in one line.
+    except (RuntimeError, ValueError, TypeError, IndexError, AssertionError,
+            NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        op = data_dependent_op(str(exc))
+        if op is not None:  # not the input's fault: the capture cannot know tensor values
+            raise DlperfError(
+                f"model {config.model!r} calls {op}, whose result depends on tensor values "
+                "(an output shape or a Python branch), which dlperf's capture on meta tensors "
+                "cannot know: make that step shape-static (a mask multiply instead of "
+                "nonzero/boolean indexing, no .item() or unique in forward), or analyze the "
+                "part of the model before it") from None
+        # The model rejected the input (shape, dtype): a user mistake, reported in one line.
         raise DlperfError(f"model {config.model!r} failed on input shape "
-                          f"{list(config.input_shape)}: {first} "
+                          f"{list(config.input_shape)}: {first[:300]} "
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
     if config.train and config.optimizer != "none":

@@ -66,6 +66,16 @@ def _repredict(analysis, cost) -> Prediction:
     return predict(cost, analysis.device, tf32=analysis.config.tf32)
 
 
+# Ops that CUDA autocast runs in FP32 whatever their input (torch.amp's fp32 list, as the
+# kernels dlperf's capture names them), with their backward kernels.
+AUTOCAST_FP32 = frozenset({
+    "native_layer_norm", "native_layer_norm_backward", "native_group_norm",
+    "native_group_norm_backward", "_softmax", "_softmax_backward_data", "_log_softmax",
+    "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
+    "nll_loss2d_backward", "mse_loss", "mse_loss_backward", "binary_cross_entropy_with_logits",
+    "exp", "log", "pow", "rsqrt", "sum", "cumsum", "norm", "linalg_vector_norm"})
+
+
 def _mixed_precision(analysis, step_s) -> list[Finding]:
     cfg, spec = analysis.config, analysis.device
     if cfg.dtype != "fp32":
@@ -77,28 +87,36 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
     for p in analysis.predictions:
         c = p.cost
         # Autocast stores activations in 16 bits: GEMM traffic halves and the math moves to
-        # Tensor Cores. Norms and losses stay FP32 (autocast's fp32 list), so only GEMMs and
-        # elementwise ops are converted here.
-        if c.dtype == "fp32" and (c.kind in ("gemm", "fused") or c.op in FUSIBLE_POINTWISE):
+        # Tensor Cores; ops outside its fp32 list (batch norm, pooling, activations, adds) run
+        # in their input's 16-bit type. Layer/group norm, softmax and losses stay FP32, and so
+        # does the optimizer step (FP32 master weights).
+        if (c.dtype == "fp32" and c.phase != "optimizer" and c.op not in AUTOCAST_FP32
+                and (c.kind in ("gemm", "fused") or c.op in FUSIBLE_POINTWISE
+                     or c.kind == "memory")):
             if c.kind == "gemm" and c.phase == "forward":
                 # autocast casts each GEMM's FP32 weight to 16 bits first: one more small kernel
                 # (its CPU issue time counts where the step is host-bound)
                 times.append(analysis.efficiency.launch_s if analysis.efficiency else 0.0)
                 counts.append(1)
             c = dataclasses.replace(c, dtype=target, bytes=c.bytes // 2,
-                                    output_bytes=c.output_bytes // 2)
+                                    output_bytes=c.output_bytes // 2,
+                                    activation_bytes=c.activation_bytes // 2)
         new = predict(c, spec, tf32=False)
         times.append(new.time_s)
         counts.append(new.kernels)
     host_s = (analysis.efficiency or efficiency_for(spec)).host_s
     new_total = step_time(times, counts, host_s)
+    # what the GEMMs run on now: TF32 Tensor Cores with --tf32 (where the GPU has them)
+    now = "tf32" if cfg.tf32 and spec.peak_flops("tf32") else "fp32"
     saving = step_s - new_total
     msg = (f"Train with mixed precision (torch.autocast(dtype=torch.{'bfloat16' if target == 'bf16' else 'float16'})"
            f"{', with GradScaler' if target == 'fp16' else ''}): GEMMs move to {target} Tensor "
-           f"Cores ({spec.peak_flops(target) / 1e12:,.0f} vs {spec.peak_flops('fp32') / 1e12:,.0f} "
-           f"TFLOP/s FP32) and activations halve; predicted step {step_s * 1e3:.3g} -> "
+           f"Cores ({spec.peak_flops(target) / 1e12:,.0f} vs {spec.peak_flops(now) / 1e12:,.0f} "
+           f"TFLOP/s {now.upper()}) and activations halve; predicted step {step_s * 1e3:.3g} -> "
            f"{new_total * 1e3:.3g} ms ({step_s / new_total:.2f}x).")
-    out = [Finding("mixed-precision", msg, saving)]
+    # advice that does not pay (a host-bound step gains nothing from faster kernels, and
+    # autocast adds cast kernels) is not given
+    out = [Finding("mixed-precision", msg, saving)] if saving / step_s >= MIN_SHARE else []
     if not cfg.tf32 and spec.peak_flops("tf32"):
         tf32 = [predict(p.cost, spec, tf32=True) for p in analysis.predictions]
         tf32_total = step_time([p.time_s for p in tf32], [p.kernels for p in tf32], host_s)
