@@ -96,3 +96,38 @@ def test_a_good_device_file_still_works(tmp_path, capsys):
     assert main(["analyze", "resnet18", "--batch-size", "2", "--dtype", "fp16",
                  "--device", str(path)]) == 0
     assert "Predicted step" in capsys.readouterr().out
+
+
+DATA_DEPENDENT = '''
+import torch
+from torch import nn
+
+class Nonzero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y[torch.nonzero(y > 0)[:, 0]]
+
+class Item(Nonzero):
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if y.sum().item() > 0 else y
+
+def nonzero():
+    return Nonzero()
+
+def item():
+    return Item()
+'''
+
+
+@pytest.mark.parametrize("factory, op", [("nonzero", "torch.nonzero"), ("item", "Tensor.item()")])
+def test_data_dependent_ops_are_named_not_blamed_on_the_input(tmp_path, factory, op, capsys):
+    path = tmp_path / "dd.py"
+    path.write_text(DATA_DEPENDENT)
+    err = _refused(["analyze", f"{path}:{factory}", "--input-shape", "8", "--batch-size", "4"],
+                   capsys)
+    assert f"calls {op}" in err and "--input-shape" not in err and "shape-static" in err
