@@ -102,11 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--top", type=_positive_int, default=25, help="rows in the table [25]")
     a.add_argument("--macs", action="store_true", help="show multiply-accumulates, not FLOPs")
     g = a.add_argument_group("gpt (built-in GPT-style decoder)")
-    g.add_argument("--layers", type=_positive_int, default=12)
-    g.add_argument("--d-model", type=_positive_int, default=768)
-    g.add_argument("--heads", type=_positive_int, default=12)
-    g.add_argument("--vocab", type=_positive_int, default=50257)
-    g.add_argument("--seq-len", type=_positive_int, default=1024)
+    g.add_argument("--layers", type=_positive_int, default=12, help="decoder blocks [12]")
+    g.add_argument("--d-model", type=_positive_int, default=768,
+                   help="hidden size, a multiple of --heads [768]")
+    g.add_argument("--heads", type=_positive_int, default=12, help="attention heads [12]")
+    g.add_argument("--vocab", type=_positive_int, default=50257,
+                   help="vocabulary size (the LM head's width) [50257]")
+    g.add_argument("--seq-len", type=_positive_int, default=1024,
+                   help="tokens per sequence (the input shape) [1024]")
 
     d = sub.add_parser("devices", help="list the GPU presets and their datasheet figures",
                        description="List device presets: SMs, memory bandwidth, dense peak "
@@ -185,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "decode -> fast IDCT -> DCT scaling -> region decode -> restart markers "
                          "-> shards -> threads), each rung the previous plus one change "
                          "[results in data-ladder.json]")
-    bd.add_argument("--batch-size", type=_positive_int, default=64)
+    bd.add_argument("--batch-size", type=_positive_int, default=64,
+                    help="images per batch in every pipeline [64]")
     bd.add_argument("--out", default=None,
                     help="result JSON; the PNG goes beside it [benchmarks/results/data-cpu.json "
                          "(data-ladder.json with --ladder) in a dlperf checkout, else in the "
@@ -218,9 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "added (fp32 NCHW baseline, + channels_last, + bf16 "
                                      "autocast, + torch.compile with --compile), synthetic data, "
                                      "medians after warm-up, with model FLOP utilisation.")
-    bt.add_argument("--model", default="resnet50")
-    bt.add_argument("--image-size", type=_positive_int, default=128)
-    bt.add_argument("--batch-size", type=_positive_int, default=16)
+    bt.add_argument("--model", default="resnet50",
+                    help="torchvision name, tiny, timm:NAME or file.py:factory [resnet50]")
+    bt.add_argument("--image-size", type=_positive_int, default=128,
+                    help="square input size in pixels [128]")
+    bt.add_argument("--batch-size", type=_positive_int, default=16, help="images per step [16]")
     bt.add_argument("--steps", type=_positive_int, default=6, help="timed steps per rung [6]")
     bt.add_argument("--warmup", type=_positive_int, default=3, help="warm-up steps per rung [3]")
     bt.add_argument("--compile", action="store_true", help="add a torch.compile rung (slow on CPU)")

@@ -131,3 +131,21 @@ def test_data_dependent_ops_are_named_not_blamed_on_the_input(tmp_path, factory,
     err = _refused(["analyze", f"{path}:{factory}", "--input-shape", "8", "--batch-size", "4"],
                    capsys)
     assert f"calls {op}" in err and "--input-shape" not in err and "shape-static" in err
+
+
+def test_every_option_says_what_it_does():
+    import argparse
+
+    from dlperf.cli import build_parser
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, path + [name])
+            elif action.option_strings and action.dest != "help":
+                yield " ".join(path), action
+
+    missing = [f"{where} {a.option_strings[0]}" for where, a in walk(build_parser(), ["dlperf"])
+               if not a.help and not isinstance(a, argparse._VersionAction)]
+    assert not missing, missing
