@@ -67,7 +67,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              channels_last=row["layout"] == "nhwc", optimizer=row["optimizer"],
                              device=row["device"], precision=precision, tokens=tokens)
         if key not in captures:
-            captures[key] = capture_costs(model, cfg, model_input.dtype)
+            captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
         out.append((row, cfg, *captures[key]))
         if progress:
             progress()

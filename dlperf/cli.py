@@ -359,12 +359,13 @@ def _cmd_analyze(args) -> int:
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
-    costs, uncounted, seconds = capture_costs(model, cfg, input_dtype)  # once for all devices
-    analysis = predict_on(costs, uncounted, cfg, spec, seconds)
+    costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
+    analysis = predict_on(costs, uncounted, cfg, spec, seconds, memory=memory)
     render(analysis, console, top=args.top, macs=args.macs)
     result = analysis.to_dict()
     if len(specs) > 1:
-        others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds) for s in specs[1:]]
+        others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds, memory=memory)
+                               for s in specs[1:]]
         result["comparison"] = render_comparison(others, console)
     if args.measure:
         result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()

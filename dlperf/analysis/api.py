@@ -47,6 +47,15 @@ class Analysis:
     capture_seconds: float = 0.0
     findings: list = field(default_factory=list)
     efficiency: object = None  # the hardware.efficiency.Efficiency the times were predicted with
+    memory: dict | None = None  # api.memory_footprint: what one device holds in a step
+
+    def memory_report(self) -> dict | None:
+        """The footprint beside the device's memory: does the step fit?"""
+        if self.memory is None:
+            return None
+        capacity = self.device.memory_bytes
+        return {**self.memory, "device_bytes": capacity,
+                "fits": None if not capacity else self.memory["total_bytes"] <= capacity}
 
     @property
     def batch_size(self) -> int:
@@ -122,6 +131,7 @@ class Analysis:
             "totals": self.totals(),
             "layers": self.layers(),
             "uncounted": [{"op": op, "count": n} for op, n in sorted(self.uncounted.items())],
+            "memory": self.memory_report(),
             "findings": [f.to_dict() for f in self.findings],
             "capture_seconds": self.capture_seconds,
         }
@@ -182,8 +192,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                   input_dtype: torch.dtype = torch.float32) -> tuple[list, dict, float]:
     """The device-independent half: capture on meta tensors and cost every kernel.
 
-    Returns (costs, uncounted ops, seconds); ``predict_on`` turns them into an Analysis for a
-    device, so several devices can be compared from one capture.
+    Returns (costs, uncounted ops, seconds, memory footprint); ``predict_on`` turns them into an
+    Analysis for a device, so several devices can be compared from one capture.
     """
     if config.dtype not in DTYPES:
         raise DlperfError(f"--dtype {config.dtype!r}: choose one of {', '.join(DTYPES)}")
@@ -222,15 +232,43 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           f"{list(config.input_shape)}: {first[:300]} "
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
     if config.train and config.optimizer != "none":
-        trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
         costs.append(optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
                                     config.optimizer, element_bytes=2 if half else 4))
-    return costs, uncounted, time.perf_counter() - start
+    memory = memory_footprint(model, config, cap.saved_bytes, element_bytes=2 if half else 4)
+    return costs, uncounted, time.perf_counter() - start, memory
+
+
+# optimizer state per trainable parameter, in parameter elements (SGD: momentum; AdamW: two
+# moments)
+OPTIMIZER_STATE_PER_PARAM = {"sgd": 1, "adamw": 2, "none": 0}
+
+
+def memory_footprint(model: torch.nn.Module, config: AnalysisConfig, activation_bytes: int,
+                     element_bytes: int = 4) -> dict:
+    """What one device holds at the peak of a training step (the end of the forward, when every
+    activation the backward needs is alive): weights and buffers, gradients, optimizer state,
+    and the activations autograd saved (measured in the capture, each storage once). Not
+    counted: the allocator's fragmentation and cache, cuDNN/cuBLAS workspaces, the CUDA
+    context (~0.5-1 GB), temporaries inside one op."""
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    train = config.train
+    out = {"parameters": params,
+           "weights_bytes": params * element_bytes + buffers,
+           "gradients_bytes": trainable * element_bytes if train else 0,
+           "optimizer_state_bytes": (OPTIMIZER_STATE_PER_PARAM[config.optimizer] * trainable
+                                     * element_bytes if train else 0),
+           "activations_bytes": activation_bytes if train else 0}
+    out["total_bytes"] = sum(v for k, v in out.items() if k.endswith("_bytes"))
+    return out
 
 
 def predict_on(costs: list, uncounted: dict, config: AnalysisConfig, spec: DeviceSpec,
-               capture_seconds: float = 0.0, efficiency=None) -> Analysis:
+               capture_seconds: float = 0.0, efficiency=None, memory: dict | None = None
+               ) -> Analysis:
     """The device half: roofline predictions and the checklist's findings on ``spec``
     (``efficiency``: a hardware.efficiency.Efficiency; default, the one for ``spec``)."""
     from dlperf.analysis.rules import findings
@@ -241,7 +279,7 @@ def predict_on(costs: list, uncounted: dict, config: AnalysisConfig, spec: Devic
                         predictions=[predict(c, spec, tf32=config.tf32, efficiency=efficiency)
                                      for c in costs],
                         uncounted=uncounted, capture_seconds=capture_seconds,
-                        efficiency=efficiency)
+                        efficiency=efficiency, memory=memory)
     analysis.findings = findings(analysis)
     return analysis
 
@@ -249,8 +287,8 @@ def predict_on(costs: list, uncounted: dict, config: AnalysisConfig, spec: Devic
 def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec | None = None,
                   input_dtype: torch.dtype = torch.float32) -> Analysis:
     spec = spec or get_device(config.device)
-    costs, uncounted, seconds = capture_costs(model, config, input_dtype)
-    return predict_on(costs, uncounted, config, spec, seconds)
+    costs, uncounted, seconds, memory = capture_costs(model, config, input_dtype)
+    return predict_on(costs, uncounted, config, spec, seconds, memory=memory)
 
 
 def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",

@@ -115,6 +115,9 @@ class Capture:
     weight_keys: set = field(default_factory=set)
     # Fused regions: id -> what the analytic cost needs (costs.attention_cost).
     regions: dict = field(default_factory=dict)
+    # Bytes autograd keeps from the forward for the backward (activations, masks, autocast's
+    # weight copies), each storage once: the activation memory of a training step.
+    saved_bytes: int = 0
 
 
 def _meta(t: torch.Tensor) -> TensorMeta:
@@ -383,10 +386,23 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
     modes = {m: m.training for m in model.modules()}
     model.train(train)
     forward = forward or model
+    saved: dict[int, int] = {}  # storage -> bytes of what autograd saved for the backward
+
+    def pack(t):
+        try:
+            storage = t.untyped_storage()
+            saved[storage._cdata] = max(saved.get(storage._cdata, 0), storage.nbytes())
+        except (RuntimeError, NotImplementedError):  # tensors without storage
+            saved[id(t)] = t.numel() * t.element_size()
+        return t
+
+    param_keys = set(result.weight_keys)  # the parameters themselves are not activations
     try:
         with _AutocastEmulation(state, autocast_dtype, result), _Recorder(state, result, timer):
             with torch.set_grad_enabled(train):
-                output = forward(*example_inputs)
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    output = forward(*example_inputs)
+                result.saved_bytes = sum(v for k, v in saved.items() if k not in param_keys)
                 if train:
                     state.stack.append("loss")
                     loss = (loss_fn or _default_loss)(output)

@@ -24,6 +24,19 @@ def _limit_text(p) -> str:
     return "" if p.limited_by == expected else f"[magenta]{p.limited_by}[/]"
 
 
+def gib(nbytes: float) -> str:
+    """Memory in GiB (how GPU memory is sold: an "80 GB" H100 holds 80 GiB)."""
+    value = nbytes / 2**30
+    return f"{value:,.0f} GiB" if value >= 100 else f"{value:.3g} GiB"
+
+
+def rate(value: float) -> str:
+    """A throughput with the digits it needs: 0.18 stays 0.18, 1,234.5 becomes 1,235."""
+    if value >= 100 or value == 0:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
 def render(analysis, console: Console | None = None, top: int = 25, macs: bool = False) -> None:
     console = console or Console()
     totals = analysis.totals()
@@ -64,8 +77,9 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
     ratios = ", ".join(f"{u} {spec.ops_per_byte(u):.1f}" for u in units if spec.ops_per_byte(u))
     console.print(
         f"[bold]Predicted step[/]: {seconds(totals['predicted_time_s'])} "
-        f"= [bold]{totals['samples_per_s']:,.0f} samples/s[/]"
-        + (f" ([bold]{totals['tokens_per_s']:,.0f} tokens/s[/])" if "tokens_per_s" in totals else "")
+        f"= [bold]{rate(totals['samples_per_s'])} samples/s[/]"
+        + (f" ([bold]{rate(totals['tokens_per_s'])} tokens/s[/])" if "tokens_per_s" in totals
+           else "")
         + f" at batch {analysis.batch_size}; "
         f"{si(totals['flops'] * scale)}{work} ({'MACs' if macs else '2 FLOPs per multiply-add'}), "
         f"{si(totals['bytes'], 'B')} moved, {totals['kernels']} kernels.")
@@ -81,6 +95,16 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
         + "; "
         f"memory-bound kernels take {totals['memory_bound_time_share']:.0%} of the time "
         f"while GEMMs hold {totals['gemm_flops_share']:.0%} of the FLOPs. By phase: {phases}.")
+    memory = analysis.memory_report()
+    if memory and memory["total_bytes"]:
+        cap = f" of {gib(memory['device_bytes'])}" if memory["device_bytes"] else ""
+        verdict = {True: "", False: " [bold red]does not fit[/]", None: ""}[memory["fits"]]
+        console.print(
+            f"Memory per device: ~{gib(memory['total_bytes'])}{cap}{verdict} (weights "
+            f"{gib(memory['weights_bytes'])}, gradients {gib(memory['gradients_bytes'])}, "
+            f"optimizer state {gib(memory['optimizer_state_bytes'])}, activations saved for "
+            f"the backward {gib(memory['activations_bytes'])}; workspaces and the allocator's "
+            "cache come on top).")
     console.print(f"Ops:byte ratio of {spec.display_name}: {ratios}"
                   f"{'; ' if ratios else ''}fp32 (CUDA cores) {ratio:.1f} FLOP/B.")
     eff = analysis.efficiency
@@ -90,8 +114,8 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
             f"{eff.tensor_gemm:.0%} and convolutions {eff.tensor_conv:.0%} of Tensor Core peak "
             f"after tile/wave losses, FP32 {eff.cuda_core:.0%}; memory "
             f"{eff.bandwidth(spec) / 1e9:,.0f} GB/s achieved of {spec.mem_bandwidth / 1e9:,.0f} "
-            f"(depthwise {eff.depthwise:.0%} of that); {eff.launch_s * 1e6:.0f} us GPU and "
-            f"{eff.host_s * 1e6:.0f} us CPU per kernel.[/]")
+            f"(depthwise {eff.depthwise:.0%} of that); {eff.launch_s * 1e6:.2g} us GPU and "
+            f"{eff.host_s * 1e6:.2g} us CPU per kernel.[/]")
     if analysis.uncounted:
         items = ", ".join(f"{op} x{n}" for op, n in sorted(analysis.uncounted.items()))
         console.print(f"[yellow]Uncounted ops (no cost rule, not in the totals)[/]: {items}")

@@ -4,6 +4,8 @@ Every saving is computed by re-running the roofline on a changed Cost (dtype, pa
 removed traffic), never guessed: ``saving_s`` is old predicted time minus new, per step.
 
 Rules, in the order a user should act on them (performance guide and the ResNet-50 blog):
+0. capacity          the step's memory (weights, gradients, optimizer, activations) exceeds the
+                     device's: the prediction is for a step that cannot run
 1. mixed-precision   FP32 -> BF16/FP16 Tensor Cores ("the easy big win")      guide 2.2, blog
 2. channels-last     NCHW convolutions make cuDNN transpose around Tensor Core kernels   blog
    layout-copies     explicit copies that only reorder memory
@@ -268,7 +270,43 @@ def _launch(analysis, step_s) -> list[Finding]:
         "compile=reduce-overhead).", launch)]
 
 
-RULES = (_mixed_precision, _channels_last, _fusion, _alignment, _quantization, _launch)
+def _capacity(analysis, step_s) -> list[Finding]:
+    """The step's memory against the device's: a prediction for a step that cannot run is no
+    prediction. Suggests the largest batch that fits (activations scale with the batch, 10%
+    kept for workspaces and the allocator) or, when the weights, gradients and optimizer state
+    alone do not fit, how many GPUs they must be sharded over."""
+    m = analysis.memory_report()
+    if not m or m["fits"] is not False:
+        return []
+    gb = 2**30  # GiB, as GPU memory is sold
+    usable = 0.9 * m["device_bytes"]
+    static = m["total_bytes"] - m["activations_bytes"]
+    parts = (f"weights {m['weights_bytes'] / gb:.3g}, gradients {m['gradients_bytes'] / gb:.3g}, "
+             f"optimizer state {m['optimizer_state_bytes'] / gb:.3g}, activations "
+             f"{m['activations_bytes'] / gb:.3g} GiB")
+    advice = []
+    if static < usable and m["activations_bytes"]:
+        per_sample = m["activations_bytes"] / analysis.batch_size
+        batch = int((usable - static) // per_sample)
+        if batch >= 1:
+            advice.append(f"batch {batch} fits (activations scale with the batch; keep the "
+                          "global batch with gradient accumulation)")
+        advice.append("activation checkpointing keeps a fraction of the activations for ~1/3 "
+                      "more forward compute")
+    else:
+        shards = math.ceil(static / usable) if usable else 0
+        advice.append(f"the weights, gradients and optimizer state alone need "
+                      f"{static / gb:,.0f} GiB: shard them over at least {shards} GPUs (FSDP, "
+                      "ZeRO-3), or train in lower precision")
+    return [Finding(
+        "capacity",
+        f"Does not fit: the step holds ~{m['total_bytes'] / gb:,.0f} GiB ({parts}) on a "
+        f"{m['device_bytes'] / gb:,.0f} GiB {analysis.device.display_name}; "
+        + "; ".join(advice) + ". The predicted time assumes it fit.", 0.0)]
+
+
+RULES = (_capacity, _mixed_precision, _channels_last, _fusion, _alignment, _quantization,
+         _launch)
 
 
 def findings(analysis) -> list[Finding]:

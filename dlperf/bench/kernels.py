@@ -197,7 +197,7 @@ def predict_point(point: Point, spec, dtype: str) -> dict:
                          dtype=dtype if half else "fp32", precision="half" if half else "mixed",
                          tf32=dtype == "tf32", train=False, channels_last=point.nhwc,
                          device=spec.name, optimizer="none")
-    costs, _, _ = capture_costs(module, cfg)
+    costs = capture_costs(module, cfg)[0]
     preds = [predict(c, spec, tf32=cfg.tf32) for c in costs]
     main = max(preds, key=lambda p: p.cost.flops)
     q = main.quantization

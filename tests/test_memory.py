@@ -1,0 +1,95 @@
+"""Issue #12: the step's memory against the device's, so no prediction is for a step that
+cannot run."""
+
+import pytest
+import torch
+from torch import nn
+
+import dlperf
+from dlperf.analysis.report import rate
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def _saved_bytes_on_real_tensors(model, x) -> int:
+    """Independent reference: autograd's own saved tensors on real CPU tensors, each storage
+    once, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(seen.values())
+
+
+def test_footprint_of_a_small_mlp_by_hand_and_against_autograd():
+    model = _mlp()
+    a = dlperf.analyze(model, (8, 64), device="a100-80gb", dtype="fp32", optimizer="sgd")
+    m = a.memory_report()
+    # parameters 64*32 + 32 + 32*10 + 10 = 2,410 -> 9,640 B each for weights, gradients and
+    # SGD momentum; activations: the first Linear saves its input (8*64*4 = 2,048 B), ReLU its
+    # output, which the second Linear saves too (one storage: 8*32*4 = 1,024 B): 3,072 B
+    assert m["parameters"] == 2410
+    assert m["weights_bytes"] == m["gradients_bytes"] == m["optimizer_state_bytes"] == 9640
+    assert m["activations_bytes"] == 3072 == _saved_bytes_on_real_tensors(
+        model, torch.randn(8, 64))
+    assert m["total_bytes"] == 3 * 9640 + 3072 and m["fits"] is True
+    adamw = dlperf.analyze(model, (8, 64), device="a100-80gb", dtype="fp32", optimizer="adamw")
+    assert adamw.memory_report()["optimizer_state_bytes"] == 2 * 9640  # two moments
+
+
+def test_resnet_activations_match_autograd_on_real_tensors():
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    x = torch.randn(2, 3, 64, 64)
+    a = dlperf.analyze(model, (2, 3, 64, 64), device="a100-80gb", dtype="fp32")
+    assert a.memory_report()["activations_bytes"] == _saved_bytes_on_real_tensors(model, x)
+    # bf16 autocast saves 16-bit activations, and the 16-bit copies of the weights that its
+    # convolutions read (2 bytes a parameter): at batch 2 the copies dominate
+    bf16 = dlperf.analyze(model, (2, 3, 64, 64), device="a100-80gb", dtype="bf16")
+    copies = 2 * sum(p.numel() for p in model.parameters() if p.dim() > 1)
+    saved = bf16.memory_report()["activations_bytes"]
+    assert copies <= saved < copies + a.memory_report()["activations_bytes"]
+
+
+def test_a_175b_model_on_one_h100_does_not_fit_and_says_how_many_gpus(capsys):
+    from dlperf.cli import main
+
+    code = main(["analyze", "gpt", "--layers", "96", "--d-model", "12288", "--heads", "96",
+                 "--seq-len", "2048", "--batch-size", "1", "--train", "--device", "h100-sxm",
+                 "--top", "1"])
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert code == 0
+    assert "does not fit" in out and "[capacity] Does not fit" in out
+    assert "shard them over at least" in out
+    assert "0.145 samples/s" in out or " 0 samples/s" not in out  # digits, not a rounded 0
+
+
+def test_batch_that_fits_is_suggested_when_only_activations_overflow():
+    a = dlperf.analyze("resnet50", (2048, 3, 224, 224), device="v100-sxm2", dtype="fp16")
+    found = [f for f in a.findings if f.rule == "capacity"]
+    m = a.memory_report()
+    assert m["fits"] is False and found
+    # the suggested batch fits 90% of the device at the measured activations per sample
+    batch = int(found[0].message.split("batch ")[1].split()[0])
+    per_sample = m["activations_bytes"] / 2048
+    static = m["total_bytes"] - m["activations_bytes"]
+    assert static + batch * per_sample <= 0.9 * m["device_bytes"]
+    assert static + (batch + 1) * per_sample > 0.9 * m["device_bytes"]
+
+
+@pytest.mark.parametrize("value, text", [(0.18, "0.18"), (12.345, "12.3"), (1234.5, "1,234"),
+                                         (0.0, "0")])
+def test_rates_keep_their_digits(value, text):
+    assert rate(value) == text
