@@ -114,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("devices", help="list the GPU presets and their datasheet figures",
                        description="List device presets: SMs, memory bandwidth, dense peak "
                                    "FLOP/s per math unit and ops:byte ratios, with each source.")
-    d.add_argument("--json", action="store_true",
-                   help="print every preset as JSON (all fields, sparse peaks and sources)")
+    d.add_argument("--json", metavar="PATH", nargs="?", const="-", default=None,
+                   help="write every preset as JSON to PATH (all fields, sparse peaks and "
+                        "sources); without PATH, print it")
 
     data = sub.add_parser("data", help="prepare and verify datasets for the input pipeline",
                           description="Dataset tools for dlperf's input pipeline.")
@@ -138,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JPEG quality when re-encoding [90]")
     dp.add_argument("--threads", type=_positive_int, default=None,
                     help="decode/re-encode threads [every CPU]; the output is the same for any")
+    dp.add_argument("--json", metavar="PATH", default=None,
+                    help="also write the summary (samples, shards, skipped and changed files) "
+                         "to this JSON file")
     dp.add_argument("--restart-px", type=_nonnegative_int, default=32,
                     help="rewrite JPEGs losslessly with restart markers at most this many pixels "
                          "apart in each row, so random crops decode only the data under them "
@@ -158,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("dst", help="folder written by `dlperf data prepare`")
     dv.add_argument("--threads", type=_positive_int, default=None,
                     help="decoding threads [every CPU]; the report is the same for any")
+    dv.add_argument("--json", metavar="PATH", default=None,
+                    help="also write the report (samples, shards, notes, problems) to this "
+                         "JSON file")
     di = dsub.add_parser("inspect", help="which decode path each file takes, and what to fix",
                          description="Read every file's header (no decoding) and count the "
                                      "decode path dlperf's loader takes for a training crop: "
@@ -167,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     di.add_argument("--size", type=_positive_int, default=224, help="training crop size [224]")
     di.add_argument("--limit", type=_positive_int, default=None,
                     help="inspect only the first N samples [all]")
-    di.add_argument("--json", default=None, help="also write the report to this JSON file")
+    di.add_argument("--json", metavar="PATH", default=None,
+                    help="also write the report to this JSON file")
 
     bench = sub.add_parser("bench", help="measure one optimisation at a time",
                            description="Benchmarks: a baseline plus one change, side by side.")
@@ -213,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (newest complete checkpoint in out_dir), never, or a .pt path [auto]")
     t.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--json", metavar="PATH", default=None,
+                   help="also write the run's summary to this JSON file (it is always in "
+                        "out_dir/summary.json)")
     t.add_argument("--no-mfu", action="store_true",
                    help="skip the model FLOP utilisation figure (on a CPU its ceiling comes from "
                         "a probe of this machine, ~10 s once, then cached)")
@@ -287,6 +298,16 @@ def _console():
 
     console = Console()
     return console if console.is_terminal else Console(width=160)
+
+
+def _write_result(path: str | None, result: dict, console) -> None:
+    """The `--json PATH` convention: every command that has a result writes it there."""
+    if path is None:
+        return
+    from dlperf.report import write_json_atomic
+
+    write_json_atomic(path, result)
+    console.print(f"Wrote {path}")
 
 
 def _output_file(path: str | None, flag: str) -> None:
@@ -417,7 +438,15 @@ def _cmd_devices(args) -> int:
     if args.json:
         import json
 
-        print(json.dumps([s.to_dict() for s in PRESETS.values()], indent=1))
+        presets = [s.to_dict() for s in PRESETS.values()]
+        if args.json == "-":
+            print(json.dumps(presets, indent=1))
+        else:
+            from dlperf.report import write_json_atomic
+
+            _output_file(args.json, "--json")
+            write_json_atomic(args.json, presets)
+            print(f"Wrote {args.json}")
         return 0
 
     table = Table(title="Device presets (dense peaks; sparse figures are never used)",
@@ -560,6 +589,7 @@ def _cmd_data(args) -> int:
     from dlperf.data.sources import ShardSource, open_source
 
     console = _console()
+    _output_file(getattr(args, "json", None), "--json")  # before minutes of work
     if args.data_command == "prepare":
         cfg = PrepareConfig(shard_bytes=parse_size(args.shard_size), max_side=args.max_side,
                             quality=args.quality, threads=args.threads or 0,
@@ -573,6 +603,7 @@ def _cmd_data(args) -> int:
             console.print(f"{args.dst} already holds this prepare of {args.src} with the same "
                           f"settings ({summary['samples']:,} samples in {summary['shards']} "
                           "shards): nothing to do.")
+            _write_result(args.json, summary, console)
             return 0
         console.print(f"Wrote {summary['samples']:,} samples in {summary['shards']} shards to "
                       f"{args.dst} ({summary['output_bytes'] / 2**20:,.1f} MiB from "
@@ -585,6 +616,7 @@ def _cmd_data(args) -> int:
                 console.print(f"  {label} {name}: {reason}")
             if len(rows) > 20:
                 console.print(f"  ... {len(rows) - 20} more in {args.dst}/prepare-report.json")
+        _write_result(args.json, summary, console)
         return 0
     if args.data_command == "toy":
         from pathlib import Path
@@ -617,6 +649,7 @@ def _cmd_data(args) -> int:
         ok = not result["problems"]
         console.print(f"{'OK' if ok else 'FAILED'}: {result['samples']:,} samples in "
                       f"{result['shards']} shards, {len(result['problems'])} problems.")
+        _write_result(args.json, result, console)
         return 0 if ok else 1
     raise DlperfError("dlperf data: choose an action: prepare, verify, inspect or toy "
                       "(see dlperf data --help)")
@@ -822,6 +855,7 @@ def _cmd_train(args) -> int:
     if args.show_config:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
+    _output_file(args.json, "--json")
     if cfg.data != "synthetic":
         from pathlib import Path
 
@@ -841,8 +875,11 @@ def _cmd_train(args) -> int:
     except NonFinite as exc:
         print(f"dlperf: error: {exc}", file=sys.stderr)
         return EXIT_NONFINITE
-    if os.environ.get("RANK", "0") != "0" or summary.get("already_finished"):
-        return 0  # under torchrun, rank 0 reports; a finished run said so already
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun, rank 0 reports
+    _write_result(args.json, summary, console)
+    if summary.get("already_finished"):
+        return 0  # said so already
     parts = [f"{summary['img_per_s']:,.1f} img/s ({summary['compute_img_per_s']:,.1f} compute-only)",
              f"data wait {summary['data_wait_share']:.0%}"]
     if summary.get("mfu") is not None:

@@ -149,3 +149,35 @@ def test_every_option_says_what_it_does():
     missing = [f"{where} {a.option_strings[0]}" for where, a in walk(build_parser(), ["dlperf"])
                if not a.help and not isinstance(a, argparse._VersionAction)]
     assert not missing, missing
+
+
+def test_json_path_means_the_same_in_every_command(tmp_path, capsys):
+    """`--json PATH` writes the command's result wherever a command has one."""
+    from imagegen import make_toy
+
+    from dlperf.cli import build_parser
+
+    for argv in (["devices"], ["data", "prepare", "s", "d"], ["data", "verify", "d"],
+                 ["data", "inspect", "s"], ["train"], ["analyze", "resnet18"]):
+        args = build_parser().parse_args(argv + ["--json", "x.json"])
+        assert args.json == "x.json", argv
+    assert main(["devices", "--json", str(tmp_path / "devices.json")]) == 0
+    assert {d["name"] for d in json.loads((tmp_path / "devices.json").read_text())} >= {
+        "h100-sxm", "h200"}
+    assert main(["devices", "--json"]) == 0  # no PATH: printed, as before
+    assert json.loads(capsys.readouterr().out.split("Wrote")[-1].split("\n", 1)[1])
+    toy = make_toy(tmp_path / "toy", per_class=3)
+    assert main(["data", "prepare", str(toy), str(tmp_path / "shards"), "--json",
+                 str(tmp_path / "prepare.json")]) == 0
+    assert json.loads((tmp_path / "prepare.json").read_text())["samples"] == 12
+    assert main(["data", "verify", str(tmp_path / "shards"), "--json",
+                 str(tmp_path / "verify.json")]) == 0
+    assert json.loads((tmp_path / "verify.json").read_text())["problems"] == []
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "tiny", "--no-progress", "--no-mfu", f"data={toy}",
+                 "val_data=none", f"out_dir={out}", "epochs=1", "batch_size=4", "threads=2",
+                 "--json", str(tmp_path / "train.json")]) == 0
+    assert json.loads((tmp_path / "train.json").read_text())["steps"] == 3
+    capsys.readouterr()
+    assert "is a folder" in _refused(["data", "verify", str(tmp_path / "shards"), "--json",
+                                      str(tmp_path)], capsys)
