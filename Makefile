@@ -40,11 +40,12 @@ clean:
 bench-predict: $(STAMP)
 	$(BIN)/python benchmarks/bench_predict_vs_measure.py
 
+# CORPUS: an ImageNet-layout JPEG folder [dlperf's own, `dlperf data corpus`, made once]
 bench-data: $(STAMP)
-	$(BIN)/dlperf bench data --rounds 10
+	$(BIN)/dlperf bench data $(CORPUS) --rounds 10
 
 bench-data-ladder: $(STAMP)
-	$(BIN)/dlperf bench data --ladder --rounds 10
+	$(BIN)/dlperf bench data $(CORPUS) --ladder --rounds 10
 
 # the guide's GEMM and convolution figures on this machine, predicted with a calibrated probe
 bench-kernels: $(STAMP)

@@ -25,7 +25,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from dlperf.bench.data import DEFAULT_CORPUS
+from dlperf.data.corpus import default_corpus
 from dlperf.bench.results import save_result
 from dlperf.data import decode as D
 from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
@@ -53,7 +53,7 @@ def _crop(data, plan, n, buf):
 
 
 def main(argv: list[str]) -> int:
-    corpus = argv[0] if argv else DEFAULT_CORPUS
+    corpus = argv[0] if argv else str(default_corpus())
     out = Path(argv[1]) if len(argv) > 1 else Path("benchmarks/results/dct-scale.json")
     if not D.ROI_AVAILABLE:
         print("the ROI decoder (C extension) is not built here")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlperf.bench.data import DEFAULT_CORPUS
+from dlperf.data.corpus import default_corpus
 from dlperf.bench.results import save_result
 from dlperf.data import decode as D
 from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
@@ -82,7 +82,7 @@ def per_image_us(fn, items) -> float:
 
 def main() -> int:
     rev = sys.argv[1] if len(sys.argv) > 1 else "5e0b583"
-    corpus = sys.argv[2] if len(sys.argv) > 2 else DEFAULT_CORPUS
+    corpus = sys.argv[2] if len(sys.argv) > 2 else str(default_corpus())
     out_path = Path(sys.argv[3] if len(sys.argv) > 3 else
                     ROOT / "benchmarks/results/native-ab.json")
     if not D.ROI_AVAILABLE:

@@ -16,7 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from dlperf.bench.data import DEFAULT_CORPUS
+from dlperf.data.corpus import default_corpus
 from dlperf.bench.results import save_result
 from dlperf.data import decode as D
 from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
@@ -35,7 +35,7 @@ def per_image_us(fn, ids, repeats=5) -> float:
 
 
 def main() -> int:
-    corpus = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CORPUS
+    corpus = sys.argv[1] if len(sys.argv) > 1 else str(default_corpus())
     out_path = Path(sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/profile-decode.json")
     src = open_source(corpus)
     loader = Loader(src, LoaderConfig(batch_size=64, threads=1))

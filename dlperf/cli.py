@@ -155,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="classes (sub-folders), each a different pattern [4]")
     dt.add_argument("--per-class", type=_positive_int, default=40,
                     help="training images per class; val/ gets a quarter as many [40]")
+    dc = dsub.add_parser("corpus", help="make an ImageNet-like benchmark corpus (no download)",
+                         description="Write ImageNet-like JPEGs (about 500x420, baseline 4:2:0, "
+                                     "~100 KB each, in class folders) made from the photograph "
+                                     "matplotlib ships: random crops and sizes, a tint per "
+                                     "class, sensor-like noise. Deterministic for a seed; decodes "
+                                     "at the speed of real ImageNet-like photos.")
+    dc.add_argument("dst", help="folder to create")
+    dc.add_argument("--images", type=_positive_int, default=320, help="JPEGs to write [320]")
+    dc.add_argument("--classes", type=_positive_int, default=10,
+                    help="class folders (images are dealt out in turn) [10]")
+    dc.add_argument("--seed", type=_nonnegative_int, default=0,
+                    help="the same seed gives the same bytes [0]")
     dv = dsub.add_parser("verify", help="check a prepared dataset: index vs tar, decode all",
                          description="Check every index entry (and each shard's DALI .idx) "
                                      "against its tar members and decode every sample; exit 1 "
@@ -186,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "corpus, same train transform, rounds interleaved, medians. "
                                      "Saves JSON (hardware, versions, commit, config) and a PNG.")
     bd.add_argument("data", nargs="?", default=None,
-                    help="ImageNet-layout JPEG folder [the benchmark corpus: "
-                         "shared/data/imagenet-like beside the checkout]")
+                    help="ImageNet-layout JPEG folder [dlperf's own benchmark corpus, made once "
+                         "in the cache: see `dlperf data corpus`]")
     bd.add_argument("--threads", type=_positive_int, default=2, help="dlperf threads [2]")
     bd.add_argument("--workers", type=int, default=2, help="torchvision DataLoader workers [2]")
     bd.add_argument("--rounds", type=_positive_int, default=7, help="timed blocks each [7]")
@@ -618,6 +630,17 @@ def _cmd_data(args) -> int:
                 console.print(f"  ... {len(rows) - 20} more in {args.dst}/prepare-report.json")
         _write_result(args.json, summary, console)
         return 0
+    if args.data_command == "corpus":
+        from dlperf.data.corpus import CorpusConfig, make_corpus
+
+        cfg = CorpusConfig(images=args.images, classes=args.classes, seed=args.seed)
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("writing JPEGs", total=cfg.images)
+            s = make_corpus(args.dst, cfg, progress=lambda: bar.advance(task))
+        console.print(f"Wrote {s['images']} JPEGs in {s['classes']} classes to {args.dst} "
+                      f"(mean {s['mean_bytes'] / 1e3:,.0f} KB, {s['mean_width']:.0f}x"
+                      f"{s['mean_height']:.0f}); try: dlperf bench data {args.dst}")
+        return 0
     if args.data_command == "toy":
         from pathlib import Path
 
@@ -651,8 +674,16 @@ def _cmd_data(args) -> int:
                       f"{result['shards']} shards, {len(result['problems'])} problems.")
         _write_result(args.json, result, console)
         return 0 if ok else 1
-    raise DlperfError("dlperf data: choose an action: prepare, verify, inspect or toy "
+    raise DlperfError("dlperf data: choose an action: prepare, verify, inspect, corpus or toy "
                       "(see dlperf data --help)")
+
+
+def _default_corpus():
+    """dlperf's own benchmark corpus, made (once) with a status line."""
+    from dlperf.data.corpus import default_corpus
+
+    with _console().status("making dlperf's benchmark corpus (once per machine)..."):
+        return default_corpus()
 
 
 def _result_path(out: str | None, name: str):
@@ -807,10 +838,10 @@ def _cmd_bench(args) -> int:
                           "(see dlperf bench --help)")
     from rich.progress import Progress
 
-    from dlperf.bench.data import DEFAULT_CORPUS, DataBenchConfig, plot, run
+    from dlperf.bench.data import DataBenchConfig, plot, run
     from dlperf.bench.results import save_result
 
-    cfg = DataBenchConfig(data=args.data or DEFAULT_CORPUS, batch_size=args.batch_size, threads=args.threads,
+    cfg = DataBenchConfig(data=args.data or str(_default_corpus()), batch_size=args.batch_size, threads=args.threads,
                           workers=args.workers, rounds=args.rounds)
     console = _console()
     _warn_native(console)

@@ -1,4 +1,4 @@
-"""Shared output helpers: human units, atomic JSON writes."""
+"""Shared output helpers: human units, atomic writes, the cache folder."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ import tempfile
 from pathlib import Path
 
 from dlperf.errors import DlperfError
+
+
+def cache_dir() -> Path:
+    """Where dlperf keeps what it makes once per machine (CPU probes, the benchmark corpus):
+    $DLPERF_CACHE_DIR, else ~/.cache/dlperf."""
+    env = os.environ.get("DLPERF_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "dlperf"
 
 
 def si(value: float, unit: str = "", digits: int = 3) -> str:

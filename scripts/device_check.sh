@@ -4,12 +4,11 @@
 # On the lent device machine: python3 (3.12) there already holds torch, torchvision and rich; dlperf
 # runs from this checkout via PYTHONPATH (its C extension from .devext). Copy $OUT/* to
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
-# The benchmark corpus (shared/data/imagenet-like in the folder holding this checkout) does not
-# travel to the device: carry it inside the checkout first,
-#   mkdir -p .corpus && cp -r "$(dirname "$PWD")/shared/data/imagenet-like" .corpus/ && echo /.corpus/ >> .git/info/exclude
-# and build the C extension for that machine's Python (3.12 there) with its libjpeg-turbo:
+# The input benchmarks read $DATA, or dlperf's own corpus made on the device (`dlperf data
+# corpus`, a few seconds, no carry needed). Build the C extension for that machine's Python
+# (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
-# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".corpus", ".devext"] and
+# then run: OUT=$OUT bash scripts/device_check.sh   with carry [".devext"] and
 # timeout_s 590. Issue #11's steps (1-4) come first and take at most 500 s by their timeouts
 # (far less when all goes well); the later steps use what is left of the call.
 # Without the extension dlperf still runs (full-image decoding, no restart-marker cuts).
@@ -81,10 +80,9 @@ gather "$OUT/kernels.json" gemm=/tmp/dlperf-gemm.json conv=/tmp/dlperf-conv.json
 step timeout 200 $TRAIN steps_per_epoch=60 compile=default out_dir=/tmp/dlperf-compiled
 collect
 
-# 5b. Issue #3's goal: the GPU input path on the JPEG corpus, >= 10,000 img/s (carry the corpus
-#    or point DATA at a copy on the machine).
-DATA=${DATA:-.corpus/imagenet-like}
-[ -d "$DATA" ] || DATA="$(dirname "$PWD")/shared/data/imagenet-like"
+# 5b. Issue #3's goal: the GPU input path on the JPEG corpus, >= 10,000 img/s.
+DATA=${DATA:-/tmp/dlperf-corpus}
+[ -d "$DATA" ] || step $PY -m dlperf data corpus "$DATA"
 if [ -d "$DATA" ]; then
   step timeout 150 $PY benchmarks/bench_data_gpu.py "$DATA" "$OUT/data-gpu.json"
 fi

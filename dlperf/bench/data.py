@@ -35,9 +35,6 @@ from dlperf.errors import DlperfError
 # Throughputs measured on this kind of 2-core machine in an earlier project run (the anchors the
 # issue-#3 goals were set against), used for a ratio only when DALI is not installed here.
 NOTES_ANCHORS = {"torchvision_2_workers": 492.0, "dali_cpu_2_threads": 921.0}
-# The JPEG corpus every input-pipeline benchmark uses: shared/data/imagenet-like in the folder
-# that holds this checkout (the workplace's layout); pass another folder to use your own.
-DEFAULT_CORPUS = str(Path(__file__).resolve().parents[3] / "shared" / "data" / "imagenet-like")
 GOALS = {"dlperf_cpu_img_s": 1850.0, "dlperf_shards256_img_s": 5000.0}
 
 

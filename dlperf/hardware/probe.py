@@ -11,7 +11,6 @@ events on a GPU.
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import time
@@ -226,12 +225,6 @@ def probe(cfg: ProbeConfig = ProbeConfig(), progress=None) -> tuple[DeviceSpec, 
     return _to_spec(device, measurements), measurements
 
 
-def cache_dir() -> Path:
-    """Where probes of this machine are kept: $DLPERF_CACHE_DIR, else ~/.cache/dlperf."""
-    env = os.environ.get("DLPERF_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "dlperf"
-
-
 def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
     """This CPU's measured spec, probed once per machine and environment (CPU model, threads,
     torch version, platform) and then read from ``cache_dir()``: `dlperf train` needs the
@@ -240,7 +233,7 @@ def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
     import hashlib
     import json
 
-    from dlperf.report import write_json_atomic
+    from dlperf.report import cache_dir, write_json_atomic
 
     env = {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "platform": platform.platform(), "quick": quick}
