@@ -343,9 +343,9 @@ def run(cfg: KernelBenchConfig, spec, progress=None) -> dict:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from dlperf.bench.results import _cpu_model
+    from dlperf.hardware.probe import cpu_name
 
-    return f"CPU {_cpu_model()}, {torch.get_num_threads()} threads"
+    return f"CPU {cpu_name()}, {torch.get_num_threads()} threads"
 
 
 def point_count(cfg: KernelBenchConfig, gpu: bool) -> int:

@@ -8,17 +8,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from dlperf.hardware.probe import cpu_name
 from dlperf.report import write_json_atomic
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
@@ -41,7 +32,7 @@ def environment() -> dict:
     env = {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hostname": platform.node(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),

@@ -235,7 +235,7 @@ def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
 
     from dlperf.report import cache_dir, write_json_atomic
 
-    env = {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    env = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "platform": platform.platform(), "quick": quick}
     key = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"cpu-probe-{key}.json"
@@ -254,7 +254,8 @@ def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
     return spec, "this CPU, probed"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it (else what platform knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
