@@ -939,10 +939,13 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             # `dlperf train --no-progress epochs=2`: KEY=VALUE after an option is still an
             # override (argparse alone only takes positionals before the first option)
-            if args.command == "train" and all("=" in e and not e.startswith("-") for e in extra):
-                args.overrides = [*args.overrides, *extra]
-            else:
-                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            overrides = [e for e in extra if "=" in e and not e.startswith("-")]
+            unknown = [e for e in extra if e not in overrides] if args.command == "train" else extra
+            if unknown:  # name only what is wrong, not the overrides around it
+                prog = " ".join(["dlperf", *([args.command] if args.command else [])])
+                raise DlperfError(f"{prog}: unrecognized arguments: {' '.join(unknown)} "
+                                  f"(see {prog} --help)")
+            args.overrides = [*args.overrides, *overrides]
         if not args.command:
             parser.print_help()
             return EXIT_USAGE

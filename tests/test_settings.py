@@ -181,3 +181,17 @@ def test_json_path_means_the_same_in_every_command(tmp_path, capsys):
     capsys.readouterr()
     assert "is a folder" in _refused(["data", "verify", str(tmp_path / "shards"), "--json",
                                       str(tmp_path)], capsys)
+
+
+def test_an_unknown_flag_is_named_alone_and_overrides_are_not_blamed(capsys):
+    err = _refused(TRAIN + ["epochs=2", "--bogus", "data=synthetic"], capsys)
+    assert "--bogus" in err and "epochs=2" not in err and "data=synthetic" not in err
+
+
+def test_prepare_into_an_unwritable_place_is_one_line(tmp_path, capsys):
+    from imagegen import make_toy
+
+    toy = make_toy(tmp_path / "toy", per_class=2)
+    (tmp_path / "a-file").write_text("not a folder")
+    err = _refused(["data", "prepare", str(toy), str(tmp_path / "a-file" / "shards")], capsys)
+    assert "cannot write" in err
