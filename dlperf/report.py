@@ -25,6 +25,12 @@ def si(value: float, unit: str = "", digits: int = 3) -> str:
     return f"{value:.{digits}g} {unit}".rstrip()
 
 
+def gib(nbytes: float) -> str:
+    """Memory in GiB (how GPU memory is sold: an "80 GB" H100 holds 80 GiB)."""
+    value = nbytes / 2**30
+    return f"{value:,.0f} GiB" if value >= 100 else f"{value:.3g} GiB"
+
+
 def seconds(value: float) -> str:
     if value >= 1:
         return f"{value:.3g} s"

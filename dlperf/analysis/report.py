@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dlperf.report import seconds, si
+from dlperf.report import gib, seconds, si
 
 
 def _gemm_text(c) -> str:
@@ -22,12 +22,6 @@ def _limit_text(p) -> str:
     memory-bound kernel limited by its quantised math, or by launch cost)."""
     expected = {"compute": "math", "memory": "memory"}.get(p.bound)
     return "" if p.limited_by == expected else f"[magenta]{p.limited_by}[/]"
-
-
-def gib(nbytes: float) -> str:
-    """Memory in GiB (how GPU memory is sold: an "80 GB" H100 holds 80 GiB)."""
-    value = nbytes / 2**30
-    return f"{value:,.0f} GiB" if value >= 100 else f"{value:.3g} GiB"
 
 
 def rate(value: float) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import NCHW_TRANSPOSE_KERNELS, Prediction, predict, step_time
 from dlperf.hardware.efficiency import efficiency_for
+from dlperf.report import gib
 
 # A finding is shown when it saves at least this share of the step (or is a correctness-of-setup
 # issue like FP32 math, which is always shown).
@@ -278,12 +279,11 @@ def _capacity(analysis, step_s) -> list[Finding]:
     m = analysis.memory_report()
     if not m or m["fits"] is not False:
         return []
-    gb = 2**30  # GiB, as GPU memory is sold
     usable = 0.9 * m["device_bytes"]
     static = m["total_bytes"] - m["activations_bytes"]
-    parts = (f"weights {m['weights_bytes'] / gb:.3g}, gradients {m['gradients_bytes'] / gb:.3g}, "
-             f"optimizer state {m['optimizer_state_bytes'] / gb:.3g}, activations "
-             f"{m['activations_bytes'] / gb:.3g} GiB")
+    parts = (f"weights {gib(m['weights_bytes'])}, gradients {gib(m['gradients_bytes'])}, "
+             f"optimizer state {gib(m['optimizer_state_bytes'])}, activations "
+             f"{gib(m['activations_bytes'])}")
     advice = []
     if static < usable and m["activations_bytes"]:
         per_sample = m["activations_bytes"] / analysis.batch_size
@@ -296,12 +296,12 @@ def _capacity(analysis, step_s) -> list[Finding]:
     else:
         shards = math.ceil(static / usable) if usable else 0
         advice.append(f"the weights, gradients and optimizer state alone need "
-                      f"{static / gb:,.0f} GiB: shard them over at least {shards} GPUs (FSDP, "
+                      f"{gib(static)}: shard them over at least {shards} GPUs (FSDP, "
                       "ZeRO-3), or train in lower precision")
     return [Finding(
         "capacity",
-        f"Does not fit: the step holds ~{m['total_bytes'] / gb:,.0f} GiB ({parts}) on a "
-        f"{m['device_bytes'] / gb:,.0f} GiB {analysis.device.display_name}; "
+        f"Does not fit: the step holds ~{gib(m['total_bytes'])} ({parts}) on a "
+        f"{gib(m['device_bytes'])} {analysis.device.display_name}; "
         + "; ".join(advice) + ". The predicted time assumes it fit.", 0.0)]
 
 
