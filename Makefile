@@ -1,6 +1,6 @@
 # Two commands for a fresh machine with only Python 3 and pip:
 #   make demo   installs into .venv and runs the main job (analyze ResNet-50 training on an H100)
-#   make test   installs into .venv and runs the test suite
+#   make test   installs into .venv and runs the fast test suite (make test-all: everything)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.dlperf-installed
 # torch/torchvision pinned to the tested pair (served from the local wheel cache on our machines).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test fuzz install clean bench-analyze bench-predict bench-data bench-data-ladder bench-train bench-digits bench-kernels
+.PHONY: demo test test-slow test-all fuzz install clean bench-analyze bench-predict bench-data bench-data-ladder bench-train bench-digits bench-kernels
 
 install: $(STAMP)
 
@@ -23,8 +23,15 @@ demo: $(STAMP)
 	$(BIN)/dlperf analyze resnet50 --device h100-sxm --batch-size 256 --dtype bf16 --train \
 		--json dlperf-report.json
 
+# the fast suite (~2.5 min on 2 cores); test-all adds the slow tests (~5.5 min), what CI runs
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow" --durations=10
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow --durations=10
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest --durations=20
 
 # the native JPEG core under AddressSanitizer + UndefinedBehaviorSanitizer for 90 s (CI runs it;
 # `make test` runs the same harness for 20 s)
