@@ -80,10 +80,15 @@ def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
         raise DlperfError(f"batch_size {cfg.batch_size} must divide by world_size x grad_accum "
                           f"= {info.world_size * cfg.grad_accum}")
     per_rank = cfg.batch_size // info.world_size
+    # batch_size is global and per optimizer step: each rank's loader yields micro-batches that
+    # grad_accum of them make up (it yielded whole batches, so grad_accum=2 trained on twice
+    # the batch the learning rate was scaled for; tests/test_train_reference.py)
+    micro = per_rank // cfg.grad_accum
     channels = 4 if cfg.pad_stem_to_4 else 3
     if cfg.data == "synthetic":
-        train = SyntheticLoader(per_rank, image_size, cfg.num_classes,
-                                batches=cfg.steps_per_epoch or 100, channels=channels,
+        train = SyntheticLoader(micro, image_size, cfg.num_classes,
+                                batches=(cfg.steps_per_epoch or 100) * cfg.grad_accum,
+                                channels=channels,
                                 seed=cfg.seed + info.rank, pin_memory=info.device.type == "cuda")
         return train, None
     common = dict(threads=cfg.threads, prefetch=cfg.prefetch, seed=cfg.seed, rank=info.rank,
@@ -105,7 +110,7 @@ def build_loaders(cfg: TrainConfig, info: D.DistInfo, image_size: int):
             return DaliLoader(src, lcfg, device=info.device.type)
         return Loader(src, lcfg)
 
-    train = make(source, LoaderConfig(batch_size=per_rank, train=True, size=image_size,
+    train = make(source, LoaderConfig(batch_size=micro, train=True, size=image_size,
                                       scale=(cfg.min_crop_area, 1.0), flip=cfg.flip, **common))
     val = None
     if cfg.val_data:

@@ -1,0 +1,50 @@
+"""Slow, obvious references for the trainer's speed-ups (issue #13): each fast path against
+the plain computation it replaces."""
+
+import torch
+import torchvision
+
+from dlperf.train.speedups import pad_stem_to_4
+
+
+def test_stem_padded_3_to_4_gives_the_same_outputs_for_a_zero_4th_channel():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).double().eval()
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    want = model(x)
+    padded = pad_stem_to_4(model)
+    stem = padded.conv1
+    assert stem.in_channels == 4 and torch.count_nonzero(stem.weight[:, 3]) == 0
+    got = padded(torch.cat([x, torch.zeros(2, 1, 64, 64, dtype=torch.float64)], dim=1))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+GN_MODEL = '''
+from dlperf.models.tiny import TinyResNet
+
+def make():
+    return TinyResNet(4, norm="gn")  # no batch statistics: micro-batches see what the batch sees
+'''
+
+
+def test_grad_accum_2_equals_grad_accum_1_at_the_same_global_batch(tmp_path):
+    from dlperf.train import checkpoint as ckpt
+    from dlperf.train.loop import train
+    from dlperf.train.recipes import apply_overrides, tiny
+    from imagegen import make_toy
+
+    toy = make_toy(tmp_path / "toy", per_class=8)
+    factory = tmp_path / "gn.py"
+    factory.write_text(GN_MODEL)
+    weights = {}
+    for accum in (1, 2):
+        out = tmp_path / f"accum{accum}"
+        cfg = apply_overrides(tiny(), dict(model=f"{factory}:make", data=str(toy),
+                                           val_data="none", out_dir=str(out), epochs=1,
+                                           batch_size=16, grad_accum=accum, threads=2,
+                                           deterministic=True))
+        train(cfg, resume=None, progress=False, mfu=False)
+        weights[accum] = ckpt.load_latest(out / "checkpoints")[0]["model"]
+    assert weights[1].keys() == weights[2].keys()
+    for key in weights[1]:  # the same images, the same mean gradient, summed in another order
+        torch.testing.assert_close(weights[2][key], weights[1][key], rtol=1e-5, atol=1e-6)
