@@ -48,3 +48,30 @@ def test_grad_accum_2_equals_grad_accum_1_at_the_same_global_batch(tmp_path):
     assert weights[1].keys() == weights[2].keys()
     for key in weights[1]:  # the same images, the same mean gradient, summed in another order
         torch.testing.assert_close(weights[2][key], weights[1][key], rtol=1e-5, atol=1e-6)
+
+
+def test_lars_follows_its_formula_in_float64():
+    """You et al.'s LARS: local rate trust x ||w|| / (||g|| + wd x ||w||) scales (g + wd x w),
+    into a momentum buffer; BN and bias parameters (lars_exclude) take plain SGD steps."""
+    from dlperf.train.loop import LARS
+
+    torch.manual_seed(0)
+    w0 = torch.randn(5, 3, dtype=torch.float64)
+    b0 = torch.randn(5, dtype=torch.float64)
+    w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+    lr, m, wd, trust = 0.5, 0.9, 0.01, 0.02
+    opt = LARS([{"params": [w]}, {"params": [b], "lars_exclude": True, "weight_decay": 0.0}],
+               lr=lr, momentum=m, weight_decay=wd, trust=trust)
+    grads = [(torch.randn(5, 3, dtype=torch.float64), torch.randn(5, dtype=torch.float64))
+             for _ in range(2)]
+    want_w, want_b, buf_w, buf_b = w0.clone(), b0.clone(), None, None
+    for gw, gb in grads:
+        w.grad, b.grad = gw.clone(), gb.clone()
+        opt.step()
+        rate = trust * want_w.norm() / (gw.norm() + wd * want_w.norm())
+        step_w = rate * (gw + wd * want_w)
+        buf_w = step_w if buf_w is None else m * buf_w + step_w
+        buf_b = gb if buf_b is None else m * buf_b + gb
+        want_w, want_b = want_w - lr * buf_w, want_b - lr * buf_b
+    torch.testing.assert_close(w.detach(), want_w, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(b.detach(), want_b, rtol=1e-12, atol=1e-12)

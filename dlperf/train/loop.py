@@ -158,13 +158,17 @@ class LARS(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 g = p.grad
-                if group["weight_decay"]:
-                    g = g.add(p, alpha=group["weight_decay"])
+                wd = group["weight_decay"]
                 if not group["lars_exclude"]:
+                    # the paper's local rate: trust x ||w|| / (||grad|| + wd x ||w||), from the
+                    # raw gradient's norm (not the norm of grad + wd x w)
                     w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
                     ratio = torch.where((w_norm > 0) & (g_norm > 0),
-                                        group["trust"] * w_norm / g_norm, torch.ones_like(w_norm))
-                    g = g * ratio
+                                        group["trust"] * w_norm / (g_norm + wd * w_norm),
+                                        torch.ones_like(w_norm))
+                    g = (g.add(p, alpha=wd) if wd else g) * ratio
+                elif wd:
+                    g = g.add(p, alpha=wd)
                 buf = self.state[p].get("momentum_buffer")
                 if found is None:
                     if buf is None:
