@@ -25,10 +25,10 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from dlperf.data.corpus import default_corpus
 from dlperf.bench.results import save_result
 from dlperf.data import decode as D
 from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
+from dlperf.data.corpus import default_corpus
 from dlperf.data.sources import open_source
 
 SIZE = 224

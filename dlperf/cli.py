@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="what to measure [auto: cuda if present, else cpu]")
     p.add_argument("--quick", action="store_true",
-                   help="small sizes: ~10 s on a 2-core CPU (the full probe ~1-2 min)")
+                   help="small sizes: ~10 s on a 2-core CPU (the full probe ~1 min)")
     p.add_argument("--sweep", action="store_true",
                    help="also time generic layers (convolutions, linear, BN+ReLU, residual "
                         "adds) and fit the efficiency model to this machine: the spec file then "

@@ -15,6 +15,15 @@ def load_benchmark(name: str):
     return module
 
 
+def run_cli(argv, capsys):
+    """`dlperf ARGV` in this process: (exit code, stdout, stderr)."""
+    from dlperf.cli import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """Probe caches (hardware.probe.cached_cpu_probe) in a folder of this test session, never

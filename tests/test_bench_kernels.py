@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dlperf.bench import kernels
 from dlperf.bench.kernels import KernelBenchConfig, Point, predict_point
-from dlperf.cli import main
+from conftest import run_cli as _run
 from dlperf.errors import DlperfError
 from dlperf.hardware.specs import DeviceSpec, get_device
 
@@ -110,12 +110,6 @@ def test_bad_settings_are_refused_in_one_line():
                          peak={"fp32": 1e9}, measured=True)
     with pytest.raises(DlperfError, match="no fp16 peak"):
         kernels.run(KernelBenchConfig("gemm", device="cpu", dtype="fp16", quick=True), no_fp16)
-
-
-def _run(argv, capsys):
-    code = main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_bench_gemm_quick_writes_json_and_png(tmp_path, capsys):

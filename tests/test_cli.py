@@ -7,17 +7,11 @@ import sys
 import pytest
 import torch
 
-from dlperf.cli import main
+from conftest import run_cli as _run
 from dlperf.errors import DlperfError
 
 LAYER_KEYS = {"module", "op", "phase", "flops", "bytes", "intensity", "bound", "gemm",
               "tensor_core_aligned", "quantization_efficiency", "predicted_time_s"}
-
-
-def _run(argv, capsys):
-    code = main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_analyze_resnet50_train_json_shape(tmp_path, capsys):

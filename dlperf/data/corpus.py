@@ -9,9 +9,10 @@ installation has is the one matplotlib ships (``mpl-data/sample_data/grace_hoppe
 tinted per class, with sensor-like noise that gives the entropy coder the detail a real photo
 has, encoded at a random quality in 85..95. Deterministic for a seed; written atomically.
 
-Measured on the corpus this project's saved results used (320 ImageNet-like JPEGs, 10 classes,
-mean 104 KB, 518x423, all baseline 4:2:0): the defaults here give 320 files, 10 classes, a mean
-within 10% of 104 KB at a mean size of about 520x420 (tests/test_corpus.py checks the ranges).
+Against the corpus this project's saved results used (320 ImageNet-like JPEGs, 10 classes,
+mean 104 KB, 518x423, all baseline 4:2:0) the defaults give 320 files, 10 classes, mean 107 KB,
+515x449, decoded at 0.99x its rate (benchmarks/bench_setup_costs.py; tests/test_corpus.py
+checks the ranges).
 """
 
 from __future__ import annotations
