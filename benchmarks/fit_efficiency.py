@@ -76,8 +76,9 @@ class Terms:
             analysis = predict_on(costs, uncounted, cfg, spec, seconds, efficiency=unit)
             for p in analysis.predictions:
                 math_s.append(p.math_time_s)
-                math_cls.append(MATH_CLASSES.index(p.math_class)
-                                if p.math_class in MATH_CLASSES else -1)
+                # the table cannot tell FP32 convolutions from FP32 GEMMs: one fraction
+                cls = "cuda-core" if p.math_class == "cuda-core-conv" else p.math_class
+                math_cls.append(MATH_CLASSES.index(cls) if cls in MATH_CLASSES else -1)
                 mem_s.append(p.memory_time_s)
                 dw.append(p.memory_class == "depthwise")
                 trans_s.append(p.transpose_time_s)

@@ -528,7 +528,7 @@ def _cmd_probe(args) -> int:
     if args.sweep:
         import dataclasses
 
-        from dlperf.analysis.calibrate import cases, sweep as run_sweep
+        from dlperf.analysis.calibrate import CLASS_PARAMS, cases, sweep as run_sweep
 
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("sweeping layers", total=len(cases(args.quick)))
@@ -538,10 +538,12 @@ def _cmd_probe(args) -> int:
         sweep = {"fit": fitted, "kernels": rows}
         console.print(
             f"Sweep ({fitted['kernels']} kernels, median |error| after the fit "
-            f"{fitted['median_abs_error']:.0%}): math {fitted['math']:.0%} of the probed peak, "
-            f"half rate at M={fitted['gemm_m0']:.0f} N={fitted['gemm_n0']:.0f} "
-            f"K={fitted['gemm_k0']:.0f}; memory-bound kernels {fitted['memory']:.0%} of the "
-            f"copy bandwidth; {fitted['launch_s'] * 1e6:.1f} µs per kernel.")
+            f"{fitted['median_abs_error']:.0%}): GEMMs {fitted['math']:.0%} and convolutions "
+            f"{fitted['conv']:.0%} of the probed peak, half rate at M={fitted['gemm_m0']:.0f} "
+            f"N={fitted['gemm_n0']:.0f} K={fitted['gemm_k0']:.0f}; streaming kernels "
+            f"{fitted['memory']:.0%} of the copy bandwidth, and of that "
+            + ", ".join(f"{c.replace('_', ' ')} {fitted[c]:.0%}" for c in CLASS_PARAMS)
+            + f"; {fitted['launch_s'] * 1e6:.1f} µs per kernel.")
     write_json_atomic(args.out, {"spec": spec.to_dict(),
                                  "measurements": [m.to_dict() for m in measurements],
                                  **({"sweep": sweep} if sweep else {}),

@@ -84,6 +84,46 @@ def test_kernel_classes_pick_their_parameters():
     assert (dw.math_class, dw.memory_class, dw.unit) == ("cuda-core", "depthwise", "fp32")
 
 
+def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
+    # A CPU spec (no Tensor Cores) with every class at a different share of its 20 GB/s:
+    # GELU streams 2e9 B at 0.5 x 20 GB/s = 0.2 s; the window pool at 0.25 -> 0.4 s; the layer
+    # norm's statistics (reduction, no two-pass factor for layer norm forward) at 0.8 -> 0.125 s;
+    # batch norm backward (two-pass factor 5/3) at 0.4 -> 2e9 x 5/3 / 8e9 = 0.4167 s; an add
+    # streams at the full 20 GB/s -> 0.1 s.
+    from dlperf.analysis.gemm import GemmShape
+    from dlperf.hardware.efficiency import memory_class_of
+
+    cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
+                     peak={"fp32": 1e11}, tensor_cores=False, measured=True)
+    eff = Efficiency(cuda_core=0.5, cuda_core_conv=0.25, memory=1.0, transcendental=0.5,
+                     window=0.25, reduction=0.8, reduction_backward=0.4)
+    mem = dict(module="m", module_type="t", phase="forward", kind="memory", flops=0,
+               bytes=2 * 10**9, dtype="fp32")
+    expected = {"gelu": ("transcendental", 0.2), "max_pool2d_with_indices": ("window", 0.4),
+                "native_layer_norm": ("reduction", 0.125),
+                "native_batch_norm_backward": ("reduction-backward", 2e9 * 5 / 3 / 8e9),
+                "add": ("stream", 0.1)}
+    for op, (cls, seconds) in expected.items():
+        p = predict(Cost(op=op, **mem), cpu, efficiency=eff)
+        assert (p.memory_class, memory_class_of(op)) == (cls, cls), op
+        assert p.memory_time_s == pytest.approx(seconds), op
+    # CPU convolutions use cuda_core_conv, GEMMs cuda_core: 1e11 FLOPs at 0.25 vs 0.5 of
+    # 1e11 FLOP/s = 4 s vs 2 s; with cuda_core_conv unset (None) the conv takes 2 s too.
+    mm = dict(module="m", module_type="t", phase="forward", kind="gemm", bytes=1, dtype="fp32",
+              flops=10**11, gemm=GemmShape(4096, 4096, 4096))
+    conv = predict(Cost(op="convolution", **mm), cpu, efficiency=eff)
+    gemm = predict(Cost(op="mm", **mm), cpu, efficiency=eff)
+    assert (conv.math_class, gemm.math_class) == ("cuda-core-conv", "cuda-core")
+    assert (conv.math_time_s, gemm.math_time_s) == (pytest.approx(4.0), pytest.approx(2.0))
+    same = predict(Cost(op="convolution", **mm), cpu,
+                   efficiency=replace(eff, cuda_core_conv=None))
+    assert same.math_time_s == pytest.approx(2.0)
+    # The shipped GPU model leaves every memory class at the streaming bandwidth.
+    v100 = get_device("v100-sxm2")
+    for cls in ("reduction", "reduction-backward", "transcendental", "window"):
+        assert FITTED.bandwidth(v100, cls) == FITTED.bandwidth(v100)
+
+
 def test_device_file_overrides_efficiency_and_rejects_nonsense(tmp_path):
     base = get_device("v100-sxm2").to_dict()
     good = tmp_path / "v100-tuned.json"
@@ -91,7 +131,13 @@ def test_device_file_overrides_efficiency_and_rejects_nonsense(tmp_path):
     spec = load_spec_file(good)
     assert efficiency_for(spec).memory == 0.5
     assert efficiency_for(spec).tensor_gemm == FITTED.tensor_gemm
-    for bad, words in (({"memory": 3}, "fraction of peak"), ({"memroy": 0.5}, "unknown"),
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({**base, "name": "tuned", "efficiency": {
+        "window": 0.1, "cuda_core_conv": None, "transcendental": 0.5}}))
+    eff = efficiency_for(load_spec_file(tuned))
+    assert (eff.window, eff.cuda_core_conv, eff.transcendental) == (0.1, None, 0.5)
+    for bad, words in (({"memory": 4}, "fraction of peak"), ({"memroy": 0.5}, "unknown"),
+                       ({"window": 0}, "positive"),
                        ({"launch_s": -1}, "positive"), ("fast", "table")):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({**base, "efficiency": bad}))
@@ -170,6 +216,47 @@ def test_sweep_fit_recovers_known_parameters_from_synthetic_kernels():
     for key in ("math", "memory", "depthwise"):
         assert fitted[key] == pytest.approx(truth[key], rel=0.05), key
     assert fitted["launch_s"] == pytest.approx(20e-6, rel=0.2)
+
+
+def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
+    # GEMMs at 0.8 of the peak, convolutions at 0.5; streaming kernels at 1.2 of the copy
+    # bandwidth, and of that reductions 0.5, their backward 0.7, transcendental 0.2, window
+    # 0.1; 5 us per kernel, no ramp in the data (the fit may put the half rates anywhere
+    # small). Every parameter comes back within 5%; a class with no rows is not fitted.
+    from dlperf.analysis.calibrate import fit_kernels
+
+    rows = []
+    for conv, share in ((False, 0.8), (True, 0.5)):
+        for m, n, k in [(8192, 4096, 4096), (4096, 8192, 2048), (16384, 2048, 4096)]:
+            math_s = 2 * m * n * k / 1e11
+            rows.append(dict(math_s=math_s, memory_s=1e-6, kernels=1, gemm=(m, n, k), conv=conv,
+                             measured_s=math_s / share + 5e-6))
+    truth = {"stream": 1.0, "reduction": 0.5, "reduction-backward": 0.7,
+             "transcendental": 0.2, "window": 0.1}
+    for cls, share in truth.items():
+        for mem in (1e-4, 1e-3, 1e-2):
+            rows.append(dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None, memory_class=cls,
+                             measured_s=mem / (1.2 * share) + 5e-6))
+    fitted = fit_kernels(rows)
+    assert fitted["median_abs_error"] < 0.02
+    assert fitted["math"] == pytest.approx(0.8, rel=0.05)
+    assert fitted["conv"] == pytest.approx(0.5, rel=0.05)
+    assert fitted["memory"] == pytest.approx(1.2, rel=0.05)
+    for cls in ("reduction", "reduction-backward", "transcendental", "window"):
+        assert fitted[cls.replace("-", "_")] == pytest.approx(truth[cls], rel=0.05), cls
+    assert fitted["depthwise"] == 1.0 and "depthwise" not in fitted["fitted"]
+
+
+def test_sweep_has_every_class_in_quick_and_full_form():
+    from dlperf.analysis.calibrate import cases
+
+    full, quick = cases(), cases(quick=True)
+    assert {c.name for c in quick} < {c.name for c in full}
+    for group in (full, quick):
+        names = " ".join(c.name for c in group)
+        for word in ("conv", "linear", "depthwise", "bn", "residual", "pool", "layernorm",
+                     "softmax", "gelu"):
+            assert word in names
 
 
 def test_ramp_slows_small_gemms_only():

@@ -2,8 +2,8 @@
 
 A probe measures peaks (the largest matmul, a copy); real layers reach less, and how much less
 depends on the kind of kernel and its shape. The sweep times a fixed set of generic layers
-(3x3, 1x1, strided and stem convolutions, linear layers of several shapes, BN+ReLU, residual
-adds) through dlperf's own capture and cost rules (``analysis.measure``), so every kernel's
+(3x3, 1x1, strided and stem convolutions, linear layers of several shapes, depthwise
+convolutions, BN+ReLU, residual adds, pooling, LayerNorm, softmax, GELU and SiLU) through dlperf's own capture and cost rules (``analysis.measure``), so every kernel's
 measured time lands on the same Cost the analyzer predicts, then fits the parameters of
 ``hardware.efficiency.Efficiency`` that these kernels exercise:
 
@@ -11,8 +11,12 @@ measured time lands on the same Cost the analyzer predicts, then fits the parame
   classes on a GPU),
 * the small-problem ramp of GEMM-shaped kernels (``gemm_m0``, ``gemm_n0``, ``gemm_k0``: the
   M, N, K at which a GEMM runs at half its large-problem rate),
-* the fraction of the probed copy bandwidth that memory-bound kernels reach (``memory``),
-  and the share of that depthwise convolutions reach (``depthwise``),
+* the fraction of the probed peak the convolutions reach, when it differs from the GEMMs'
+  (``cuda_core_conv`` on a CPU, ``tensor_conv`` on a GPU),
+* the fraction of the probed copy bandwidth that streaming memory-bound kernels reach
+  (``memory``), and the share of that each memory class reaches (``depthwise``,
+  ``reduction``, ``reduction_backward``, ``transcendental``, ``window``; see
+  ``hardware/efficiency.py``),
 * the fixed time per kernel (``launch_s``).
 
 The sweep's layers are generic shapes, not the layers of any model dlperf is checked on; the
@@ -40,16 +44,20 @@ class _BnRelu(nn.Sequential):
         super().__init__(nn.BatchNorm2d(c), nn.ReLU(inplace=True))
 
 
-class _Residual(nn.Module):
-    """y = relu(x + x * scale): a broadcast mul, an add and a ReLU on one activation (with a
-    per-channel scale, so the step has a backward)."""
+class _Scaled(nn.Module):
+    """y = op(x * scale): a per-channel (or per-feature) scale in front of a parameter-free op,
+    so the step has a backward through it. ``op`` None: y = relu(x + x * scale), a broadcast
+    mul, an add and a ReLU on one activation (a residual block's elementwise tail)."""
 
-    def __init__(self, c: int):
+    def __init__(self, shape: tuple[int, ...], op: nn.Module | None = None):
         super().__init__()
-        self.scale = nn.Parameter(torch.full((c, 1, 1), 0.5))
+        self.scale = nn.Parameter(torch.full(shape, 0.5))
+        self.op = op
 
     def forward(self, x):
-        return torch.relu(x + x * self.scale)
+        if self.op is None:
+            return torch.relu(x + x * self.scale)
+        return self.op(x * self.scale)
 
 
 @dataclass(frozen=True)
@@ -57,49 +65,72 @@ class Case:
     name: str
     build: object  # () -> nn.Module
     input_shape: tuple[int, ...]
+    quick: bool = False  # also in the quick sweep (one case or more of every class)
+
+
+def _conv(cin, cout, k, stride=1, groups=1):
+    return lambda: nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False)
+
+
+def _scaled(shape, op=None):
+    return lambda: _Scaled(shape, op() if op else None)
 
 
 def cases(quick: bool = False) -> list[Case]:
-    """Generic layers over the shapes CNNs and MLPs use (batch 8, or 4 with ``quick``)."""
+    """Generic layers over the shapes CNNs, MLPs and transformers use (batch 8, or 4 with
+    ``quick``), at least one for every class of the efficiency model: convolutions and GEMMs
+    (the math and its small-problem ramp), depthwise convolutions, streaming elementwise
+    kernels, reductions and their backward (norms, softmax, global pooling), transcendental
+    activations and window pooling."""
     n = 4 if quick else 8
     out = [
-        Case("conv3x3 64@56", lambda: nn.Conv2d(64, 64, 3, padding=1, bias=False),
-             (n, 64, 56, 56)),
-        Case("conv3x3 128@28", lambda: nn.Conv2d(128, 128, 3, padding=1, bias=False),
-             (n, 128, 28, 28)),
-        Case("conv3x3 256@14", lambda: nn.Conv2d(256, 256, 3, padding=1, bias=False),
-             (n, 256, 14, 14)),
-        Case("conv3x3 512@7", lambda: nn.Conv2d(512, 512, 3, padding=1, bias=False),
-             (n, 512, 7, 7)),
-        Case("conv3x3 s2 64->128@56", lambda: nn.Conv2d(64, 128, 3, 2, 1, bias=False),
-             (n, 64, 56, 56)),
-        Case("conv1x1 64->256@56", lambda: nn.Conv2d(64, 256, 1, bias=False), (n, 64, 56, 56)),
-        Case("conv1x1 256->64@56", lambda: nn.Conv2d(256, 64, 1, bias=False), (n, 256, 56, 56)),
-        Case("conv1x1 s2 256->512@56", lambda: nn.Conv2d(256, 512, 1, 2, bias=False),
-             (n, 256, 56, 56)),
-        Case("conv1x1 1024->256@14", lambda: nn.Conv2d(1024, 256, 1, bias=False),
-             (n, 1024, 14, 14)),
-        Case("stem 7x7 s2 3->64@112", lambda: nn.Conv2d(3, 64, 7, 2, 3, bias=False),
-             (n, 3, 112, 112)),
-        Case("depthwise 3x3 96@56", lambda: nn.Conv2d(96, 96, 3, padding=1, groups=96,
-                                                      bias=False), (n, 96, 56, 56)),
-        Case("depthwise 5x5 240@14", lambda: nn.Conv2d(240, 240, 5, padding=2, groups=240,
-                                                       bias=False), (n, 240, 14, 14)),
-        Case("linear 512->1000", lambda: nn.Linear(512, 1000), (32 * n, 512)),
+        Case("conv3x3 64@56", _conv(64, 64, 3), (n, 64, 56, 56), quick=True),
+        Case("conv3x3 128@28", _conv(128, 128, 3), (n, 128, 28, 28)),
+        Case("conv3x3 256@14", _conv(256, 256, 3), (n, 256, 14, 14), quick=True),
+        Case("conv3x3 512@7", _conv(512, 512, 3), (n, 512, 7, 7)),
+        Case("conv3x3 s2 64->128@56", _conv(64, 128, 3, 2), (n, 64, 56, 56), quick=True),
+        Case("conv1x1 64->256@56", _conv(64, 256, 1), (n, 64, 56, 56)),
+        Case("conv1x1 256->64@56", _conv(256, 64, 1), (n, 256, 56, 56), quick=True),
+        Case("conv1x1 s2 256->512@56", _conv(256, 512, 1, 2), (n, 256, 56, 56)),
+        Case("conv1x1 1024->256@14", _conv(1024, 256, 1), (n, 1024, 14, 14), quick=True),
+        Case("stem 7x7 s2 3->64@112", _conv(3, 64, 7, 2), (n, 3, 112, 112)),
+        # few channels (mobile networks' expand/project layers) and tiny tensors, where the
+        # fixed cost per kernel shows
+        Case("conv1x1 16->64@56", _conv(16, 64, 1), (n, 16, 56, 56), quick=True),
+        Case("conv1x1 40->120@28", _conv(40, 120, 1), (n, 40, 28, 28)),
+        Case("conv1x1 240->64@1", _conv(240, 64, 1), (n, 240, 1, 1), quick=True),
+        Case("depthwise 3x3 96@56", _conv(96, 96, 3, groups=96), (n, 96, 56, 56), quick=True),
+        Case("depthwise 5x5 240@14", _conv(240, 240, 5, groups=240), (n, 240, 14, 14)),
+        Case("linear 512->1000", lambda: nn.Linear(512, 1000), (32 * n, 512), quick=True),
         Case("linear 1024->1024", lambda: nn.Linear(1024, 1024), (64 * n, 1024)),
-        Case("linear 768->3072", lambda: nn.Linear(768, 3072), (16 * n, 768)),
-        Case("bn+relu 64@56", lambda: _BnRelu(64), (n, 64, 56, 56)),
+        Case("linear 768->3072", lambda: nn.Linear(768, 3072), (16 * n, 768), quick=True),
+        Case("bn+relu 64@56", lambda: _BnRelu(64), (n, 64, 56, 56), quick=True),
         Case("bn+relu 256@14", lambda: _BnRelu(256), (n, 256, 14, 14)),
-        Case("residual 256@56", lambda: _Residual(256), (n, 256, 56, 56)),
-        Case("residual 64@28", lambda: _Residual(64), (n, 64, 28, 28)),
+        Case("residual 256@56", _scaled((256, 1, 1)), (n, 256, 56, 56), quick=True),
+        Case("residual 64@28", _scaled((64, 1, 1)), (n, 64, 28, 28)),
+        Case("residual 96@7", _scaled((96, 1, 1)), (n, 96, 7, 7), quick=True),
+        Case("bn+relu 512@7", lambda: _BnRelu(512), (n, 512, 7, 7)),
+        Case("maxpool 3x3 s2 128@56", _scaled((128, 1, 1), lambda: nn.MaxPool2d(3, 2, 1)),
+             (n, 128, 56, 56), quick=True),
+        Case("avgpool 2x2 s2 256@28", _scaled((256, 1, 1), lambda: nn.AvgPool2d(2)),
+             (n, 256, 28, 28)),
+        Case("global pool 1024@14", _scaled((1024, 1, 1), lambda: nn.AdaptiveAvgPool2d(1)),
+             (n, 1024, 14, 14)),
+        Case("layernorm 1024", lambda: nn.LayerNorm(1024), (64 * n, 1024), quick=True),
+        Case("softmax 8x128x128", _scaled((8, 1, 1), lambda: nn.Softmax(-1)),
+             (n, 8, 128, 128), quick=True),
+        Case("gelu 2048", _scaled((2048,), nn.GELU), (64 * n, 2048), quick=True),
+        Case("silu 192@28", _scaled((192, 1, 1), nn.SiLU), (n, 192, 28, 28)),
     ]
-    return out[::2] if quick else out
+    return [c for c in out if c.quick] if quick else out
 
 
 def identity(efficiency: Efficiency) -> Efficiency:
     """Every fitted fraction at 1, no ramp, 1 s per kernel: a prediction then holds raw terms."""
     return replace(efficiency, tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0,
-                   cuda_core=1.0, memory=1.0, sm_bytes_per_clock=None, depthwise=1.0,
+                   cuda_core=1.0, cuda_core_conv=None, memory=1.0, sm_bytes_per_clock=None,
+                   depthwise=1.0, reduction=1.0, reduction_backward=1.0, transcendental=1.0,
+                   window=1.0,
                    gemm_m0=0.0, gemm_n0=0.0, gemm_k0=0.0, launch_s=1.0, host_s=0.0)
 
 
@@ -134,10 +165,15 @@ def nelder_mead(f, x0, step: float = 0.8, iters: int = 3000, tol: float = 1e-10)
     return simplex[int(np.argmin(values))]
 
 
-# name -> (low, high); fractions and seconds searched on a log scale between the bounds
-BOUNDS = {"math": (0.05, 1.5), "gemm_m0": (1.0, 4096.0), "gemm_n0": (1.0, 4096.0),
-          "gemm_k0": (1.0, 4096.0), "memory": (0.05, 2.0), "depthwise": (0.01, 1.0),
-          "launch_s": (1e-7, 1e-3)}
+# name -> (low, high); fractions and seconds searched on a log scale between the bounds.
+# "math" is the GEMMs' fraction of the probed peak, "conv" the convolutions'; the memory classes
+# are fractions of the streaming bandwidth ("memory").
+BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "gemm_m0": (1.0, 4096.0),
+          "gemm_n0": (1.0, 4096.0), "gemm_k0": (1.0, 4096.0), "memory": (0.05, 2.0),
+          "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "reduction_backward": (0.01, 2.0),
+          "transcendental": (0.01, 2.0), "window": (0.01, 2.0), "launch_s": (1e-7, 1e-3)}
+# the memory classes of efficiency.MEMORY_CLASSES with a parameter of their own
+CLASS_PARAMS = ("depthwise", "reduction", "reduction_backward", "transcendental", "window")
 
 
 def _squash(z, lo, hi):
@@ -148,27 +184,40 @@ def fit_kernels(rows: list[dict]) -> dict:
     """Parameters minimising the squared log error of per-kernel time over ``rows``.
 
     Each row: raw math seconds (at the probed peak), raw memory seconds (at the probed
-    bandwidth, real traffic), kernel count, GEMM dims (or None), whether it is a depthwise
-    convolution and the measured seconds.
-    "math" and "memory" may exceed 1: a probe's peak is the best of a few shapes, not a bound.
+    bandwidth, real traffic), kernel count, GEMM dims (or None), its memory class (or the
+    older ``depthwise`` flag), whether it is a convolution, and the measured seconds.
+    "math", "conv" and "memory" may exceed 1: a quick probe's peak is the best of a few shapes
+    timed briefly, not a bound (on a 2-core CPU one probe's fp32 peak came out at 128 GFLOP/s
+    and the next at 165), and small tensors stay in cache.
+    A parameter no row exercises (a class absent from the sweep) is not fitted: it stays at
+    the identity model's value (1.0; "conv" as "math").
     """
     math_s = np.array([r["math_s"] for r in rows])
     mem_s = np.array([r["memory_s"] for r in rows])
     kernels = np.array([r["kernels"] for r in rows], dtype=float)
     # kernels that are no GEMM get dims so large that their ramp is 1
     dims = np.array([r["gemm"] or (1e30, 1e30, 1e30) for r in rows], dtype=float)
-    dw = np.array([r.get("depthwise", False) for r in rows])
+    cls = np.array([r.get("memory_class") or ("depthwise" if r.get("depthwise") else "stream")
+                    for r in rows])
+    conv = np.array([bool(r.get("conv")) for r in rows])
     measured = np.array([r["measured_s"] for r in rows])
-    names = tuple(BOUNDS)
+    names = tuple(n for n in BOUNDS
+                  if (n not in CLASS_PARAMS or np.any(cls == n.replace("_", "-")))
+                  and (n != "conv" or (np.any(conv) and np.any(~conv & (math_s > 0)))))
 
     def params(z):
-        return {k: _squash(v, *BOUNDS[k]) for k, v in zip(names, z)}
+        p = {"conv": None, **{c: 1.0 for c in CLASS_PARAMS}}
+        p.update({k: _squash(v, *BOUNDS[k]) for k, v in zip(names, z)})
+        return p
 
     def times(p):
         ramp = (dims[:, 0] / (dims[:, 0] + p["gemm_m0"]) * dims[:, 1] / (dims[:, 1] + p["gemm_n0"])
                 * dims[:, 2] / (dims[:, 2] + p["gemm_k0"]))
-        bandwidth = p["memory"] * np.where(dw, p["depthwise"], 1.0)
-        return (np.maximum(math_s / (p["math"] * ramp), mem_s / bandwidth)
+        fraction = np.ones(len(rows))
+        for c in CLASS_PARAMS:
+            fraction[cls == c.replace("_", "-")] = p[c]
+        math_eff = np.where(conv, p["conv"] or p["math"], p["math"])
+        return (np.maximum(math_s / (math_eff * ramp), mem_s / (p["memory"] * fraction))
                 + kernels * p["launch_s"])
 
     def loss(z):
@@ -182,9 +231,12 @@ def fit_kernels(rows: list[dict]) -> dict:
             break
         z, best = z_new, loss(z_new)
     fitted = params(z)
+    if fitted["conv"] is None:
+        fitted["conv"] = fitted["math"]
     errors = np.abs(times(fitted) / measured - 1)
     return {**fitted, "median_abs_error": float(np.median(errors)),
-            "max_abs_error": float(np.max(errors)), "kernels": len(rows)}
+            "max_abs_error": float(np.max(errors)), "kernels": len(rows),
+            "fitted": list(names)}
 
 
 def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=None
@@ -211,17 +263,27 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
             rows.append({"case": case.name, "op": p.cost.op, "phase": p.cost.phase,
                          "math_s": raw.math_time_s, "memory_s": raw.memory_time_s,
                          "kernels": raw.kernels, "measured_s": measured_s,
-                         "depthwise": raw.memory_class == "depthwise",
+                         "memory_class": raw.memory_class,
+                         "conv": raw.math_class in ("cuda-core-conv", "tensor-conv",
+                                                    "grouped-conv"),
                          "gemm": (g.m, g.n, g.k) if g is not None and raw.math_class
                          not in ("none",) and raw.memory_class != "depthwise" else None})
         if progress:
             progress()
     fitted = fit_kernels(rows)
-    math_class = "cuda_core" if not spec.tensor_cores else "tensor_conv"
-    overrides = {math_class: fitted["math"], "memory": fitted["memory"],
-                 "depthwise": fitted["depthwise"],
-                 "launch_s": fitted["launch_s"], "gemm_m0": fitted["gemm_m0"],
-                 "gemm_n0": fitted["gemm_n0"], "gemm_k0": fitted["gemm_k0"]}
-    if spec.tensor_cores:  # one sweep fraction for every Tensor Core class
-        overrides.update(tensor_gemm=fitted["math"], grouped_conv=fitted["math"])
-    return overrides, rows, fitted
+    return overrides_from_fit(fitted, spec.tensor_cores), rows, fitted
+
+
+def overrides_from_fit(fitted: dict, tensor_cores: bool) -> dict:
+    """The efficiency parameters a sweep's fit sets: on a GPU the Tensor Core classes (the
+    sweep runs under bf16 autocast; grouped convolutions as the others), on a CPU the core
+    classes; the memory classes, the ramp and the time per kernel on both."""
+    if tensor_cores:
+        math = {"tensor_gemm": fitted["math"], "tensor_conv": fitted["conv"],
+                "grouped_conv": fitted["conv"]}
+    else:
+        math = {"cuda_core": fitted["math"], "cuda_core_conv": fitted["conv"]}
+    return {**math, "memory": fitted["memory"],
+            **{c: fitted[c] for c in CLASS_PARAMS},
+            "launch_s": fitted["launch_s"], "gemm_m0": fitted["gemm_m0"],
+            "gemm_n0": fitted["gemm_n0"], "gemm_k0": fitted["gemm_k0"]}

@@ -15,7 +15,8 @@ from dlperf.analysis.costs import Cost
 from dlperf.analysis.gemm import (Quantization, alignment_elements, best_quantization,
                                   misaligned_dims)
 from dlperf.errors import DlperfError
-from dlperf.hardware.efficiency import Efficiency, efficiency_for, traffic_factor
+from dlperf.hardware.efficiency import (Efficiency, efficiency_for, memory_class_of,
+                                        traffic_factor)
 from dlperf.hardware.specs import DeviceSpec
 
 # Grouped convolutions with fewer channels per group than this (depthwise: 1) run in cuDNN's
@@ -54,8 +55,10 @@ class Prediction:
     launch_time_s: float
     transpose_time_s: float = 0.0  # NCHW <-> NHWC around a Tensor Core convolution
     # The efficiency model's classes this kernel's time used (hardware/efficiency.py)
-    math_class: str = "none"  # tensor-gemm | tensor-conv | grouped-conv | cuda-core | none
-    memory_class: str = "stream"  # stream | depthwise
+    # tensor-gemm | tensor-conv | grouped-conv | cuda-core | cuda-core-conv | none
+    math_class: str = "none"
+    # stream | depthwise | reduction | reduction-backward | transcendental | window
+    memory_class: str = "stream"
     traffic_factor: float = 1.0  # real traffic / the guide's minimum bytes (two-pass kernels)
     kernels: int = 1  # kernels launched, the NCHW transposes included
 
@@ -95,7 +98,7 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
         unit, peak = "fp32", spec.peak_flops("fp32")
     is_conv = cost.op.startswith("convolution")
     quant, miss, aligned = None, (), None
-    memory_class = "stream"
+    memory_class = memory_class_of(cost.op)
     efficiency = 1.0
     if is_matmul and cost.groups > 1 and cost.align_dims and min(
             size for _, size in cost.align_dims) < max(NARROW_GROUP_CHANNELS,
@@ -106,8 +109,11 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
         math_class, memory_class = "cuda-core", "depthwise"
     elif is_matmul:
         on_tc = spec.tensor_cores and unit != "fp32"
-        math_class = ("cuda-core" if not on_tc else "grouped-conv" if is_conv and cost.groups > 1
-                      else "tensor-conv" if is_conv else "tensor-gemm")
+        if not on_tc:
+            math_class = "cuda-core-conv" if is_conv else "cuda-core"
+        else:
+            math_class = ("grouped-conv" if is_conv and cost.groups > 1
+                          else "tensor-conv" if is_conv else "tensor-gemm")
         if cost.gemm is not None and cost.kind == "gemm":
             if on_tc:
                 miss = tuple(misaligned_dims(cost.align_dims or cost.gemm, unit,

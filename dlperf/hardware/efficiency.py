@@ -15,6 +15,10 @@ quantization of ``gemm.py``, which stays separate):
 * ``grouped_conv``: grouped convolutions wide enough for Tensor Cores (ResNeXt's 32 groups of
   4-32 channels); cuDNN runs them as many small GEMMs that never fill a tile pipeline.
 * ``cuda_core``: FP32 on the FMA pipes (FP32 GEMMs without TF32, depthwise convolutions).
+* ``cuda_core_conv``: convolutions on the same pipes (FP32 convolutions; every convolution on a
+  CPU), when they reach a different share than GEMMs: a CPU's GEMMs (MKL/OpenBLAS sgemm) keep
+  more of the peak than its convolutions (oneDNN direct and im2col kernels). None: as
+  ``cuda_core`` (the published GPU table does not separate them).
 
 Memory (achieved bytes/s):
 
@@ -28,9 +32,25 @@ Memory (achieved bytes/s):
   H200 was no faster than an H100 and a B200 (148 SMs, 8 TB/s) barely faster: held out, the
   published H200 and B200 rows came out at 0.71x and 0.58x of their measured speed; with the
   series form 1.03x and 1.06x (benchmarks/README.md).
-* ``depthwise``: fraction of the achieved bandwidth that depthwise and narrow grouped
-  convolutions reach (each output reads a k x k window of one channel: short, strided rows,
-  and the weight gradient is a reduction over batch x pixels per channel).
+* Memory classes, each a fraction of the achieved (streaming) bandwidth above, for the kernels
+  that do more per byte than stream it (``memory_class_of``):
+
+  - ``depthwise``: depthwise and narrow grouped convolutions (each output reads a k x k window
+    of one channel: short, strided rows, and the weight gradient is a reduction over batch x
+    pixels per channel).
+  - ``reduction``: reductions and two-pass normalisations in the forward pass (batch, group and
+    layer norm statistics then normalise, softmax, global pooling, sums and means).
+  - ``reduction_backward``: their backward kernels (norm and softmax backward: a reduction of
+    (dy, x), then dx from both again).
+  - ``transcendental``: elementwise kernels that evaluate a transcendental function per element
+    (GELU's erf, SiLU/sigmoid, tanh, exp): memory-bound on a GPU (its special-function units
+    keep up with DRAM), math-bound on a CPU's vector units.
+  - ``window``: pooling over a sliding window (max/average pooling and their backward).
+
+  The published GPU table cannot separate these classes (their kernels are a few percent of
+  the rows' steps), so the shipped GPU model keeps them at 1.0 (streaming bandwidth, with the
+  two-pass traffic below); ``dlperf probe --sweep`` fits them per machine from generic kernels
+  of each class.
 
 Host: ``launch_s`` is the GPU's own gap per kernel; ``host_s`` the CPU's time to issue one
 (eager PyTorch), which bounds the step when the GPU's kernels are shorter (roofline.step_time).
@@ -67,7 +87,12 @@ class Efficiency:
     cuda_core: float = 0.80
     memory: float = 0.85
     sm_bytes_per_clock: float | None = None  # None: no SM term (the DRAM alone)
+    cuda_core_conv: float | None = None  # None: as cuda_core
     depthwise: float = 1.0
+    reduction: float = 1.0
+    reduction_backward: float = 1.0
+    transcendental: float = 1.0
+    window: float = 1.0
     misaligned: float = 0.50  # Tensor Core GEMMs breaking the 16-byte rule (guide 2.2)
     # Small-problem ramp of GEMM-shaped kernels: x m/(m+gemm_m0) x n/(n+gemm_n0) x k/(k+gemm_k0),
     # the M, N, K at which a GEMM runs at half its large-problem rate (0: no ramp). Fitted per
@@ -84,8 +109,9 @@ class Efficiency:
 
     def math(self, math_class: str) -> float:
         return {"tensor-gemm": self.tensor_gemm, "tensor-conv": self.tensor_conv,
-                "grouped-conv": self.grouped_conv, "cuda-core": self.cuda_core}.get(
-                    math_class, 1.0)
+                "grouped-conv": self.grouped_conv, "cuda-core": self.cuda_core,
+                "cuda-core-conv": self.cuda_core if self.cuda_core_conv is None
+                else self.cuda_core_conv}.get(math_class, 1.0)
 
     def ramp(self, gemm) -> float:
         """The small-problem factor of a GEMM (per group for grouped convolutions)."""
@@ -97,7 +123,13 @@ class Efficiency:
         bw = spec.mem_bandwidth * self.memory
         if self.sm_bytes_per_clock and spec.tensor_cores:
             bw = combine_bandwidth(bw, sm_cycles_per_s(spec) * self.sm_bytes_per_clock)
-        return bw * (self.depthwise if memory_class == "depthwise" else 1.0)
+        return bw * self.memory_fraction(memory_class)
+
+    def memory_fraction(self, memory_class: str) -> float:
+        """The share of streaming bandwidth a kernel of ``memory_class`` reaches."""
+        if memory_class == "stream":
+            return 1.0
+        return getattr(self, memory_class.replace("-", "_"))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -137,6 +169,35 @@ def traffic_factor(op: str) -> float:
     return TRAFFIC_FACTOR.get(op, 1.0)
 
 
+# Memory classes of the non-convolution kernels (depthwise convolutions are classed by the
+# roofline, which knows their groups); every op not named here streams.
+MEMORY_CLASSES = ("stream", "depthwise", "reduction", "reduction-backward", "transcendental",
+                  "window")
+_CLASS_OF_OP = {
+    **{op: "reduction" for op in (
+        *_TWO_PASS_FORWARD, "native_layer_norm", "_softmax", "_log_softmax", "mean", "sum",
+        "amax", "amin", "var", "var_mean", "std", "norm", "linalg_vector_norm",
+        "_adaptive_avg_pool2d")},
+    **{op: "reduction-backward" for op in (
+        *_TWO_PASS_BACKWARD, "_softmax_backward_data", "_log_softmax_backward_data",
+        "_adaptive_avg_pool2d_backward")},
+    **{op: "transcendental" for op in (
+        "gelu", "gelu_backward", "silu", "silu_backward", "sigmoid", "sigmoid_backward",
+        "tanh", "tanh_backward", "exp", "erf", "log", "softplus", "softplus_backward",
+        "mish", "mish_backward", "elu", "elu_backward", "log_sigmoid_forward",
+        "log_sigmoid_backward")},
+    **{op: "window" for op in (
+        "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d",
+        "avg_pool2d_backward", "max_pool3d_with_indices", "max_pool3d_with_indices_backward",
+        "avg_pool3d", "avg_pool3d_backward")},
+}
+
+
+def memory_class_of(op: str) -> str:
+    """The memory class of a (non-convolution) kernel named ``op`` (see the module docstring)."""
+    return _CLASS_OF_OP.get(op, "stream")
+
+
 # Fitted by benchmarks/fit_efficiency.py to every clean row of the published table (see the
 # module docstring and benchmarks/results/efficiency-fit.json for the held-out errors).
 FITTED = Efficiency(tensor_gemm=0.790, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.904,
@@ -160,8 +221,9 @@ MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 
 # Every parameter named in the table above, what a device file's "efficiency" may set.
 PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
-FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "memory", "depthwise",
-             "misaligned")
+FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
+             "memory", "depthwise", "reduction", "reduction_backward", "transcendental",
+             "window", "misaligned")
 
 
 def efficiency_for(spec) -> Efficiency:
@@ -184,15 +246,15 @@ def check_overrides(overrides, origin: str) -> dict:
         if key not in PARAMETERS:
             raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
                               f"use one of {', '.join(PARAMETERS)}")
-        if key == "sm_bytes_per_clock" and value is None:
+        if key in ("sm_bytes_per_clock", "cuda_core_conv") and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 value > 0 or (key == "host_s" and value == 0)):
             raise DlperfError(f"{origin}: efficiency {key} must be a positive number, "
                               f"got {value!r}")
-        if key in FRACTIONS and value > 2:
+        if key in FRACTIONS and value > 3:
             raise DlperfError(f"{origin}: efficiency {key} is a fraction of peak; "
-                              f"give a number in (0, 1] (a measured profile may reach up to 2: "
+                              f"give a number in (0, 1] (a measured profile may reach up to 3: "
                               f"its peaks are the probe's best shapes), got {value!r}")
         if key in ("launch_s", "host_s") and value > 1e-2:
             raise DlperfError(f"{origin}: efficiency {key} is seconds per kernel; "
