@@ -376,8 +376,8 @@ def test_shards_from_before_checksums_still_read_and_verify_with_a_note(folder, 
     result = verify(dst)
     assert result["problems"] == [] and "has no checksums" in result["notes"][0]
     with pytest.raises(DlperfError, match="check_checksums=true needs shards with checksums"):
-        from dlperf.train.loop import _open_checked
-        _open_checked(str(dst), True, "data")
+        from dlperf.train.inputs import open_checked
+        open_checked(str(dst), True, "data")
 
 
 def test_max_side_prepare_does_not_bake_damage_into_a_clean_file(tmp_path):

@@ -14,7 +14,8 @@ import torch
 from dlperf.cli import main
 from dlperf.errors import DlperfError
 from dlperf.train import checkpoint as ckpt
-from dlperf.train.loop import NonFinite, Preempted, lr_factor, train
+from dlperf.train.loop import NonFinite, Preempted, train
+from dlperf.train.optim import lr_factor
 from dlperf.train.recipes import TrainConfig, apply_overrides, get_recipe, load_config_file, tiny
 from imagegen import make_toy
 
@@ -491,7 +492,7 @@ def test_a_timm_model_trains_through_the_same_recipe(toy, tmp_path):
 
 def test_crop_area_and_flip_reach_the_training_loader(toy):
     from dlperf.train import distributed as D
-    from dlperf.train.loop import build_loaders
+    from dlperf.train.inputs import build_loaders
 
     cfg = _cfg(toy, "unused", min_crop_area=0.6, flip=False)
     train_loader, val_loader = build_loaders(cfg, D.setup("cpu", 60), 32)

@@ -12,7 +12,8 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from dlperf.errors import DlperfError
 from dlperf.train import checkpoint as ckpt
 from dlperf.train.guard import EMA, NonFinite, prepare_deferred
-from dlperf.train.loop import LARS, train
+from dlperf.train.loop import train
+from dlperf.train.optim import LARS
 from dlperf.train.metrics import RunLog
 from dlperf.train.recipes import TrainConfig
 from test_train import NAN_MODEL, _cfg, toy  # noqa: F401  (toy is a fixture)
@@ -217,6 +218,7 @@ def test_graphed_step_eager_fallback_trains_like_the_plain_step():
     # capture=False runs the graph's body eagerly: the same update as the loop's own path.
     from dlperf.train.graphs import GraphedStep
     from dlperf.train.guard import StepGuard
+    from dlperf.train.step import StepParts
 
 
     results = []
@@ -226,8 +228,9 @@ def test_graphed_step_eager_fallback_trains_like_the_plain_step():
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         guard = StepGuard("deferred", 3, scaler, torch.device("cpu"), RunLog(None))
         loss_fn = torch.nn.CrossEntropyLoss()
-        step = GraphedStep(model, model, loss_fn, opt, guard, None, None, torch.device("cpu"),
-                           capture=False)
+        parts = StepParts(model, model, loss_fn, opt, scaler, guard, None, None,
+                          torch.device("cpu"))
+        step = GraphedStep(parts, capture=False)
         g = torch.Generator().manual_seed(0)
         for _ in range(4):
             x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
@@ -342,12 +345,12 @@ def test_the_loops_graphed_branch_trains_exactly_like_the_plain_one(toy, tmp_pat
                                                                     monkeypatch):
     # On the CPU the graphed step runs its body eagerly (no capture); the loop's wiring around
     # it (static outputs, scheduler, guard, EMA, checkpoints) must give the very same weights.
-    from dlperf.train import loop
+    from dlperf.train import graphs
 
     common = dict(epochs=2, deterministic=True, nonfinite_check="deferred", ema_decay=0.9,
                   max_grad_norm=5.0)
     train(_cfg(toy, tmp_path / "plain", **common), resume=None, progress=False, mfu=False)
-    monkeypatch.setattr(loop, "graph_capture_supported", lambda device: True)
+    monkeypatch.setattr(graphs, "graph_capture_supported", lambda device: True)
     train(_cfg(toy, tmp_path / "graphed", cuda_graphs=True, **common), resume=None,
           progress=False, mfu=False)
     a, _ = ckpt.load_latest(tmp_path / "plain" / "checkpoints")

@@ -53,7 +53,7 @@ def test_grad_accum_2_equals_grad_accum_1_at_the_same_global_batch(tmp_path):
 def test_lars_follows_its_formula_in_float64():
     """You et al.'s LARS: local rate trust x ||w|| / (||g|| + wd x ||w||) scales (g + wd x w),
     into a momentum buffer; BN and bias parameters (lars_exclude) take plain SGD steps."""
-    from dlperf.train.loop import LARS
+    from dlperf.train.optim import LARS
 
     torch.manual_seed(0)
     w0 = torch.randn(5, 3, dtype=torch.float64)
@@ -75,3 +75,58 @@ def test_lars_follows_its_formula_in_float64():
         want_w, want_b = want_w - lr * buf_w, want_b - lr * buf_b
     torch.testing.assert_close(w.detach(), want_w, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(b.detach(), want_b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_ladder_times_the_step_the_trainer_runs(tmp_path, monkeypatch):
+    # Both call step.train_step, with the same kinds of parts: count the calls and the parts
+    # each passes (a ladder that built its own step again would not be seen here).
+    from dlperf.bench import ladder
+    from dlperf.train import loop, step as step_mod
+    from dlperf.train.recipes import apply_overrides, tiny
+    from imagegen import make_toy
+
+    calls = []
+    real = step_mod.train_step
+
+    def counting(parts, micro_batches, step, **kw):
+        calls.append((type(parts.optimizer).__name__, type(parts.guard).__name__,
+                      type(parts.loss_fn).__name__, len(micro_batches)))
+        return real(parts, micro_batches, step, **kw)
+
+    monkeypatch.setattr(step_mod, "train_step", counting)
+    monkeypatch.setattr(loop, "train_step", counting)
+    toy = make_toy(tmp_path / "toy", per_class=4)
+    cfg = apply_overrides(tiny(), dict(data=str(toy), val_data="none",
+                                       out_dir=str(tmp_path / "run"), epochs=1, batch_size=8,
+                                       threads=1))
+    loop.train(cfg, resume=None, progress=False, mfu=False)
+    trainer_calls = list(calls)
+    calls.clear()
+    lcfg = ladder.LadderConfig(model="tiny", image_size=32, batch_size=4, warmup=1, steps=1,
+                               device="cpu")
+    ladder._time_steps(ladder.TrainConfig(model="tiny"), lcfg, torch.device("cpu"))
+    assert trainer_calls and len(calls) == 2  # warm-up + one timed step
+    assert set(calls) == {trainer_calls[0][:3] + (1,)}
+
+
+def test_trainer_flops_per_image_are_the_analyzers_and_torch_flop_counters():
+    # The MFU's numerator (train.metrics.flops_per_image) is `dlperf analyze`'s FLOP count of
+    # one training step, per image; its GEMM part equals torch.utils.flop_counter on a real
+    # forward + backward of the same model (convolutions and the classifier).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dlperf.analysis.api import analyze
+    from dlperf.train.metrics import flops_per_image
+
+    fpi = flops_per_image("resnet18", 10, 64, "fp32")
+    model = torchvision.models.resnet18(num_classes=10)
+    analysis = analyze(model, (2, 3, 64, 64), device="h100-sxm", dtype="fp32", train=True,
+                       optimizer="none")
+    assert fpi == analysis.totals()["flops"] / 2
+    gemm = sum(p.cost.flops for p in analysis.predictions if p.cost.kind == "gemm")
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(torch.randn(2, 3, 64, 64)).sum().backward()
+    # the dgrad of the stem (its input needs no gradient) is neither counted nor run
+    assert gemm == counter.get_total_flops()
+    assert 1.0 < fpi / (gemm / 2) < 1.1  # elementwise work adds a few percent

@@ -233,7 +233,7 @@ def test_the_cpu_ceiling_is_probed_once_per_machine(tmp_path, monkeypatch):
 
 
 def test_summary_is_on_disk_before_the_mfu_ceiling_is_looked_up(toy, tmp_path, monkeypatch):
-    from dlperf.train import loop
+    from dlperf.train import metrics
 
     out = tmp_path / "s"
     seen = {}
@@ -242,7 +242,7 @@ def test_summary_is_on_disk_before_the_mfu_ceiling_is_looked_up(toy, tmp_path, m
         seen["summary"] = json.loads((out / "summary.json").read_text())
         return 1e12, "test ceiling"
 
-    monkeypatch.setattr(loop, "peak_flops", ceiling)
+    monkeypatch.setattr(metrics, "peak_flops", ceiling)
     summary = train(_cfg(toy, out), resume=None, progress=False, mfu=True)
     assert seen["summary"]["steps"] == summary["steps"] and "mfu" not in seen["summary"]
     assert json.loads((out / "summary.json").read_text())["mfu"] == summary["mfu"] > 0

@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from dlperf.train.recipes import TrainConfig
 
@@ -39,34 +37,37 @@ RUNGS = [
 ]
 
 
-def _time_steps(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device, progress=None):
+def step_parts(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device):
+    """The trainer's step for this rung: the same model build, speed-ups, optimizer and step
+    parts (``train.step.build_parts``) as `dlperf train` with ``cfg``, on one process; with
+    CUDA graphs, the trainer's GraphedStep around it."""
+    from dlperf.models.registry import build_classifier
     from dlperf.train import speedups
-    from dlperf.train.loop import build_model, build_optimizer
+    from dlperf.train.graphs import GraphedStep
+    from dlperf.train.metrics import RunLog
+    from dlperf.train.optim import build_optimizer
+    from dlperf.train.step import build_parts
 
     torch.manual_seed(0)
-    model = speedups.apply(build_model(lcfg.model, 1000), cfg, device)
-    compile_s = 0.0
-    run = model
-    if cfg.compile:
-        run = torch.compile(model)
-    opt = build_optimizer(model, cfg, device)
-    loss_fn = nn.CrossEntropyLoss()
+    model = speedups.apply(build_classifier(lcfg.model, 1000), cfg, device)
+    run_model = speedups.maybe_compile(model, cfg)
+    parts = build_parts(cfg, model, run_model, build_optimizer(model, cfg, device), device,
+                        RunLog(None))  # RunLog(None): the no-op log
+    graphed = GraphedStep(parts, warmup=1) if cfg.cuda_graphs else None
+    return parts, graphed
+
+
+def _time_steps(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device, progress=None):
+    """Median-ready step times of ``step.train_step`` (the step `dlperf train` runs), each
+    synchronised on a GPU; the first step's time is the compile time when compiling."""
+    from dlperf.train.step import train_step
+
+    parts, graphed = step_parts(cfg, lcfg, device)
     x = torch.randn(lcfg.batch_size, 3, lcfg.image_size, lcfg.image_size, device=device)
     if cfg.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (lcfg.batch_size,), device=device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype)
-    graphed = None
-    if cfg.cuda_graphs:  # the same step as `dlperf train cuda_graphs=true`, captured once
-        from dlperf.train.graphs import GraphedStep
-        from dlperf.train.guard import StepGuard, prepare_deferred
-        from dlperf.train.metrics import RunLog
-
-        prepare_deferred(opt)
-        guard = StepGuard("deferred", 10, torch.amp.GradScaler(device.type, enabled=False),
-                          device, RunLog(None))  # RunLog(None): the no-op log
-        graphed = GraphedStep(model, run, loss_fn, opt, guard, None, dtype, device, warmup=1)
-    times = []
+    times, compile_s = [], 0.0
     for i in range(lcfg.warmup + lcfg.steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -74,11 +75,8 @@ def _time_steps(cfg: TrainConfig, lcfg: LadderConfig, device: torch.device, prog
         if graphed is not None:
             graphed(x, y)
         else:
-            with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
-                loss = loss_fn(run(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            train_step(parts, [(x, y)], i)
+            parts.scaler.update()
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -101,10 +99,10 @@ def predicted_img_per_s(lcfg: LadderConfig, cfg: TrainConfig, spec, on_gpu: bool
         return None
     try:
         from dlperf.analysis.api import AnalysisConfig, analyze_model
-        from dlperf.train.loop import build_model
+        from dlperf.models.registry import build_classifier
 
         with torch.device("meta"):
-            model = build_model(lcfg.model, 1000, meta=True)
+            model = build_classifier(lcfg.model, 1000, meta=True)
         acfg = AnalysisConfig(model=lcfg.model, dtype=cfg.dtype, tf32=cfg.tf32 and on_gpu,
                               input_shape=(lcfg.batch_size, 3, lcfg.image_size, lcfg.image_size),
                               train=True, channels_last=cfg.channels_last, device=spec.name,

@@ -151,3 +151,16 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
             name, weights_backbone=None, **kwargs), real), default
     except TypeError:  # builders without a backbone argument
         return _construct(lambda: torchvision.models.get_model(name, **kwargs), real), default
+
+
+def build_classifier(name: str, num_classes: int, meta: bool = False) -> torch.nn.Module:
+    """An image classifier for training (``dlperf train``, the ladder, the trainer's FLOP
+    count): dlperf's ``tiny``/``tiny-gn`` test networks, or any name ``build_model`` knows.
+    ``meta=True``: on the meta device, without initialising weights."""
+    if name in ("tiny", "tiny-gn"):
+        from dlperf.models.tiny import TinyResNet
+
+        return TinyResNet(num_classes, norm="bn" if name == "tiny" else "gn")
+    model, _ = build_model(name, num_classes=num_classes, real=not meta)
+    return model
+

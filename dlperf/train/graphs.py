@@ -25,11 +25,30 @@ Each is refused with a one-line error in TrainConfig or train().
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 
-from dlperf.train.guard import gradient_norm
+from dlperf.errors import DlperfError
+from dlperf.train.step import StepParts, train_step
+
+
+def graph_capture_supported(device: torch.device) -> bool:
+    """CUDA graphs need CUDA. (Tests patch this to run the graphed step's body eagerly on the
+    CPU, which exercises the loop's whole graphed branch except the capture itself.)"""
+    return device.type == "cuda"
+
+
+def graphed_step_for(parts: StepParts, cfg, distributed: bool) -> "GraphedStep | None":
+    """The GraphedStep a run with ``cfg`` (a TrainConfig) uses, None without cuda_graphs; a
+    run that cannot capture is refused in one line."""
+    if not cfg.cuda_graphs:
+        return None
+    if not graph_capture_supported(parts.device):
+        raise DlperfError("cuda_graphs=true needs a CUDA GPU (this run is on "
+                          f"{parts.device.type}); drop it")
+    if distributed:
+        raise DlperfError("cuda_graphs=true is single-process for now (DDP's collectives "
+                          "are not captured); drop it or run one process")
+    return GraphedStep(parts, capture=parts.device.type == "cuda")
 
 
 def tensor_learning_rates(optimizer: torch.optim.Optimizer, device: torch.device) -> list:
@@ -62,16 +81,14 @@ def float_learning_rates(state: dict) -> dict:
 
 
 class GraphedStep:
-    """``step(x, y) -> (loss, grad_norm, applied)``; with ``capture=False`` the same step runs
-    eagerly every time (the CPU, and tests)."""
+    """``step(x, y) -> (loss, grad_norm, applied)``: ``step.train_step`` on one batch,
+    captured; with ``capture=False`` the same step runs eagerly every time (the CPU, and
+    tests)."""
 
-    def __init__(self, model, run_model, loss_fn, optimizer, guard, ema, dtype,
-                 device: torch.device, capture: bool = True, warmup: int = 3,
-                 max_grad_norm: float | None = None):
-        self.model, self.run_model, self.loss_fn = model, run_model, loss_fn
-        self.optimizer, self.guard, self.ema, self.dtype = optimizer, guard, ema, dtype
-        self.device, self.capture, self.warmup = device, capture, warmup
-        self.max_grad_norm = max_grad_norm
+    def __init__(self, parts: StepParts, capture: bool = True, warmup: int = 3):
+        self.parts = parts
+        self.optimizer, self.device = parts.optimizer, parts.device
+        self.capture, self.warmup = capture, warmup
         self._graphs: dict = {}  # input signature -> (graph, static x, static y, outputs)
         self._eager_calls: dict = {}
         self._pool = None  # one memory pool shared by the graphs of every shape
@@ -83,16 +100,8 @@ class GraphedStep:
             keep_learning_rates_in_place(self.optimizer, self._lrs)
 
     def _body(self, x: torch.Tensor, y: torch.Tensor):
-        autocast = (torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=False)
-                    if self.dtype else nullcontext())
-        with autocast:
-            loss = self.loss_fn(self.run_model(x), y)
-        loss.backward()
-        loss_sum = loss.detach().float()
-        grad_norm = gradient_norm(self.model, self.max_grad_norm)
-        applied = self.guard.step(self.optimizer, self.model, self.ema, loss_sum, grad_norm,
-                                  step=-1)
-        return loss_sum, grad_norm, applied
+        # the gradients stay allocated: the captured backward rewrites them in place
+        return train_step(self.parts, [(x, y)], step=-1, zero_grad=False, autocast_cache=False)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor):
         key = (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(y.shape))

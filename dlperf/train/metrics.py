@@ -79,11 +79,28 @@ class Throughput:
         self.images = 0
         self.wall = 0.0
         self.data_wait = 0.0
+        self.first_step_s: float | None = None  # warm-up (and compilation), reported apart
+        self._last = time.perf_counter()
 
     def add(self, images: int, wall: float, data_wait: float) -> None:
         self.images += images
         self.wall += wall
         self.data_wait += data_wait
+
+    def start_epoch(self) -> None:
+        """Time from here (the time between epochs, evaluation and checkpoints, is not
+        training throughput)."""
+        self._last = time.perf_counter()
+
+    def lap(self, images: int, data_wait: float) -> None:
+        """A step ended: its wall time since the previous one, ``images`` trained in it, of
+        which ``data_wait`` seconds blocked on the input. The run's first step is kept apart."""
+        now = time.perf_counter()
+        if self.first_step_s is None:
+            self.first_step_s = now - self._last
+        else:
+            self.add(images, now - self._last, data_wait)
+        self._last = now
 
     @property
     def img_per_s(self) -> float:
@@ -101,19 +118,20 @@ class Throughput:
 
 def flops_per_image(model_name: str, num_classes: int, image_size: int, dtype: str,
                     channels: int = 3) -> float | None:
-    """Training FLOPs (forward + backward) for one image, from dlperf analyze on meta tensors."""
+    """Training FLOPs (forward + backward) for one image, from dlperf's capture on meta
+    tensors: the same count `dlperf analyze` reports (FLOPs do not depend on the device)."""
     try:
-        from dlperf.analysis.api import AnalysisConfig, analyze_model
-        from dlperf.hardware.specs import PRESETS
-        from dlperf.train.loop import build_model
+        from dlperf.analysis.api import AnalysisConfig, capture_costs
+        from dlperf.models.registry import build_classifier
 
         with torch.device("meta"):
-            model = build_model(model_name, num_classes, meta=True)
+            model = build_classifier(model_name, num_classes, meta=True)
         # batch 2, halved: training-mode BatchNorm refuses one value per channel, which a
         # batch of 1 gives wherever the feature map is down to 1x1 (small images)
         cfg = AnalysisConfig(model=model_name, input_shape=(2, channels, image_size, image_size),
-                             dtype=dtype, train=True, device="h100-sxm", optimizer="none")
-        return float(analyze_model(model, cfg, PRESETS["h100-sxm"]).totals()["flops"]) / 2
+                             dtype=dtype, train=True, optimizer="none")
+        costs = capture_costs(model, cfg)[0]
+        return float(sum(c.flops for c in costs)) / 2
     except Exception:  # a model the analyzer cannot capture: no MFU, never a failed run
         return None
 
@@ -143,3 +161,40 @@ def peak_flops(device: torch.device, dtype: str, spec_and_source=None
     if device.type != "cuda":
         unit = unit if unit in spec.peak else "fp32"
     return spec.peak_flops(unit), f"{source} ({unit})"
+
+
+def finish_summary(summary: dict, cfg, info, image_size: int, out, log, mfu: bool) -> dict:
+    """Write the run's summary, then add the model FLOP utilisation (dlperf's FLOP count of a
+    step at the last image size over this device's ceiling: a first run on a CPU probes it,
+    so the summary is on disk before) and the advice, and write it again."""
+    from dlperf.report import write_json_atomic
+    from dlperf.train.advice import advice
+
+    if info.is_main:
+        write_json_atomic(out / "summary.json", summary)
+    if mfu and summary["img_per_s"]:
+        fpi = flops_per_image(cfg.model, cfg.num_classes, image_size, cfg.dtype,
+                              4 if cfg.pad_stem_to_4 else 3)
+        peak, source = peak_flops(info.device, cfg.dtype)
+        if fpi and peak:
+            summary.update(flops_per_image=fpi, peak_flops=peak, peak_source=source,
+                           mfu=fpi * summary["compute_img_per_s"] / info.world_size / peak)
+    summary["advice"] = advice(summary, cfg, info.device.type)
+    if info.is_main:
+        write_json_atomic(out / "summary.json", summary)
+        log.event("summary", **{k: v for k, v in summary.items()
+                                if not isinstance(v, (dict, list))})
+    return summary
+
+
+def add_step_loss(stats: dict, loss_sum, applied) -> None:
+    """Add an applied step's loss to an epoch's sums (``{"loss", "n"}``): host values when
+    ``applied`` is a bool, device tensors (no sync) when it is a deferred-mode device flag."""
+    if isinstance(applied, bool):
+        if applied:
+            stats["loss"] = stats["loss"] + loss_sum
+            stats["n"] += 1
+    else:
+        stats["loss"] = stats["loss"] + torch.where(applied, loss_sum, 0.0)
+        stats["n"] = stats["n"] + applied
+

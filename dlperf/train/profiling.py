@@ -79,3 +79,11 @@ class StepProfiler:
                      "cpu_total_us": e.cpu_time_total} for e in rows]})
         self.log.event("profile", steps=self._recorded(), trace=str(self.out / "trace.json"),
                        top_ops=str(self.out / "top-ops.txt"))
+
+
+def profiler_for(cfg, out: Path, info, log) -> "StepProfiler | None":
+    """The profiler a run with ``cfg.profile_steps`` uses (rank 0 only), or None."""
+    if not cfg.profile_steps or not info.is_main:
+        return None
+    return StepProfiler(cfg.profile_steps, out, info.device, log)
+
