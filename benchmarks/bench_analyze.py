@@ -25,7 +25,7 @@ import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
 import dlperf
-from dlperf.bench.results import save_result
+from dlperf.provenance import save_result
 from dlperf.models.gpt import GPT, GPTConfig
 
 OUT = Path(__file__).resolve().parent / "results"

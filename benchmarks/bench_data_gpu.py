@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dlperf.bench.data import epoch_rate, lossless_copy, repeated_list
-from dlperf.bench.results import save_result
+from dlperf.provenance import save_result
 from dlperf.data.decode import ROI_AVAILABLE
 from dlperf.data.gpu import GpuLoader
 from dlperf.data.loader import Loader, LoaderConfig

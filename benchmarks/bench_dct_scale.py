@@ -25,7 +25,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from dlperf.bench.results import save_result
+from dlperf.provenance import save_result
 from dlperf.data import decode as D
 from dlperf.data.augment import TrainAugment, random_resized_crop, sample_rng
 from dlperf.data.corpus import default_corpus

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from dlperf.bench.results import save_result
+from dlperf.provenance import save_result
 from dlperf.train.loop import train
 from dlperf.train.recipes import TrainConfig, apply_overrides, parse_overrides
 

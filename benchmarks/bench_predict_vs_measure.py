@@ -25,7 +25,7 @@ import torch
 from dlperf.analysis.api import AnalysisConfig
 from dlperf.analysis.calibrate import sweep
 from dlperf.analysis.measure import MeasureConfig, measure
-from dlperf.bench.results import save_result
+from dlperf.provenance import save_result
 from dlperf.hardware.probe import ProbeConfig, probe
 
 OUT = Path(__file__).resolve().parent / "results"

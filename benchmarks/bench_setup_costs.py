@@ -46,7 +46,7 @@ def decode_rates(corpora: dict, passes: int = 3) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from dlperf.bench.results import save_result
+    from dlperf.provenance import save_result
     from dlperf.data.corpus import CorpusConfig, make_corpus
 
     reference = argv[0] if argv else None

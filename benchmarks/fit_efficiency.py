@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -232,7 +231,7 @@ def main(argv: list[str]) -> int:
     print("\nparameters:")
     for k, v in params.items():
         print(f"  {k} = {v:.4g}")
-    from dlperf.bench.results import save_result
+    from dlperf.provenance import save_result
 
     save_result(out_path, "efficiency-fit",
                 {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)

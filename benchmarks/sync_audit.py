@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dlperf.bench.results import save_result
+from dlperf.provenance import save_result
 from dlperf.train.loop import train
 from dlperf.train.recipes import apply_overrides, get_recipe
 

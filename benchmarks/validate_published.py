@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
         rows = predict_rows(rows, progress=lambda: bar.advance(task))
     summary = summarize(rows)
     print(render(rows, summary))
-    from dlperf.bench.results import save_result
+    from dlperf.provenance import save_result
     from dlperf.hardware.efficiency import FITTED
 
     config = {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)

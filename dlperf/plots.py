@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from dlperf.report import write_atomic
+from dlperf.files import write_atomic
 
 
 def pyplot():

@@ -61,6 +61,28 @@ def test_html_report_is_self_contained(tmp_path, capsys):
     assert "What the guide says to do" in text
 
 
+@pytest.mark.parametrize("model, shape, dtype", [
+    ("gpt", (8, 1024), torch.long),  # a token model: AdamW, 8 sequences
+    ("resnet18", (256, 3, 224, 224), None),  # an image model: SGD, 256 images
+])
+def test_cli_and_python_api_give_the_same_answer_by_default(model, shape, dtype, tmp_path,
+                                                            capsys):
+    # The defaults that decide a result (batch, optimizer) live in analysis/api.py: the command
+    # without --batch-size/--optimizer and dlperf.analyze() with the same batch agree exactly.
+    import dlperf
+
+    path = tmp_path / "a.json"
+    code, _, err = _run(["analyze", model, "--train", "--json", str(path)], capsys)
+    assert code == 0, err
+    cli = json.loads(path.read_text())
+    api = dlperf.analyze(model, shape, train=True, input_dtype=dtype)
+    assert cli["config"]["input_shape"] == list(shape)
+    assert cli["config"]["optimizer"] == api.config.optimizer == (
+        "adamw" if dtype is torch.long else "sgd")
+    assert cli["totals"]["predicted_time_s"] == pytest.approx(
+        api.totals()["predicted_time_s"], rel=1e-12)
+
+
 MODEL_FILE = '''
 import torch
 from torch import nn
@@ -228,13 +250,13 @@ def test_compare_devices_from_one_capture(tmp_path, capsys):
 
 
 def test_bench_results_default_to_the_checkout_or_the_current_folder(tmp_path, monkeypatch):
-    from dlperf.cli import _result_path
+    from dlperf.cli.common import result_path
 
     monkeypatch.chdir(tmp_path)
-    assert str(_result_path(None, "data-cpu.json")) == "data-cpu.json"  # outside a checkout
+    assert str(result_path(None, "data-cpu.json")) == "data-cpu.json"  # outside a checkout
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
-    assert str(_result_path(None, "data-cpu.json")) == "benchmarks/results/data-cpu.json"
+    assert str(result_path(None, "data-cpu.json")) == "benchmarks/results/data-cpu.json"
     with pytest.raises(DlperfError, match="folder r does not exist"):
-        _result_path("r/x.json", "data-cpu.json")  # an explicit --out is never created
+        result_path("r/x.json", "data-cpu.json")  # an explicit --out is never created
     (tmp_path / "r").mkdir()
-    assert str(_result_path("r/x.json", "data-cpu.json")) == "r/x.json"
+    assert str(result_path("r/x.json", "data-cpu.json")) == "r/x.json"

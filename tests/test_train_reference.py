@@ -130,3 +130,24 @@ def test_trainer_flops_per_image_are_the_analyzers_and_torch_flop_counters():
     # the dgrad of the stem (its input needs no gradient) is neither counted nor run
     assert gemm == counter.get_total_flops()
     assert 1.0 < fpi / (gemm / 2) < 1.1  # elementwise work adds a few percent
+
+
+def test_speedups_run_in_their_documented_order(monkeypatch):
+    # speedups.apply walks speedups.ORDER: flags, zero-init, the stem pad, then channels_last
+    # (so the padded stem's new weight is laid out NHWC too), then the device.
+    from dlperf.train import speedups
+    from dlperf.train.recipes import TrainConfig
+
+    calls = []
+    for name in ("backend_flags", "zero_init_residual", "pad_stem_to_4"):
+        real = getattr(speedups, name)
+        monkeypatch.setattr(speedups, name,
+                            lambda *a, _n=name, _r=real: (calls.append(_n), _r(*a))[1])
+    cfg = TrainConfig(model="resnet18", zero_init_residual=True, pad_stem_to_4=True,
+                      channels_last=True)
+    model = speedups.apply(torchvision.models.resnet18(num_classes=10), cfg, torch.device("cpu"))
+    assert calls == ["backend_flags", "zero_init_residual", "pad_stem_to_4"]
+    assert [n for n in speedups.ORDER if n in calls] == calls
+    assert model.conv1.in_channels == 4
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert float(model.layer1[0].bn2.weight.detach().abs().sum()) == 0.0

@@ -12,11 +12,13 @@ import torch
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import OPTIMIZER_BYTES_PER_PARAM, all_costs, optimizer_cost
 from dlperf.analysis.roofline import Prediction, predict, step_time
+from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
 from dlperf.hardware.efficiency import efficiency_for
 from dlperf.hardware.specs import DeviceSpec, get_device
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# --dtype -> the dtype autocast (or model.half()) uses; fp32: none
+DTYPES = {name: autocast_dtype(name) for name in MIXED}
 PRECISIONS = ("mixed", "half")
 
 
@@ -291,15 +293,32 @@ def analyze_model(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSp
     return predict_on(costs, uncounted, config, spec, seconds, memory=memory)
 
 
+# Defaults that decide a result, shared by `dlperf analyze` and ``analyze()`` so the command
+# and the Python API answer the same question the same way: a step of 256 images or 8 token
+# sequences, updated by SGD (image models, as the ResNet-50 recipe) or AdamW (token models,
+# as GPT and BERT are trained).
+DEFAULT_BATCH = {"image": 256, "tokens": 8}
+
+
+def default_batch_size(tokens: bool) -> int:
+    return DEFAULT_BATCH["tokens" if tokens else "image"]
+
+
+def default_optimizer(tokens: bool) -> str:
+    return "adamw" if tokens else "sgd"
+
+
 def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",
             train: bool = True, tf32: bool = False, channels_last: bool = False,
-            input_dtype: torch.dtype | None = None, optimizer: str = "sgd",
+            input_dtype: torch.dtype | None = None, optimizer: str = "auto",
             precision: str = "mixed") -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
     token model, ``(batch, seq_len)`` with ``input_dtype=torch.long``. ``precision``: "mixed"
     (torch.autocast in ``dtype``) or "half" (the model cast to ``dtype``, ``model.half()``).
+    ``optimizer``: the update counted in a training step; "auto" is ``default_optimizer``
+    (AdamW for token models, SGD otherwise), as `dlperf analyze` counts it.
     """
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -310,8 +329,9 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
         default_dtype = model_input.dtype
     spec = device if isinstance(device, DeviceSpec) else get_device(device)
     input_dtype = input_dtype or default_dtype
+    tokens = not input_dtype.is_floating_point
     cfg = AnalysisConfig(model=name, input_shape=tuple(example_input_shape), dtype=dtype,
                          tf32=tf32, train=train, channels_last=channels_last, device=spec.name,
-                         optimizer=optimizer, precision=precision,
-                         tokens=not input_dtype.is_floating_point and len(example_input_shape) == 2)
+                         optimizer=default_optimizer(tokens) if optimizer == "auto" else optimizer,
+                         precision=precision, tokens=tokens and len(example_input_shape) == 2)
     return analyze_model(model, cfg, spec, input_dtype)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from dlperf.report import seconds, si
+from dlperf.units import seconds, si
 
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 760, 460, 70, 50, 20, 20
 COLORS = {"compute": "#1f77b4", "memory": "#d62728", "none": "#999999"}

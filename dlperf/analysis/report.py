@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dlperf.report import gib, seconds, si
+from dlperf.units import gib, seconds, si
 
 
 def _gemm_text(c) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import NCHW_TRANSPOSE_KERNELS, Prediction, predict, step_time
 from dlperf.hardware.efficiency import efficiency_for
-from dlperf.report import gib
+from dlperf.units import gib
 
 # A finding is shown when it saves at least this share of the step (or is a correctness-of-setup
 # issue like FP32 math, which is always shown).

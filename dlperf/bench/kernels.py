@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dlperf.dtypes import STORAGE
 from dlperf.errors import DlperfError
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-          "fp16": torch.float16}
+DTYPES = STORAGE  # --dtype of `dlperf bench gemm|conv`: tf32 included
 
 
 @dataclass(frozen=True)

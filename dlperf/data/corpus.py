@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dlperf.errors import DlperfError
-from dlperf.report import cache_dir, write_atomic, write_json_atomic
+from dlperf.files import cache_dir, write_atomic, write_json_atomic
 
 # Bumped whenever the generator's output changes: results name the version they ran on.
 CORPUS_VERSION = 1

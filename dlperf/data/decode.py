@@ -49,6 +49,13 @@ class BadImage(Exception):
     """A file that is not a decodable image; the message is the reason."""
 
 
+def too_large(size: int, limit: int) -> BadImage:
+    """The one message for a file over the size limit, whoever reads it (a source refusing to
+    read it, or the decoder given its bytes)."""
+    return BadImage(f"file too large ({size:,} bytes > limit {limit:,}; raise "
+                    "DecodeLimits.max_bytes if it is a real image)")
+
+
 @dataclass(frozen=True)
 class DecodeLimits:
     """Memory limits, and the decoder's speed-ups (each can be switched off, so `dlperf bench
@@ -222,7 +229,7 @@ def _check_size(data: bytes, limits: DecodeLimits) -> None:
     if not data:
         raise BadImage("empty file")
     if len(data) > limits.max_bytes:
-        raise BadImage(f"file too large ({len(data):,} bytes > limit {limits.max_bytes:,})")
+        raise too_large(len(data), limits.max_bytes)
 
 
 def _check_pixels(height: int, width: int, limits: DecodeLimits) -> None:

@@ -57,7 +57,7 @@ from dlperf.data.decode import (JPEG_MAGIC, ROI_AVAILABLE, BadImage, DecodeLimit
                                 use_single_threaded_opencv)
 from dlperf.data.sources import INDEX_FORMAT, INDEX_NAME, ShardSource, Source, open_source
 from dlperf.errors import DlperfError
-from dlperf.report import write_json_atomic, write_text_atomic
+from dlperf.files import write_json_atomic, write_text_atomic
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPORT_NAME = "prepare-report.json"

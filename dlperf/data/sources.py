@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlperf.data.decode import BadImage
+from dlperf.data.decode import BadImage, too_large
 from dlperf.errors import DlperfError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm")
@@ -32,12 +32,6 @@ INDEX_NAME = "index.json"
 INDEX_FORMAT = "dlperf-shards-v2"
 INDEX_FORMATS = ("dlperf-shards-v1", INDEX_FORMAT)
 MAX_CLASSES = 1 << 20  # integer labels above this are a mistake (and a list of that many names)
-
-
-def too_large(size: int, limit: int) -> BadImage:
-    """The one message for a file over the size limit, whoever reads it."""
-    return BadImage(f"file too large ({size:,} bytes > limit {limit:,}; raise "
-                    "DecodeLimits.max_bytes if it is a real image)")
 
 
 class Source(abc.ABC):

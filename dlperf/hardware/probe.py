@@ -19,10 +19,11 @@ from pathlib import Path
 
 import torch
 
+from dlperf.dtypes import STORAGE
 from dlperf.errors import DlperfError
 from dlperf.hardware.specs import DeviceSpec
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {u: STORAGE[u] for u in ("fp32", "bf16", "fp16")}  # the units a probe measures
 # the longest single run a CPU probe starts for a larger matmul size (see probe())
 MAX_CPU_RUN_S = 0.25
 
@@ -233,7 +234,7 @@ def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
     import hashlib
     import json
 
-    from dlperf.report import cache_dir, write_json_atomic
+    from dlperf.files import cache_dir, write_json_atomic
 
     env = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "platform": platform.platform(), "quick": quick}

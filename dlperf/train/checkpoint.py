@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from dlperf.errors import DlperfError
-from dlperf.report import write_atomic, write_json_atomic
+from dlperf.files import write_atomic, write_json_atomic
 
 
 class CheckpointError(DlperfError):

@@ -27,7 +27,7 @@ import torch
 
 from dlperf.errors import DlperfError
 from dlperf.models.registry import build_classifier
-from dlperf.report import write_json_atomic
+from dlperf.files import write_json_atomic
 from dlperf.train import distributed as D
 from dlperf.train import speedups
 from dlperf.train.console import Progress, Signals, draw_curves

@@ -167,7 +167,7 @@ def finish_summary(summary: dict, cfg, info, image_size: int, out, log, mfu: boo
     """Write the run's summary, then add the model FLOP utilisation (dlperf's FLOP count of a
     step at the last image size over this device's ceiling: a first run on a CPU probes it,
     so the summary is on disk before) and the advice, and write it again."""
-    from dlperf.report import write_json_atomic
+    from dlperf.files import write_json_atomic
     from dlperf.train.advice import advice
 
     if info.is_main:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from dlperf.report import write_json_atomic, write_text_atomic
+from dlperf.files import write_json_atomic, write_text_atomic
 
 # Steps skipped before recording (the first step compiles / autotunes), then profiler warm-up.
 WAIT, WARMUP = 1, 1

@@ -22,6 +22,7 @@ from torch import nn
 
 from dlperf.train.recipes import TrainConfig
 
+# The order ``apply`` runs them in (compile is ``maybe_compile``, after DDP wraps the model).
 ORDER = ("backend_flags", "zero_init_residual", "pad_stem_to_4", "channels_last", "to_device",
          "sync_bn", "compile")
 
@@ -65,19 +66,32 @@ def pad_stem_to_4(model: nn.Module) -> nn.Module:
     raise ValueError("pad_stem_to_4: the model has no 3-channel Conv2d stem")
 
 
+def _steps(cfg: TrainConfig, device: torch.device, distributed: bool) -> dict:
+    """name -> the model-in/model-out function for each speed-up of ORDER, or None when
+    ``cfg`` leaves it off (backend flags set process state and return the model as is)."""
+    def flags(m):
+        backend_flags(cfg)
+        return m
+
+    return {
+        "backend_flags": flags,
+        "zero_init_residual": zero_init_residual if cfg.zero_init_residual else None,
+        "pad_stem_to_4": pad_stem_to_4 if cfg.pad_stem_to_4 else None,
+        "channels_last": ((lambda m: m.to(memory_format=torch.channels_last))
+                          if cfg.channels_last else None),
+        "to_device": lambda m: m.to(device),
+        "sync_bn": nn.SyncBatchNorm.convert_sync_batchnorm if distributed and cfg.sync_bn else None,
+        "compile": None,  # maybe_compile, after DDP wraps the model
+    }
+
+
 def apply(model: nn.Module, cfg: TrainConfig, device: torch.device, distributed: bool = False
           ) -> nn.Module:
-    """Apply the enabled speed-ups in ORDER; returns the model to train (maybe compiled)."""
-    backend_flags(cfg)
-    if cfg.zero_init_residual:
-        model = zero_init_residual(model)
-    if cfg.pad_stem_to_4:
-        model = pad_stem_to_4(model)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model = model.to(device)
-    if distributed and cfg.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    """Apply the enabled speed-ups in ORDER; returns the model to wrap (DDP) and compile."""
+    steps = _steps(cfg, device, distributed)
+    for name in ORDER:
+        if steps[name] is not None:
+            model = steps[name](model)
     return model
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dlperf.dtypes import autocast_dtype
 from dlperf.train.guard import EMA, StepGuard, gradient_norm, prepare_deferred
 
 
@@ -43,9 +44,6 @@ class StepParts:
     ddp: nn.Module | None = None
 
 
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-
-
 def build_parts(cfg, model: nn.Module, run_model: nn.Module, optimizer, device: torch.device,
                 log, ddp: nn.Module | None = None, agree=None) -> StepParts:
     """The step's parts for ``cfg`` (a TrainConfig): the loss with label smoothing, the fp16
@@ -60,7 +58,7 @@ def build_parts(cfg, model: nn.Module, run_model: nn.Module, optimizer, device: 
         prepare_deferred(optimizer)
     return StepParts(model, run_model, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
                      optimizer, scaler, guard, EMA(model, cfg.ema_decay) if cfg.ema_decay else None,
-                     AUTOCAST_DTYPES[cfg.dtype], device, cfg.max_grad_norm, ddp)
+                     autocast_dtype(cfg.dtype), device, cfg.max_grad_norm, ddp)
 
 
 def autocast(parts: StepParts, cache: bool = True):

@@ -1,4 +1,5 @@
-"""Benchmark result files: hardware, library versions, git commit and full config, atomically."""
+"""Provenance: what a reader needs beside a number to compare it (machine, library versions,
+git commit), and benchmark result files that carry it with their config."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from dlperf.hardware.probe import cpu_name
-from dlperf.report import write_json_atomic
+from dlperf.files import write_json_atomic
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
@@ -55,9 +56,15 @@ def environment() -> dict:
             env["packages"][dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    from dlperf.data.decode import ROI_AVAILABLE
+    # whether dlperf's own region JPEG decoder (the C extension) was built: input-pipeline
+    # figures depend on it
+    import importlib
 
-    env["dlperf_roi_decoder"] = ROI_AVAILABLE
+    try:
+        importlib.import_module("dlperf.data._jpegroi")
+        env["dlperf_roi_decoder"] = True
+    except ImportError:
+        env["dlperf_roi_decoder"] = False
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda"] = torch.version.cuda
@@ -66,5 +73,6 @@ def environment() -> dict:
 
 
 def save_result(path: str | Path, name: str, config: dict, results: dict) -> Path:
+    """A benchmark's result file: its name, the environment, its config and its results."""
     return write_json_atomic(path, {"benchmark": name, "environment": environment(),
                                     "config": config, "results": results})

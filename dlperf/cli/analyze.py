@@ -1,0 +1,175 @@
+"""`dlperf analyze MODEL`: per-layer roofline, forward and backward, on one or more devices;
+with --measure, measured beside predicted."""
+
+from __future__ import annotations
+
+from dlperf.cli.common import batch_size_arg, new_console, output_file, positive_int
+from dlperf.errors import DlperfError
+
+
+def add_parser(sub) -> None:
+    """`dlperf analyze`: the per-layer roofline (performance guide) of a model."""
+    a = sub.add_parser(
+        "analyze", help="per-layer roofline of a model on a GPU (no GPU needed)",
+        description="Apply NVIDIA's performance guide to every kernel of a model, forward and "
+                    "(with --train) backward: FLOPs (2 per multiply-add), bytes moved, arithmetic "
+                    "intensity, compute- or memory-bound, Tensor Core alignment, tile and wave "
+                    "quantization, predicted time. Runs on meta tensors: no GPU, no memory.")
+    a.add_argument("model", help="torchvision name (resnet50, vit_b_16, ...), gpt, or "
+                                 "path/to/file.py:factory returning an nn.Module")
+    a.add_argument("--device", default="h100-sxm",
+                   help="GPU preset (see `dlperf devices`), a spec file from `dlperf probe` "
+                        "(.json/.toml), or cpu for a fresh probe of this machine; several, "
+                        "comma-separated, to compare them (the first gets the full table) "
+                        "[h100-sxm]")
+    a.add_argument("--batch-size", type=batch_size_arg, default=None,
+                   help="samples per step [256 for image models, 8 for gpt]")
+    a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="bf16/fp16: mixed precision as torch.autocast runs it; fp32: no autocast")
+    a.add_argument("--tf32", action="store_true", help="with --dtype fp32: GEMMs on TF32 Tensor Cores")
+    a.add_argument("--precision", choices=("mixed", "half"), default="mixed",
+                   help="with --dtype fp16/bf16: mixed = torch.autocast (fp32 weights, per-op "
+                        "casts, softmax/norms in fp32); half = the model cast to the dtype "
+                        "(model.half(): no casts, everything and the optimizer state in half) "
+                        "[mixed]")
+    a.add_argument("--train", action="store_true",
+                   help="also the loss and backward pass (dgrad and wgrad)")
+    a.add_argument("--channels-last", action="store_true",
+                   help="model and input in NHWC (channels_last) memory format")
+    a.add_argument("--optimizer", choices=("auto", "sgd", "adamw", "none"), default="auto",
+                   help="parameter update counted in a --train step [auto: adamw for gpt and "
+                        "token models, sgd otherwise]")
+    a.add_argument("--input-shape", help="per-sample shape without batch: C,H,W (3,224,224) or "
+                                         "FEATURES for non-image models")
+    a.add_argument("--input-dtype", choices=("float32", "int64"), default=None,
+                   help="input element type: int64 for token ids (embedding models) "
+                        "[float32; int64 for gpt]")
+    a.add_argument("--num-classes", type=positive_int, help="classifier outputs (torchvision)")
+    a.add_argument("--measure", action="store_true",
+                   help="also run the step for real on this machine (--device cpu, or a GPU "
+                        "preset when that GPU is present) and show measured beside predicted "
+                        "time per kernel")
+    a.add_argument("--measure-steps", type=positive_int, default=3,
+                   help="timed steps for --measure, after one warm-up step [3]")
+    a.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    a.add_argument("--html", metavar="PATH",
+                   help="write a self-contained HTML report with the roofline plot")
+    a.add_argument("--top", type=positive_int, default=25, help="rows in the table [25]")
+    a.add_argument("--macs", action="store_true", help="show multiply-accumulates, not FLOPs")
+    g = a.add_argument_group("gpt (built-in GPT-style decoder)")
+    g.add_argument("--layers", type=positive_int, default=12, help="decoder blocks [12]")
+    g.add_argument("--d-model", type=positive_int, default=768,
+                   help="hidden size, a multiple of --heads [768]")
+    g.add_argument("--heads", type=positive_int, default=12, help="attention heads [12]")
+    g.add_argument("--vocab", type=positive_int, default=50257,
+                   help="vocabulary size (the LM head's width) [50257]")
+    g.add_argument("--seq-len", type=positive_int, default=1024,
+                   help="tokens per sequence (the input shape) [1024]")
+
+
+def run(args) -> int:
+    import torch
+
+    output_file(args.json, "--json")
+    output_file(args.html, "--html")
+
+    from dlperf.analysis.api import (AnalysisConfig, capture_costs, default_batch_size,
+                                     default_optimizer, predict_on)
+    from dlperf.analysis.report import render, render_comparison
+    from dlperf.models.registry import build_model, parse_input_shape
+    from dlperf.files import write_json_atomic
+
+    console = new_console()
+    gpt = None
+    if args.model == "gpt":
+        from dlperf.models.gpt import GPTConfig
+
+        try:
+            gpt = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads,
+                            vocab=args.vocab, seq_len=args.seq_len)
+        except ValueError as exc:
+            raise DlperfError(str(exc)) from None
+    names = [d.strip() for d in args.device.split(",") if d.strip()]
+    if not names:
+        raise DlperfError("--device: give a preset, a spec file or cpu")
+    if len(names) > 1 and args.measure:
+        raise DlperfError("--measure needs a single --device")
+    specs = []
+    for name in names:
+        if name == "cpu":
+            from dlperf.hardware.probe import ProbeConfig, probe
+
+            with console.status("probing this CPU's ceilings (--device cpu)..."):
+                specs.append(probe(ProbeConfig(device="cpu", quick=True))[0])
+        else:
+            from dlperf.hardware.specs import get_device
+
+            specs.append(get_device(name))
+    if args.dtype == "bf16":  # before the capture, so a comparison never stops half printed
+        lacking = [s.name for s in specs if s.peak_flops("bf16") is None]
+        if lacking:
+            raise DlperfError(f"{', '.join(lacking)} has no bf16 math: use --dtype fp16 or fp32, "
+                              "or leave it out of --device")
+    spec = specs[0]
+    model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
+    sample_shape = (parse_input_shape(args.input_shape) if args.input_shape is not None
+                     else model_input.shape)
+    tokens = (args.input_dtype or ("int64" if model_input.kind == "tokens" else "")) == "int64"
+    batch = args.batch_size or default_batch_size(model_input.kind == "tokens")
+    cfg = AnalysisConfig(model=args.model, input_shape=(batch, *sample_shape), dtype=args.dtype,
+                         tf32=args.tf32, train=args.train, channels_last=args.channels_last,
+                         device=spec.name, tokens=tokens and len(sample_shape) == 1,
+                         optimizer=(default_optimizer(tokens) if args.optimizer == "auto"
+                                    else args.optimizer), precision=args.precision)
+    if args.tf32 and args.dtype != "fp32":
+        raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
+    input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
+                                                                      model_input.dtype)
+    costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
+    analysis = predict_on(costs, uncounted, cfg, spec, seconds, memory=memory)
+    render(analysis, console, top=args.top, macs=args.macs)
+    result = analysis.to_dict()
+    if len(specs) > 1:
+        others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds, memory=memory)
+                               for s in specs[1:]]
+        result["comparison"] = render_comparison(others, console)
+    if args.measure:
+        result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
+    if args.json:
+        from dlperf.provenance import environment
+
+        # machine, versions and commit beside the numbers (a --measure run is a benchmark)
+        write_json_atomic(args.json, {**result, "environment": environment()})
+        console.print(f"Wrote {args.json}")
+    if args.html:
+        from dlperf.analysis.html import render_html
+        from dlperf.files import write_text_atomic
+
+        write_text_atomic(args.html, render_html(analysis))
+        console.print(f"Wrote {args.html}")
+    return 0
+
+
+def _measure(args, cfg, spec, gpt, input_dtype, console):
+    import torch
+    from rich.progress import Progress
+
+    from dlperf.analysis.measure import MeasureConfig, measure
+    from dlperf.analysis.report import render_measurement
+    from dlperf.models.registry import build_model
+
+    if args.device == "cpu":
+        device = "cpu"
+    elif torch.cuda.is_available():
+        device = "cuda"
+    else:
+        raise DlperfError(f"--measure runs the model here, and no CUDA GPU is visible for "
+                          f"--device {args.device}; use --device cpu to measure this CPU")
+    model, _ = build_model(args.model, gpt=gpt, num_classes=args.num_classes, real=True)
+    mcfg = MeasureConfig(steps=args.measure_steps)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"measuring on {device}", total=mcfg.steps + mcfg.warmup)
+        result = measure(model, cfg, spec, device, input_dtype, mcfg,
+                         progress=lambda: bar.advance(task))
+    render_measurement(result, console, top=args.top)
+    return result

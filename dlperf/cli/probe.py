@@ -1,0 +1,95 @@
+"""`dlperf probe`: measure this machine's ceilings (and with --sweep fit the efficiency
+model to it) into a spec file `dlperf analyze --device FILE` uses."""
+
+from __future__ import annotations
+
+from dlperf.cli.common import new_console, output_file, probe_device
+
+
+def add_parser(sub) -> None:
+    """`dlperf probe`."""
+    p = sub.add_parser("probe", help="measure this machine's matmul/conv FLOP/s and bandwidth",
+                       description="Measure matmul (and conv) FLOP/s per dtype and copy bandwidth "
+                                   "on this machine (GPU if present, else CPU), print them beside "
+                                   "the datasheet preset, and save a spec file for "
+                                   "`dlperf analyze --device PATH`.")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="what to measure [auto: cuda if present, else cpu]")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes: ~10 s on a 2-core CPU (the full probe ~1 min)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time generic layers (convolutions, linear, BN+ReLU, residual "
+                        "adds) and fit the efficiency model to this machine: the spec file then "
+                        "predicts real layers, not just peaks")
+    p.add_argument("--compare", default=None,
+                   help="preset to print beside the measurement (default: the preset matching "
+                        "this GPU's name; none on CPU)")
+    p.add_argument("--out", default="dlperf-probe.json", help="spec file to write [dlperf-probe.json]")
+
+
+def run(args) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dlperf.hardware.probe import ProbeConfig, probe, probe_task_count
+    from dlperf.hardware.specs import get_device
+    from dlperf.files import write_json_atomic
+
+    output_file(args.out, "--out")  # before minutes of measuring
+    cfg = ProbeConfig(device=args.device, quick=args.quick)
+    preset = get_device(args.compare) if args.compare else None
+    if preset is None and args.device != "cpu":
+        import torch
+
+        from dlperf.hardware.specs import match_preset
+
+        if torch.cuda.is_available():  # print the datasheet beside what we measure
+            preset = match_preset(torch.cuda.get_device_name())
+    console = new_console()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("measuring", total=probe_task_count(cfg))
+        spec, measurements = probe(cfg, progress=lambda: bar.advance(task))
+    table = Table(title=f"Measured ceilings: {spec.display_name}", title_justify="left")
+    for col in ("kind", "unit", "shape", "measured", "preset" if preset else ""):
+        if col:
+            table.add_column(col)
+    for m in measurements:
+        if m.kind == "copy":
+            value = f"{m.value / 1e9:,.1f} GB/s"
+            ref = f"{preset.mem_bandwidth / 1e9:,.0f} GB/s" if preset else None
+        elif m.kind in ("launch", "host"):
+            value, ref = f"{m.value * 1e6:.2f} µs/op", None
+        else:
+            value = f"{m.value / 1e12:,.3f} TFLOP/s"
+            ref = (f"{preset.peak[m.unit] / 1e12:,.1f} TFLOP/s" if preset and m.unit in preset.peak
+                   else None)
+        table.add_row(m.kind, m.unit, m.shape, value, *([ref or "-"] if preset else []))
+    console.print(table)
+    from dlperf.provenance import environment
+
+    sweep = None
+    if args.sweep:
+        import dataclasses
+
+        from dlperf.analysis.calibrate import CLASS_PARAMS, cases, sweep as run_sweep
+
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("sweeping layers", total=len(cases(args.quick)))
+            overrides, rows, fitted = run_sweep(spec, str(probe_device(spec)), quick=args.quick,
+                                                progress=lambda: bar.advance(task))
+        spec = dataclasses.replace(spec, efficiency={**spec.efficiency, **overrides})
+        sweep = {"fit": fitted, "kernels": rows}
+        console.print(
+            f"Sweep ({fitted['kernels']} kernels, median |error| after the fit "
+            f"{fitted['median_abs_error']:.0%}): GEMMs {fitted['math']:.0%} and convolutions "
+            f"{fitted['conv']:.0%} of the probed peak, half rate at M={fitted['gemm_m0']:.0f} "
+            f"N={fitted['gemm_n0']:.0f} K={fitted['gemm_k0']:.0f}; streaming kernels "
+            f"{fitted['memory']:.0%} of the copy bandwidth, and of that "
+            + ", ".join(f"{c.replace('_', ' ')} {fitted[c]:.0%}" for c in CLASS_PARAMS)
+            + f"; {fitted['launch_s'] * 1e6:.1f} µs per kernel.")
+    write_json_atomic(args.out, {"spec": spec.to_dict(),
+                                 "measurements": [m.to_dict() for m in measurements],
+                                 **({"sweep": sweep} if sweep else {}),
+                                 "environment": environment()})
+    console.print(f"Wrote {args.out}; use it with `dlperf analyze MODEL --device {args.out}`.")
+    return 0
