@@ -69,5 +69,3 @@ def make_folder(root: Path, classes: int = 3, per_class: int = 6, size=(120, 160
             (d / f"img{i:03d}.JPEG").write_bytes(jpeg_bytes(smooth_rgb(h, w, seed=c * 100 + i)))
     return root
 
-
-from dlperf.data.toy import make_toy  # noqa: E402,F401  (the dataset users get too)

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from dlperf.cli import main
-from dlperf.data.decode import BadImage, DecodeLimits, decode_reference, image_header
+from dlperf.data.decode import BadImage, decode_reference, image_header
 from dlperf.data.loader import Loader, LoaderConfig
 from dlperf.data.prepare import PrepareConfig, prepare, verify
 from dlperf.data.sources import ShardSource, open_source

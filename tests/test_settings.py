@@ -153,7 +153,7 @@ def test_every_option_says_what_it_does():
 
 def test_json_path_means_the_same_in_every_command(tmp_path, capsys):
     """`--json PATH` writes the command's result wherever a command has one."""
-    from imagegen import make_toy
+    from dlperf.data.toy import make_toy
 
     from dlperf.cli import build_parser
 
@@ -189,7 +189,7 @@ def test_an_unknown_flag_is_named_alone_and_overrides_are_not_blamed(capsys):
 
 
 def test_prepare_into_an_unwritable_place_is_one_line(tmp_path, capsys):
-    from imagegen import make_toy
+    from dlperf.data.toy import make_toy
 
     toy = make_toy(tmp_path / "toy", per_class=2)
     (tmp_path / "a-file").write_text("not a folder")

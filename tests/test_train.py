@@ -16,23 +16,19 @@ from dlperf.errors import DlperfError
 from dlperf.train import checkpoint as ckpt
 from dlperf.train.loop import NonFinite, Preempted, train
 from dlperf.train.optim import lr_factor
-from dlperf.train.recipes import TrainConfig, apply_overrides, get_recipe, load_config_file, tiny
-from imagegen import make_toy
+from dlperf.train.recipes import TrainConfig, get_recipe, load_config_file
+from conftest import tiny_config, toy_split
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    base = tmp_path_factory.mktemp("toy")
-    return make_toy(base / "train", per_class=24), make_toy(base / "val", per_class=8, seed=1)
+    return toy_split(tmp_path_factory, per_class=24, val_per_class=8)
 
 
 def _cfg(toy, out, **kw):
-    base = dict(data=str(toy[0]), val_data=str(toy[1]), out_dir=str(out), threads=2, epochs=2,
-                batch_size=16)
-    base.update(kw)
-    return apply_overrides(tiny(), {k: v for k, v in base.items()})
+    return tiny_config(toy, out, **{"epochs": 2, "batch_size": 16, **kw})
 
 
 def _final_weights(out):

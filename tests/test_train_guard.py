@@ -16,7 +16,13 @@ from dlperf.train.loop import train
 from dlperf.train.optim import LARS
 from dlperf.train.metrics import RunLog
 from dlperf.train.recipes import TrainConfig
-from test_train import NAN_MODEL, _cfg, toy  # noqa: F401  (toy is a fixture)
+from conftest import toy_split
+from test_train import NAN_MODEL, _cfg
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return toy_split(tmp_path_factory, per_class=24, val_per_class=8)
 
 
 def _model(seed=0):
@@ -112,7 +118,7 @@ def test_lars_found_inf(found):
         assert all(torch.equal(m0, m1) for m0, m1 in zip(momentum, after))
 
 
-def test_deferred_run_skips_the_same_steps_as_step_mode(toy, tmp_path):  # noqa: F811
+def test_deferred_run_skips_the_same_steps_as_step_mode(toy, tmp_path):
     f = tmp_path / "flaky.py"
     f.write_text(NAN_MODEL.replace("{BAD}", "{2, 3}"))
     results = {}
@@ -141,7 +147,7 @@ def test_deferred_run_skips_the_same_steps_as_step_mode(toy, tmp_path):  # noqa:
                                    rtol=1e-5, atol=1e-6, msg=key)
 
 
-def test_deferred_persistent_nonfinite_stops_at_the_next_check(toy, tmp_path):  # noqa: F811
+def test_deferred_persistent_nonfinite_stops_at_the_next_check(toy, tmp_path):
     f = tmp_path / "bad.py"
     f.write_text(NAN_MODEL.replace("{BAD}", "set(range(1000))"))
     cfg = _cfg(toy, tmp_path / "m", model=f"{f}:make", epochs=1, val_data="none",
@@ -261,7 +267,7 @@ def test_cuda_graphs_config_refusals(overrides, message):
     assert TrainConfig(cuda_graphs=True).nonfinite_mode("cuda") == "deferred"
 
 
-def test_cuda_graphs_without_a_gpu_is_one_clear_error(toy, tmp_path):  # noqa: F811
+def test_cuda_graphs_without_a_gpu_is_one_clear_error(toy, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     cfg = _cfg(toy, tmp_path / "g", cuda_graphs=True, epochs=1)
@@ -270,7 +276,7 @@ def test_cuda_graphs_without_a_gpu_is_one_clear_error(toy, tmp_path):  # noqa: F
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_cuda_graph_replays_train_like_eager(toy, tmp_path):  # noqa: F811
+def test_cuda_graph_replays_train_like_eager(toy, tmp_path):
     eager = train(_cfg(toy, tmp_path / "e", epochs=2, device="cuda", dtype="fp32",
                        deterministic=True, nonfinite_check="deferred"),
                   resume=None, progress=False, mfu=False)
@@ -314,7 +320,7 @@ def test_gradient_norm_against_float64_and_clipping_on_the_device():
         TrainConfig(max_grad_norm=0.0)
 
 
-def test_training_with_gradient_clipping_logs_the_norm(toy, tmp_path):  # noqa: F811
+def test_training_with_gradient_clipping_logs_the_norm(toy, tmp_path):
     out = tmp_path / "clip"
     summary = train(_cfg(toy, out, epochs=1, max_grad_norm=0.5, log_every=2), resume=None,
                     progress=False, mfu=False)
@@ -341,7 +347,7 @@ def test_a_skip_on_any_rank_is_a_skip_on_every_rank(mode):
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
 
 
-def test_the_loops_graphed_branch_trains_exactly_like_the_plain_one(toy, tmp_path,  # noqa: F811
+def test_the_loops_graphed_branch_trains_exactly_like_the_plain_one(toy, tmp_path,
                                                                     monkeypatch):
     # On the CPU the graphed step runs its body eagerly (no capture); the loop's wiring around
     # it (static outputs, scheduler, guard, EMA, checkpoints) must give the very same weights.
@@ -360,7 +366,7 @@ def test_the_loops_graphed_branch_trains_exactly_like_the_plain_one(toy, tmp_pat
             assert torch.equal(b[part][key], value), (part, key)
 
 
-def test_the_deferred_step_reads_nothing_back_from_the_device(toy, tmp_path,  # noqa: F811
+def test_the_deferred_step_reads_nothing_back_from_the_device(toy, tmp_path,
                                                               monkeypatch):
     # Every read of a tensor's value on the host (.item(), bool(), float(), int(), .tolist())
     # is a device sync on a GPU. On the CPU they are cheap, but counting them per call site

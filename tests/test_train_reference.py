@@ -31,7 +31,7 @@ def test_grad_accum_2_equals_grad_accum_1_at_the_same_global_batch(tmp_path):
     from dlperf.train import checkpoint as ckpt
     from dlperf.train.loop import train
     from dlperf.train.recipes import apply_overrides, tiny
-    from imagegen import make_toy
+    from dlperf.data.toy import make_toy
 
     toy = make_toy(tmp_path / "toy", per_class=8)
     factory = tmp_path / "gn.py"
@@ -83,7 +83,7 @@ def test_the_ladder_times_the_step_the_trainer_runs(tmp_path, monkeypatch):
     from dlperf.bench import ladder
     from dlperf.train import loop, step as step_mod
     from dlperf.train.recipes import apply_overrides, tiny
-    from imagegen import make_toy
+    from dlperf.data.toy import make_toy
 
     calls = []
     real = step_mod.train_step

@@ -16,20 +16,16 @@ from dlperf.train import checkpoint as ckpt
 from dlperf.train.loop import train
 from dlperf.train.recipes import apply_overrides, resume_differences, tiny
 from dlperf.train.runlock import LOCK_NAME, RunLock
-from imagegen import make_toy
+from conftest import tiny_config, toy_split
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    base = tmp_path_factory.mktemp("toy")
-    return make_toy(base / "train", per_class=8), make_toy(base / "val", per_class=4, seed=1)
+    return toy_split(tmp_path_factory, per_class=8, val_per_class=4)
 
 
 def _cfg(toy, out, **kw):
-    base = dict(data=str(toy[0]), val_data=str(toy[1]), out_dir=str(out), threads=2, epochs=1,
-                batch_size=8)
-    base.update(kw)
-    return apply_overrides(tiny(), base)
+    return tiny_config(toy, out, **{"epochs": 1, "batch_size": 8, **kw})
 
 
 def _run(cfg, resume="auto", **kw):
