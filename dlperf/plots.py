@@ -25,33 +25,44 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Save ``fig`` as PNG atomically (report.write_atomic: temp file, fsync, rename)."""
+    """Save ``fig`` as PNG atomically (files.write_atomic: temp file, fsync, rename)."""
     return write_atomic(path, lambda f: fig.savefig(f, format="png"), binary=True)
 
 
-def ladder_chart(result: dict, path: str | Path) -> Path | None:
-    """`dlperf bench train`: img/s per rung, with the speed-up over the baseline and the MFU."""
+def bar_chart(path: str | Path, names: list[str], values: list[float], labels: list[str],
+              xlabel: str, colors: list[str] | None = None, headroom: float = 1.25,
+              goals: tuple[float, ...] = ()) -> Path | None:
+    """The one horizontal bar chart of dlperf's benchmarks: a bar per name (top to bottom) with
+    its label at the bar's end, optional goal lines; None when matplotlib cannot draw."""
     plt = pyplot()
     if plt is None:
         return None
-    rungs = result["rungs"]
-    names = [r["rung"] for r in rungs]
-    values = [r["img_per_s"] for r in rungs]
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rungs) + 1.4), dpi=120)
-    bars = ax.barh(names, values, color="#1f77b4")
-    for bar, r in zip(bars, rungs):
-        mfu = f", MFU {r['mfu']:.0%}" if r.get("mfu") is not None else ""
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
-                f" {r['img_per_s']:,.1f} ({r['speedup_vs_baseline']:.2f}x{mfu})",
+    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(names) + 1.4), dpi=120)
+    bars = ax.barh(names, values, color=colors or "#1f77b4")
+    for bar, label in zip(bars, labels):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {label}",
                 va="center", fontsize=8)
-    ax.set_xlim(0, max(values) * 1.45)
+    for goal in goals:
+        ax.axvline(goal, color="#d62728", ls="--", lw=1)
+        ax.text(goal, -0.6, f" goal {goal:,.0f}", color="#d62728", fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.tick_params(axis="y", labelsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"training images/s on {result.get('device', '?')} (median step; one change "
-                  "per rung)")
+    ax.set_xlim(0, max([*values, *goals]) * headroom)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
     return Path(path)
+
+
+def ladder_chart(result: dict, path: str | Path) -> Path | None:
+    """`dlperf bench train`: img/s per rung, with the speed-up over the baseline and the MFU."""
+    rungs = result["rungs"]
+    labels = [f"{r['img_per_s']:,.1f} ({r['speedup_vs_baseline']:.2f}x"
+              + (f", MFU {r['mfu']:.0%})" if r.get("mfu") is not None else ")") for r in rungs]
+    return bar_chart(path, [r["rung"] for r in rungs], [r["img_per_s"] for r in rungs], labels,
+                     f"training images/s on {result.get('device', '?')} (median step; one "
+                     "change per rung)", headroom=1.45)
 
 
 def read_epochs_csv(path: str | Path) -> list[dict]:

@@ -377,36 +377,21 @@ def run_ladder(cfg: DataBenchConfig, progress=None) -> dict:
 
 def plot_ladder(result: dict, path: str | Path) -> Path | None:
     """Bar chart of the ladder: img/s per rung with its gain over the rung before (PNG)."""
-    from dlperf.plots import pyplot, save_figure
+    from dlperf.plots import bar_chart
 
-    plt = pyplot()
-    if plt is None:
-        return None
     rungs = result["rungs"]
-    fig, ax = plt.subplots(figsize=(8.5, 3.4), dpi=120)
-    bars = ax.barh([r["rung"] for r in rungs], [r["img_per_s"] for r in rungs], color="#1f77b4")
-    for bar, r in zip(bars, rungs):
-        gain = "" if r is rungs[0] else f"  x{r['vs_previous']:.2f}"
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
-                f" {r['img_per_s']:,.0f}{gain}", va="center", fontsize=8)
-    ax.set_xlabel(f"images/s (median of {result['config']['rounds']} timed blocks); "
-                  "xN: gain over the rung above", fontsize=9)
-    ax.tick_params(axis="y", labelsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(r["img_per_s"] for r in rungs) * 1.25)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-    return Path(path)
+    labels = [f"{r['img_per_s']:,.0f}" + ("" if r is rungs[0] else f"  x{r['vs_previous']:.2f}")
+              for r in rungs]
+    return bar_chart(path, [r["rung"] for r in rungs], [r["img_per_s"] for r in rungs], labels,
+                     f"images/s (median of {result['config']['rounds']} timed blocks); "
+                     "xN: gain over the rung above")
 
 
 def plot(result: dict, path: str | Path) -> Path | None:
-    """Bar chart of img/s per pipeline (PNG); None when matplotlib is missing."""
-    from dlperf.plots import pyplot, save_figure
+    """Bar chart of img/s per pipeline (PNG), dlperf's in blue, with the goals; None when
+    matplotlib is missing."""
+    from dlperf.plots import bar_chart
 
-    plt = pyplot()
-    if plt is None:
-        return None
     # grouped by what is read: the JPEG corpus (or FFCV's q90 copy of it), the losslessly
     # rewritten corpus, then the max-side copies
     groups = ("torchvision", "dali_cpu", "ffcv", "dlperf_1_thread", "dlperf_", "dali_cpu_restart",
@@ -418,20 +403,9 @@ def plot(result: dict, path: str | Path) -> Path | None:
 
     names = sorted(result["img_per_s"], key=group)
     values = [result["img_per_s"][n] for n in names]
-    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=120)
-    colors = ["#999999" if not n.startswith("dlperf") else "#1f77b4" for n in names]
-    bars = ax.barh(names, values, color=colors)
-    for bar, v in zip(bars, values):
-        ax.text(v, bar.get_y() + bar.get_height() / 2, f" {v:,.0f}", va="center", fontsize=8)
-    goals = [result["goals"][k]["goal"] for k in ("dlperf_cpu_img_s", "dlperf_shards256_img_s")]
-    for g in goals:
-        ax.axvline(g, color="#d62728", ls="--", lw=1)
-        ax.text(g, -0.6, f" goal {g:,.0f}", color="#d62728", fontsize=8)
-    ax.set_xlabel(f"images/s (train transform, {result['cores']} cores, median of "
-                  f"{result['config']['rounds']} timed blocks)")
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(values + goals) * 1.18)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-    return Path(path)
+    goals = tuple(result["goals"][k]["goal"] for k in ("dlperf_cpu_img_s", "dlperf_shards256_img_s"))
+    return bar_chart(path, names, values, [f"{v:,.0f}" for v in values],
+                     f"images/s (train transform, {result['cores']} cores, median of "
+                     f"{result['config']['rounds']} timed blocks)",
+                     colors=["#999999" if not n.startswith("dlperf") else "#1f77b4"
+                             for n in names], headroom=1.18, goals=goals)
