@@ -34,12 +34,38 @@ def rate(value: float) -> str:
 def render(analysis, console: Console | None = None, top: int = 25, macs: bool = False) -> None:
     console = console or Console()
     totals = analysis.totals()
-    cfg = analysis.config
-    spec = analysis.device
-    total_time = totals["predicted_time_s"] or 1.0
     work = "MACs" if macs else "FLOPs"
     scale = 0.5 if macs else 1.0
+    console.print(_kernel_table(analysis, top, macs))
+    console.print(
+        f"[bold]Predicted step[/]: {seconds(totals['predicted_time_s'])} "
+        f"= [bold]{rate(totals['samples_per_s'])} samples/s[/]"
+        + (f" ([bold]{rate(totals['tokens_per_s'])} tokens/s[/])" if "tokens_per_s" in totals
+           else "")
+        + f" at batch {analysis.batch_size}; "
+        f"{si(totals['flops'] * scale)}{work} ({'MACs' if macs else '2 FLOPs per multiply-add'}), "
+        f"{si(totals['bytes'], 'B')} moved, {totals['kernels']} kernels.")
+    phases = ", ".join(f"{k} {seconds(v)}" for k, v in totals["time_by_phase_s"].items())
+    console.print(
+        f"Time split: math-limited {seconds(totals['compute_time_s'])}, memory-limited "
+        f"{seconds(totals['memory_time_s'])}, "
+        + (f"NCHW transposes {seconds(totals['nchw_transpose_time_s'])}, "
+           if totals["nchw_transpose_time_s"] else "")
+        + f"launch {seconds(totals['launch_time_s'])}"
+        + (f", GPU waiting for the CPU to issue kernels {seconds(totals['host_wait_s'])}"
+           if totals.get("host_wait_s", 0) > 0.02 * totals["predicted_time_s"] else "")
+        + "; "
+        f"memory-bound kernels take {totals['memory_bound_time_share']:.0%} of the time "
+        f"while GEMMs hold {totals['gemm_flops_share']:.0%} of the FLOPs. By phase: {phases}.")
+    _notes(analysis, console)
 
+
+def _kernel_table(analysis, top: int, macs: bool) -> Table:
+    """The top kernels by predicted time, with the guide's columns."""
+    cfg, spec = analysis.config, analysis.device
+    total_time = analysis.totals()["predicted_time_s"] or 1.0
+    work = "MACs" if macs else "FLOPs"
+    scale = 0.5 if macs else 1.0
     table = Table(title=f"Top {top} kernels by predicted time: {cfg.model}, batch "
                         f"{analysis.batch_size}, {cfg.dtype}{' +tf32' if cfg.tf32 else ''}"
                         f"{' (half model)' if cfg.precision == 'half' else ''}, "
@@ -64,31 +90,15 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
                       _limit_text(p), aligned,
                       f"{p.quantization_efficiency:.0%}" if p.quantization else "",
                       seconds(p.time_s), f"{p.time_s / total_time:.1%}")
-    console.print(table)
+    return table
 
+
+def _notes(analysis, console) -> None:
+    """Memory per device, the ops:byte ratios, the efficiency model, uncounted ops, findings."""
+    spec = analysis.device
     ratio = spec.ops_per_byte("fp32")
     units = sorted({p.unit for p in analysis.predictions if p.cost.kind in ("gemm", "fused")})
     ratios = ", ".join(f"{u} {spec.ops_per_byte(u):.1f}" for u in units if spec.ops_per_byte(u))
-    console.print(
-        f"[bold]Predicted step[/]: {seconds(totals['predicted_time_s'])} "
-        f"= [bold]{rate(totals['samples_per_s'])} samples/s[/]"
-        + (f" ([bold]{rate(totals['tokens_per_s'])} tokens/s[/])" if "tokens_per_s" in totals
-           else "")
-        + f" at batch {analysis.batch_size}; "
-        f"{si(totals['flops'] * scale)}{work} ({'MACs' if macs else '2 FLOPs per multiply-add'}), "
-        f"{si(totals['bytes'], 'B')} moved, {totals['kernels']} kernels.")
-    phases = ", ".join(f"{k} {seconds(v)}" for k, v in totals["time_by_phase_s"].items())
-    console.print(
-        f"Time split: math-limited {seconds(totals['compute_time_s'])}, memory-limited "
-        f"{seconds(totals['memory_time_s'])}, "
-        + (f"NCHW transposes {seconds(totals['nchw_transpose_time_s'])}, "
-           if totals["nchw_transpose_time_s"] else "")
-        + f"launch {seconds(totals['launch_time_s'])}"
-        + (f", GPU waiting for the CPU to issue kernels {seconds(totals['host_wait_s'])}"
-           if totals.get("host_wait_s", 0) > 0.02 * totals["predicted_time_s"] else "")
-        + "; "
-        f"memory-bound kernels take {totals['memory_bound_time_share']:.0%} of the time "
-        f"while GEMMs hold {totals['gemm_flops_share']:.0%} of the FLOPs. By phase: {phases}.")
     memory = analysis.memory_report()
     if memory and memory["total_bytes"]:
         cap = f" of {gib(memory['device_bytes'])}" if memory["device_bytes"] else ""

@@ -18,6 +18,9 @@ for how they are interleaved).
 (g) FFCV, if installed: its own ``.beton`` of the corpus (JPEG q90 at the original sizes, as its
     ImageNet example writes, and again at max side ``max_side``) read by its
     RandomResizedCropRGBImageDecoder + flip, uint8 NHWC, ``threads`` threads.
+
+One module of ~420 lines: every pipeline is timed by the same interleaved rounds
+(``measure_interleaved``), so a slow spell of the machine hits them all alike.
 """
 
 from __future__ import annotations
@@ -236,6 +239,43 @@ def measure_interleaved(pipelines: dict, rounds: int, progress=None
     return rates, epochs
 
 
+def _ratios_and_goals(med: dict, cfg: DataBenchConfig) -> dict:
+    """The comparisons the benchmark is read for, from the median img/s of each pipeline."""
+    main = med[f"dlperf_{cfg.threads}_threads"]
+    shards = med[f"dlperf_shards{cfg.max_side}_{cfg.threads}_threads"]
+    dali_rate = med.get("dali_cpu")
+    restart_rate = med[f"dlperf_restart_markers_{cfg.threads}_threads"]
+    dali_restart = med.get("dali_cpu_restart_markers")
+    prepared = med[f"dlperf_prepared_shards_{cfg.threads}_threads"]
+    ffcv_rate, ffcv_small = med.get("ffcv"), med.get(f"ffcv_max{cfg.max_side}")
+    return {
+        "ratios": {
+            "dlperf_vs_torchvision": main / med["torchvision"],
+            "dlperf_vs_dali_measured": main / dali_rate if dali_rate else None,
+            "dlperf_vs_dali_notes_anchor": main / NOTES_ANCHORS["dali_cpu_2_threads"],
+            "thread_scaling": main / med["dlperf_1_thread"],
+            "shards_vs_torchvision": shards / med["torchvision"],
+            "restart_markers_vs_raw_folder": restart_rate / main,
+            "restart_markers_vs_dali_same_files": (restart_rate / dali_restart
+                                                   if dali_restart else None),
+            "restart_markers_vs_dali_raw_folder": restart_rate / dali_rate if dali_rate else None,
+            "prepared_shards_vs_dali_raw_folder": prepared / dali_rate if dali_rate else None,
+            "prepared_shards_vs_torchvision": prepared / med["torchvision"],
+            "dlperf_vs_ffcv": main / ffcv_rate if ffcv_rate else None,
+            "prepared_shards_vs_ffcv": prepared / ffcv_rate if ffcv_rate else None,
+            "shards_vs_ffcv_same_max_side": shards / ffcv_small if ffcv_small else None,
+        },
+        "goals": {"dlperf_cpu_img_s": {"goal": GOALS["dlperf_cpu_img_s"], "measured": main,
+                                       "met": main >= GOALS["dlperf_cpu_img_s"]},
+                  "dlperf_prepared_shards_img_s": {"goal": GOALS["dlperf_cpu_img_s"],
+                                                   "measured": prepared,
+                                                   "met": prepared >= GOALS["dlperf_cpu_img_s"]},
+                  "dlperf_shards256_img_s": {"goal": GOALS["dlperf_shards256_img_s"],
+                                             "measured": shards,
+                                             "met": shards >= GOALS["dlperf_shards256_img_s"]}}
+    }
+
+
 def run(cfg: DataBenchConfig, progress=None) -> dict:
     if not Path(cfg.data).is_dir():
         raise DlperfError(f"{cfg.data}: corpus folder not found (an ImageNet-layout folder)")
@@ -284,44 +324,14 @@ def run(cfg: DataBenchConfig, progress=None) -> dict:
     tmp.cleanup()
     med = {k: statistics.median(v) for k, v in rates.items()}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    main = med[f"dlperf_{cfg.threads}_threads"]
-    shards = med[f"dlperf_shards{cfg.max_side}_{cfg.threads}_threads"]
-    dali_rate = med.get("dali_cpu")
-    restart_rate = med[f"dlperf_restart_markers_{cfg.threads}_threads"]
-    dali_restart = med.get("dali_cpu_restart_markers")
-    prepared = med[f"dlperf_prepared_shards_{cfg.threads}_threads"]
-    ffcv_rate, ffcv_small = med.get("ffcv"), med.get(f"ffcv_max{cfg.max_side}")
     return {
         "img_per_s": med, "img_per_s_all_rounds": rates,
         "img_per_s_per_core": {k: v / (1 if "1_thread" in k else cores) for k, v in med.items()},
         "cores": cores, "prepare_seconds": prepare_s, "prepare_lossless_seconds": prepare_lossless_s,
-        "ratios": {
-            "dlperf_vs_torchvision": main / med["torchvision"],
-            "dlperf_vs_dali_measured": main / dali_rate if dali_rate else None,
-            "dlperf_vs_dali_notes_anchor": main / NOTES_ANCHORS["dali_cpu_2_threads"],
-            "thread_scaling": main / med["dlperf_1_thread"],
-            "shards_vs_torchvision": shards / med["torchvision"],
-            "restart_markers_vs_raw_folder": restart_rate / main,
-            "restart_markers_vs_dali_same_files": (restart_rate / dali_restart
-                                                   if dali_restart else None),
-            "restart_markers_vs_dali_raw_folder": restart_rate / dali_rate if dali_rate else None,
-            "prepared_shards_vs_dali_raw_folder": prepared / dali_rate if dali_rate else None,
-            "prepared_shards_vs_torchvision": prepared / med["torchvision"],
-            "dlperf_vs_ffcv": main / ffcv_rate if ffcv_rate else None,
-            "prepared_shards_vs_ffcv": prepared / ffcv_rate if ffcv_rate else None,
-            "shards_vs_ffcv_same_max_side": shards / ffcv_small if ffcv_small else None,
-        },
-        "goals": {"dlperf_cpu_img_s": {"goal": GOALS["dlperf_cpu_img_s"], "measured": main,
-                                       "met": main >= GOALS["dlperf_cpu_img_s"]},
-                  "dlperf_prepared_shards_img_s": {"goal": GOALS["dlperf_cpu_img_s"],
-                                                   "measured": prepared,
-                                                   "met": prepared >= GOALS["dlperf_cpu_img_s"]},
-                  "dlperf_shards256_img_s": {"goal": GOALS["dlperf_shards256_img_s"],
-                                             "measured": shards,
-                                             "met": shards >= GOALS["dlperf_shards256_img_s"]}},
+        **_ratios_and_goals(med, cfg),
         "decode_paths": decode_paths,  # `dlperf data inspect` of the raw and prepared corpus
-        "anchors_from_notes": NOTES_ANCHORS, "dali_installed": dali_rate is not None,
-        "ffcv_installed": ffcv_rate is not None, "stored_mb": sizes_mb,
+        "anchors_from_notes": NOTES_ANCHORS, "dali_installed": "dali_cpu" in med,
+        "ffcv_installed": "ffcv" in med, "stored_mb": sizes_mb,
         "epochs_per_timed_block": epochs, "min_block_seconds": MIN_BLOCK_S,
         "config": asdict(cfg),
     }

@@ -76,8 +76,8 @@ def run(args) -> int:
     from dlperf.analysis.api import (AnalysisConfig, capture_costs, default_batch_size,
                                      default_optimizer, predict_on)
     from dlperf.analysis.report import render, render_comparison
-    from dlperf.models.registry import build_model, parse_input_shape
     from dlperf.files import write_json_atomic
+    from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
     gpt = None
@@ -89,27 +89,7 @@ def run(args) -> int:
                             vocab=args.vocab, seq_len=args.seq_len)
         except ValueError as exc:
             raise DlperfError(str(exc)) from None
-    names = [d.strip() for d in args.device.split(",") if d.strip()]
-    if not names:
-        raise DlperfError("--device: give a preset, a spec file or cpu")
-    if len(names) > 1 and args.measure:
-        raise DlperfError("--measure needs a single --device")
-    specs = []
-    for name in names:
-        if name == "cpu":
-            from dlperf.hardware.probe import ProbeConfig, probe
-
-            with console.status("probing this CPU's ceilings (--device cpu)..."):
-                specs.append(probe(ProbeConfig(device="cpu", quick=True))[0])
-        else:
-            from dlperf.hardware.specs import get_device
-
-            specs.append(get_device(name))
-    if args.dtype == "bf16":  # before the capture, so a comparison never stops half printed
-        lacking = [s.name for s in specs if s.peak_flops("bf16") is None]
-        if lacking:
-            raise DlperfError(f"{', '.join(lacking)} has no bf16 math: use --dtype fp16 or fp32, "
-                              "or leave it out of --device")
+    specs = _specs(args, console)
     spec = specs[0]
     model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
     sample_shape = (parse_input_shape(args.input_shape) if args.input_shape is not None
@@ -148,6 +128,34 @@ def run(args) -> int:
         write_text_atomic(args.html, render_html(analysis))
         console.print(f"Wrote {args.html}")
     return 0
+
+
+def _specs(args, console) -> list:
+    """The DeviceSpecs of --device (comma-separated: presets, spec files, or cpu for a fresh
+    probe), each able to run --dtype, checked before the capture so a comparison never stops
+    half printed."""
+    names = [d.strip() for d in args.device.split(",") if d.strip()]
+    if not names:
+        raise DlperfError("--device: give a preset, a spec file or cpu")
+    if len(names) > 1 and args.measure:
+        raise DlperfError("--measure needs a single --device")
+    specs = []
+    for name in names:
+        if name == "cpu":
+            from dlperf.hardware.probe import ProbeConfig, probe
+
+            with console.status("probing this CPU's ceilings (--device cpu)..."):
+                specs.append(probe(ProbeConfig(device="cpu", quick=True))[0])
+        else:
+            from dlperf.hardware.specs import get_device
+
+            specs.append(get_device(name))
+    if args.dtype == "bf16":
+        lacking = [s.name for s in specs if s.peak_flops("bf16") is None]
+        if lacking:
+            raise DlperfError(f"{', '.join(lacking)} has no bf16 math: use --dtype fp16 or fp32, "
+                              "or leave it out of --device")
+    return specs
 
 
 def _measure(args, cfg, spec, gpt, input_dtype, console):

@@ -83,89 +83,107 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    actions = {"prepare": _prepare, "verify": _verify, "inspect": _inspect, "corpus": _corpus,
+               "toy": _toy}
+    if args.data_command not in actions:
+        raise DlperfError("dlperf data: choose an action: prepare, verify, inspect, corpus or "
+                          "toy (see dlperf data --help)")
+    output_file(getattr(args, "json", None), "--json")  # before minutes of work
+    return actions[args.data_command](args, new_console())
+
+
+def _prepare(args, console) -> int:
+    """`dlperf data prepare SRC DST`."""
     from rich.progress import Progress
 
-    from dlperf.data.prepare import PrepareConfig, parse_size, prepare, verify
-    from dlperf.data.sources import ShardSource, open_source
+    from dlperf.data.prepare import PrepareConfig, parse_size, prepare
+    from dlperf.data.sources import open_source
 
-    console = new_console()
-    output_file(getattr(args, "json", None), "--json")  # before minutes of work
-    if args.data_command == "prepare":
-        cfg = PrepareConfig(shard_bytes=parse_size(args.shard_size), max_side=args.max_side,
-                            quality=args.quality, threads=args.threads or 0,
-                            restart_px=args.restart_px)
-        source = open_source(args.src)
-        warn_native(console)
-        with Progress(console=console) as bar:
-            task = bar.add_task(f"writing shards from {len(source):,} images", total=len(source))
-            summary = prepare(source, args.dst, cfg, progress=lambda: bar.advance(task))
-        if summary["already"]:
-            console.print(f"{args.dst} already holds this prepare of {args.src} with the same "
-                          f"settings ({summary['samples']:,} samples in {summary['shards']} "
-                          "shards): nothing to do.")
-            write_result(args.json, summary, console)
-            return 0
-        console.print(f"Wrote {summary['samples']:,} samples in {summary['shards']} shards to "
-                      f"{args.dst} ({summary['output_bytes'] / 2**20:,.1f} MiB from "
-                      f"{summary['input_bytes'] / 2**20:,.1f} MiB) in {summary['seconds']:.1f} s; "
-                      f"{summary['restart_markers']:,} JPEGs carry restart markers (lossless "
-                      "rewrite: random crops decode only the data under them).")
-        for label, rows in (("[yellow]skipped[/]", summary["bad"]),
-                            ("[cyan]changed[/]", summary["changed"])):
-            for name, reason in rows[:20]:
-                console.print(f"  {label} {name}: {reason}")
-            if len(rows) > 20:
-                console.print(f"  ... {len(rows) - 20} more in {args.dst}/prepare-report.json")
+    cfg = PrepareConfig(shard_bytes=parse_size(args.shard_size), max_side=args.max_side,
+                        quality=args.quality, threads=args.threads or 0,
+                        restart_px=args.restart_px)
+    source = open_source(args.src)
+    warn_native(console)
+    with Progress(console=console) as bar:
+        task = bar.add_task(f"writing shards from {len(source):,} images", total=len(source))
+        summary = prepare(source, args.dst, cfg, progress=lambda: bar.advance(task))
+    if summary["already"]:
+        console.print(f"{args.dst} already holds this prepare of {args.src} with the same "
+                      f"settings ({summary['samples']:,} samples in {summary['shards']} "
+                      "shards): nothing to do.")
         write_result(args.json, summary, console)
         return 0
-    if args.data_command == "corpus":
-        from dlperf.data.corpus import CorpusConfig, make_corpus
-
-        cfg = CorpusConfig(images=args.images, classes=args.classes, seed=args.seed)
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("writing JPEGs", total=cfg.images)
-            s = make_corpus(args.dst, cfg, progress=lambda: bar.advance(task))
-        console.print(f"Wrote {s['images']} JPEGs in {s['classes']} classes to {args.dst} "
-                      f"(mean {s['mean_bytes'] / 1e3:,.0f} KB, {s['mean_width']:.0f}x"
-                      f"{s['mean_height']:.0f}); try: dlperf bench data {args.dst}")
-        return 0
-    if args.data_command == "toy":
-        from pathlib import Path
-
-        from dlperf.data.toy import make_toy_split
-
-        if Path(args.dst).exists() and any(Path(args.dst).iterdir()):
-            raise DlperfError(f"{args.dst}: not empty; choose a new folder")
-        try:
-            train_dir, val_dir = make_toy_split(args.dst, args.per_class, args.classes)
-        except OSError as exc:
-            raise DlperfError(f"{args.dst}: cannot write there ({exc.strerror}); choose a "
-                              "folder you can write") from None
-        console.print(f"Wrote {train_dir} and {val_dir}; try: dlperf train --recipe tiny "
-                      f"data={train_dir} val_data={val_dir} num_classes={args.classes}")
-        return 0
-    if args.data_command == "inspect":
-        return _inspect(args, console)
-    if args.data_command == "verify":
-        n = len(ShardSource(args.dst))
-        with Progress(console=console) as bar:
-            task = bar.add_task("verifying", total=n)
-            result = verify(args.dst, progress=lambda: bar.advance(task), threads=args.threads)
-        for note in result["notes"]:
-            console.print(f"  [yellow]note[/] {note}")
-        for where, problem in result["problems"][:20]:
-            console.print(f"  [red]problem[/] {where}: {problem}")
-        if len(result["problems"]) > 20:
-            console.print(f"  ... {len(result['problems']) - 20} more problems")
-        ok = not result["problems"]
-        console.print(f"{'OK' if ok else 'FAILED'}: {result['samples']:,} samples in "
-                      f"{result['shards']} shards, {len(result['problems'])} problems.")
-        write_result(args.json, result, console)
-        return 0 if ok else 1
-    raise DlperfError("dlperf data: choose an action: prepare, verify, inspect, corpus or toy "
-                      "(see dlperf data --help)")
+    console.print(f"Wrote {summary['samples']:,} samples in {summary['shards']} shards to "
+                  f"{args.dst} ({summary['output_bytes'] / 2**20:,.1f} MiB from "
+                  f"{summary['input_bytes'] / 2**20:,.1f} MiB) in {summary['seconds']:.1f} s; "
+                  f"{summary['restart_markers']:,} JPEGs carry restart markers (lossless "
+                  "rewrite: random crops decode only the data under them).")
+    for label, rows in (("[yellow]skipped[/]", summary["bad"]),
+                        ("[cyan]changed[/]", summary["changed"])):
+        for name, reason in rows[:20]:
+            console.print(f"  {label} {name}: {reason}")
+        if len(rows) > 20:
+            console.print(f"  ... {len(rows) - 20} more in {args.dst}/prepare-report.json")
+    write_result(args.json, summary, console)
+    return 0
 
 
+def _corpus(args, console) -> int:
+    """`dlperf data corpus DST`."""
+    from rich.progress import Progress
+
+    from dlperf.data.corpus import CorpusConfig, make_corpus
+
+    cfg = CorpusConfig(images=args.images, classes=args.classes, seed=args.seed)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("writing JPEGs", total=cfg.images)
+        s = make_corpus(args.dst, cfg, progress=lambda: bar.advance(task))
+    console.print(f"Wrote {s['images']} JPEGs in {s['classes']} classes to {args.dst} "
+                  f"(mean {s['mean_bytes'] / 1e3:,.0f} KB, {s['mean_width']:.0f}x"
+                  f"{s['mean_height']:.0f}); try: dlperf bench data {args.dst}")
+    return 0
+
+
+def _toy(args, console) -> int:
+    """`dlperf data toy DST`."""
+    from pathlib import Path
+
+    from dlperf.data.toy import make_toy_split
+
+    if Path(args.dst).exists() and any(Path(args.dst).iterdir()):
+        raise DlperfError(f"{args.dst}: not empty; choose a new folder")
+    try:
+        train_dir, val_dir = make_toy_split(args.dst, args.per_class, args.classes)
+    except OSError as exc:
+        raise DlperfError(f"{args.dst}: cannot write there ({exc.strerror}); choose a "
+                          "folder you can write") from None
+    console.print(f"Wrote {train_dir} and {val_dir}; try: dlperf train --recipe tiny "
+                  f"data={train_dir} val_data={val_dir} num_classes={args.classes}")
+    return 0
+
+
+def _verify(args, console) -> int:
+    """`dlperf data verify DST`: exit 1 when anything is wrong."""
+    from rich.progress import Progress
+
+    from dlperf.data.prepare import verify
+    from dlperf.data.sources import ShardSource
+
+    n = len(ShardSource(args.dst))
+    with Progress(console=console) as bar:
+        task = bar.add_task("verifying", total=n)
+        result = verify(args.dst, progress=lambda: bar.advance(task), threads=args.threads)
+    for note in result["notes"]:
+        console.print(f"  [yellow]note[/] {note}")
+    for where, problem in result["problems"][:20]:
+        console.print(f"  [red]problem[/] {where}: {problem}")
+    if len(result["problems"]) > 20:
+        console.print(f"  ... {len(result['problems']) - 20} more problems")
+    ok = not result["problems"]
+    console.print(f"{'OK' if ok else 'FAILED'}: {result['samples']:,} samples in "
+                  f"{result['shards']} shards, {len(result['problems'])} problems.")
+    write_result(args.json, result, console)
+    return 0 if ok else 1
 
 
 def _inspect(args, console) -> int:
