@@ -17,7 +17,9 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              cwd=cwd, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # uncommitted changes to what ran, not to result files a benchmark wrote before it
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(top,exclude)benchmarks/results"],
                                capture_output=True, text=True, cwd=cwd, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None

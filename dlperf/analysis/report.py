@@ -130,6 +130,26 @@ def _notes(analysis, console) -> None:
             console.print(f"  - {escape('[' + f.rule + ']')} {escape(f.message)}{gain}")
 
 
+def render_scaling(here: dict, curve: list[dict], node, network, console) -> None:
+    """`analyze --gpus`: the requested scale in a line, then the curve from 1 to 4,096 GPUs."""
+    comm = here["communication"]
+    console.print(
+        f"[bold]On {here['gpus']:,} GPUs[/] ({here['nodes']:,} node(s); {node.display_name}"
+        + (f", then {network.display_name}" if here["nodes"] > 1 else "") + f"; "
+        f"{comm['strategy'].upper()}): {rate(here['per_gpu_samples_per_s'])} samples/s per GPU, "
+        f"{rate(here['total_samples_per_s'])} in all, {here['scaling_efficiency']:.1%} of one "
+        f"GPU; communication {seconds(comm.get('comm_s', 0.0))} per step, "
+        f"{seconds(here['exposed_comm_s'])} exposed; limited by {here['limited_by']}.")
+    table = Table(title="Scaling, same per-GPU batch", title_justify="left", header_style="bold")
+    for col in ("GPUs", "nodes", "per GPU/s", "total/s", "efficiency", "exposed comm", "limit"):
+        table.add_column(col, justify="left" if col == "limit" else "right")
+    for row in curve:
+        table.add_row(f"{row['gpus']:,}", f"{row['nodes']:,}", rate(row["per_gpu_samples_per_s"]),
+                      rate(row["total_samples_per_s"]), f"{row['scaling_efficiency']:.1%}",
+                      seconds(row["exposed_comm_s"]), row["limited_by"])
+    console.print(table)
+
+
 def render_measurement(m, console: Console | None = None, top: int = 25) -> None:
     """Measured beside predicted, per kernel, largest measured first."""
     console = console or Console()

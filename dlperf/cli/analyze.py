@@ -56,6 +56,26 @@ def add_parser(sub) -> None:
                    help="write a self-contained HTML report with the roofline plot")
     a.add_argument("--top", type=positive_int, default=25, help="rows in the table [25]")
     a.add_argument("--macs", action="store_true", help="show multiply-accumulates, not FLOPs")
+    s = a.add_argument_group("scale-out (--train): the same per-GPU batch on many GPUs")
+    s.add_argument("--gpus", type=positive_int, default=None,
+                   help="GPUs in the job: predict per-GPU and total throughput, exposed "
+                        "communication, input-bound or not, and the limit, from 1 to 4,096 GPUs")
+    s.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node [8]")
+    s.add_argument("--interconnect", default="auto", metavar="NODE[,NETWORK]",
+                   help="inside a node and between nodes (per GPU): presets from `dlperf "
+                        "devices --interconnects`, or .json files [auto: the DGX/HGX system of "
+                        "the --device preset]")
+    s.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
+                   help="data parallel: DDP (bucketed all-reduce overlapping the backward) or "
+                        "FSDP (full sharding) [ddp]")
+    s.add_argument("--decode", choices=("gpu", "cpu", "synthetic"), default="gpu",
+                   help="where JPEGs are decoded: on the GPU (DALI/nvJPEG), on host cores "
+                        "(needs --data-cores and --decode-rate), or synthetic data [gpu]")
+    s.add_argument("--data-cores", type=float, default=None,
+                   help="host cores decoding for each GPU (with --decode cpu)")
+    s.add_argument("--decode-rate", type=float, default=None,
+                   help="images/s one host core decodes and augments (with --decode cpu; "
+                        "`dlperf bench data` measures it on a machine)")
     g = a.add_argument_group("gpt (built-in GPT-style decoder)")
     g.add_argument("--layers", type=positive_int, default=12, help="decoder blocks [12]")
     g.add_argument("--d-model", type=positive_int, default=768,
@@ -113,6 +133,8 @@ def run(args) -> int:
         others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds, memory=memory)
                                for s in specs[1:]]
         result["comparison"] = render_comparison(others, console)
+    if args.gpus:
+        result["scale_out"] = _scale_out(args, analysis, model, console)
     if args.measure:
         result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
     if args.json:
@@ -128,6 +150,39 @@ def run(args) -> int:
         write_text_atomic(args.html, render_html(analysis))
         console.print(f"Wrote {args.html}")
     return 0
+
+
+def _scale_out(args, analysis, model, console) -> dict:
+    """--gpus: the scaling curve of this analysis (one capture, reused), and the requested
+    scale's row."""
+    from dlperf.analysis.report import render_scaling
+    from dlperf.analysis.scaling import ScaleConfig, scale_out, scaling_curve
+    from dlperf.hardware.interconnect import (NETWORK_OF_DEVICE, NODE_OF_DEVICE,
+                                              get_interconnect)
+
+    if not analysis.config.train:
+        raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
+    names = [n.strip() for n in args.interconnect.split(",")]
+    if names == ["auto"]:
+        device = analysis.device.name
+        if device not in NODE_OF_DEVICE:
+            raise DlperfError(f"--interconnect auto knows no system for {device}; name one, "
+                              "e.g. --interconnect nvlink4-h100,ib-ndr")
+        names = [NODE_OF_DEVICE[device], NETWORK_OF_DEVICE[device]]
+    if len(names) == 1:
+        names.append(names[0])
+    node, network = (get_interconnect(n) for n in names[:2])
+    cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
+                      decode=args.decode, data_cores_per_gpu=args.data_cores,
+                      decode_img_per_s_per_core=args.decode_rate)
+    # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
+    grad_bytes = 2 if analysis.config.precision == "half" else 4
+    params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]
+    here = scale_out(analysis, params, cfg, node, network)
+    curve = scaling_curve(analysis, params, cfg, node, network)
+    render_scaling(here, curve, node, network, console)
+    return {"config": {**cfg.__dict__, "node": node.to_dict(), "network": network.to_dict()},
+            "at_requested_scale": here, "curve": curve}
 
 
 def _specs(args, console) -> list:

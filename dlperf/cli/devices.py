@@ -13,17 +13,34 @@ def add_parser(sub) -> None:
     d.add_argument("--json", metavar="PATH", nargs="?", const="-", default=None,
                    help="write every preset as JSON to PATH (all fields, sparse peaks and "
                         "sources); without PATH, print it")
+    d.add_argument("--interconnects", action="store_true",
+                   help="list the interconnect presets instead (NVLink, PCIe, InfiniBand, "
+                        "Ethernet: NCCL all-reduce bus bandwidth per GPU, with sources) that "
+                        "`dlperf analyze --gpus N --interconnect` uses")
 
 
 def run(args) -> int:
     from rich.table import Table
 
+    from dlperf.hardware import interconnect
     from dlperf.hardware.specs import MATH_UNITS, PRESETS
 
+    if args.interconnects and not args.json:
+        table = Table(title="Interconnect presets (NCCL all-reduce bus bandwidth per GPU)",
+                      title_justify="left", header_style="bold")
+        for col in ("name", "interconnect", "scope", "busbw GB/s", "latency µs", "source"):
+            table.add_column(col, justify="right" if col in ("busbw GB/s", "latency µs")
+                             else "left", overflow="fold")
+        for ic in interconnect.PRESETS.values():
+            table.add_row(ic.name, ic.display_name, ic.scope, f"{ic.bus_bandwidth / 1e9:,.0f}",
+                          f"{ic.latency_s * 1e6:g}", ic.source)
+        new_console().print(table)
+        return 0
     if args.json:
         import json
 
-        presets = [s.to_dict() for s in PRESETS.values()]
+        presets = [s.to_dict() for s in (interconnect.PRESETS if args.interconnects
+                                         else PRESETS).values()]
         if args.json == "-":
             print(json.dumps(presets, indent=1))
         else:

@@ -1,0 +1,233 @@
+"""Scale-out: one GPU's predicted step, on N GPUs in M nodes (issue #14). Pure functions.
+
+Communication, in NCCL's terms (bus bandwidth B per GPU, latency a per step):
+
+* ring all-reduce of S bytes over n GPUs: 2(n-1) a + S x 2(n-1)/n / B (nccl-tests' busbw
+  definition; reduce-scatter then all-gather, each moving S (n-1)/n per GPU);
+* tree all-reduce: the same bandwidth term, 2 ceil(log2 n) a of latency (NCCL's double binary
+  tree: what wins across many nodes for small messages);
+* reduce-scatter and all-gather: (n-1) a + S (n-1)/n / B each;
+* across nodes, hierarchically: reduce-scatter inside the node, an all-reduce of the node's
+  1/g share between the nodes (ring or tree, the faster), all-gather inside the node.
+
+DDP (PyTorch DistributedDataParallel): gradients go into buckets in reverse parameter order
+(25 MiB each, the first 1 MiB; DDP's defaults); a bucket's all-reduce starts when the backward
+has produced its last gradient and the one before it has finished (one communication stream);
+what is left after the last backward kernel is the exposed time the step pays.
+
+FSDP (full sharding): each layer's parameters are all-gathered in the forward and again in the
+backward, gradients reduce-scattered; with prefetch the traffic hides behind compute up to the
+compute time, and weights, gradients and optimizer state take 1/n of their memory per GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
+DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def ring_allreduce_s(nbytes: float, n: int, bus_bw: float, latency_s: float) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) * latency_s + nbytes * 2 * (n - 1) / n / bus_bw
+
+
+def tree_allreduce_s(nbytes: float, n: int, bus_bw: float, latency_s: float) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * latency_s + nbytes * 2 * (n - 1) / n / bus_bw
+
+
+def reduce_scatter_s(nbytes: float, n: int, bus_bw: float, latency_s: float) -> float:
+    """Reduce-scatter (or all-gather) of an ``nbytes`` buffer over ``n`` GPUs."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * latency_s + nbytes * (n - 1) / n / bus_bw
+
+
+all_gather_s = reduce_scatter_s
+
+
+def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network) -> float:
+    """All-reduce of ``nbytes`` on ``gpus`` GPUs, ``gpus_per_node`` to a node: inside one node a
+    ring over ``node``; across nodes hierarchically (see the module docstring)."""
+    g = min(gpus, gpus_per_node)
+    nodes = math.ceil(gpus / g)
+    if nodes == 1:
+        return ring_allreduce_s(nbytes, g, node.bus_bandwidth, node.latency_s)
+    share = nbytes / g
+    between = min(ring_allreduce_s(share, nodes, network.bus_bandwidth, network.latency_s),
+                  tree_allreduce_s(share, nodes, network.bus_bandwidth, network.latency_s))
+    inside = reduce_scatter_s(nbytes, g, node.bus_bandwidth, node.latency_s)
+    return 2 * inside + between
+
+
+def ddp_buckets(params: list[tuple[str, int]], cap: int = DDP_BUCKET_BYTES,
+                first_cap: int = DDP_FIRST_BUCKET_BYTES) -> list[tuple[list[str], int]]:
+    """DDP's buckets: ``params`` [(name, gradient bytes)] in registration order, filled in
+    reverse (the backward produces the last layers' gradients first); a bucket closes once it
+    holds at least its cap (the first ``first_cap``, the rest ``cap``)."""
+    buckets, names, size = [], [], 0
+    for name, nbytes in reversed(params):
+        names.append(name)
+        size += nbytes
+        if size >= (first_cap if not buckets else cap):
+            buckets.append((names, size))
+            names, size = [], 0
+    if names:
+        buckets.append((names, size))
+    return buckets
+
+
+def serial_overlap(ready_s: list[float], comm_s: list[float], backward_end_s: float
+                   ) -> tuple[float, float]:
+    """(end of the last bucket's all-reduce, exposed seconds after the backward ends) for
+    buckets all-reduced one after another on one stream, each starting when ready."""
+    end = 0.0
+    for ready, comm in zip(ready_s, comm_s):
+        end = max(end, ready) + comm
+    return end, max(0.0, end - backward_end_s)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When a predicted single-GPU step's phases end (seconds from the step's start), and when
+    each module's last backward kernel ends."""
+
+    backward_end_s: float
+    step_s: float
+    optimizer_s: float
+    grad_ready_s: dict  # module path -> seconds
+
+
+def timeline(predictions) -> Timeline:
+    """The step's kernels in issue order (the capture's order), each taking its predicted time."""
+    t, backward_end, optimizer = 0.0, 0.0, 0.0
+    ready: dict[str, float] = {}
+    for p in predictions:
+        t += p.time_s
+        if p.cost.phase == "optimizer":
+            optimizer += p.time_s
+            continue
+        if p.cost.phase in ("dgrad", "wgrad"):
+            # a module's gradients exist once its last backward kernel ends (a norm's one
+            # backward kernel gives both dx and its parameters' gradients)
+            backward_end = t
+            ready[p.cost.module] = t
+    return Timeline(backward_end, t, optimizer, ready)
+
+
+def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm) -> dict:
+    """DDP's buckets over ``tl``: ``comm(nbytes) -> seconds`` all-reduces one bucket.
+    A parameter's gradient is ready when its module's last backward kernel ends (the end of
+    the backward if the capture has none for it)."""
+    buckets = ddp_buckets(params)
+    ready = [max(tl.grad_ready_s.get(name.rpartition(".")[0], tl.backward_end_s)
+                 for name in names) for names, _ in buckets]
+    comm_s = [comm(nbytes) for _, nbytes in buckets]
+    end, exposed = serial_overlap(ready, comm_s, tl.backward_end_s)
+    return {"buckets": len(buckets), "comm_s": sum(comm_s), "comm_end_s": end,
+            "exposed_s": exposed, "bucket_bytes": [b for _, b in buckets]}
+
+
+def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int) -> dict:
+    """Bytes each GPU sends per step under full sharding: the parameters all-gathered in the
+    forward and again in the backward, the gradients reduce-scattered."""
+    share = (n - 1) / n if n > 1 else 0.0
+    return {"all_gather_bytes": 2 * param_bytes * share, "reduce_scatter_bytes": grad_bytes * share}
+
+
+STRATEGIES = ("ddp", "fsdp")
+DECODES = ("gpu", "cpu", "synthetic")
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """How the job is spread: ``gpus`` in nodes of ``gpus_per_node``, data parallel by DDP or
+    FSDP, each GPU fed by a JPEG decode on the GPU (or synthetic data), or on
+    ``data_cores_per_gpu`` host cores decoding ``decode_img_per_s_per_core`` images/s each
+    (`dlperf bench data` measures that rate on a machine)."""
+
+    gpus: int
+    gpus_per_node: int = 8
+    strategy: str = "ddp"
+    decode: str = "gpu"
+    data_cores_per_gpu: float | None = None
+    decode_img_per_s_per_core: float | None = None
+
+    def __post_init__(self):
+        from dlperf.errors import DlperfError
+
+        if self.gpus < 1 or self.gpus_per_node < 1:
+            raise DlperfError("--gpus and --gpus-per-node must be at least 1")
+        if self.strategy not in STRATEGIES:
+            raise DlperfError(f"--strategy {self.strategy!r}: choose ddp or fsdp")
+        if self.decode not in DECODES:
+            raise DlperfError(f"--decode {self.decode!r}: choose gpu, cpu or synthetic")
+        if self.decode == "cpu" and not (self.data_cores_per_gpu and self.decode_img_per_s_per_core):
+            raise DlperfError("--decode cpu needs --data-cores (host cores per GPU) and "
+                              "--decode-rate (images/s one core decodes; `dlperf bench data` "
+                              "measures it)")
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.gpus / self.gpus_per_node)
+
+
+def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, network) -> dict:
+    """Per-GPU and total throughput of ``analysis`` (one GPU's predicted training step, per-GPU
+    batch) on ``cfg.gpus`` GPUs: the communication the strategy adds and how much of it the
+    backward hides, the input side, and what limits the step. ``params``: [(name, gradient
+    bytes)] in registration order."""
+    tl = timeline(analysis.predictions)
+    single_s = analysis.totals()["predicted_time_s"]
+    grad_bytes = sum(b for _, b in params)
+    comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
+    if cfg.gpus == 1:
+        exposed = 0.0
+        comm.update(comm_s=0.0, exposed_s=0.0)
+    elif cfg.strategy == "ddp":
+        d = ddp_exposed_s(tl, params, lambda b: allreduce_s(b, cfg.gpus, cfg.gpus_per_node,
+                                                            node, network))
+        exposed = d["exposed_s"]
+        comm.update(d)
+    else:  # FSDP: one flat ring at the slowest link; prefetch hides it behind the compute
+        link = network if cfg.nodes > 1 else node
+        traffic = fsdp_traffic(grad_bytes, grad_bytes, cfg.gpus)
+        comm_s = (all_gather_s(grad_bytes, cfg.gpus, link.bus_bandwidth, link.latency_s) * 2
+                  + reduce_scatter_s(grad_bytes, cfg.gpus, link.bus_bandwidth, link.latency_s))
+        exposed = max(0.0, comm_s - (tl.step_s - tl.optimizer_s))
+        comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
+    step_s = single_s + exposed
+    batch = analysis.batch_size
+    gpu_rate = batch / step_s
+    host_rate = (cfg.data_cores_per_gpu * cfg.decode_img_per_s_per_core
+                 if cfg.decode == "cpu" else math.inf)
+    per_gpu = min(gpu_rate, host_rate)
+    if host_rate < gpu_rate:
+        limit = "input (host JPEG decode)"
+    elif exposed > 0.05 * step_s:
+        limit = "communication"
+    else:
+        limit = "compute"
+    single_rate = min(batch / single_s, host_rate)
+    return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,
+            "total_samples_per_s": per_gpu * cfg.gpus,
+            "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
+            "step_s": batch / per_gpu, "single_gpu_step_s": single_s,
+            "exposed_comm_s": exposed, "input_bound": host_rate < gpu_rate,
+            "host_img_per_s": None if math.isinf(host_rate) else host_rate,
+            "limited_by": limit, "communication": comm}
+
+
+CURVE = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def scaling_curve(analysis, params, cfg: ScaleConfig, node, network) -> list[dict]:
+    """``scale_out`` from 1 to 4,096 GPUs (the same per-GPU batch), reusing one analysis."""
+    from dataclasses import replace
+
+    return [scale_out(analysis, params, replace(cfg, gpus=n), node, network) for n in CURVE]

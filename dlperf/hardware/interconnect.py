@@ -1,0 +1,119 @@
+"""Interconnects between GPUs, as NCCL sees them (issue #14).
+
+Each preset is the **bus bandwidth** an NCCL all-reduce reaches on it with large messages, per
+GPU, in NCCL's definition (nccl-tests' ``busbw``): for an all-reduce of S bytes over n GPUs that
+takes t seconds, algbw = S / t and busbw = algbw x 2(n-1)/n, the rate each GPU's link carries,
+independent of n. A ring all-reduce then takes S x 2(n-1)/n / busbw plus 2(n-1) latency steps
+(``analysis/scaling.py``).
+
+Where a measurement was published it is used and cited; otherwise the figure is the datasheet
+line rate times NCCL's protocol efficiency on NVLink, 370 of 450 GB/s = 0.82 (NCCL's author,
+NVIDIA/nccl-tests#212), or for InfiniBand/Ethernet 0.92 of the line rate (an estimate, marked
+as one). Network presets are per GPU: a node with one NIC per GPU gives each GPU a whole NIC;
+the DGX-1's four EDR NICs for eight GPUs give each half of one. The latency per ring step
+(2 us inside a node, 6-30 us across the network) is an estimate, not yet checked against
+published small-message timings; it matters only for small buckets on many nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dlperf.errors import DlperfError, close_matches
+
+NVLINK_PROTOCOL = 370 / 450  # nccl-tests#212: effective NVLink4 bandwidth over line rate
+NETWORK_PROTOCOL = 0.92  # estimate: NCCL over RDMA NICs reaches ~90-95% of line rate
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    name: str
+    display_name: str
+    bus_bandwidth: float  # B/s per GPU: NCCL all-reduce busbw, large messages
+    latency_s: float  # seconds per step of a ring (a hop's fixed cost)
+    scope: str  # "node": between the GPUs of one node; "network": between nodes, per GPU
+    source: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _nv(name, display, line_rate_gbs, source, latency_s=2e-6):
+    return Interconnect(name, display, line_rate_gbs * 1e9 * NVLINK_PROTOCOL, latency_s, "node",
+                        f"{line_rate_gbs:g} GB/s per direction x {NVLINK_PROTOCOL:.2f} "
+                        f"(NVLink protocol efficiency, nccl-tests#212); {source}")
+
+
+def _net(name, display, gbit_per_nic, nics_per_gpu, source, latency_s=6e-6):
+    per_gpu = gbit_per_nic / 8 * 1e9 * nics_per_gpu * NETWORK_PROTOCOL
+    return Interconnect(name, display, per_gpu, latency_s, "network",
+                        f"{gbit_per_nic:g} Gb/s per NIC x {nics_per_gpu:g} NIC per GPU x "
+                        f"{NETWORK_PROTOCOL} (estimated NCCL efficiency); {source}")
+
+
+PRESETS = {i.name: i for i in (
+    # NVLink 2 (V100 SXM2): 6 links x 25 GB/s per direction; the DGX-1's hybrid cube mesh lets
+    # NCCL build rings over all six.
+    _nv("nvlink2-dgx1", "NVLink 2, DGX-1 hybrid cube mesh (V100)", 150.0,
+        "V100 datasheet: 300 GB/s NVLink, both directions"),
+    Interconnect("nvlink3-a100", "NVLink 3 + NVSwitch (8x A100 SXM)", 208e9, 2e-6, "node",
+                 "measured: all_reduce_perf busbw 208 GB/s on 8 A100 SXM4 (NVIDIA/nccl-tests#178; "
+                 "~200 GB/s in nccl-tests#149)"),
+    Interconnect("nvlink4-h100", "NVLink 4 + NVSwitch (8x H100 SXM), ring", 370e9, 2e-6, "node",
+                 "NCCL's author: 450 GB/s line rate, ~370 GB/s effective busbw with "
+                 "NCCL_ALGO=Ring; ~480 GB/s with NVLink SHARP (NVIDIA/nccl-tests#212)"),
+    Interconnect("nvlink4-h100-nvls", "NVLink 4 + NVSwitch SHARP (8x H100 SXM)", 480e9, 2e-6,
+                 "node", "NCCL's author: peak all-reduce busbw ~480 GB/s on 8 H100 with NVLink "
+                 "SHARP, large messages (NVIDIA/nccl-tests#212)"),
+    Interconnect("nvlink4-h200", "NVLink 4 + NVSwitch (8x H200)", 475e9, 2e-6, "node",
+                 "measured: all_reduce_perf peak busbw 475 GB/s on 8 H200, NCCL 2.20 "
+                 "(NVIDIA/nccl-tests#272)"),
+    _nv("nvlink5-b200", "NVLink 5 + NVSwitch (8x B200)", 900.0,
+        "B200 datasheet: 1.8 TB/s NVLink, both directions"),
+    _net("pcie3", "PCIe Gen3 x16 (through the host)", 126.0, 1,
+         "PCIe 3.0 x16: 15.75 GB/s per direction"),
+    _net("pcie4", "PCIe Gen4 x16 (through the host)", 252.0, 1,
+         "PCIe 4.0 x16: 31.5 GB/s per direction"),
+    Interconnect("pcie5", "PCIe Gen5, 8 GPUs through the host", 28e9, 10e-6, "node",
+                 "measured: all_reduce_perf busbw 28 GB/s on 8 PCIe Gen5 GPUs; bounded by the "
+                 "host's memory, as NCCL's author explains (NVIDIA/nccl#1639)"),
+    _net("ib-edr-dgx1", "InfiniBand EDR, 4 NICs for 8 GPUs (DGX-1)", 100.0, 0.5,
+         "EDR 100 Gb/s; the DGX-1 has 4 EDR ports for 8 GPUs"),
+    _net("ib-hdr", "InfiniBand HDR, one NIC per GPU", 200.0, 1, "HDR 200 Gb/s (DGX A100)"),
+    _net("ib-ndr", "InfiniBand NDR, one NIC per GPU", 400.0, 1, "NDR 400 Gb/s (DGX H100)"),
+    _net("ib-xdr", "InfiniBand XDR, one NIC per GPU", 800.0, 1, "XDR 800 Gb/s"),
+    _net("roce-100g", "RoCE 100 GbE, one NIC per GPU", 100.0, 1, "100 Gb Ethernet",
+         latency_s=10e-6),
+    _net("ethernet-25g", "25 GbE TCP, one NIC per node of 8 GPUs", 25.0, 1 / 8,
+         "25 Gb Ethernet shared by 8 GPUs", latency_s=30e-6),
+)}
+
+# The node interconnect a GPU preset's DGX/HGX system has (for --interconnect auto)
+NODE_OF_DEVICE = {"v100-sxm2": "nvlink2-dgx1", "a100-40gb": "nvlink3-a100",
+                  "a100-80gb": "nvlink3-a100", "h100-sxm": "nvlink4-h100",
+                  "h200": "nvlink4-h200", "b200": "nvlink5-b200"}
+NETWORK_OF_DEVICE = {"v100-sxm2": "ib-edr-dgx1", "a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr",
+                     "h100-sxm": "ib-ndr", "h200": "ib-ndr", "b200": "ib-xdr"}
+
+
+def get_interconnect(name: str) -> Interconnect:
+    """A preset by name, or a JSON file with the fields of Interconnect (bus_bandwidth in B/s)."""
+    if name in PRESETS:
+        return PRESETS[name]
+    path = Path(name)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            ic = Interconnect(**data)
+        except (ValueError, TypeError) as exc:
+            raise DlperfError(f"{path}: not an interconnect file ({exc}); give name, "
+                              "display_name, bus_bandwidth (B/s), latency_s, scope (node or "
+                              "network) and source") from None
+        if ic.bus_bandwidth <= 0 or ic.latency_s < 0 or ic.scope not in ("node", "network"):
+            raise DlperfError(f"{path}: bus_bandwidth must be positive, latency_s >= 0 and "
+                              "scope node or network")
+        return ic
+    raise DlperfError(f"unknown interconnect {name!r}{close_matches(name, list(PRESETS))}; "
+                      f"choose one of {', '.join(PRESETS)} or a .json file")

@@ -1,0 +1,164 @@
+"""Scale-out prediction (issue #14): collectives, DDP buckets and overlap, FSDP volumes, the
+input side, by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlperf.analysis.scaling import (ScaleConfig, allreduce_s, ddp_buckets, fsdp_traffic,
+                                     reduce_scatter_s, ring_allreduce_s, scale_out,
+                                     scaling_curve, serial_overlap, tree_allreduce_s)
+from dlperf.errors import DlperfError
+from dlperf.hardware.interconnect import PRESETS, Interconnect, get_interconnect
+
+MiB = 2**20
+NODE = Interconnect("n", "node", 100e9, 1e-6, "node", "test")
+NET = Interconnect("i", "net", 10e9, 5e-6, "network", "test")
+
+
+def test_ring_and_tree_all_reduce_follow_ncclS_bus_bandwidth():
+    # 1 GB over 8 GPUs at 100 GB/s busbw, 1 us a step:
+    # ring: 2 x 7 x 1 us + 1e9 x 2 x 7/8 / 1e11 = 14 us + 17.5 ms = 17.514 ms
+    assert ring_allreduce_s(1e9, 8, 100e9, 1e-6) == pytest.approx(0.017514)
+    # tree: 2 x log2(8) = 6 steps of latency, the same bandwidth term: 17.506 ms
+    assert tree_allreduce_s(1e9, 8, 100e9, 1e-6) == pytest.approx(0.017506)
+    # reduce-scatter: 7 x 1 us + 1e9 x 7/8 / 1e11 = 8.757 ms
+    assert reduce_scatter_s(1e9, 8, 100e9, 1e-6) == pytest.approx(0.008757)
+    assert ring_allreduce_s(1e9, 1, 100e9, 1e-6) == 0.0  # one GPU: nothing to reduce
+    # NCCL's definition read back: algbw = S / t, busbw = algbw x 2(n-1)/n = B (no latency)
+    t = ring_allreduce_s(1e9, 8, 100e9, 0.0)
+    assert 1e9 / t * 2 * 7 / 8 == pytest.approx(100e9)
+
+
+def test_across_nodes_the_all_reduce_is_hierarchical():
+    # 16 GPUs in 2 nodes of 8, 1 GB: reduce-scatter in the node (8.757 ms), an all-reduce of
+    # the 125 MB share between the 2 nodes at 10 GB/s, 5 us (ring = tree: 2 x 5 us +
+    # 1.25e8 x 2 x 1/2 / 1e10 = 12.51 ms), all-gather in the node (8.757 ms): 30.024 ms.
+    assert allreduce_s(1e9, 16, 8, NODE, NET) == pytest.approx(0.030024)
+    # one node: a plain ring at the node's bandwidth
+    assert allreduce_s(1e9, 8, 8, NODE, NET) == pytest.approx(0.017514)
+    # many nodes, small message: the tree's log(n) latency beats the ring's n
+    ring = ring_allreduce_s(1e3 / 8, 512, 10e9, 5e-6)
+    tree = tree_allreduce_s(1e3 / 8, 512, 10e9, 5e-6)
+    assert tree < ring
+    assert allreduce_s(1e3, 4096, 8, NODE, NET) == pytest.approx(
+        2 * reduce_scatter_s(1e3, 8, 100e9, 1e-6) + tree)
+
+
+def test_ddp_buckets_fill_in_reverse_with_a_small_first_bucket():
+    # registration order a, b, c, d; the backward produces d first. d (30 MiB) closes the
+    # first bucket (cap 1 MiB); c + b + a = 4.1 MiB never reach 25 MiB: the last bucket.
+    params = [("a.weight", int(3 * MiB)), ("b.weight", int(0.5 * MiB)),
+              ("c.weight", int(0.6 * MiB)), ("d.weight", 30 * MiB)]
+    buckets = ddp_buckets(params)
+    assert [names for names, _ in buckets] == [["d.weight"], ["c.weight", "b.weight", "a.weight"]]
+    assert buckets[1][1] == int(3 * MiB) + int(0.5 * MiB) + int(0.6 * MiB)
+
+
+def test_ddp_buckets_match_torch_ddp_assignment():
+    # torch's own bucket assignment (the C++ DDP reducer's, exposed in torch.distributed) on
+    # the same sizes: the same buckets, parameters in the same order.
+    import torch
+    import torch.distributed as dist
+
+    if not hasattr(dist, "_compute_bucket_assignment_by_size"):
+        pytest.skip("this torch does not expose DDP's bucket assignment")
+    sizes = [3 * MiB, MiB // 2, 600_000, 30 * MiB, 8 * MiB, 20 * MiB, 2 * MiB]
+    tensors = [torch.empty(s // 4, dtype=torch.float32) for s in sizes]
+    # DDP passes the parameters reversed, with limits [first bucket, cap]
+    order, _ = dist._compute_bucket_assignment_by_size(
+        list(reversed(tensors)), [1 * MiB, 25 * MiB])
+    theirs = [[len(sizes) - 1 - i for i in bucket] for bucket in order]
+    ours = ddp_buckets([(str(i), s) for i, s in enumerate(sizes)])
+    assert [[int(n) for n in names] for names, _ in ours] == theirs
+
+
+def test_buckets_overlap_the_backward_on_one_stream():
+    # ready at 1, 2, 3 s; all-reduces of 1.5, 0.5, 2 s; the backward ends at 3.5 s:
+    # bucket 1 runs 1-2.5, bucket 2 2.5-3, bucket 3 3-5: 1.5 s left after the backward.
+    end, exposed = serial_overlap([1.0, 2.0, 3.0], [1.5, 0.5, 2.0], 3.5)
+    assert (end, exposed) == (5.0, 1.5)
+    assert serial_overlap([1.0], [0.5], 3.5) == (1.5, 0.0)  # hidden entirely
+
+
+def test_fsdp_moves_parameters_twice_and_gradients_once():
+    # 1 GB of parameters and gradients on 4 GPUs: all-gather 2 x 1 GB x 3/4, reduce-scatter 0.75 GB
+    assert fsdp_traffic(1e9, 1e9, 4) == {"all_gather_bytes": 1.5e9,
+                                         "reduce_scatter_bytes": 0.75e9}
+
+
+def _resnet18_on_h100():
+    import torchvision
+
+    import dlperf
+
+    model = torchvision.models.resnet18()
+    analysis = dlperf.analyze(model, (64, 3, 224, 224), device="h100-sxm", dtype="bf16",
+                              train=True)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]  # fp32 gradients
+    return analysis, params
+
+
+def test_scale_out_names_what_limits_each_scale():
+    analysis, params = _resnet18_on_h100()
+    nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    one = scale_out(analysis, params, ScaleConfig(gpus=1), nvlink, ndr)
+    assert one["scaling_efficiency"] == 1.0 and one["exposed_comm_s"] == 0.0
+    eight = scale_out(analysis, params, ScaleConfig(gpus=8), nvlink, ndr)
+    # 46.8 MB of fp32 gradients in ~3 buckets over NVLink: well hidden behind the backward
+    assert eight["communication"]["gradient_bytes"] == sum(b for _, b in params)
+    assert eight["limited_by"] == "compute" and eight["scaling_efficiency"] > 0.97
+    # a CPU decode of 2 cores x 300 img/s per GPU cannot feed an H100: input-bound, at 600 img/s
+    cpu = scale_out(analysis, params, ScaleConfig(gpus=8, decode="cpu", data_cores_per_gpu=2,
+                                                  decode_img_per_s_per_core=300), nvlink, ndr)
+    assert cpu["input_bound"] and cpu["per_gpu_samples_per_s"] == pytest.approx(600.0)
+    assert cpu["limited_by"].startswith("input")
+    # 25 GbE shared by a node's 8 GPUs, 64 nodes: communication dominates
+    slow = scale_out(analysis, params, ScaleConfig(gpus=512), nvlink, PRESETS["ethernet-25g"])
+    assert slow["limited_by"] == "communication" and slow["scaling_efficiency"] < 0.8
+    curve = scaling_curve(analysis, params, ScaleConfig(gpus=1), nvlink, PRESETS["ethernet-25g"])
+    per_gpu = [c["per_gpu_samples_per_s"] for c in curve]
+    assert [c["gpus"] for c in curve][-1] == 4096
+    assert all(a >= b * 0.999 for a, b in zip(per_gpu, per_gpu[1:]))  # never faster per GPU
+
+
+def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
+    with pytest.raises(DlperfError, match="--data-cores"):
+        ScaleConfig(gpus=8, decode="cpu")
+    with pytest.raises(DlperfError, match="ddp or fsdp"):
+        ScaleConfig(gpus=8, strategy="zero3")
+    path = tmp_path / "my-ib.json"
+    path.write_text(json.dumps({"name": "mine", "display_name": "my IB", "bus_bandwidth": 4e10,
+                                "latency_s": 4e-6, "scope": "network", "source": "measured"}))
+    assert get_interconnect(str(path)).bus_bandwidth == 4e10
+    path.write_text(json.dumps({"name": "mine", "bus_bandwidth": 4e10}))
+    with pytest.raises(DlperfError, match="my-ib.json"):
+        get_interconnect(str(path))
+    with pytest.raises(DlperfError, match="did you mean"):
+        get_interconnect("nvlink4-h10")
+    for ic in PRESETS.values():  # every preset says where its figure comes from
+        assert ic.source and ic.bus_bandwidth > 1e8 and ic.scope in ("node", "network")
+
+
+def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "scale.json"
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "64",
+                              "--gpus", "16", "--json", str(path)], capsys)
+    assert code == 0, err
+    assert "On 16 GPUs" in out and "Scaling, same per-GPU batch" in out
+    data = json.loads(path.read_text())["scale_out"]
+    assert data["config"]["node"]["name"] == "nvlink4-h100"  # auto: the H100's HGX system
+    assert data["config"]["network"]["name"] == "ib-ndr"
+    assert data["at_requested_scale"]["nodes"] == 2
+    assert [row["gpus"] for row in data["curve"]][:4] == [1, 2, 4, 8]
+    code, out, err = run_cli(["analyze", "resnet18", "--gpus", "8"], capsys)
+    assert code == 2 and "--gpus needs --train" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--decode",
+                              "cpu"], capsys)
+    assert code == 2 and "--data-cores" in err
+    code, out, err = run_cli(["devices", "--interconnects"], capsys)
+    assert code == 0 and "nvlink4-h200" in out and "nccl-tests#272" in out
