@@ -89,6 +89,15 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     return bool(t.item() > 0)
 
 
+def stop_agreed(caught: bool, step: int, every: int, info: DistInfo) -> bool:
+    """Whether every rank stops after ``step`` because some rank caught a signal. Agreeing is
+    a collective and a host sync, so with several processes it runs every ``every`` steps
+    (the same steps on every rank), not every step."""
+    if not info.enabled:
+        return caught
+    return step % every == 0 and any_rank(caught, info)
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

@@ -1,11 +1,6 @@
-"""The training run: data -> model (speed-ups) -> steps (autocast, loss scaling, accumulation,
-non-finite skipping) -> evaluation -> checkpoints and logs, resumable at any step.
-
-The parts live in modules named for their job (``inputs``, ``optim``, ``step``, ``state``,
-``evaluate``, ``console``); this module puts them together, in the shape of torchtitan's
-trainer: set-up, then per step the batch, the step (``step.train_step``, the function the
-CUDA graph captures and ``dlperf bench train`` times), the bookkeeping, and per epoch the
-evaluation and the checkpoint.
+"""The training run, put together from the modules named for each job (docs/design.md):
+set-up, then per optimizer step the batch, ``step.train_step`` (what a CUDA graph captures and
+`dlperf bench train` times) and the bookkeeping, per epoch evaluation and a checkpoint.
 
 Exit conditions a caller sees (the CLI maps them to exit codes):
 * normal end: returns the summary;
@@ -20,14 +15,12 @@ Exit conditions a caller sees (the CLI maps them to exit codes):
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 from dlperf.errors import DlperfError
 from dlperf.models.registry import build_classifier
-from dlperf.files import write_json_atomic
 from dlperf.train import distributed as D
 from dlperf.train import speedups
 from dlperf.train.console import Progress, Signals, draw_curves
@@ -36,7 +29,7 @@ from dlperf.train.graphs import graphed_step_for
 from dlperf.train.guard import NonFinite
 from dlperf.train.inputs import build_loaders, image_size_at, loader_for_epoch, source_kind
 from dlperf.train.metrics import RunLog, Throughput, add_step_loss, finish_summary
-from dlperf.train.optim import build_optimizer, build_scheduler, host_lr
+from dlperf.train.optim import build_optimizer, build_scheduler, host_lr, step_schedule
 from dlperf.train.profiling import profiler_for
 from dlperf.train.recipes import TrainConfig
 from dlperf.train.runlock import RunLock
@@ -74,10 +67,7 @@ def train(cfg: TrainConfig, resume: str | None = "auto", progress: bool = True,
             finally:
                 log.close()
     except torch.OutOfMemoryError:
-        raise DlperfError(f"out of memory at {cfg.batch_size // info.world_size} images per "
-                          f"{info.device.type} (batch_size={cfg.batch_size}); try "
-                          f"batch_size={max(1, cfg.batch_size // 2)} or grad_accum="
-                          f"{cfg.grad_accum * 2}") from None
+        raise DlperfError(cfg.out_of_memory_advice(info.world_size, info.device.type)) from None
     finally:
         D.teardown(info)
 
@@ -94,11 +84,9 @@ class Trainer:
             raise DlperfError("this GPU has no bf16; use dtype=fp16")
         self.image_size = image_size_at(cfg, 0)
         loader, self.val_loader = build_loaders(cfg, info, self.image_size)
-        model = speedups.apply(build_classifier(cfg.model, cfg.num_classes), cfg, info.device,
-                               distributed=info.enabled)
-        ddp_model = D.wrap(model, info)
-        self.t0 = time.perf_counter()
-        run_model = speedups.maybe_compile(ddp_model, cfg)
+        self.t0 = time.perf_counter()  # compile time: from here to the end of the first step
+        model, ddp_model, run_model = speedups.prepare_model(
+            build_classifier(cfg.model, cfg.num_classes), cfg, info)
         optimizer = build_optimizer(model, cfg, info.device)
         self.steps_per_epoch = len(loader) // cfg.grad_accum  # optimizer steps
         if self.steps_per_epoch == 0:
@@ -130,10 +118,7 @@ class Trainer:
                                 self.console if self.info.is_main else None)
             self.log.event("resume", step=state.step, epoch=start_epoch,
                            checkpoint=state.resumed_from)
-        if self.info.is_main:  # the settings this folder's weights are trained with from here on
-            write_json_atomic(self.out / "config.json", {"config": cfg.to_dict(),
-                                                          "world_size": self.info.world_size,
-                                                          "device": str(self.info.device)})
+        state.record_config(self.out)
         self.run_start = time.perf_counter()
         try:
             with Signals() as signals:
@@ -154,11 +139,7 @@ class Trainer:
         cfg, state = self.cfg, self.state
         state.loader, self.image_size = loader_for_epoch(state.loader, cfg, epoch,
                                                          self.image_size)
-        state.epoch_stats = {"loss": 0.0, "n": 0}  # mean loss over the finite steps
-        if state.resumed_stats and state.loader.state_dict()["next_batch"] > 0:
-            # resumed mid-epoch: the row averages the steps before the stop too
-            state.epoch_stats.update(state.resumed_stats)
-        state.resumed_stats = None
+        state.start_epoch_stats()
         self.bar.start(epoch, self.steps_per_epoch)
         # Batches on the device one step ahead (a side CUDA stream copies batch k+1 while k
         # trains); it also keeps the loader position a checkpoint must record.
@@ -196,9 +177,7 @@ class Trainer:
             if state.step == 0 and self.cfg.compile:
                 self.compile_s = time.perf_counter() - self.t0
         state.scaler.update()
-        with warnings.catch_warnings():  # a skipped step still advances the schedule
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
-            state.scheduler.step()
+        step_schedule(state.scheduler)  # a skipped step advances it too
         if self.graphed is not None:
             self.graphed.after_scheduler_step()
         state.step += 1
@@ -226,12 +205,8 @@ class Trainer:
         """Checkpoint and raise Preempted on a signal (any rank's) or at ``stop_at_step``."""
         step, info = self.state.step, self.info
         at_stop_step = self.stop_at_step is not None and step >= self.stop_at_step
-        caught = signals.caught is not None
-        if info.enabled and not at_stop_step:
-            # Every rank must agree to stop on a signal any of them caught; that is a
-            # collective and a host sync, so it runs at logging steps (the same steps on every
-            # rank), not every step.
-            caught = step % self.cfg.log_every == 0 and D.any_rank(caught, info)
+        caught = not at_stop_step and D.stop_agreed(signals.caught is not None, step,
+                                                    self.cfg.log_every, info)
         if at_stop_step or caught:
             saved = self.state.save(reason="preempted")
             D.barrier(info)
@@ -272,10 +247,8 @@ class Trainer:
 
     def _summary(self, mfu: bool) -> dict:
         cfg, state, tput = self.cfg, self.state, self.tput
-        summary = {"steps": state.step, "epochs": cfg.epochs, "img_per_s": tput.img_per_s,
-                   "compute_img_per_s": tput.compute_img_per_s,
-                   "data_wait_share": tput.data_wait_share, "skipped_steps": state.guard.skipped,
-                   "compile_s": self.compile_s, "first_step_s": tput.first_step_s,
+        summary = {"steps": state.step, "epochs": cfg.epochs, **tput.summary(),
+                   "skipped_steps": state.guard.skipped, "compile_s": self.compile_s,
                    "nonfinite_check": state.guard.mode,
                    "cuda_graphs": self.graphed.captures if self.graphed is not None else None,
                    "resumed_from": state.resumed_from, "data_source": source_kind(state.loader),

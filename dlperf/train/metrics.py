@@ -102,6 +102,10 @@ class Throughput:
             self.add(images, now - self._last, data_wait)
         self._last = now
 
+    def summary(self) -> dict:
+        return {"img_per_s": self.img_per_s, "compute_img_per_s": self.compute_img_per_s,
+                "data_wait_share": self.data_wait_share, "first_step_s": self.first_step_s}
+
     @property
     def img_per_s(self) -> float:
         return self.images / self.wall if self.wall else 0.0

@@ -5,6 +5,7 @@ cosine, one-cycle/linear or step decay."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -105,6 +106,14 @@ def build_scheduler(optimizer, cfg: TrainConfig, steps_per_epoch: int):
     warmup = int(cfg.warmup_epochs * steps_per_epoch)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total, warmup, cfg.schedule, steps_per_epoch))
+
+
+def step_schedule(scheduler) -> None:
+    """Advance the schedule one optimizer step, also after a skipped (non-finite) step, whose
+    optimizer.step() never ran: PyTorch's warning about that order is expected here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+        scheduler.step()
 
 
 def host_lr(scheduler) -> float:

@@ -179,6 +179,12 @@ class TrainConfig:
             if not ok:
                 raise DlperfError(f"invalid train config: {message}")
 
+    def out_of_memory_advice(self, world_size: int, device_type: str) -> str:
+        """The one line for a run that ran out of device memory: what to change."""
+        return (f"out of memory at {self.batch_size // world_size} images per {device_type} "
+                f"(batch_size={self.batch_size}); try batch_size="
+                f"{max(1, self.batch_size // 2)} or grad_accum={self.grad_accum * 2}")
+
     @property
     def lr(self) -> float:
         """Linear scaling rule: lr_per_256 x batch / 256."""

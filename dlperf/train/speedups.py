@@ -100,3 +100,15 @@ def maybe_compile(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     if cfg.compile:
         return torch.compile(model, mode=None if cfg.compile == "default" else cfg.compile)
     return model
+
+
+def prepare_model(model: nn.Module, cfg: TrainConfig, info) -> tuple[nn.Module, nn.Module,
+                                                                      nn.Module]:
+    """(model, DDP-wrapped model, what the forward calls): the speed-ups in ORDER, DDP with
+    several processes, then torch.compile of the wrapped model."""
+    from dlperf.train import distributed
+
+    model = apply(model, cfg, info.device, distributed=info.enabled)
+    ddp_model = distributed.wrap(model, info)
+    return model, ddp_model, maybe_compile(ddp_model, cfg)
+

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from dlperf.errors import DlperfError
+from dlperf.files import write_json_atomic
 from dlperf.train import checkpoint as ckpt
 from dlperf.train.console import say
 from dlperf.train.graphs import float_learning_rates
@@ -97,6 +98,22 @@ class RunState:
         self.step, self.best = state["step"], state.get("best")
         self.resumed_stats = state.get("epoch_stats")
         self.resumed_from = str(where.path)
+
+    def start_epoch_stats(self) -> None:
+        """The epoch's loss sums from zero, or, resumed mid-epoch, from the checkpoint's (so
+        the epoch's row averages the steps before the stop too)."""
+        self.epoch_stats = {"loss": 0.0, "n": 0}
+        if self.resumed_stats and self.loader.state_dict()["next_batch"] > 0:
+            self.epoch_stats.update(self.resumed_stats)
+        self.resumed_stats = None
+
+    def record_config(self, out: Path) -> None:
+        """out_dir/config.json: the settings this folder's weights are trained with from here
+        on (rank 0)."""
+        if self.info.is_main:
+            write_json_atomic(out / "config.json", {"config": self.cfg.to_dict(),
+                                                     "world_size": self.info.world_size,
+                                                     "device": str(self.info.device)})
 
     def save(self, metric=None, reason: str = "epoch"):
         """Write a checkpoint (rank 0; every rank takes part in gathering the RNGs); returns
