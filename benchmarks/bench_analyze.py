@@ -76,6 +76,21 @@ def main() -> int:
     }
     print(f"resnet50 b{batch} train: cold {cold:.2f} s, warm {warm:.2f} s "
           f"(flop_counter FLOPs only: warm {fc_warm:.2f} s)")
+    # issue #14: `--gpus` reuses the analysis; its curve (1..4,096 GPUs) may add <= 10%
+    from dlperf.analysis.scaling import ScaleConfig, scale_out, scaling_curve
+    from dlperf.hardware.interconnect import PRESETS
+
+    with torch.device("meta"):
+        model = torchvision.models.resnet50()
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    scale_cfg = ScaleConfig(gpus=64)
+    _, _, scale_warm, _ = timed(lambda: (scale_out(analysis, params, scale_cfg, node, net),
+                                         scaling_curve(analysis, params, scale_cfg, node, net)))
+    resnet.update(scale_out_warm_median_s=scale_warm, scale_out_over_analysis=scale_warm / warm,
+                  scale_out_goal=0.10, scale_out_goal_met=scale_warm / warm <= 0.10)
+    print(f"--gpus 64 (one scale + the 13-point curve): {scale_warm * 1e3:.1f} ms, "
+          f"{scale_warm / warm:.1%} of the analysis")
 
     cfg = GPTConfig(layers=32, d_model=4096, heads=32, vocab=32000, seq_len=4096)
     with torch.device("meta"):
