@@ -162,3 +162,35 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     assert code == 2 and "--data-cores" in err
     code, out, err = run_cli(["devices", "--interconnects"], capsys)
     assert code == 0 and "nvlink4-h200" in out and "nccl-tests#272" in out
+
+
+def test_comm_fit_recovers_bus_bandwidth_and_latency():
+    # 4 processes, B = 2 GB/s, a = 50 us: t = 6 x 50 us + S x 6/4 / 2e9
+    from dlperf.hardware.comm_probe import fit_ring
+
+    sizes = [4096, 65536, 2**20, 2**24]
+    seconds = [6 * 50e-6 + s * 1.5 / 2e9 for s in sizes]
+    bus_bw, latency = fit_ring(sizes, seconds, 4)
+    assert bus_bw == pytest.approx(2e9, rel=1e-6) and latency == pytest.approx(50e-6, rel=1e-6)
+    with pytest.raises(DlperfError, match="do not grow"):
+        fit_ring(sizes, list(reversed(seconds)), 4)
+
+
+@pytest.mark.slow
+def test_probe_comm_measures_gloo_and_analyze_uses_the_file(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "comm.json"
+    code, out, err = run_cli(["probe", "--comm", "--quick", "--out", str(path)], capsys)
+    assert code == 0, err
+    data = json.loads(path.read_text())
+    assert data["measurements"]["backend"] == "gloo" and len(data["measurements"]["seconds"]) == 3
+    ic = get_interconnect(str(path))
+    assert ic.bus_bandwidth > 1e6 and ic.scope == "node"
+    report = tmp_path / "a.json"
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "8", "--gpus", "2",
+                              "--interconnect", str(path), "--json", str(report)], capsys)
+    assert code == 0, err
+    scale = json.loads(report.read_text())["scale_out"]
+    assert scale["config"]["node"]["name"] == "measured-gloo-2"
+    assert scale["at_requested_scale"]["communication"]["comm_s"] > 0

@@ -24,16 +24,26 @@ def add_parser(sub) -> None:
     p.add_argument("--compare", default=None,
                    help="preset to print beside the measurement (default: the preset matching "
                         "this GPU's name; none on CPU)")
-    p.add_argument("--out", default="dlperf-probe.json", help="spec file to write [dlperf-probe.json]")
+    p.add_argument("--out", default=None,
+                   help="file to write [dlperf-probe.json; dlperf-comm.json with --comm]")
+    p.add_argument("--comm", action="store_true",
+                   help="instead: time all-reduce between --world processes on this host (gloo "
+                        "on a CPU, NCCL with a GPU each) and fit NCCL's bus bandwidth and "
+                        "latency; the file is an interconnect for `dlperf analyze --gpus N "
+                        "--interconnect FILE`")
+    p.add_argument("--world", type=int, default=2, help="processes for --comm [2]")
 
 
 def run(args) -> int:
+    if args.comm:
+        return _comm(args)
+    args.out = args.out or "dlperf-probe.json"
     from rich.progress import Progress
     from rich.table import Table
 
     from dlperf.hardware.probe import ProbeConfig, probe, probe_task_count
-    from dlperf.hardware.specs import get_device
     from dlperf.files import write_json_atomic
+    from dlperf.hardware.specs import get_device
 
     output_file(args.out, "--out")  # before minutes of measuring
     cfg = ProbeConfig(device=args.device, quick=args.quick)
@@ -93,3 +103,28 @@ def run(args) -> int:
                                  "environment": environment()})
     console.print(f"Wrote {args.out}; use it with `dlperf analyze MODEL --device {args.out}`.")
     return 0
+
+
+def _comm(args) -> int:
+    """`dlperf probe --comm`: all-reduce times over sizes, the ring fit, an interconnect file."""
+    from dlperf.files import write_json_atomic
+    from dlperf.hardware.comm_probe import probe_comm
+    from dlperf.provenance import environment
+    from dlperf.units import seconds
+
+    out = args.out or "dlperf-comm.json"
+    output_file(out, "--out")
+    console = new_console()
+    with console.status(f"timing all-reduce between {args.world} processes..."):
+        ic, m = probe_comm(world=args.world, quick=args.quick)
+    for size, t, f in zip(m["sizes_bytes"], m["seconds"], m["fitted_seconds"]):
+        console.print(f"  all-reduce {size / 2**10:>9,.0f} KiB: {seconds(t):>9} measured, "
+                      f"{seconds(f):>9} fitted")
+    console.print(f"{ic.display_name}: bus bandwidth {ic.bus_bandwidth / 1e9:.2f} GB/s, "
+                  f"{ic.latency_s * 1e6:.1f} µs per ring step.")
+    write_json_atomic(out, {"interconnect": ic.to_dict(), "measurements": m,
+                            "environment": environment()})
+    console.print(f"Wrote {out}; use it with `dlperf analyze MODEL --train --gpus N "
+                  f"--interconnect {out}`.")
+    return 0
+

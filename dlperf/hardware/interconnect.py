@@ -99,13 +99,16 @@ NETWORK_OF_DEVICE = {"v100-sxm2": "ib-edr-dgx1", "a100-40gb": "ib-hdr", "a100-80
 
 
 def get_interconnect(name: str) -> Interconnect:
-    """A preset by name, or a JSON file with the fields of Interconnect (bus_bandwidth in B/s)."""
+    """A preset by name, or a JSON file: the fields of Interconnect (bus_bandwidth in B/s), or
+    what `dlperf probe --comm` writes."""
     if name in PRESETS:
         return PRESETS[name]
     path = Path(name)
     if path.suffix == ".json" and path.is_file():
         try:
             data = json.loads(path.read_text())
+            if isinstance(data, dict) and "interconnect" in data:  # `dlperf probe --comm`
+                data = data["interconnect"]
             ic = Interconnect(**data)
         except (ValueError, TypeError) as exc:
             raise DlperfError(f"{path}: not an interconnect file ({exc}); give name, "

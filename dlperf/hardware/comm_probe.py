@@ -1,0 +1,110 @@
+"""`dlperf probe --comm`: measure all-reduce on this machine and fit the interconnect model.
+
+Spawns ``world`` processes on this host (torch.distributed: gloo on a CPU, NCCL when each
+process has its own GPU), times an all-reduce of each size (warm-up, then the median of
+``repeats`` barrier-aligned runs on rank 0), and fits the two terms the scale-out model uses
+(``analysis/scaling.py``): a ring all-reduce of S bytes over n processes takes
+2(n-1) a + S x 2(n-1)/n / B, so the measured times are a straight line in
+x = S x 2(n-1)/n whose slope is 1 / B (NCCL's bus bandwidth) and whose intercept is 2(n-1) a.
+The result is an ``Interconnect`` that `dlperf analyze --gpus N --interconnect FILE` accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from dlperf.errors import DlperfError
+from dlperf.hardware.interconnect import Interconnect
+
+SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)  # bytes
+QUICK_SIZES = (2**12, 2**16, 2**20)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, sizes, repeats: int, backend: str, queue):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    medians = []
+    for size in sizes:
+        t = torch.ones(size // 4, dtype=torch.float32, device=device)
+        for _ in range(3):
+            dist.all_reduce(t)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    if rank == 0:
+        queue.put(medians)
+    dist.destroy_process_group()
+
+
+def fit_ring(sizes, seconds, world: int) -> tuple[float, float]:
+    """(bus bandwidth B/s, latency s per step) of the ring model through the measurements,
+    least squares on relative error (small and large messages count alike)."""
+    x = np.array([s * 2 * (world - 1) / world for s in sizes], dtype=float)
+    t = np.array(seconds, dtype=float)
+    steps = 2 * (world - 1)
+    # t = steps * a + x / B, weighted by 1 / t
+    design = np.stack([np.full_like(x, steps), x], axis=1) / t[:, None]
+    (a, inv_b), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    a = max(float(a), 0.0)
+    if inv_b <= 0:
+        raise DlperfError("the all-reduce times do not grow with size; rerun `dlperf probe "
+                          "--comm` on a quieter machine")
+    return 1.0 / float(inv_b), a
+
+
+def probe_comm(world: int = 2, quick: bool = False, repeats: int = 7, backend: str = "auto"
+               ) -> tuple[Interconnect, dict]:
+    """Measure and fit; returns (the fitted Interconnect, the measurements)."""
+    import torch.multiprocessing as mp
+
+    if world < 2:
+        raise DlperfError("--comm needs at least 2 processes (--world 2 or more)")
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+    sizes = QUICK_SIZES if quick else SIZES
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, sizes, repeats, backend, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=600)
+    if any(p.exitcode != 0 for p in procs) or queue.empty():
+        raise DlperfError(f"the {backend} all-reduce processes failed (exit codes "
+                          f"{[p.exitcode for p in procs]}); is port {port} free on 127.0.0.1?")
+    seconds = queue.get()
+    bus_bw, latency = fit_ring(sizes, seconds, world)
+    ic = Interconnect(name=f"measured-{backend}-{world}", display_name=f"{backend} all-reduce, "
+                      f"{world} processes on this host (measured)", bus_bandwidth=bus_bw,
+                      latency_s=latency, scope="node",
+                      source=f"dlperf probe --comm: ring fit to {len(sizes)} sizes, median of "
+                             f"{repeats} runs each")
+    predicted = [2 * (world - 1) * latency + s * 2 * (world - 1) / world / bus_bw for s in sizes]
+    return ic, {"backend": backend, "world": world, "sizes_bytes": list(sizes),
+                "seconds": seconds, "fitted_seconds": predicted}
