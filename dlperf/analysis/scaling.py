@@ -13,7 +13,10 @@ Communication, in NCCL's terms (bus bandwidth B per GPU, latency a per step):
 DDP (PyTorch DistributedDataParallel): gradients go into buckets in reverse parameter order
 (25 MiB each, the first 1 MiB; DDP's defaults); a bucket's all-reduce starts when the backward
 has produced its last gradient and the one before it has finished (one communication stream);
-what is left after the last backward kernel is the exposed time the step pays.
+what is left after the last backward kernel is the exposed time the step pays, plus DDP's
+copies of the gradients into and out of the buckets. On a GPU the all-reduces run beside the
+backward (NCCL's own kernels and copy engines); on a CPU they take the cores the backward
+needs, so they are all exposed.
 
 FSDP (full sharding): each layer's parameters are all-gathered in the forward and again in the
 backward, gradients reduce-scattered; with prefetch the traffic hides behind compute up to the
@@ -120,17 +123,32 @@ def timeline(predictions) -> Timeline:
     return Timeline(backward_end, t, optimizer, ready)
 
 
-def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm) -> dict:
+def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bool = True
+                  ) -> dict:
     """DDP's buckets over ``tl``: ``comm(nbytes) -> seconds`` all-reduces one bucket.
     A parameter's gradient is ready when its module's last backward kernel ends (the end of
-    the backward if the capture has none for it)."""
+    the backward if the capture has none for it). ``overlap=False``: the all-reduces cannot
+    run beside the backward (a CPU whose cores compute both, as gloo on one core per process
+    does: benchmarks/README.md), so they all start after it."""
     buckets = ddp_buckets(params)
     ready = [max(tl.grad_ready_s.get(name.rpartition(".")[0], tl.backward_end_s)
-                 for name in names) for names, _ in buckets]
+                 if overlap else tl.backward_end_s for name in names) for names, _ in buckets]
     comm_s = [comm(nbytes) for _, nbytes in buckets]
     end, exposed = serial_overlap(ready, comm_s, tl.backward_end_s)
     return {"buckets": len(buckets), "comm_s": sum(comm_s), "comm_end_s": end,
             "exposed_s": exposed, "bucket_bytes": [b for _, b in buckets]}
+
+
+def ddp_copy_s(grad_bytes: float, analysis) -> float:
+    """DDP's copies of every gradient into its bucket (in the backward's hooks) and of the
+    reduced bucket back into the gradients (before the optimizer), both on the compute stream
+    (torch's default, gradient_as_bucket_view=False): 4 x the gradient bytes of memory traffic
+    at the device's streaming bandwidth."""
+    from dlperf.hardware.efficiency import efficiency_for
+
+    spec = analysis.device
+    bandwidth = (analysis.efficiency or efficiency_for(spec)).bandwidth(spec)
+    return 4 * grad_bytes / bandwidth
 
 
 def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int) -> dict:
@@ -190,10 +208,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         exposed = 0.0
         comm.update(comm_s=0.0, exposed_s=0.0)
     elif cfg.strategy == "ddp":
+        on_cpu = not analysis.device.tensor_cores
         d = ddp_exposed_s(tl, params, lambda b: allreduce_s(b, cfg.gpus, cfg.gpus_per_node,
-                                                            node, network))
-        exposed = d["exposed_s"]
-        comm.update(d)
+                                                            node, network), overlap=not on_cpu)
+        copies = ddp_copy_s(grad_bytes, analysis)
+        exposed = d["exposed_s"] + copies
+        comm.update(d, bucket_copy_s=copies, overlap=not on_cpu)
     else:  # FSDP: one flat ring at the slowest link; prefetch hides it behind the compute
         link = network if cfg.nodes > 1 else node
         traffic = fsdp_traffic(grad_bytes, grad_bytes, cfg.gpus)
