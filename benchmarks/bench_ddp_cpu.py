@@ -4,9 +4,9 @@ measured, against the scale-out model's prediction.
 1. `dlperf probe --comm` (2 processes, gloo over loopback) fits the interconnect.
 2. The single-process step is measured with one thread (each DDP process gets one of the two
    cores): forward, loss, backward, SGD step; median of the timed steps after warm-up.
-3. The same step under DistributedDataParallel in 2 processes (the same per-process batch),
-   median on rank 0 of barrier-aligned steps.
-4. Prediction: the measured single-process step plus the exposed communication that
+3. The same two processes without DDP (both cores busy, steps barrier-aligned), then under
+   DistributedDataParallel (the same per-process batch); medians on rank 0.
+4. Prediction: the measured two-process step without DDP plus the exposed communication that
    ``analysis/scaling.py`` predicts from DDP's buckets and the measured interconnect (on a CPU
    not overlapped with the backward: the cores compute both), plus DDP's bucket copies; the
    analyzer's backward timeline is scaled to the measured single step, so what is tested is
@@ -51,14 +51,14 @@ def _time_steps(model, opt, x, y, barrier=None) -> list[float]:
     return times
 
 
-def _ddp_worker(rank: int, port: int, queue):
+def _worker(rank: int, port: int, ddp: bool, queue):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    model = DDP(_model())
+    model = DDP(_model()) if ddp else _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(BATCH, 3, SIZE, SIZE, generator=g)
@@ -89,19 +89,26 @@ def main(argv: list[str]) -> int:
     x, y = torch.randn(BATCH, 3, SIZE, SIZE), torch.randint(0, CLASSES, (BATCH,))
     single = statistics.median(_time_steps(model, opt, x, y))
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_ddp_worker, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-    ddp = statistics.median(queue.get())
+
+    def two_processes(ddp: bool) -> float:
+        queue = ctx.SimpleQueue()
+        port = _free_port()
+        procs = [ctx.Process(target=_worker, args=(r, port, ddp, queue)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=600)
+        return statistics.median(queue.get())
+
+    # the same two processes without DDP: both cores busy, as under DDP, and each step
+    # barrier-aligned, so the difference is DDP's own cost
+    concurrent = two_processes(ddp=False)
+    ddp = two_processes(ddp=True)
     spec = cached_cpu_probe(quick=True)[0]
     analysis = dlperf.analyze(_model(), (BATCH, 3, SIZE, SIZE), device=spec, dtype="fp32",
                               train=True)
     tl = timeline(analysis.predictions)
-    f = single / tl.step_s  # the predicted timeline, stretched to the measured step
+    f = concurrent / tl.step_s  # the predicted timeline, stretched to the measured step
     scaled = Timeline(tl.backward_end_s * f, tl.step_s * f, tl.optimizer_s * f,
                       {k: v * f for k, v in tl.grad_ready_s.items()})
     params = [(n, p.numel() * 4) for n, p in _model().named_parameters()]
@@ -112,20 +119,22 @@ def main(argv: list[str]) -> int:
     copies = ddp_copy_s(sum(b for _, b in params), analysis)
     with_overlap = ddp_exposed_s(scaled, params,
                                  lambda b: ring_allreduce_s(b, 2, ic.bus_bandwidth, ic.latency_s))
-    predicted = single + d["exposed_s"] + copies
+    predicted = concurrent + d["exposed_s"] + copies
     result = {"interconnect": ic.to_dict(), "comm_measurements": comm,
               "single_process_step_s": single, "ddp_step_s": ddp,
               "predicted_ddp_step_s": predicted, "predicted_exposed_comm_s": d["exposed_s"],
               "predicted_comm_s": d["comm_s"], "buckets": d["buckets"],
               "predicted_bucket_copy_s": copies,
-              "predicted_if_overlapped_s": single + with_overlap["exposed_s"] + copies,
+              "predicted_if_overlapped_s": concurrent + with_overlap["exposed_s"] + copies,
+              "two_processes_without_ddp_step_s": concurrent,
               "bucket_bytes": d["bucket_bytes"],
-              "measured_overhead_s": ddp - single, "error": predicted / ddp - 1}
-    print(f"single process {single * 1e3:.0f} ms; DDP x2 {ddp * 1e3:.0f} ms measured, "
+              "measured_ddp_cost_s": ddp - concurrent, "error": predicted / ddp - 1}
+    print(f"single process {single * 1e3:.0f} ms; two processes without DDP "
+          f"{concurrent * 1e3:.0f} ms; DDP x2 {ddp * 1e3:.0f} ms measured, "
           f"{predicted * 1e3:.0f} ms predicted ({predicted / ddp - 1:+.0%}; all-reduce "
           f"{d['comm_s'] * 1e3:.0f} ms in {d['buckets']} buckets, not overlapped on a CPU; "
           f"bucket copies {copies * 1e3:.0f} ms; overlapped as on a GPU it would be "
-          f"{(single + with_overlap['exposed_s'] + copies) * 1e3:.0f} ms)")
+          f"{(concurrent + with_overlap['exposed_s'] + copies) * 1e3:.0f} ms)")
     save_result(out, "ddp-cpu", {"model": "resnet18", "batch_per_process": BATCH,
                                  "image_size": SIZE, "classes": CLASSES, "warmup": WARMUP,
                                  "steps": STEPS, "threads_per_process": 1, "backend": "gloo"},
