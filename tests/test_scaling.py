@@ -217,3 +217,23 @@ def test_ddp_on_a_cpu_exposes_every_all_reduce_and_pays_the_bucket_copies():
 
     # 100 MB of gradients: into the buckets and back, read + write each: 400 MB at 20 GB/s
     assert ddp_copy_s(100e6, A) == pytest.approx(0.02)
+
+
+def test_html_report_draws_the_scaling_curve(tmp_path, capsys):
+    import re
+    import xml.dom.minidom
+
+    from conftest import run_cli
+
+    page = tmp_path / "r.html"
+    code, _, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "64", "--gpus", "64",
+                            "--interconnect", "nvlink4-h100,ethernet-25g", "--html", str(page)],
+                           capsys)
+    assert code == 0, err
+    text = page.read_text()
+    assert "<h3>Scale-out</h3>" in text and "limited by communication" in text
+    svgs = re.findall(r"<svg.*?</svg>", text, flags=re.S)
+    assert len(svgs) == 2  # the roofline and the scaling curve, both well-formed
+    scaling = xml.dom.minidom.parseString(svgs[1])
+    assert len(scaling.getElementsByTagName("circle")) == 13  # 1 .. 4,096 GPUs
+    assert "<script" not in text

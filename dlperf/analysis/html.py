@@ -78,7 +78,49 @@ def roofline_svg(analysis) -> str:
     return "".join(out)
 
 
-def render_html(analysis, top: int = 50) -> str:
+def scaling_svg(curve: list[dict]) -> str:
+    """`--gpus`: total throughput against GPUs (log-log) with the ideal line, and each point's
+    scaling efficiency; points where something other than compute limits the step are red."""
+    n = [row["gpus"] for row in curve]
+    total = [row["total_samples_per_s"] for row in curve]
+    ideal = [curve[0]["per_gpu_samples_per_s"] * g for g in n]
+    fx = _log_scale(n[0], n[-1], PAD_L, W - PAD_R)
+    y_lo = 10 ** math.floor(math.log10(min(total)))
+    y_hi = 10 ** math.ceil(math.log10(max(ideal)))
+    fy = _log_scale(y_lo, y_hi, H - PAD_B, PAD_T)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" '
+           f'height="{H - PAD_T - PAD_B}" fill="none" stroke="#888"/>']
+    for g in n:
+        out.append(f'<text x="{fx(g):.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{g:,}</text>')
+    decade = y_lo
+    while decade <= y_hi * 1.001:
+        y = fy(decade)
+        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="#eee"/>'
+                   f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end">{si(decade)}</text>')
+        decade *= 10
+    out.append('<polyline fill="none" stroke="#999" stroke-dasharray="4 3" points="'
+               + " ".join(f"{fx(g):.1f},{fy(v):.1f}" for g, v in zip(n, ideal)) + '"/>')
+    out.append('<polyline fill="none" stroke="#1f77b4" points="'
+               + " ".join(f"{fx(g):.1f},{fy(v):.1f}" for g, v in zip(n, total)) + '"/>')
+    for row in curve:
+        color = "#1f77b4" if row["limited_by"] == "compute" else "#d62728"
+        x, y = fx(row["gpus"]), fy(row["total_samples_per_s"])
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"><title>'
+                   f'{row["gpus"]:,} GPUs: {row["total_samples_per_s"]:,.0f}/s, '
+                   f'{row["scaling_efficiency"]:.1%}, limited by {html.escape(row["limited_by"])}'
+                   f'</title></circle><text x="{x + 4:.1f}" y="{y + 14:.1f}">'
+                   f'{row["scaling_efficiency"]:.0%}</text>')
+    out.append(f'<text x="{(W + PAD_L) / 2}" y="{H - 12}" text-anchor="middle">GPUs (same '
+               'per-GPU batch)</text>'
+               f'<text x="16" y="{H / 2}" transform="rotate(-90 16 {H / 2})" '
+               'text-anchor="middle">samples/s, all GPUs (dashed: perfect scaling)</text></svg>')
+    return "".join(out)
+
+
+def render_html(analysis, top: int = 50, scale_out: dict | None = None) -> str:
+    """The report; with ``scale_out`` (what `analyze --gpus` computed) also the scaling plot."""
     cfg, spec, t = analysis.config, analysis.device, analysis.totals()
     esc = html.escape
     rows = []
@@ -123,6 +165,7 @@ td:first-child, td:nth-child(2), td:nth-child(3) {{ text-align: left; }}
 <p>Each circle is one kernel (area ~ its share of the step; hover for the name); red is
 memory-bound, blue compute-bound by the guide's definition (intensity vs the ops:byte ratio).</p>
 {roofline_svg(analysis)}
+{_scaling_section(scale_out) if scale_out else ''}
 <h3>What the guide says to do</h3><ul>{findings or '<li>Nothing above the reporting threshold.</li>'}</ul>
 <h3>Top {top} kernels by predicted time</h3>
 <table><tr><th>layer</th><th>op</th><th>phase</th><th>GEMM MxNxK</th><th>FLOPs</th><th>bytes</th>
@@ -135,3 +178,13 @@ memory-bound, blue compute-bound by the guide's definition (intensity vs the ops
 launch cost per kernel.</p>
 </body></html>
 """
+
+
+def _scaling_section(scale_out: dict) -> str:
+    here = scale_out["at_requested_scale"]
+    return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs: {here['per_gpu_samples_per_s']:,.0f} "
+            f"samples/s per GPU, {here['total_samples_per_s']:,.0f} in all, "
+            f"{here['scaling_efficiency']:.1%} of one GPU; limited by "
+            f"{html.escape(here['limited_by'])}. Red points: a limit other than compute.</p>"
+            + scaling_svg(scale_out["curve"]))
+

@@ -147,7 +147,7 @@ def run(args) -> int:
         from dlperf.analysis.html import render_html
         from dlperf.files import write_text_atomic
 
-        write_text_atomic(args.html, render_html(analysis))
+        write_text_atomic(args.html, render_html(analysis, scale_out=result.get("scale_out")))
         console.print(f"Wrote {args.html}")
     return 0
 
