@@ -237,3 +237,26 @@ def test_html_report_draws_the_scaling_curve(tmp_path, capsys):
     scaling = xml.dom.minidom.parseString(svgs[1])
     assert len(scaling.getElementsByTagName("circle")) == 13  # 1 .. 4,096 GPUs
     assert "<script" not in text
+
+
+def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
+    # the table's rows name known presets and interconnects, cite a source its header explains,
+    # and each runs through the script that scores them
+    from conftest import ROOT, load_benchmark
+
+    vs = load_benchmark("validate_scaling")
+    table = ROOT / "benchmarks/validation/published_scaling.csv"
+    header = "".join(line for line in table.read_text().splitlines(keepends=True)
+                     if line.startswith("#"))
+    rows = vs.read_rows(table)
+    assert len(rows) >= 4 and len({r["id"] for r in rows}) == len(rows)
+    for row in rows:
+        assert row["source"] in header, row["id"]
+        assert row["measured_per_gpu"] > 0 and row["gpus"] > 1
+        for name in row["interconnect"].split(","):
+            get_interconnect(name.strip())
+    out = tmp_path / "v.json"
+    assert vs.main([str(table), str(out)]) == 0
+    scored = json.loads(out.read_text())["results"]
+    assert all(r["predicted_per_gpu"] > 0 and r["measured_efficiency"] for r in scored["rows"])
+    assert scored["summary"]["clean"]["efficiency"]["rows"] >= 2

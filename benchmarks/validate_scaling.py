@@ -1,0 +1,115 @@
+"""Rerun dlperf's scale-out prediction for every row of a table of published multi-GPU results.
+
+For each row: one GPU's training step analysed from the datasheet preset (the same capture as
+validate_published.py), then ``analysis/scaling.scale_out`` on the row's GPU count, nodes,
+interconnects, strategy and input side. Reported per row: predicted vs measured samples/s per
+GPU (which carries the single-GPU model's error too) and, where the table has the one-GPU
+figure of the same system, predicted vs measured scaling efficiency (the scale-out model alone).
+
+Usage: python benchmarks/validate_scaling.py [TABLE.csv] [OUT.json]
+(default: benchmarks/validation/published_scaling.csv -> benchmarks/results/validation-scaling.json)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = ROOT / "benchmarks/validation/published_scaling.csv"
+DEFAULT_OUT = ROOT / "benchmarks/results/validation-scaling.json"
+INTS = ("image_size", "batch", "gpus", "gpus_per_node")
+FLOATS = ("data_cores_per_gpu", "decode_img_s_per_core", "measured_per_gpu", "measured_single")
+
+
+def read_rows(path: Path) -> list[dict]:
+    text = "".join(line for line in path.read_text().splitlines(keepends=True)
+                   if not line.startswith("#"))
+    rows = list(csv.DictReader(io.StringIO(text)))
+    for row in rows:
+        for key in INTS:
+            row[key] = int(row[key])
+        for key in FLOATS:
+            row[key] = float(row[key]) if row.get(key) else None
+        row.setdefault("strategy", "ddp")
+    return rows
+
+
+def predict(rows: list[dict]) -> list[dict]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import validate_published as vp
+    finally:
+        sys.path.pop(0)
+    from dlperf.analysis.api import predict_on
+    from dlperf.analysis.scaling import ScaleConfig, scale_out
+    from dlperf.hardware.interconnect import get_interconnect
+    from dlperf.hardware.specs import get_device
+    from dlperf.models.registry import build_model
+
+    single = [{**r, "optimizer": r.get("optimizer") or "sgd",
+               "measured_img_s": r["measured_per_gpu"]} for r in rows]
+    out = []
+    for row, (_, cfg, costs, uncounted, seconds) in zip(rows, vp.capture_rows(single)):
+        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds)
+        model, _ = build_model(row["model"])
+        grad_bytes = 2 if cfg.precision == "half" else 4
+        params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()]
+        node, network = (get_interconnect(n.strip()) for n in row["interconnect"].split(","))
+        scale = ScaleConfig(gpus=row["gpus"], gpus_per_node=row["gpus_per_node"],
+                            strategy=row.get("strategy") or "ddp", decode=row["decode"],
+                            data_cores_per_gpu=row["data_cores_per_gpu"],
+                            decode_img_per_s_per_core=row["decode_img_s_per_core"])
+        r = scale_out(analysis, params, scale, node, network)
+        measured_eff = (row["measured_per_gpu"] / row["measured_single"]
+                        if row["measured_single"] else None)
+        out.append({**row, "predicted_per_gpu": r["per_gpu_samples_per_s"],
+                    "per_gpu_ratio": r["per_gpu_samples_per_s"] / row["measured_per_gpu"],
+                    "predicted_efficiency": r["scaling_efficiency"],
+                    "measured_efficiency": measured_eff,
+                    "efficiency_ratio": (r["scaling_efficiency"] / measured_eff
+                                         if measured_eff else None),
+                    "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"]})
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    def stats(group, key):
+        values = [abs(r[key] - 1) for r in group if r[key] is not None]
+        return ({"rows": len(values), "median_abs_error": statistics.median(values),
+                 "max_abs_error": max(values)} if values else None)
+
+    clean = [r for r in rows if r["flag"] == "clean"]
+    return {"all": {"per_gpu": stats(rows, "per_gpu_ratio"),
+                    "efficiency": stats(rows, "efficiency_ratio")},
+            "clean": {"per_gpu": stats(clean, "per_gpu_ratio"),
+                      "efficiency": stats(clean, "efficiency_ratio")}}
+
+
+def main(argv: list[str]) -> int:
+    csv_path = Path(argv[0]) if argv else DEFAULT_CSV
+    out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
+    rows = predict(read_rows(csv_path))
+    print(f"{'id':26s} {'GPUs':>5s} {'meas/GPU':>9s} {'pred/GPU':>9s} {'ratio':>6s} "
+          f"{'meas eff':>8s} {'pred eff':>8s}  limit / flag")
+    for r in rows:
+        meas_eff = f"{r['measured_efficiency']:.1%}" if r["measured_efficiency"] else "-"
+        print(f"{r['id']:26s} {r['gpus']:5d} {r['measured_per_gpu']:9,.0f} "
+              f"{r['predicted_per_gpu']:9,.0f} {r['per_gpu_ratio']:6.2f} {meas_eff:>8s} "
+              f"{r['predicted_efficiency']:8.1%}  {r['limited_by']} / {r['flag']}")
+    summary = summarize(rows)
+    print(summary)
+    from dlperf.provenance import save_result
+
+    save_result(out_path, "validation-scaling",
+                {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
+                            else csv_path)}, {"rows": rows, "summary": summary})
+    print(f"Wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
