@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dlperf.errors import DlperfError
+
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
@@ -177,8 +179,6 @@ class ScaleConfig:
     decode_img_per_s_per_core: float | None = None
 
     def __post_init__(self):
-        from dlperf.errors import DlperfError
-
         if self.gpus < 1 or self.gpus_per_node < 1:
             raise DlperfError("--gpus and --gpus-per-node must be at least 1")
         if self.strategy not in STRATEGIES:
