@@ -260,3 +260,36 @@ def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     scored = json.loads(out.read_text())["results"]
     assert all(r["predicted_per_gpu"] > 0 and r["measured_efficiency"] for r in scored["rows"])
     assert scored["summary"]["clean"]["efficiency"]["rows"] >= 2
+
+
+def test_memory_per_gpu_under_ddp_and_fsdp():
+    from dlperf.analysis.scaling import memory_per_gpu
+
+    # one GPU: weights 4 GB, gradients 4 GB, optimizer state 4 GB (SGD momentum), activations
+    # 10 GB = 22 GB. Two modules of 3 GB and 1 GB of fp32 gradients.
+    memory = {"weights_bytes": 4e9, "gradients_bytes": 4e9, "optimizer_state_bytes": 4e9,
+              "activations_bytes": 10e9, "total_bytes": 22e9}
+    params = [("a.weight", int(3e9)), ("b.weight", int(1e9))]
+    # DDP on 8: everything, plus buckets holding a second copy of the 4 GB of gradients
+    assert memory_per_gpu(memory, params, "ddp", 8)["total_bytes"] == pytest.approx(26e9)
+    assert memory_per_gpu(memory, params, "ddp", 1)["total_bytes"] == pytest.approx(22e9)
+    # FSDP on 8: 12 GB of state / 8 = 1.5 GB, 10 GB of activations, 2 x the 3 GB module
+    fsdp = memory_per_gpu(memory, params, "fsdp", 8)
+    assert fsdp["total_bytes"] == pytest.approx(1.5e9 + 10e9 + 6e9)
+    assert memory_per_gpu(None, params, "fsdp", 8) is None
+
+
+def test_fsdp_gathers_bf16_parameters_and_reduces_fp32_gradients():
+    from dlperf.analysis.scaling import all_gather_s
+
+    analysis, params = _resnet18_on_h100()  # bf16 autocast, fp32 gradients
+    nvlink = PRESETS["nvlink4-h100"]
+    r = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp"), nvlink, PRESETS["ib-ndr"])
+    grads = sum(b for _, b in params)
+    # two all-gathers of the 2-byte parameters (half the fp32 gradient bytes), one fp32
+    # reduce-scatter, on one node's ring
+    expected = (2 * all_gather_s(grads / 2, 8, nvlink.bus_bandwidth, nvlink.latency_s)
+                + reduce_scatter_s(grads, 8, nvlink.bus_bandwidth, nvlink.latency_s))
+    assert r["communication"]["comm_s"] == pytest.approx(expected)
+    assert r["communication"]["all_gather_bytes"] == pytest.approx(2 * grads / 2 * 7 / 8)
+    assert r["memory_per_gpu"]["total_bytes"] < analysis.memory["total_bytes"]

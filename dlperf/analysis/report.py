@@ -139,7 +139,10 @@ def render_scaling(here: dict, curve: list[dict], node, network, console) -> Non
         f"{comm['strategy'].upper()}): {rate(here['per_gpu_samples_per_s'])} samples/s per GPU, "
         f"{rate(here['total_samples_per_s'])} in all, {here['scaling_efficiency']:.1%} of one "
         f"GPU; communication {seconds(comm.get('comm_s', 0.0))} per step, "
-        f"{seconds(here['exposed_comm_s'])} exposed; limited by {here['limited_by']}.")
+        f"{seconds(here['exposed_comm_s'])} exposed; limited by {here['limited_by']}"
+        + (f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}"
+           + (" [bold red](does not fit)[/]" if here["memory_per_gpu"].get("fits") is False
+              else "") if here.get("memory_per_gpu") else "") + ".")
     table = Table(title="Scaling, same per-GPU batch", title_justify="left", header_style="bold")
     for col in ("GPUs", "nodes", "per GPU/s", "total/s", "efficiency", "exposed comm", "limit"):
         table.add_column(col, justify="left" if col == "limit" else "right")

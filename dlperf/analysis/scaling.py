@@ -19,7 +19,8 @@ backward (NCCL's own kernels and copy engines); on a CPU they take the cores the
 needs, so they are all exposed.
 
 FSDP (full sharding): each layer's parameters are all-gathered in the forward and again in the
-backward, gradients reduce-scattered; with prefetch the traffic hides behind compute up to the
+backward (in the autocast dtype under bf16/fp16, as FSDP's mixed-precision policy does), and
+gradients reduce-scattered in fp32; with prefetch the traffic hides behind compute up to the
 compute time, and weights, gradients and optimizer state take 1/n of their memory per GPU.
 """
 
@@ -160,6 +161,28 @@ def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int) -> dict:
     return {"all_gather_bytes": 2 * param_bytes * share, "reduce_scatter_bytes": grad_bytes * share}
 
 
+def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy: str,
+                   gpus: int) -> dict | None:
+    """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
+    plus its gradient buckets (a second copy of the gradients, torch's default). FSDP: the
+    weights, gradients and optimizer state sharded 1/n, all the activations, plus the largest
+    module's parameters gathered whole (prefetch keeps the next one too: x 2)."""
+    if memory is None:
+        return None
+    grads = sum(b for _, b in params)
+    states = memory["weights_bytes"] + memory["gradients_bytes"] + memory["optimizer_state_bytes"]
+    if strategy == "ddp" or gpus == 1:
+        extra = grads if gpus > 1 else 0
+        return {"total_bytes": memory["total_bytes"] + extra, "ddp_bucket_bytes": extra}
+    modules: dict[str, int] = {}
+    for name, nbytes in params:
+        module = name.rpartition(".")[0]
+        modules[module] = modules.get(module, 0) + nbytes
+    gathered = 2 * max(modules.values(), default=0)
+    return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
+            "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
+
+
 STRATEGIES = ("ddp", "fsdp")
 DECODES = ("gpu", "cpu", "synthetic")
 
@@ -216,8 +239,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         comm.update(d, bucket_copy_s=copies, overlap=not on_cpu)
     else:  # FSDP: one flat ring at the slowest link; prefetch hides it behind the compute
         link = network if cfg.nodes > 1 else node
-        traffic = fsdp_traffic(grad_bytes, grad_bytes, cfg.gpus)
-        comm_s = (all_gather_s(grad_bytes, cfg.gpus, link.bus_bandwidth, link.latency_s) * 2
+        # mixed precision as torchtitan and FSDP's MixedPrecisionPolicy run it: parameters
+        # gathered in the autocast dtype (2 bytes), gradients reduced in fp32
+        param_bytes = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
+        traffic = fsdp_traffic(param_bytes, grad_bytes, cfg.gpus)
+        comm_s = (all_gather_s(param_bytes, cfg.gpus, link.bus_bandwidth, link.latency_s) * 2
                   + reduce_scatter_s(grad_bytes, cfg.gpus, link.bus_bandwidth, link.latency_s))
         exposed = max(0.0, comm_s - (tl.step_s - tl.optimizer_s))
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
@@ -234,7 +260,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     else:
         limit = "compute"
     single_rate = min(batch / single_s, host_rate)
+    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus)
+    if memory is not None and analysis.device.memory_bytes:
+        memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,
+            "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
             "step_s": batch / per_gpu, "single_gpu_step_s": single_s,
