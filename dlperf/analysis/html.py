@@ -21,6 +21,21 @@ def _log_scale(lo: float, hi: float, a: float, b: float):
     return f
 
 
+def _frame(fy, y_lo: float, y_hi: float) -> list[str]:
+    """An SVG plot's opening, its frame, and the y axis's decades (log scale ``fy``)."""
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" '
+           f'height="{H - PAD_T - PAD_B}" fill="none" stroke="#888"/>']
+    decade = y_lo
+    while decade <= y_hi * 1.001:
+        y = fy(decade)
+        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="#eee"/>'
+                   f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end">{si(decade)}</text>')
+        decade *= 10
+    return out
+
+
 def roofline_svg(analysis) -> str:
     spec = analysis.device
     preds = [p for p in analysis.predictions if p.cost.flops > 0 and p.cost.bytes > 0 and p.time_s]
@@ -37,21 +52,12 @@ def roofline_svg(analysis) -> str:
                                            top_peak / 1e6)))
     fx = _log_scale(x_lo, x_hi, PAD_L, W - PAD_R)
     fy = _log_scale(y_lo, y_hi, H - PAD_B, PAD_T)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           'font-family="sans-serif" font-size="11">',
-           f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" '
-           f'height="{H - PAD_T - PAD_B}" fill="none" stroke="#888"/>']
+    out = _frame(fy, y_lo, y_hi)
     decade = x_lo
     while decade <= x_hi * 1.001:
         x = fx(decade)
         out.append(f'<line x1="{x:.1f}" y1="{PAD_T}" x2="{x:.1f}" y2="{H - PAD_B}" stroke="#eee"/>'
                    f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{decade:g}</text>')
-        decade *= 10
-    decade = y_lo
-    while decade <= y_hi * 1.001:
-        y = fy(decade)
-        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end">{si(decade)}</text>')
         decade *= 10
     out.append(f'<text x="{(W + PAD_L) / 2}" y="{H - 12}" text-anchor="middle">arithmetic '
                'intensity (FLOP/byte)</text>'
@@ -88,18 +94,9 @@ def scaling_svg(curve: list[dict]) -> str:
     y_lo = 10 ** math.floor(math.log10(min(total)))
     y_hi = 10 ** math.ceil(math.log10(max(ideal)))
     fy = _log_scale(y_lo, y_hi, H - PAD_B, PAD_T)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           'font-family="sans-serif" font-size="11">',
-           f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" '
-           f'height="{H - PAD_T - PAD_B}" fill="none" stroke="#888"/>']
+    out = _frame(fy, y_lo, y_hi)
     for g in n:
         out.append(f'<text x="{fx(g):.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{g:,}</text>')
-    decade = y_lo
-    while decade <= y_hi * 1.001:
-        y = fy(decade)
-        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end">{si(decade)}</text>')
-        decade *= 10
     out.append('<polyline fill="none" stroke="#999" stroke-dasharray="4 3" points="'
                + " ".join(f"{fx(g):.1f},{fy(v):.1f}" for g, v in zip(n, ideal)) + '"/>')
     out.append('<polyline fill="none" stroke="#1f77b4" points="'
