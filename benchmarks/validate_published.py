@@ -44,10 +44,26 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def _before_sdpa(row: dict) -> bool:
+    """The source ran PyTorch 1.x, before F.scaled_dot_product_attention (2.0): timm's
+    attention was then q @ k^T, softmax and @ v as separate kernels with the scores in memory.
+    timm's published benchmark files name the version (``-pt112-``)."""
+    return "-pt1" in row["source"]
+
+
+def _unfuse_attention(model) -> None:
+    """timm's attention modules choose SDPA or the explicit path by their ``fused_attn``
+    attribute; set it as the source's timm had it."""
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+
+
 def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
     precision, layout, optimizer), shared by every device that row shape appears on."""
     from dlperf.analysis.api import AnalysisConfig, capture_costs
+    from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
 
     captures: dict[tuple, tuple] = {}
@@ -55,11 +71,18 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     out = []
     for row in rows:
         dtype, tf32, precision = PRECISIONS[row["precision"]]
-        key = (row["model"], row["image_size"], row["batch"], dtype, precision, row["layout"],
+        key = (row["model"], not _before_sdpa(row), row["image_size"], row["batch"], dtype, precision, row["layout"],
                row["optimizer"])
-        if row["model"] not in models:
-            models[row["model"]] = build_model(row["model"])
-        model, model_input = models[row["model"]]
+        fused = not _before_sdpa(row)
+        # a GPT preset is built for the row's sequence length (its learned positions)
+        gpt = gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS \
+            else None
+        if (row["model"], fused, gpt) not in models:
+            model, model_input = build_model(row["model"], gpt=gpt)
+            if not fused:
+                _unfuse_attention(model)
+            models[row["model"], fused, gpt] = model, model_input
+        model, model_input = models[row["model"], fused, gpt]
         tokens = model_input.kind == "tokens"  # image_size is then the sequence length
         cfg = AnalysisConfig(model=row["model"], dtype=dtype, tf32=tf32, train=True,
                              input_shape=(row["batch"], row["image_size"]) if tokens else

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT / "benchmarks/validation/published_scaling.csv"
 DEFAULT_OUT = ROOT / "benchmarks/results/validation-scaling.json"
-INTS = ("image_size", "batch", "gpus", "gpus_per_node")
+INTS = ("image_size", "batch", "gpus", "gpus_per_node", "grad_accum")
 FLOATS = ("data_cores_per_gpu", "decode_img_s_per_core", "measured_per_gpu", "measured_single")
 
 
@@ -34,7 +34,6 @@ def read_rows(path: Path) -> list[dict]:
             row[key] = int(row[key])
         for key in FLOATS:
             row[key] = float(row[key]) if row.get(key) else None
-        row.setdefault("strategy", "ddp")
     return rows
 
 
@@ -48,6 +47,7 @@ def predict(rows: list[dict]) -> list[dict]:
     from dlperf.analysis.scaling import ScaleConfig, scale_out
     from dlperf.hardware.interconnect import get_interconnect
     from dlperf.hardware.specs import get_device
+    from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
 
     single = [{**r, "optimizer": r.get("optimizer") or "sgd",
@@ -55,19 +55,24 @@ def predict(rows: list[dict]) -> list[dict]:
     out = []
     for row, (_, cfg, costs, uncounted, seconds) in zip(rows, vp.capture_rows(single)):
         analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds)
-        model, _ = build_model(row["model"])
+        gpt = (gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS
+               else None)
+        model, _ = build_model(row["model"], gpt=gpt)
         grad_bytes = 2 if cfg.precision == "half" else 4
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()]
         node, network = (get_interconnect(n.strip()) for n in row["interconnect"].split(","))
         scale = ScaleConfig(gpus=row["gpus"], gpus_per_node=row["gpus_per_node"],
-                            strategy=row.get("strategy") or "ddp", decode=row["decode"],
-                            data_cores_per_gpu=row["data_cores_per_gpu"],
+                            strategy=row["strategy"], grad_accum=row["grad_accum"],
+                            decode=row["decode"], data_cores_per_gpu=row["data_cores_per_gpu"],
                             decode_img_per_s_per_core=row["decode_img_s_per_core"])
         r = scale_out(analysis, params, scale, node, network)
+        # token models: the table gives tokens/s per GPU
+        per_sample = row["image_size"] if cfg.tokens else 1
+        predicted = r["per_gpu_samples_per_s"] * per_sample
         measured_eff = (row["measured_per_gpu"] / row["measured_single"]
                         if row["measured_single"] else None)
-        out.append({**row, "predicted_per_gpu": r["per_gpu_samples_per_s"],
-                    "per_gpu_ratio": r["per_gpu_samples_per_s"] / row["measured_per_gpu"],
+        out.append({**row, "predicted_per_gpu": predicted,
+                    "per_gpu_ratio": predicted / row["measured_per_gpu"],
                     "predicted_efficiency": r["scaling_efficiency"],
                     "measured_efficiency": measured_eff,
                     "efficiency_ratio": (r["scaling_efficiency"] / measured_eff

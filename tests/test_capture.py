@@ -156,3 +156,19 @@ def test_half_model_precision_has_no_casts_and_half_everything():
 
     with pytest.raises(DlperfError, match="needs --dtype fp16 or bf16"):
         dlperf.analyze(model, (32, 64), dtype="fp32", precision="half")
+
+
+def test_attention_output_is_laid_out_as_the_fused_kernels_write_it():
+    # flash and memory-efficient attention write O as B x T x H x D and return it transposed,
+    # so GPT's `y.transpose(1, 2).reshape(b, t, c)` is a view: no copy kernel in the forward
+    from dlperf.models.gpt import GPT, gpt_config
+
+    with torch.device("meta"):
+        model = GPT(gpt_config("gpt", layers=1, d_model=64, heads=4, vocab=128, seq_len=32))
+    x = torch.zeros(2, 32, dtype=torch.long, device="meta")
+    records = capture(model, (x,), train=True).records
+    forward_attn = [r for r in records if r.phase == "forward" and r.module == "blocks.0.attn"
+                    and r.region is None]
+    assert not [r for r in forward_attn if r.op in ("clone", "copy_", "_to_copy")], \
+        [r.op for r in forward_attn]
+    assert [r for r in records if r.region is not None and r.phase == "forward"]

@@ -127,6 +127,29 @@ def test_gpt_analysis(capsys):
     assert "attention_backward" in out and "tokens/s" in out
 
 
+def test_gpt_presets_are_the_published_models_to_the_parameter(capsys):
+    from dlperf.models.gpt import GPT, PRESETS, gpt_config
+
+    def count(cfg):
+        with torch.device("meta"):
+            return sum(p.numel() for p in GPT(cfg).parameters())
+
+    # GPT-2 small: 124,439,808 parameters (the released checkpoint, tied head); MPT: the
+    # NumParams column of llm-foundry's throughput tables at 2,048 tokens, e.g. 7b:
+    # 50,368 x 4,096 + 2,048 x 4,096 + 32 x (12 x 4,096^2 + 13 x 4,096) + 2 x 4,096
+    assert count(PRESETS["gpt2"]) == 124_439_808
+    assert count(PRESETS["mpt-7b"]) == 6_658_859_008
+    assert count(PRESETS["mpt-125m"]) == 125_311_488 and count(PRESETS["mpt-70b"]) == 64_862_437_376
+    # at 4,096 tokens the learned positions grow by 2,048 x 4,096 (the table: 6,667,247,616)
+    assert count(gpt_config("mpt-7b", seq_len=4096)) == 6_667_247_616
+    # on the command line a flag overrides the preset's value and nothing else
+    code, out, err = _run(["analyze", "mpt-125m", "--layers", "2", "--seq-len", "256",
+                           "--batch-size", "2", "--train", "--top", "500"], capsys)
+    assert code == 0, err
+    assert "blocks.1." in out and "blocks.2." not in out
+    assert "50368" in out or "50,368" in out  # the preset's vocabulary in the head's GEMM
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["analyze", "resnet5"], "unknown model 'resnet5' (did you mean: resnet50"),
     (["analyze", "resnet50", "--device", "h10-sxm"], "unknown device 'h10-sxm' (did you mean:"),
@@ -140,6 +163,9 @@ def test_gpt_analysis(capsys):
      "Expected more than 1 value per channel"),
     (["analyze", "resnet50", "--device", "v100-sxm2", "--dtype", "bf16"], "has no bf16 math"),
     (["analyze", "gpt", "--d-model", "100", "--heads", "3"], "divisible by heads"),
+    (["analyze", "mpt-7b", "--heads", "7"], "divisible by heads"),
+    (["analyze", "resnet50", "--layers", "3"], "--layers: only for gpt and its presets"),
+    (["analyze", "mpt-8b"], "unknown model 'mpt-8b' (did you mean: mpt-7b"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(argv, needle, capsys):

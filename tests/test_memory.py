@@ -93,3 +93,27 @@ def test_batch_that_fits_is_suggested_when_only_activations_overflow():
                                          (0.0, "0")])
 def test_rates_keep_their_digits(value, text):
     assert rate(value) == text
+
+
+def test_attention_saves_what_the_fused_kernel_saves():
+    # On meta tensors scaled_dot_product_attention takes the math path, which saves the
+    # B x H x T x T probabilities; the CPU's (and CUDA's) fused kernels save q, k, v, the output
+    # and the fp32 log-sum-exp. The reference is autograd on real CPU tensors, which run the
+    # CPU flash kernel: per layer here q/k/v share the qkv output (2 x 128 x 192 x 4 B), the
+    # output 2 x 128 x 64 x 4 B, the log-sum-exp 2 x 4 x 128 x 4 B.
+    from dlperf.models.gpt import GPT, gpt_config
+
+    cfg = gpt_config("gpt", layers=2, d_model=64, heads=4, vocab=256, seq_len=128)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    a = dlperf.analyze(model, (2, 128), device="a100-80gb", dtype="fp32", optimizer="sgd",
+                       input_dtype=torch.int64)
+    real = _saved_bytes_on_real_tensors(model, torch.randint(0, 256, (2, 128)))
+    assert a.memory_report()["activations_bytes"] == real
+    # what the capture counted before: the math path, which keeps the probabilities
+    # (2 x 4 x 128 x 128 x 4 B = 524,288 B a layer) where the kernel keeps the log-sum-exp
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        math_path = _saved_bytes_on_real_tensors(model, torch.randint(0, 256, (2, 128)))
+    assert math_path - real >= 2 * (524_288 - 4_096)

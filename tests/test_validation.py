@@ -93,3 +93,19 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
             <= res["summary_constants_0.8_0.85_two_pass"]["clean"]["median_abs_error"])
     for name, (lo, hi) in fit.BOUNDS.items():
         assert lo <= res["parameters"][name] <= hi
+
+
+def test_rows_measured_before_pytorch_2_capture_attention_unfused():
+    # timm's benchmark files of PyTorch 1.12 predate F.scaled_dot_product_attention: their ViTs
+    # ran q @ k^T, a softmax and @ v as separate kernels, which the capture must see
+    pytest.importorskip("timm")
+    vp = _script()
+    rows = [r for r in vp.read_rows(CSV) if r["model"] == "timm:vit_small_patch16_224"]
+    old = next(r for r in rows if "-pt112-" in r["source"])
+    assert vp._before_sdpa(old)
+    assert not vp._before_sdpa({**old, "source": "lambda-deeplearning-benchmark"})
+    (_, _, costs, _, _), = vp.capture_rows([{**old, "batch": 2}])
+    ops = {c.op for c in costs}
+    assert "bmm" in ops and "_softmax" in ops and "attention" not in ops
+    (_, _, fused, _, _), = vp.capture_rows([{**old, "batch": 2, "source": "new"}])
+    assert "attention" in {c.op for c in fused}

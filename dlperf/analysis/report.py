@@ -138,7 +138,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console) -> Non
         + (f", then {network.display_name}" if here["nodes"] > 1 else "") + f"; "
         f"{comm['strategy'].upper()}): {rate(here['per_gpu_samples_per_s'])} samples/s per GPU, "
         f"{rate(here['total_samples_per_s'])} in all, {here['scaling_efficiency']:.1%} of one "
-        f"GPU; communication {seconds(comm.get('comm_s', 0.0))} per step, "
+        f"GPU; communication {seconds(comm.get('comm_s', 0.0))} per "
+        f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}, "
         f"{seconds(here['exposed_comm_s'])} exposed; limited by {here['limited_by']}"
         + (f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}"
            + (" [bold red](does not fit)[/]" if here["memory_per_gpu"].get("fits") is False

@@ -18,9 +18,10 @@ copies of the gradients into and out of the buckets. On a GPU the all-reduces ru
 backward (NCCL's own kernels and copy engines); on a CPU they take the cores the backward
 needs, so they are all exposed.
 
-FSDP (full sharding): each layer's parameters are all-gathered in the forward and again in the
-backward (in the autocast dtype under bf16/fp16, as FSDP's mixed-precision policy does), and
-gradients reduce-scattered in fp32; with prefetch the traffic hides behind compute up to the
+FSDP (full sharding): each wrapped unit's parameters are all-gathered in the forward and again
+in the backward (in the autocast dtype under bf16/fp16, as FSDP's mixed-precision policy does),
+and its gradients reduce-scattered in fp32, one collective per unit; across nodes each GPU's NIC
+carries only its node's 1/g share, as for the all-reduce; with prefetch the traffic hides behind compute up to the
 compute time, and weights, gradients and optimizer state take 1/n of their memory per GPU.
 """
 
@@ -69,6 +70,35 @@ def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network) -> 
                   tree_allreduce_s(share, nodes, network.bus_bandwidth, network.latency_s))
     inside = reduce_scatter_s(nbytes, g, node.bus_bandwidth, node.latency_s)
     return 2 * inside + between
+
+
+def sharded_collective_s(nbytes: float, gpus: int, gpus_per_node: int, node, network,
+                         calls: int = 1) -> float:
+    """All-gather (or reduce-scatter) of an ``nbytes`` buffer over ``gpus`` GPUs, split into
+    ``calls`` collectives of equal size (FSDP issues one per wrapped unit): inside one node a
+    ring over ``node``; across nodes NCCL's rings enter each node once per rail, so each GPU's
+    NIC carries only its node's 1/g share: a collective over the node (``node``) plus one of
+    the 1/g share between the nodes (``network``)."""
+    if gpus <= 1 or nbytes <= 0:
+        return 0.0
+    g = min(gpus, gpus_per_node)
+    nodes = math.ceil(gpus / g)
+    inside = reduce_scatter_s(nbytes / calls, g, node.bus_bandwidth, node.latency_s)
+    between = (reduce_scatter_s(nbytes / g / calls, nodes, network.bus_bandwidth,
+                                network.latency_s) if nodes > 1 else 0.0)
+    return calls * (inside + between)
+
+
+def fsdp_units(params: list[tuple[str, int]]) -> int:
+    """How many units FSDP wraps the model in, as per-block auto-wrapping does (torchtitan's
+    and Composer's transformer blocks, a ResNet's bottlenecks): one per indexed child of a
+    module list (``blocks.3``, ``layer1.0``), plus the root holding everything else."""
+    units = set()
+    for name, _ in params:
+        parts = name.split(".")
+        index = next((i for i, p in enumerate(parts[:-1]) if p.isdigit()), None)
+        units.add(".".join(parts[:index + 1]) if index is not None else "")
+    return max(len(units), 1)
 
 
 def ddp_buckets(params: list[tuple[str, int]], cap: int = DDP_BUCKET_BYTES,
@@ -200,10 +230,15 @@ class ScaleConfig:
     decode: str = "gpu"
     data_cores_per_gpu: float | None = None
     decode_img_per_s_per_core: float | None = None
+    # micro-batches per optimizer step: DDP all-reduces once per step (no_sync on the others),
+    # FSDP gathers and reduce-scatters on every micro-batch (its default; Composer's too)
+    grad_accum: int = 1
 
     def __post_init__(self):
         if self.gpus < 1 or self.gpus_per_node < 1:
             raise DlperfError("--gpus and --gpus-per-node must be at least 1")
+        if self.grad_accum < 1:
+            raise DlperfError("--grad-accum must be at least 1")
         if self.strategy not in STRATEGIES:
             raise DlperfError(f"--strategy {self.strategy!r}: choose ddp or fsdp")
         if self.decode not in DECODES:
@@ -225,30 +260,38 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     bytes)] in registration order."""
     tl = timeline(analysis.predictions)
     single_s = analysis.totals()["predicted_time_s"]
+    micro_s = single_s - tl.optimizer_s  # forward and backward of one micro-batch
+    accum = cfg.grad_accum
     grad_bytes = sum(b for _, b in params)
     comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
+    # FSDP (ZeRO-3) updates only this GPU's shard of the parameters; DDP updates all of them
+    optimizer_s = tl.optimizer_s / cfg.gpus if cfg.strategy == "fsdp" else tl.optimizer_s
     if cfg.gpus == 1:
         exposed = 0.0
+        optimizer_s = tl.optimizer_s
         comm.update(comm_s=0.0, exposed_s=0.0)
     elif cfg.strategy == "ddp":
         on_cpu = not analysis.device.tensor_cores
         d = ddp_exposed_s(tl, params, lambda b: allreduce_s(b, cfg.gpus, cfg.gpus_per_node,
                                                             node, network), overlap=not on_cpu)
         copies = ddp_copy_s(grad_bytes, analysis)
-        exposed = d["exposed_s"] + copies
+        exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
         comm.update(d, bucket_copy_s=copies, overlap=not on_cpu)
-    else:  # FSDP: one flat ring at the slowest link; prefetch hides it behind the compute
-        link = network if cfg.nodes > 1 else node
-        # mixed precision as torchtitan and FSDP's MixedPrecisionPolicy run it: parameters
-        # gathered in the autocast dtype (2 bytes), gradients reduced in fp32
+    else:  # FSDP: per unit, gathers in forward and backward, one reduce-scatter; prefetch
+        # hides them behind the compute. Mixed precision as torchtitan, Composer's DEFAULT and
+        # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
+        # (2 bytes), gradients reduced in fp32.
         param_bytes = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
         traffic = fsdp_traffic(param_bytes, grad_bytes, cfg.gpus)
-        comm_s = (all_gather_s(param_bytes, cfg.gpus, link.bus_bandwidth, link.latency_s) * 2
-                  + reduce_scatter_s(grad_bytes, cfg.gpus, link.bus_bandwidth, link.latency_s))
-        exposed = max(0.0, comm_s - (tl.step_s - tl.optimizer_s))
+        units = fsdp_units(params)
+        comm_s = sum(sharded_collective_s(b, cfg.gpus, cfg.gpus_per_node, node, network, units)
+                     for b in (param_bytes, param_bytes, grad_bytes))
+        traffic["units"] = units
+        exposed = accum * max(0.0, comm_s - micro_s)  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
-    step_s = single_s + exposed
-    batch = analysis.batch_size
+    comm["optimizer_s"] = optimizer_s
+    step_s = accum * micro_s + exposed + optimizer_s  # one optimizer step
+    batch = analysis.batch_size * accum
     gpu_rate = batch / step_s
     host_rate = (cfg.data_cores_per_gpu * cfg.decode_img_per_s_per_core
                  if cfg.decode == "cpu" else math.inf)
@@ -259,7 +302,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "communication"
     else:
         limit = "compute"
-    single_rate = min(batch / single_s, host_rate)
+    single_rate = min(batch / (accum * micro_s + tl.optimizer_s), host_rate)
     memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
@@ -267,7 +310,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
-            "step_s": batch / per_gpu, "single_gpu_step_s": single_s,
+            "step_s": batch / per_gpu, "single_gpu_step_s": accum * micro_s + tl.optimizer_s,
+            "grad_accum": accum,
             "exposed_comm_s": exposed, "input_bound": host_rate < gpu_rate,
             "host_img_per_s": None if math.isinf(host_rate) else host_rate,
             "limited_by": limit, "communication": comm}

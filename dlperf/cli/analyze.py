@@ -68,6 +68,9 @@ def add_parser(sub) -> None:
     s.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
                    help="data parallel: DDP (bucketed all-reduce overlapping the backward) or "
                         "FSDP (full sharding) [ddp]")
+    s.add_argument("--grad-accum", type=positive_int, default=1,
+                   help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
+                        "once per step, FSDP communicates on every micro-batch [1]")
     s.add_argument("--decode", choices=("gpu", "cpu", "synthetic"), default="gpu",
                    help="where JPEGs are decoded: on the GPU (DALI/nvJPEG), on host cores "
                         "(needs --data-cores and --decode-rate), or synthetic data [gpu]")
@@ -76,15 +79,35 @@ def add_parser(sub) -> None:
     s.add_argument("--decode-rate", type=float, default=None,
                    help="images/s one host core decodes and augments (with --decode cpu; "
                         "`dlperf bench data` measures it on a machine)")
-    g = a.add_argument_group("gpt (built-in GPT-style decoder)")
-    g.add_argument("--layers", type=positive_int, default=12, help="decoder blocks [12]")
-    g.add_argument("--d-model", type=positive_int, default=768,
-                   help="hidden size, a multiple of --heads [768]")
-    g.add_argument("--heads", type=positive_int, default=12, help="attention heads [12]")
-    g.add_argument("--vocab", type=positive_int, default=50257,
-                   help="vocabulary size (the LM head's width) [50257]")
-    g.add_argument("--seq-len", type=positive_int, default=1024,
-                   help="tokens per sequence (the input shape) [1024]")
+    g = a.add_argument_group("gpt and its presets (gpt2 .. gpt2-xl, mpt-125m .. mpt-70b): "
+                             "each flag overrides the preset's value")
+    g.add_argument("--layers", type=positive_int, default=None, help="decoder blocks [gpt: 12]")
+    g.add_argument("--d-model", type=positive_int, default=None,
+                   help="hidden size, a multiple of --heads [gpt: 768]")
+    g.add_argument("--heads", type=positive_int, default=None, help="attention heads [gpt: 12]")
+    g.add_argument("--vocab", type=positive_int, default=None,
+                   help="vocabulary size (the LM head's width) [gpt: 50257]")
+    g.add_argument("--seq-len", type=positive_int, default=None,
+                   help="tokens per sequence (the input shape) [gpt: 1024; mpt-*: 2048]")
+
+
+def _gpt_config(args):
+    """The GPT preset named by ``args.model`` with the --layers ... --seq-len flags applied;
+    None for other models (where those flags are an error, not silently ignored)."""
+    from dlperf.models.gpt import PRESETS, gpt_config
+
+    flags = {"layers": args.layers, "d_model": args.d_model, "heads": args.heads,
+             "vocab": args.vocab, "seq_len": args.seq_len}
+    if args.model not in PRESETS:
+        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
+        if given:
+            raise DlperfError(f"{', '.join(given)}: only for gpt and its presets "
+                              f"({', '.join(PRESETS)}), not {args.model!r}")
+        return None
+    try:
+        return gpt_config(args.model, **flags)
+    except ValueError as exc:
+        raise DlperfError(str(exc)) from None
 
 
 def run(args) -> int:
@@ -100,15 +123,7 @@ def run(args) -> int:
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
-    gpt = None
-    if args.model == "gpt":
-        from dlperf.models.gpt import GPTConfig
-
-        try:
-            gpt = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads,
-                            vocab=args.vocab, seq_len=args.seq_len)
-        except ValueError as exc:
-            raise DlperfError(str(exc)) from None
+    gpt = _gpt_config(args)
     specs = _specs(args, console)
     spec = specs[0]
     model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
@@ -174,7 +189,7 @@ def _scale_out(args, analysis, model, console) -> dict:
     node, network = (get_interconnect(n) for n in names[:2])
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       decode=args.decode, data_cores_per_gpu=args.data_cores,
-                      decode_img_per_s_per_core=args.decode_rate)
+                      decode_img_per_s_per_core=args.decode_rate, grad_accum=args.grad_accum)
     # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
     grad_bytes = 2 if analysis.config.precision == "half" else 4
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]

@@ -83,3 +83,42 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))  # [B, T, vocab] logits
+
+
+# Named configurations of published decoders that this module reproduces exactly (same
+# parameter count, same GEMM shapes), so their published training throughputs can be checked
+# against dlperf's predictions (benchmarks/validation/).
+# * gpt2 .. gpt2-xl: Radford et al. 2019, Table 2 (layers, d_model; heads as in the released
+#   checkpoints), vocabulary 50,257, 1,024 positions, biases, tied embeddings: 124 M for gpt2.
+# * mpt-125m .. mpt-70b: MosaicML llm-foundry, scripts/train/yamls/pretrain/mpt-*.yaml (d_model,
+#   n_heads, n_layers, expansion 4, vocabulary 50,368), as its throughput tables
+#   (scripts/train/benchmarking/README.md) ran them: with biases and learned positions, which
+#   is what makes this module's count equal the tables' NumParams to the parameter (e.g.
+#   6,658,859,008 for mpt-7b at 2,048 tokens).
+def _gpt2(layers, d_model, heads):
+    return GPTConfig(layers=layers, d_model=d_model, heads=heads, vocab=50257, seq_len=1024,
+                     bias=True)
+
+
+def _mpt(layers, d_model, heads):
+    return GPTConfig(layers=layers, d_model=d_model, heads=heads, vocab=50368, seq_len=2048,
+                     bias=True)
+
+
+PRESETS = {
+    "gpt": GPTConfig(),
+    "gpt2": _gpt2(12, 768, 12), "gpt2-medium": _gpt2(24, 1024, 16),
+    "gpt2-large": _gpt2(36, 1280, 20), "gpt2-xl": _gpt2(48, 1600, 25),
+    "mpt-125m": _mpt(12, 768, 12), "mpt-350m": _mpt(24, 1024, 16),
+    "mpt-760m": _mpt(24, 1536, 12), "mpt-1b": _mpt(24, 2048, 16),
+    "mpt-3b": _mpt(32, 2560, 20), "mpt-7b": _mpt(32, 4096, 32),
+    "mpt-13b": _mpt(40, 5120, 40), "mpt-30b": _mpt(48, 7168, 56),
+    "mpt-70b": _mpt(80, 8192, 64),
+}
+
+
+def gpt_config(name: str, **overrides) -> GPTConfig:
+    """The preset ``name`` with the given fields replaced (None: keep the preset's)."""
+    from dataclasses import replace
+
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})

@@ -3,7 +3,8 @@
 * torchvision names (``resnet50``, ``vit_b_16``, ``mobilenet_v3_large`` ...), built on the meta
   device so construction allocates nothing and skips weight initialisation;
 * ``path/to/file.py:factory`` where ``factory()`` returns an ``nn.Module``;
-* ``gpt`` (dlperf.models.gpt) with its GPTConfig;
+* ``gpt`` (dlperf.models.gpt) with its GPTConfig, and the published decoders it reproduces
+  (``gpt2`` .. ``gpt2-xl``, ``mpt-125m`` .. ``mpt-70b``: dlperf.models.gpt.PRESETS);
 * ``bert-base``, ``bert-large`` (dlperf.models.bert: SQuAD fine-tuning, sequence length 384);
 * ``resnext101_32x4d``, ``se_resnext101_32x4d`` (dlperf.models.convnets: NVIDIA's variants);
 * ``timm:NAME`` when timm is installed (an optional extra).
@@ -101,10 +102,12 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
     """
     if ":" in name and name.rpartition(":")[0].endswith(".py"):
         return _load_factory(name, real), ModelInput((3, 224, 224))
-    if name == "gpt":
-        from dlperf.models.gpt import GPT, GPTConfig
+    from dlperf.models.gpt import PRESETS
 
-        cfg = gpt or GPTConfig()
+    if name in PRESETS:
+        from dlperf.models.gpt import GPT
+
+        cfg = gpt or PRESETS[name]
         return _construct(lambda: GPT(cfg), real), ModelInput((cfg.seq_len,), torch.long, "tokens")
     if name.replace("_", "-") in ("bert-base", "bert-large"):
         from dlperf.models.bert import CONFIGS, BertForQuestionAnswering
@@ -131,10 +134,11 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
         return _construct(lambda: BUILDERS[name](**kwargs), real), ModelInput((3, 224, 224))
     names = torchvision_names()
     if name not in names:
-        raise DlperfError(f"unknown model {name!r}"
-                          f"{close_matches(name, names + ['gpt', 'bert-base', 'bert-large', *BUILDERS])}; "
-                          "use a torchvision name, timm:NAME, gpt, bert-base, bert-large, or "
-                          "path/to/file.py:factory")
+        known = [*names, *PRESETS, "bert-base", "bert-large", *BUILDERS]
+        raise DlperfError(f"unknown model {name!r}{close_matches(name, known)}; use a "
+                          f"torchvision name, timm:NAME, gpt or a GPT preset "
+                          f"({', '.join(p for p in PRESETS if p != 'gpt')}), bert-base, "
+                          "bert-large, or path/to/file.py:factory")
     import torchvision
 
     # weights=None and weights_backbone=None: never download anything (detection and
