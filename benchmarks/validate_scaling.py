@@ -81,23 +81,53 @@ def predict(rows: list[dict]) -> list[dict]:
     return out
 
 
+def add_relative_scaling(rows: list[dict]) -> None:
+    """Where a source published the same model on the same GPU at several GPU counts, the
+    per-GPU throughput of each row relative to the smallest count, measured and predicted: the
+    scale-out model's own error, free of the single-GPU prediction's (which cancels)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r["source"], r["model"], r["device"], r["image_size"], r["precision"])
+        groups.setdefault(key, []).append(r)
+    for group in groups.values():
+        base = min(group, key=lambda r: r["gpus"])
+        for r in group:
+            if r is base:
+                r["relative_measured"] = r["relative_predicted"] = r["relative_ratio"] = None
+                continue
+            r["relative_base"] = base["id"]
+            r["relative_measured"] = r["measured_per_gpu"] / base["measured_per_gpu"]
+            r["relative_predicted"] = r["predicted_per_gpu"] / base["predicted_per_gpu"]
+            r["relative_ratio"] = r["relative_predicted"] / r["relative_measured"]
+
+
 def summarize(rows: list[dict]) -> dict:
     def stats(group, key):
-        values = [abs(r[key] - 1) for r in group if r[key] is not None]
-        return ({"rows": len(values), "median_abs_error": statistics.median(values),
-                 "max_abs_error": max(values)} if values else None)
+        values = [r[key] for r in group if r.get(key) is not None]
+        return ({"rows": len(values),
+                 "median_abs_error": statistics.median(abs(v - 1) for v in values),
+                 "median_ratio": statistics.median(values),
+                 "max_abs_error": max(abs(v - 1) for v in values)} if values else None)
+
+    def block(group):
+        return {"per_gpu": stats(group, "per_gpu_ratio"),
+                "efficiency": stats(group, "efficiency_ratio"),
+                "relative_scaling": stats(group, "relative_ratio")}
 
     clean = [r for r in rows if r["flag"] == "clean"]
-    return {"all": {"per_gpu": stats(rows, "per_gpu_ratio"),
-                    "efficiency": stats(rows, "efficiency_ratio")},
-            "clean": {"per_gpu": stats(clean, "per_gpu_ratio"),
-                      "efficiency": stats(clean, "efficiency_ratio")}}
+    out = {"all": block(rows), "clean": block(clean)}
+    for strategy in sorted({r["strategy"] for r in rows}):
+        for device in sorted({r["device"] for r in rows if r["strategy"] == strategy}):
+            group = [r for r in rows if r["strategy"] == strategy and r["device"] == device]
+            out[f"{strategy} {device}"] = block(group)
+    return out
 
 
 def main(argv: list[str]) -> int:
     csv_path = Path(argv[0]) if argv else DEFAULT_CSV
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
     rows = predict(read_rows(csv_path))
+    add_relative_scaling(rows)
     print(f"{'id':26s} {'GPUs':>5s} {'meas/GPU':>9s} {'pred/GPU':>9s} {'ratio':>6s} "
           f"{'meas eff':>8s} {'pred eff':>8s}  limit / flag")
     for r in rows:
@@ -106,7 +136,11 @@ def main(argv: list[str]) -> int:
               f"{r['predicted_per_gpu']:9,.0f} {r['per_gpu_ratio']:6.2f} {meas_eff:>8s} "
               f"{r['predicted_efficiency']:8.1%}  {r['limited_by']} / {r['flag']}")
     summary = summarize(rows)
-    print(summary)
+    for name, block in summary.items():
+        parts = [f"{key} {v['rows']} rows: median |error| {v['median_abs_error']:.1%} "
+                 f"(pred/meas {v['median_ratio']:.2f}), worst {v['max_abs_error']:.1%}"
+                 for key, v in block.items() if v]
+        print(f"{name:22s} " + "; ".join(parts))
     from dlperf.provenance import save_result
 
     save_result(out_path, "validation-scaling",
