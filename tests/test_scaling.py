@@ -384,3 +384,23 @@ def test_grad_accumulation_and_sharded_optimizer_in_the_step():
     assert fsdp["step_s"] == pytest.approx(4 * (micro + per_micro) + tl.optimizer_s / 8)
     with pytest.raises(DlperfError, match="--grad-accum"):
         ScaleConfig(gpus=8, grad_accum=0)
+
+
+def test_comm_timer_measures_exposed_and_busy_time_from_bucket_marks():
+    from dlperf.train.commtime import CommTimer
+
+    timer = CommTimer(torch.device("cpu"))
+    assert timer.take() is None and timer.summary() == {}
+    # three buckets (host clock, seconds): ready/done at 0/10 ms, 5/20 ms, 30/32 ms. The last
+    # bucket is ready at 30 ms (the backward's end) and done at 32: 2 ms exposed. The network
+    # was busy 0-20 and 30-32: 22 ms.
+    timer.marks = [(0.0, 0.010, 100), (0.005, 0.020, 200), (0.030, 0.032, 50)]
+    got = timer.take()
+    assert got["comm_exposed_ms"] == pytest.approx(2.0)
+    assert got["comm_busy_ms"] == pytest.approx(22.0)
+    assert got["comm_buckets"] == 3 and got["comm_bytes"] == 350 and timer.marks == []
+    # a bucket finishing before the last one is ready exposes nothing
+    timer.marks = [(0.0, 0.001, 8), (0.004, 0.004, 8)]
+    assert timer.take()["comm_exposed_ms"] == 0.0
+    assert timer.summary() == {"comm_exposed_ms_median": pytest.approx(1.0),
+                               "comm_steps_measured": 2}

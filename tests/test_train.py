@@ -346,6 +346,20 @@ def test_one_process_and_two_process_gloo_agree(toy, tmp_path):
     assert len(s2["rng"]) == 2  # both ranks' RNG states were saved
     for key in w1:
         torch.testing.assert_close(w1[key], w2[key], rtol=1e-4, atol=1e-5, msg=key)
+    # issue #14: under DDP each logged step carries the measured communication: every
+    # gradient byte all-reduced once (fp32), the exposed part never more than the busy part
+    events = [json.loads(line) for line in (tmp_path / "two" / "log.jsonl").read_text()
+              .splitlines()]
+    steps = [e for e in events if e["kind"] == "step"]
+    grad_bytes = 4 * sum(w.numel() for k, w in w1.items() if w.is_floating_point()
+                         and "running_" not in k)
+    assert steps and all(e["comm_bytes"] == grad_bytes for e in steps), steps[:1]
+    assert all(0 <= e["comm_exposed_ms"] <= e["comm_busy_ms"] + 1e-6 for e in steps)
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["comm_steps_measured"] == len(steps) and summary["comm_exposed_ms_median"] >= 0
+    one_steps = [json.loads(line) for line in (tmp_path / "one" / "log.jsonl").read_text()
+                 .splitlines()]
+    assert not any("comm_bytes" in e for e in one_steps)  # one process: nothing to measure
 
 
 def test_bench_train_ladder_on_a_tiny_model(tmp_path, capsys):

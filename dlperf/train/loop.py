@@ -23,6 +23,7 @@ from dlperf.errors import DlperfError
 from dlperf.models.registry import build_classifier
 from dlperf.train import distributed as D
 from dlperf.train import speedups
+from dlperf.train.commtime import CommTimer
 from dlperf.train.console import Progress, Signals, draw_curves
 from dlperf.train.evaluate import evaluate
 from dlperf.train.graphs import graphed_step_for
@@ -96,6 +97,8 @@ class Trainer:
             ddp=ddp_model if info.enabled else None,
             agree=(lambda flag: D.any_rank_on_device(flag, info)) if info.enabled else None)
         self.graphed = graphed_step_for(parts, cfg, info.enabled)
+        # DDP's exposed all-reduce per step, measured (what `analyze --gpus` predicts)
+        self.comm = CommTimer(info.device).attach(ddp_model) if info.enabled else None
         self.state = RunState(cfg, info, out / "checkpoints", log, model=model,
                               optimizer=optimizer, scheduler=build_scheduler(
                                   optimizer, cfg, self.steps_per_epoch),
@@ -193,9 +196,13 @@ class Trainer:
         if state.step % cfg.log_every == 0:
             state.guard.check(state.step)  # deferred mode: counters read where we sync anyway
             last_loss = float(loss_sum)
+            comm = (self.comm.take() if self.comm is not None else None) or {}
             self.log.event("step", step=state.step, epoch=epoch, loss=last_loss, lr=lr_now,
                            grad_norm=float(grad_norm), img_per_s=self.tput.img_per_s,
-                           data_wait=self.tput.data_wait_share, skipped=state.guard.skipped)
+                           data_wait=self.tput.data_wait_share, skipped=state.guard.skipped,
+                           **comm)
+        elif self.comm is not None:
+            self.comm.discard()
         self.bar.advance(last_loss, lr_now, self.tput)
         if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
             state.save(reason="interval")
@@ -254,5 +261,6 @@ class Trainer:
                    "resumed_from": state.resumed_from, "data_source": source_kind(state.loader),
                    "eval": self.last_eval, "best_top1": state.best,
                    "time_to_target_s": self.time_to_target,
+                   **(self.comm.summary() if self.comm is not None else {}),
                    "wall_s": time.perf_counter() - self.run_start}
         return finish_summary(summary, cfg, self.info, self.image_size, self.out, self.log, mfu)
