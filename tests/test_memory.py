@@ -117,3 +117,65 @@ def test_attention_saves_what_the_fused_kernel_saves():
     with sdpa_kernel(SDPBackend.MATH):
         math_path = _saved_bytes_on_real_tensors(model, torch.randint(0, 256, (2, 128)))
     assert math_path - real >= 2 * (524_288 - 4_096)
+
+
+def _checkpointed_gpt():
+    from torch.utils.checkpoint import checkpoint
+
+    from dlperf.models.gpt import GPT, gpt_config
+
+    torch.manual_seed(0)
+    model = GPT(gpt_config("gpt", layers=2, d_model=64, heads=4, vocab=256, seq_len=128))
+
+    class Checkpointed(nn.Module):  # what a trainer's per-block checkpoint wrapping runs
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, idx):
+            m = self.inner
+            h = m.tok(idx) + m.pos(torch.arange(idx.shape[1]))
+            for block in m.blocks:
+                h = checkpoint(block, h, use_reentrant=False)
+            return m.head(m.ln_f(h))
+
+    return model, Checkpointed(model)
+
+
+def test_activation_checkpointing_recomputes_and_keeps_what_torch_checkpoint_does():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, checkpointed = _checkpointed_gpt()
+    x = torch.randint(0, 256, (2, 128))
+
+    def step_flops(m):
+        with FlopCounterMode(display=False) as fc:
+            m(x).float().sum().backward()
+        return fc.get_total_flops()
+
+    def analysis(ac):
+        return dlperf.analyze(model, (2, 128), device="a100-80gb", dtype="fp32", optimizer="none",
+                              input_dtype=torch.int64, activation_checkpointing=ac)
+
+    plain, ac = analysis(False), analysis(True)
+    gemm = [sum(p.cost.flops for p in a.predictions if p.cost.kind == "gemm") for a in (plain, ac)]
+    # torch's count of the matmuls, checkpoint replaying each block up to the last tensor its
+    # backward needs (the MLP's output projection is not replayed: 2 x 256 x 256 x 64 x 2
+    # FLOPs fewer than the whole blocks' forward)
+    assert gemm[1] - gemm[0] == step_flops(checkpointed) - step_flops(model) == 33_554_432
+    recompute = [i for i, p in enumerate(ac.predictions) if p.cost.phase == "recompute"]
+    assert recompute and {ac.predictions[i].cost.module.split(".")[1] for i in recompute} == {"0", "1"}
+    # each block's replay runs just before that block's backward
+    first_bwd_1 = next(i for i, p in enumerate(ac.predictions)
+                       if p.cost.phase in ("dgrad", "wgrad") and p.cost.module.startswith("blocks.1"))
+    assert ac.predictions[first_bwd_1 - 1].cost.phase == "recompute"
+    assert ac.predictions[first_bwd_1 - 1].cost.module.startswith("blocks.1")
+    # memory: what autograd saves with torch's checkpoint on real tensors (outside the blocks,
+    # and each block's input, 2 x 128 x 64 x 4 B), plus one block's own activations again
+    # during its backward (the blocks are alike: half of what the two save beyond their
+    # inputs without checkpointing)
+    kept = _saved_bytes_on_real_tensors(checkpointed, x)
+    inside = _saved_bytes_on_real_tensors(model, x) - kept
+    expected = kept + inside // 2
+    assert ac.memory_report()["activations_bytes"] == expected
+    assert expected < plain.memory_report()["activations_bytes"]

@@ -36,6 +36,9 @@ class AnalysisConfig:
     device: str = "h100-sxm"
     optimizer: str = "sgd"  # sgd | adamw | none: the parameter update counted in a train step
     tokens: bool = False  # integer token-id input [batch, seq_len]: report tokens/s too
+    # recompute each block's forward in the backward (torch.utils.checkpoint per block, as
+    # FSDP trainers wrap them): more math, activations only at block boundaries
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -238,8 +241,61 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     if config.train and config.optimizer != "none":
         costs.append(optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
                                     config.optimizer, element_bytes=2 if half else 4))
-    memory = memory_footprint(model, config, cap.saved_bytes, element_bytes=2 if half else 4)
+    activations = cap.saved_bytes
+    if config.train and config.activation_checkpointing:
+        blocks = {b for b in map(capture_mod.block_path, cap.module_types) if b}
+        if not blocks:
+            raise DlperfError(f"--activation-checkpointing: {config.model!r} has no blocks (the "
+                              "indexed children of a module list, e.g. blocks.0) to checkpoint")
+        costs = with_recompute(costs, blocks, cap.saved_outputs)
+        activations = checkpointed_activations(cap, blocks)
+    memory = memory_footprint(model, config, activations, element_bytes=2 if half else 4)
     return costs, uncounted, time.perf_counter() - start, memory
+
+
+def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int]) -> list:
+    """Full activation checkpointing per block: each block's forward kernels run again
+    (phase "recompute") just before the block's first backward kernel, as
+    torch.utils.checkpoint replays them when the backward reaches the block, and only up to
+    the last kernel whose output the backward needs (``saved_outputs``: record indices):
+    checkpoint stops there (early stop, torch's default), so e.g. a transformer block's last
+    projection is not recomputed."""
+    forward: dict[str, list] = {}
+    for c in costs:
+        block = capture_mod.block_path(c.module)
+        if c.phase == "forward" and block in blocks:
+            forward.setdefault(block, []).append(c)
+    replay = {}
+    for block, group in forward.items():
+        needed = [i for i, c in enumerate(group) if saved_outputs.intersection(c.records)]
+        replay[block] = [dataclasses.replace(c, phase="recompute")
+                         for c in group[:needed[-1] + 1]] if needed else []
+    out, done = [], set()
+    for c in costs:
+        block = capture_mod.block_path(c.module)
+        if c.phase in ("dgrad", "wgrad") and block in replay and block not in done:
+            out.extend(replay[block])
+            done.add(block)
+        out.append(c)
+    return out
+
+
+def checkpointed_activations(cap, blocks: set[str]) -> int:
+    """What a checkpointed step keeps: everything saved outside the blocks, each block's input
+    (checkpoint holds it), and during the backward one block's own activations again (the
+    largest, recomputed; its input, when the block saves it, is already counted)."""
+    inside: dict[str, int] = {}
+    outside = 0
+    for module, nbytes in cap.saved_by_module.items():
+        block = capture_mod.block_path(module)
+        if block in blocks:
+            inside[block] = inside.get(block, 0) + nbytes
+        else:
+            outside += nbytes
+    inputs = sum(cap.input_bytes.get(b, 0) for b in blocks)
+    replayed = max((n - cap.saved_sizes.get(cap.input_keys.get(b), 0) for b, n in inside.items()),
+                   default=0)
+    return outside + inputs + replayed
 
 
 # optimizer state per trainable parameter, in parameter elements (SGD: momentum; AdamW: two
@@ -311,7 +367,7 @@ def default_optimizer(tokens: bool) -> str:
 def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",
             train: bool = True, tf32: bool = False, channels_last: bool = False,
             input_dtype: torch.dtype | None = None, optimizer: str = "auto",
-            precision: str = "mixed") -> Analysis:
+            precision: str = "mixed", activation_checkpointing: bool = False) -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -319,6 +375,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     (torch.autocast in ``dtype``) or "half" (the model cast to ``dtype``, ``model.half()``).
     ``optimizer``: the update counted in a training step; "auto" is ``default_optimizer``
     (AdamW for token models, SGD otherwise), as `dlperf analyze` counts it.
+    ``activation_checkpointing``: recompute each block's forward in the backward.
     """
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -333,5 +390,6 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     cfg = AnalysisConfig(model=name, input_shape=tuple(example_input_shape), dtype=dtype,
                          tf32=tf32, train=train, channels_last=channels_last, device=spec.name,
                          optimizer=default_optimizer(tokens) if optimizer == "auto" else optimizer,
-                         precision=precision, tokens=tokens and len(example_input_shape) == 2)
+                         precision=precision, tokens=tokens and len(example_input_shape) == 2,
+                         activation_checkpointing=activation_checkpointing)
     return analyze_model(model, cfg, spec, input_dtype)

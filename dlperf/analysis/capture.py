@@ -122,6 +122,15 @@ class Capture:
     # Bytes autograd keeps from the forward for the backward (activations, masks, autocast's
     # weight copies), each storage once: the activation memory of a training step.
     saved_bytes: int = 0
+    # The same bytes by the module that saved them first, and the bytes of each module's first
+    # tensor input: what activation checkpointing keeps instead (api.checkpointed_activations).
+    saved_by_module: dict = field(default_factory=dict)
+    input_bytes: dict = field(default_factory=dict)
+    input_keys: dict = field(default_factory=dict)  # module -> storage key of that input
+    saved_sizes: dict = field(default_factory=dict)  # storage key -> bytes saved (no params)
+    # Forward records whose output autograd saved: where a checkpointed block's recompute can
+    # stop (torch.utils.checkpoint stops once the backward's tensors exist again)
+    saved_outputs: set = field(default_factory=set)
 
 
 def _meta(t: torch.Tensor) -> TensorMeta:
@@ -131,6 +140,15 @@ def _meta(t: torch.Tensor) -> TensorMeta:
         key = id(t)
     return TensorMeta(tuple(t.shape), DTYPE_NAMES.get(t.dtype, str(t.dtype)), tuple(t.stride()),
                       key)
+
+
+def block_path(module: str) -> str:
+    """The block a module path belongs to: the path up to its first index (``blocks.3`` for
+    ``blocks.3.attn.qkv``, ``layer1.0`` for ``layer1.0.conv1``), the unit activation
+    checkpointing and FSDP's per-block wrapping act on; "" outside any indexed child."""
+    parts = module.split(".")
+    index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    return ".".join(parts[:index + 1]) if index is not None else ""
 
 
 def _tensors(obj) -> list[torch.Tensor]:
@@ -160,6 +178,7 @@ class _State:
         # What autograd saves for the backward: storage (or tensor id) -> bytes; filled by the
         # capture's saved-tensor hook and, for fused regions, by ``save_fused``.
         self.saved: dict = {}
+        self.saved_owner: dict = {}  # key -> the module it was first saved in
         self.fused_saved: list[torch.Tensor] = []
         # Sorted (last sequence number created by a top-level torch call, module, region).
         self.seq_marks: list[int] = []
@@ -171,6 +190,7 @@ class _State:
         except (RuntimeError, NotImplementedError):  # tensors without storage
             key, size = id(t), t.numel() * t.element_size()
         self.saved[key] = max(self.saved.get(key, 0), size if nbytes is None else nbytes)
+        self.saved_owner.setdefault(key, self.stack[-1])
 
     def save_fused(self, info: dict, args, kwargs, out):
         """What a fused attention kernel keeps for its backward, in place of the math path's.
@@ -190,7 +210,9 @@ class _State:
                 # held like autograd holds what it saves: a freed storage's address (the key)
                 # would be reused by a later tensor and the two counted once
                 self.fused_saved.append(t)
-        self.saved[("logsumexp", id(out))] = math.prod(info["q"][:-1]) * 4  # B x H x Tq fp32
+        key = ("logsumexp", id(out))
+        self.saved[key] = math.prod(info["q"][:-1]) * 4  # B x H x Tq fp32
+        self.saved_owner.setdefault(key, self.stack[-1])
 
     def mark(self, outputs, module: str, region: str | None):
         seqs = [t.grad_fn._sequence_nr() for t in _tensors(outputs) if t.grad_fn is not None]
@@ -420,8 +442,12 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
         result.module_types[name] = type(mod).__name__
         result.param_shapes[name] = {tuple(p.shape) for p in mod.parameters(recurse=False)}
 
-        def pre(_m, _a, name=name):
+        def pre(_m, args, name=name):
             state.stack.append(name)
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None and name not in result.input_bytes:
+                result.input_bytes[name] = first.numel() * first.element_size()
+                result.input_keys[name] = _meta(first).key
 
         def post(_m, _a, _o):
             state.stack.pop()
@@ -444,6 +470,18 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     output = forward(*example_inputs)
                 result.saved_bytes = sum(v for k, v in state.saved.items() if k not in param_keys)
+                for k, v in state.saved.items():
+                    if k not in param_keys:
+                        owner = state.saved_owner.get(k, "")
+                        result.saved_by_module[owner] = result.saved_by_module.get(owner, 0) + v
+                        result.saved_sizes[k] = v
+                # (saved inside the record's own block: a block's output that the next block
+                # saves is that block's checkpointed input, not something to recompute)
+                result.saved_outputs = {
+                    r.index for r in result.records
+                    if any(o.key in state.saved and o.key not in param_keys
+                           and block_path(state.saved_owner[o.key]) == block_path(r.module)
+                           for o in r.outputs)}
                 if train:
                     state.stack.append("loss")
                     loss = (loss_fn or _default_loss)(output)

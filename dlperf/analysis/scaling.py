@@ -93,12 +93,9 @@ def fsdp_units(params: list[tuple[str, int]]) -> int:
     """How many units FSDP wraps the model in, as per-block auto-wrapping does (torchtitan's
     and Composer's transformer blocks, a ResNet's bottlenecks): one per indexed child of a
     module list (``blocks.3``, ``layer1.0``), plus the root holding everything else."""
-    units = set()
-    for name, _ in params:
-        parts = name.split(".")
-        index = next((i for i, p in enumerate(parts[:-1]) if p.isdigit()), None)
-        units.add(".".join(parts[:index + 1]) if index is not None else "")
-    return max(len(units), 1)
+    from dlperf.analysis.capture import block_path
+
+    return max(len({block_path(name.rpartition(".")[0]) for name, _ in params}), 1)
 
 
 def ddp_buckets(params: list[tuple[str, int]], cap: int = DDP_BUCKET_BYTES,

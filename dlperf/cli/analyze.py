@@ -32,6 +32,11 @@ def add_parser(sub) -> None:
                         "casts, softmax/norms in fp32); half = the model cast to the dtype "
                         "(model.half(): no casts, everything and the optimizer state in half) "
                         "[mixed]")
+    a.add_argument("--activation-checkpointing", action="store_true",
+                   help="with --train: recompute each block's forward in the backward "
+                        "(torch.utils.checkpoint per block, the indexed children of a module "
+                        "list such as blocks.0): more math, activations kept only at block "
+                        "boundaries")
     a.add_argument("--train", action="store_true",
                    help="also the loss and backward pass (dgrad and wgrad)")
     a.add_argument("--channels-last", action="store_true",
@@ -135,7 +140,8 @@ def run(args) -> int:
                          tf32=args.tf32, train=args.train, channels_last=args.channels_last,
                          device=spec.name, tokens=tokens and len(sample_shape) == 1,
                          optimizer=(default_optimizer(tokens) if args.optimizer == "auto"
-                                    else args.optimizer), precision=args.precision)
+                                    else args.optimizer), precision=args.precision,
+                         activation_checkpointing=args.activation_checkpointing)
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
