@@ -77,6 +77,9 @@ class Terms:
                 math_s.append(p.math_time_s)
                 # the table cannot tell FP32 convolutions from FP32 GEMMs: one fraction
                 cls = "cuda-core" if p.math_class == "cuda-core-conv" else p.math_class
+                # fused attention has its own fraction, fitted to the decoder rows of the
+                # scale-out table (fit_attention.py); this table's models have none
+                cls = "tensor-gemm" if cls == "attention" else cls
                 math_cls.append(MATH_CLASSES.index(cls) if cls in MATH_CLASSES else -1)
                 mem_s.append(p.memory_time_s)
                 dw.append(p.memory_class == "depthwise")

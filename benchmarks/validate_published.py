@@ -71,7 +71,8 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     out = []
     for row in rows:
         dtype, tf32, precision = PRECISIONS[row["precision"]]
-        key = (row["model"], not _before_sdpa(row), row["image_size"], row["batch"], dtype, precision, row["layout"],
+        checkpointing = bool(row.get("activation_checkpointing"))
+        key = (row["model"], not _before_sdpa(row), checkpointing, row["image_size"], row["batch"], dtype, precision, row["layout"],
                row["optimizer"])
         fused = not _before_sdpa(row)
         # a GPT preset is built for the row's sequence length (its learned positions)
@@ -88,7 +89,8 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              input_shape=(row["batch"], row["image_size"]) if tokens else
                              (row["batch"], 3, row["image_size"], row["image_size"]),
                              channels_last=row["layout"] == "nhwc", optimizer=row["optimizer"],
-                             device=row["device"], precision=precision, tokens=tokens)
+                             device=row["device"], precision=precision, tokens=tokens,
+                             activation_checkpointing=checkpointing)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
         out.append((row, cfg, *captures[key]))

@@ -34,19 +34,21 @@ def read_rows(path: Path) -> list[dict]:
             row[key] = int(row[key])
         for key in FLOATS:
             row[key] = float(row[key]) if row.get(key) else None
+        if row["activation_checkpointing"] not in ("true", "false"):
+            raise SystemExit(f"{path}: {row['id']}: activation_checkpointing must be true or "
+                             f"false, not {row['activation_checkpointing']!r}")
+        row["activation_checkpointing"] = row["activation_checkpointing"] == "true"
     return rows
 
 
-def predict(rows: list[dict]) -> list[dict]:
+def capture(rows: list[dict]) -> list[tuple]:
+    """(row, config, costs, uncounted, seconds, gradient params) per row: the expensive half,
+    done once (validate_published.capture_rows shares captures between rows)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import validate_published as vp
     finally:
         sys.path.pop(0)
-    from dlperf.analysis.api import predict_on
-    from dlperf.analysis.scaling import ScaleConfig, scale_out
-    from dlperf.hardware.interconnect import get_interconnect
-    from dlperf.hardware.specs import get_device
     from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
 
@@ -54,12 +56,26 @@ def predict(rows: list[dict]) -> list[dict]:
                "measured_img_s": r["measured_per_gpu"]} for r in rows]
     out = []
     for row, (_, cfg, costs, uncounted, seconds) in zip(rows, vp.capture_rows(single)):
-        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds)
         gpt = (gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS
                else None)
         model, _ = build_model(row["model"], gpt=gpt)
         grad_bytes = 2 if cfg.precision == "half" else 4
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()]
+        out.append((row, cfg, costs, uncounted, seconds, params))
+    return out
+
+
+def score(captured: list[tuple], efficiency=None) -> list[dict]:
+    """Each row with dlperf's scale-out prediction (``efficiency``: default, the shipped one)."""
+    from dlperf.analysis.api import predict_on
+    from dlperf.analysis.scaling import ScaleConfig, scale_out
+    from dlperf.hardware.interconnect import get_interconnect
+    from dlperf.hardware.specs import get_device
+
+    out = []
+    for row, cfg, costs, uncounted, seconds, params in captured:
+        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds,
+                              efficiency=efficiency)
         node, network = (get_interconnect(n.strip()) for n in row["interconnect"].split(","))
         scale = ScaleConfig(gpus=row["gpus"], gpus_per_node=row["gpus_per_node"],
                             strategy=row["strategy"], grad_accum=row["grad_accum"],
@@ -79,6 +95,10 @@ def predict(rows: list[dict]) -> list[dict]:
                                          if measured_eff else None),
                     "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"]})
     return out
+
+
+def predict(rows: list[dict]) -> list[dict]:
+    return score(capture(rows))
 
 
 def add_relative_scaling(rows: list[dict]) -> None:

@@ -55,7 +55,7 @@ class Prediction:
     launch_time_s: float
     transpose_time_s: float = 0.0  # NCHW <-> NHWC around a Tensor Core convolution
     # The efficiency model's classes this kernel's time used (hardware/efficiency.py)
-    # tensor-gemm | tensor-conv | grouped-conv | cuda-core | cuda-core-conv | none
+    # tensor-gemm | tensor-conv | grouped-conv | attention | cuda-core | cuda-core-conv | none
     math_class: str = "none"
     # stream | depthwise | reduction | reduction-backward | transcendental | window
     memory_class: str = "stream"
@@ -113,7 +113,8 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
             math_class = "cuda-core-conv" if is_conv else "cuda-core"
         else:
             math_class = ("grouped-conv" if is_conv and cost.groups > 1
-                          else "tensor-conv" if is_conv else "tensor-gemm")
+                          else "tensor-conv" if is_conv
+                          else "attention" if cost.kind == "fused" else "tensor-gemm")
         if cost.gemm is not None and cost.kind == "gemm":
             if on_tc:
                 miss = tuple(misaligned_dims(cost.align_dims or cost.gemm, unit,

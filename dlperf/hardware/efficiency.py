@@ -14,6 +14,10 @@ quantization of ``gemm.py``, which stays separate):
   filter/halo loads and the epilogue cost them more than a GEMM of the same M, N, K).
 * ``grouped_conv``: grouped convolutions wide enough for Tensor Cores (ResNeXt's 32 groups of
   4-32 channels); cuDNN runs them as many small GEMMs that never fill a tile pipeline.
+* ``attention``: fused attention kernels (flash attention: both matmuls, the online softmax
+  and, in the backward, five matmuls per tile) on Tensor Cores, which keep less of the peak
+  than a GEMM of the same FLOPs (the softmax's exp and rescaling between the matmuls, causal
+  tiles half empty). None: as ``tensor_gemm``.
 * ``cuda_core``: FP32 on the FMA pipes (FP32 GEMMs without TF32, depthwise convolutions).
 * ``cuda_core_conv``: convolutions on the same pipes (FP32 convolutions; every convolution on a
   CPU), when they reach a different share than GEMMs: a CPU's GEMMs (MKL/OpenBLAS sgemm) keep
@@ -88,6 +92,7 @@ class Efficiency:
     memory: float = 0.85
     sm_bytes_per_clock: float | None = None  # None: no SM term (the DRAM alone)
     cuda_core_conv: float | None = None  # None: as cuda_core
+    attention: float | None = None  # None: as tensor_gemm
     depthwise: float = 1.0
     reduction: float = 1.0
     reduction_backward: float = 1.0
@@ -110,6 +115,7 @@ class Efficiency:
     def math(self, math_class: str) -> float:
         return {"tensor-gemm": self.tensor_gemm, "tensor-conv": self.tensor_conv,
                 "grouped-conv": self.grouped_conv, "cuda-core": self.cuda_core,
+                "attention": self.tensor_gemm if self.attention is None else self.attention,
                 "cuda-core-conv": self.cuda_core if self.cuda_core_conv is None
                 else self.cuda_core_conv}.get(math_class, 1.0)
 
@@ -222,6 +228,7 @@ MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # Every parameter named in the table above, what a device file's "efficiency" may set.
 PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
+             "attention",
              "memory", "depthwise", "reduction", "reduction_backward", "transcendental",
              "window", "misaligned")
 
