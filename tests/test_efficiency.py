@@ -84,6 +84,26 @@ def test_kernel_classes_pick_their_parameters():
     assert (dw.math_class, dw.memory_class, dw.unit) == ("cuda-core", "depthwise", "fp32")
 
 
+def test_fused_attention_has_its_own_fraction_of_the_peak():
+    from dlperf.analysis.costs import attention_cost
+
+    spec = get_device("a100-80gb")
+    info = {"q": (8, 16, 2048, 64), "k": (8, 16, 2048, 64), "v": (8, 16, 2048, 64),
+            "dtype": "bf16", "causal": True, "mask": False}
+    cost = attention_cost(info, "forward", "blocks.0.attn", "Attention")
+    # 2 matmuls x 2 x (8 x 16) x 2048^2 x 64 FLOPs, half of them under the causal mask
+    assert cost.flops == 2 * 2 * 8 * 16 * 2048 * 2048 * 64 // 2
+    as_gemm = predict(cost, spec, efficiency=Efficiency(tensor_gemm=0.8))
+    own = predict(cost, spec, efficiency=Efficiency(tensor_gemm=0.8, attention=0.4))
+    assert as_gemm.math_class == own.math_class == "attention"
+    assert as_gemm.math_time_s == pytest.approx(cost.flops / (312e12 * 0.8))
+    assert own.math_time_s == pytest.approx(2 * as_gemm.math_time_s)
+    # a CPU has no Tensor Cores: the kernel is costed on its FP32 pipes as before
+    cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
+                     peak={"fp32": 1e11, "bf16": 1e11}, tensor_cores=False, measured=True)
+    assert predict(cost, cpu, efficiency=Efficiency(attention=0.1)).math_class == "cuda-core"
+
+
 def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
     # A CPU spec (no Tensor Cores) with every class at a different share of its 20 GB/s:
     # GELU streams 2e9 B at 0.5 x 20 GB/s = 0.2 s; the window pool at 0.25 -> 0.4 s; the layer

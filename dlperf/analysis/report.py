@@ -116,7 +116,8 @@ def _notes(analysis, console) -> None:
         console.print(
             f"[dim]Efficiency model ({eff.source or 'hardware/efficiency.py'}): GEMMs "
             f"{eff.tensor_gemm:.0%} and convolutions {eff.tensor_conv:.0%} of Tensor Core peak "
-            f"after tile/wave losses, FP32 {eff.cuda_core:.0%}; memory "
+            f"after tile/wave losses, fused attention "
+            f"{eff.math('attention'):.0%}, FP32 {eff.cuda_core:.0%}; memory "
             f"{eff.bandwidth(spec) / 1e9:,.0f} GB/s achieved of {spec.mem_bandwidth / 1e9:,.0f} "
             f"(depthwise {eff.depthwise:.0%} of that); {eff.launch_s * 1e6:.2g} us GPU and "
             f"{eff.host_s * 1e6:.2g} us CPU per kernel.[/]")
