@@ -299,3 +299,25 @@ def test_timm_models_forward_flops_agree_with_flop_counter(name):
         model = timm.create_model(name, pretrained=False).eval()
     x = torch.empty(2, 3, 224, 224, device="meta")
     assert _our_math_flops(model, x, train=False) == _flop_counter_total(model, x, train=False)
+
+
+def test_cross_entropy_over_a_vocabulary_moves_what_cuda_kernels_move():
+    # N = 1,024 tokens over C = 50,000 classes (fp32 log-probabilities, int64 targets). The
+    # log-softmax reads and writes N x C; the NLL forward gathers N values (ATen's
+    # nll_loss_forward kernel reads target[i] and input[i, target[i]] only); its backward
+    # zero-fills the N x C gradient and writes N values (two kernels).
+    class Head(nn.Module):
+        def forward(self, logits):
+            return nn.functional.cross_entropy(logits, torch.zeros(1024, dtype=torch.long,
+                                                                   device=logits.device))
+
+    x = torch.empty(1024, 50_000, device="meta", requires_grad=True)
+    cap = capture(Head(), (x,), train=True, loss_fn=lambda out: out)
+    costs, uncounted = all_costs(cap.records, cap.regions)
+    by_op = {c.op: c for c in costs}
+    n, c = 1024, 50_000
+    fwd, bwd = by_op["nll_loss_forward"], by_op["nll_loss_backward"]
+    assert fwd.bytes == n * 8 + n * 4 + 4 + 4  # targets, gathered values, loss, total weight
+    assert bwd.bytes == n * c * 4 + n * 8 + n * 4 and bwd.kernels == 2
+    assert by_op["_log_softmax"].bytes == 2 * n * c * 4
+    assert not uncounted
