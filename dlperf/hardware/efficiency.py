@@ -208,7 +208,7 @@ def memory_class_of(op: str) -> str:
 # module docstring and benchmarks/results/efficiency-fit.json for the held-out errors).
 FITTED = Efficiency(tensor_gemm=0.790, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.904,
                     memory=1.0, sm_bytes_per_clock=15.9, depthwise=0.35, launch_s=0.5e-6,
-                    host_s=10e-6, attention=0.34,
+                    host_s=10e-6, attention=0.337,
                     source="benchmarks/results/efficiency-fit.json, attention-fit.json")
 # Reading the fit (129 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
 # and FP32): the convolution classes sit at their bound of 1.0, i.e. after the tile model's own
@@ -222,15 +222,15 @@ FITTED = Efficiency(tensor_gemm=0.790, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # host_s instead, which is not fitted (no row is host-bound): 10 us is our estimate of an
 # eager PyTorch op's CPU cost (Python, dispatcher, autocast, cudaLaunchKernel) on a server CPU.
 
-# attention (0.34 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
+# attention (0.337 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
 # MPT decoders on 8 A100s at 512 to 65,536 tokens (the published table has no fused attention),
-# with everything else as above; each model size held out in turn gives 0.339-0.342, and the 58
-# rows' median error falls from 13.4% to 4.9% held out (those of 8,192 tokens and more, where
-# attention dominates, from 52% to 2.5%). As a GEMM (0.79) dlperf predicted a 65,536-token step
-# ~2x too fast. 0.34 is what flash attention reached in that stack (2023); the FlashAttention-2
-# paper (arXiv 2307.08691) reports 25-40% of the A100's peak for FlashAttention and 50-73%
-# (forward) for FlashAttention-2, so on a stack with FlashAttention-2 attention-heavy steps may
-# run faster than predicted: a device file's "efficiency": {"attention": ...} sets it.
+# with everything else as above; each model size held out in turn gives 0.335-0.339, and the 58
+# rows' median error falls from 13.1% to 4.6% held out (those of 8,192 tokens and more, where
+# attention dominates, from 53% to 2.5%). As a GEMM (0.79) dlperf predicted a 65,536-token step
+# ~2x too fast. 0.337 is what flash attention reached in that stack (2023); the
+# FlashAttention-2 paper (arXiv 2307.08691) reports 25-40% of the A100's peak for FlashAttention
+# and 50-73% (forward) for FlashAttention-2, so on a stack with FlashAttention-2 attention-heavy
+# steps may run faster than predicted: a device file's "efficiency": {"attention": ...} sets it.
 
 # A measured profile (dlperf probe) already holds achieved rates: nothing left to discount.
 MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,
