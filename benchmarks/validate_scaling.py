@@ -107,7 +107,8 @@ def add_relative_scaling(rows: list[dict]) -> None:
     scale-out model's own error, free of the single-GPU prediction's (which cancels)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        key = (r["source"], r["model"], r["device"], r["image_size"], r["precision"])
+        key = (r["source"], r["model"], r["device"], r["image_size"], r["precision"],
+               r["strategy"])
         groups.setdefault(key, []).append(r)
     for group in groups.values():
         base = min(group, key=lambda r: r["gpus"])

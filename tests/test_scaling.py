@@ -131,7 +131,7 @@ def test_scale_out_names_what_limits_each_scale():
 def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
     with pytest.raises(DlperfError, match="--data-cores"):
         ScaleConfig(gpus=8, decode="cpu")
-    with pytest.raises(DlperfError, match="ddp or fsdp"):
+    with pytest.raises(DlperfError, match="ddp, fsdp or fsdp-grad-op"):
         ScaleConfig(gpus=8, strategy="zero3")
     path = tmp_path / "my-ib.json"
     path.write_text(json.dumps({"name": "mine", "display_name": "my IB", "bus_bandwidth": 4e10,
@@ -275,7 +275,7 @@ def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     for row in rows:
         assert row["source"] in header, row["id"]
         assert row["measured_per_gpu"] > 0 and row["gpus"] > 1 and row["grad_accum"] >= 1
-        assert row["strategy"] in ("ddp", "fsdp") and get_device(row["device"])
+        assert row["strategy"] in ("ddp", "fsdp", "fsdp-grad-op") and get_device(row["device"])
         assert row["model"] in GPTS or not row["model"].startswith(("mpt", "gpt"))
         for name in row["interconnect"].split(","):
             get_interconnect(name.strip())
@@ -404,3 +404,29 @@ def test_comm_timer_measures_exposed_and_busy_time_from_bucket_marks():
     assert timer.take()["comm_exposed_ms"] == 0.0
     assert timer.summary() == {"comm_exposed_ms_median": pytest.approx(1.0),
                                "comm_steps_measured": 2}
+
+
+def test_shard_grad_op_gathers_once_and_keeps_the_parameters():
+    from dlperf.analysis.scaling import all_gather_s, memory_per_gpu
+
+    analysis, params = _resnet18_on_h100()  # bf16 autocast, fp32 gradients
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    full = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp"), node, net)
+    zero2 = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp-grad-op"), node, net)
+    grads = sum(b for _, b in params)
+    # one all-gather of the 2-byte parameters instead of two; the same reduce-scatter
+    assert zero2["communication"]["all_gather_bytes"] == pytest.approx(grads / 2 * 7 / 8)
+    assert full["communication"]["all_gather_bytes"] == pytest.approx(2 * grads / 2 * 7 / 8)
+    assert zero2["communication"]["reduce_scatter_bytes"] == full["communication"][
+        "reduce_scatter_bytes"]
+    gather = 9 * all_gather_s(grads / 2 / 9, 8, node.bus_bandwidth, node.latency_s)
+    assert full["communication"]["comm_s"] - zero2["communication"]["comm_s"] == pytest.approx(
+        gather)
+    # memory: the same shards, plus the whole model gathered in bf16 (not 2 x the largest
+    # module); the optimizer step on 1/8 of the parameters in both
+    memory = {"weights_bytes": 4e9, "gradients_bytes": 4e9, "optimizer_state_bytes": 8e9,
+              "activations_bytes": 10e9, "total_bytes": 26e9}
+    shards = [("a.weight", int(3e9)), ("b.weight", int(1e9))]
+    m = memory_per_gpu(memory, shards, "fsdp-grad-op", 8, gathered_bytes=2e9)
+    assert m["total_bytes"] == pytest.approx(16e9 / 8 + 10e9 + 2e9)
+    assert zero2["communication"]["optimizer_s"] == full["communication"]["optimizer_s"]

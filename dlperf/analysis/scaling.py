@@ -181,19 +181,23 @@ def ddp_copy_s(grad_bytes: float, analysis) -> float:
     return 4 * grad_bytes / bandwidth
 
 
-def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int) -> dict:
-    """Bytes each GPU sends per step under full sharding: the parameters all-gathered in the
-    forward and again in the backward, the gradients reduce-scattered."""
+def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int, gathers: int = 2) -> dict:
+    """Bytes each GPU sends per step under sharding: the parameters all-gathered in the
+    forward and again in the backward (``gathers`` = 2, full sharding; 1 for SHARD_GRAD_OP,
+    which keeps them from the forward to the backward), the gradients reduce-scattered."""
     share = (n - 1) / n if n > 1 else 0.0
-    return {"all_gather_bytes": 2 * param_bytes * share, "reduce_scatter_bytes": grad_bytes * share}
+    return {"all_gather_bytes": gathers * param_bytes * share,
+            "reduce_scatter_bytes": grad_bytes * share}
 
 
 def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy: str,
-                   gpus: int) -> dict | None:
+                   gpus: int, gathered_bytes: float | None = None) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default). FSDP: the
     weights, gradients and optimizer state sharded 1/n, all the activations, plus the largest
-    module's parameters gathered whole (prefetch keeps the next one too: x 2)."""
+    module's parameters gathered whole (prefetch keeps the next one too: x 2). FSDP's
+    SHARD_GRAD_OP (ZeRO-2): the same shards, but every parameter stays gathered from the
+    forward to the backward (``gathered_bytes``: the whole model in the gathered dtype)."""
     if memory is None:
         return None
     grads = sum(b for _, b in params)
@@ -201,6 +205,10 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     if strategy == "ddp" or gpus == 1:
         extra = grads if gpus > 1 else 0
         return {"total_bytes": memory["total_bytes"] + extra, "ddp_bucket_bytes": extra}
+    if strategy == "fsdp-grad-op":
+        gathered = gathered_bytes if gathered_bytes is not None else grads
+        return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
+                "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
     modules: dict[str, int] = {}
     for name, nbytes in params:
         module = name.rpartition(".")[0]
@@ -210,7 +218,9 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
             "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
 
 
-STRATEGIES = ("ddp", "fsdp")
+# fsdp: full sharding (ZeRO-3); fsdp-grad-op: FSDP's SHARD_GRAD_OP (ZeRO-2), parameters
+# gathered once in the forward and kept until the backward has used them
+STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op")
 DECODES = ("gpu", "cpu", "synthetic")
 
 
@@ -237,7 +247,7 @@ class ScaleConfig:
         if self.grad_accum < 1:
             raise DlperfError("--grad-accum must be at least 1")
         if self.strategy not in STRATEGIES:
-            raise DlperfError(f"--strategy {self.strategy!r}: choose ddp or fsdp")
+            raise DlperfError(f"--strategy {self.strategy!r}: choose ddp, fsdp or fsdp-grad-op")
         if self.decode not in DECODES:
             raise DlperfError(f"--decode {self.decode!r}: choose gpu, cpu or synthetic")
         if self.decode == "cpu" and not (self.data_cores_per_gpu and self.decode_img_per_s_per_core):
@@ -262,7 +272,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     grad_bytes = sum(b for _, b in params)
     comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
     # FSDP (ZeRO-3) updates only this GPU's shard of the parameters; DDP updates all of them
-    optimizer_s = tl.optimizer_s / cfg.gpus if cfg.strategy == "fsdp" else tl.optimizer_s
+    sharded = cfg.strategy != "ddp"
+    optimizer_s = tl.optimizer_s / cfg.gpus if sharded else tl.optimizer_s
     if cfg.gpus == 1:
         exposed = 0.0
         optimizer_s = tl.optimizer_s
@@ -279,10 +290,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
         # (2 bytes), gradients reduced in fp32.
         param_bytes = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
-        traffic = fsdp_traffic(param_bytes, grad_bytes, cfg.gpus)
+        gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
+        traffic = fsdp_traffic(param_bytes, grad_bytes, cfg.gpus, gathers)
         units = fsdp_units(params)
         comm_s = sum(sharded_collective_s(b, cfg.gpus, cfg.gpus_per_node, node, network, units)
-                     for b in (param_bytes, param_bytes, grad_bytes))
+                     for b in (*[param_bytes] * gathers, grad_bytes))
         traffic["units"] = units
         exposed = accum * max(0.0, comm_s - micro_s)  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
@@ -300,7 +312,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     else:
         limit = "compute"
     single_rate = min(batch / (accum * micro_s + tl.optimizer_s), host_rate)
-    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus)
+    gathered = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
+    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,

@@ -70,9 +70,10 @@ def add_parser(sub) -> None:
                    help="inside a node and between nodes (per GPU): presets from `dlperf "
                         "devices --interconnects`, or .json files [auto: the DGX/HGX system of "
                         "the --device preset]")
-    s.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
-                   help="data parallel: DDP (bucketed all-reduce overlapping the backward) or "
-                        "FSDP (full sharding) [ddp]")
+    s.add_argument("--strategy", choices=("ddp", "fsdp", "fsdp-grad-op"), default="ddp",
+                   help="data parallel: DDP (bucketed all-reduce overlapping the backward), "
+                        "FSDP (full sharding) or fsdp-grad-op (FSDP's SHARD_GRAD_OP, ZeRO-2: "
+                        "parameters gathered once per step) [ddp]")
     s.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
