@@ -13,8 +13,13 @@ The model runs on the ``meta`` device under two modes:
   module's parameters is weight-gradient work (wgrad), anything else is data-gradient work (dgrad).
   ``convolution_backward`` does both at once; costs.py splits it by its ``output_mask``.
 
-One module of ~420 lines: the dispatch mode, the autocast rules it applies by hand and the
-phase/module attribution all act on the same op stream in one pass.
+It also records what autograd saves for the backward (each storage once, by the module that
+saved it, fused regions as their kernels save), which the memory estimate and activation
+checkpointing read.
+
+One module of ~500 lines: the dispatch mode, the autocast rules it applies by hand, the
+phase/module attribution and the saved-tensor accounting all act on the same op stream in one
+pass.
 """
 
 from __future__ import annotations
