@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlperf.analysis.calibrate import nelder_mead
+from dlperf.analysis.calibrate import nelder_mead, squash
 from dlperf.hardware.efficiency import combine_bandwidth
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,12 +127,7 @@ class Terms:
 
 def _to_params(z: np.ndarray) -> dict:
     """Unbounded search vector -> bounded parameters (log-uniform sigmoid between bounds)."""
-    out = {}
-    for value, name in zip(z, NAMES):
-        lo, hi = BOUNDS[name]
-        out[name] = math.exp(math.log(lo) + (math.log(hi) - math.log(lo))
-                             / (1.0 + math.exp(-value)))
-    return out
+    return {name: squash(float(value), *BOUNDS[name]) for value, name in zip(z, NAMES)}
 
 
 def _from_params(params: dict) -> np.ndarray:

@@ -300,3 +300,12 @@ def test_ramp_slows_small_gemms_only():
         4096 / 4128 * 4096 / 4104 * 4096 / 4112)
     assert eff.ramp(GemmShape(32, 8, 16)) == pytest.approx(1 / 8)
     assert Efficiency().ramp(GemmShape(1, 1, 1)) == 1.0  # presets: no ramp
+
+
+def test_fit_coordinates_stay_in_bounds_at_any_distance():
+    # the simplex of a fit can wander far (CI once reached z < -709, where exp(-z) overflows)
+    from dlperf.analysis.calibrate import squash
+
+    assert squash(-1e4, 0.3, 1.0) == pytest.approx(0.3)
+    assert squash(1e4, 0.3, 1.0) == pytest.approx(1.0)
+    assert squash(0.0, 0.25, 1.0) == pytest.approx(0.5)  # the geometric middle

@@ -176,8 +176,11 @@ BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "gemm_m0": (1.0, 4096.0),
 CLASS_PARAMS = ("depthwise", "reduction", "reduction_backward", "transcendental", "window")
 
 
-def _squash(z, lo, hi):
-    return math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) / (1 + math.exp(-z)))
+def squash(z: float, lo: float, hi: float) -> float:
+    """An unbounded search coordinate -> a value in [lo, hi], log-uniformly (a sigmoid in log
+    space); stable for any z (a simplex can wander to |z| > 700, where exp overflows)."""
+    sigmoid = 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
+    return math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * sigmoid)
 
 
 def fit_kernels(rows: list[dict]) -> dict:
@@ -207,7 +210,7 @@ def fit_kernels(rows: list[dict]) -> dict:
 
     def params(z):
         p = {"conv": None, **{c: 1.0 for c in CLASS_PARAMS}}
-        p.update({k: _squash(v, *BOUNDS[k]) for k, v in zip(names, z)})
+        p.update({k: squash(v, *BOUNDS[k]) for k, v in zip(names, z)})
         return p
 
     def times(p):

@@ -21,8 +21,11 @@ needs, so they are all exposed.
 FSDP (full sharding): each wrapped unit's parameters are all-gathered in the forward and again
 in the backward (in the autocast dtype under bf16/fp16, as FSDP's mixed-precision policy does),
 and its gradients reduce-scattered in fp32, one collective per unit; across nodes each GPU's NIC
-carries only its node's 1/g share, as for the all-reduce; with prefetch the traffic hides behind compute up to the
-compute time, and weights, gradients and optimizer state take 1/n of their memory per GPU.
+carries only its node's 1/g share, as for the all-reduce; with prefetch the traffic hides
+behind compute up to the compute time; weights, gradients and optimizer state take 1/n of their
+memory per GPU, and the optimizer step updates 1/n of the parameters. SHARD_GRAD_OP (ZeRO-2)
+gathers once per micro-batch and keeps the parameters until the backward has used them. With
+gradient accumulation DDP all-reduces once per optimizer step, FSDP on every micro-batch.
 """
 
 from __future__ import annotations
@@ -271,9 +274,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     accum = cfg.grad_accum
     grad_bytes = sum(b for _, b in params)
     comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
-    # FSDP (ZeRO-3) updates only this GPU's shard of the parameters; DDP updates all of them
-    sharded = cfg.strategy != "ddp"
-    optimizer_s = tl.optimizer_s / cfg.gpus if sharded else tl.optimizer_s
+    # the parameters as FSDP gathers them: in the autocast dtype under bf16/fp16 (2 bytes)
+    gathered = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
+    # FSDP (either strategy) updates only this GPU's shard of the parameters; DDP all of them
+    optimizer_s = tl.optimizer_s / cfg.gpus if cfg.strategy != "ddp" else tl.optimizer_s
     if cfg.gpus == 1:
         exposed = 0.0
         optimizer_s = tl.optimizer_s
@@ -289,12 +293,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # hides them behind the compute. Mixed precision as torchtitan, Composer's DEFAULT and
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
         # (2 bytes), gradients reduced in fp32.
-        param_bytes = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
-        traffic = fsdp_traffic(param_bytes, grad_bytes, cfg.gpus, gathers)
+        traffic = fsdp_traffic(gathered, grad_bytes, cfg.gpus, gathers)
         units = fsdp_units(params)
         comm_s = sum(sharded_collective_s(b, cfg.gpus, cfg.gpus_per_node, node, network, units)
-                     for b in (*[param_bytes] * gathers, grad_bytes))
+                     for b in (*[gathered] * gathers, grad_bytes))
         traffic["units"] = units
         exposed = accum * max(0.0, comm_s - micro_s)  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
@@ -312,7 +315,6 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     else:
         limit = "compute"
     single_rate = min(batch / (accum * micro_s + tl.optimizer_s), host_rate)
-    gathered = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
     memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
