@@ -185,31 +185,12 @@ def main(argv: list[str]) -> int:
 
 def _plot(rows: list[dict], path: Path) -> None:
     """Predicted vs measured, log-log, one colour per class; flagged rows hollow."""
-    import matplotlib
+    from dlperf.plots import predicted_vs_measured
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    classes = sorted({r["class"] for r in rows})
-    for i, cls in enumerate(classes):
-        for clean in (True, False):
-            pts = [r for r in rows if r["class"] == cls and (r["flag"] == "clean") == clean]
-            if pts:
-                ax.scatter([r["measured_img_s"] for r in pts], [r["predicted_img_s"] for r in pts],
-                           label=cls + ("" if clean else " (flagged)"), s=28,
-                           facecolors=f"C{i}" if clean else "none", edgecolors=f"C{i}")
-    lo = min(min(r["measured_img_s"], r["predicted_img_s"]) for r in rows) * 0.8
-    hi = max(max(r["measured_img_s"], r["predicted_img_s"]) for r in rows) * 1.25
-    for k, style in ((1.0, "-"), (1.15, ":"), (1 / 1.15, ":")):
-        ax.plot([lo, hi], [lo * k, hi * k], "k" + style, lw=0.8)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
-           xlabel="measured img/s (published)", ylabel="dlperf predicted img/s (datasheet)",
-           title="dlperf vs published single-GPU training (dotted: +-15%)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    predicted_vs_measured(path, [(r["class"], r["measured_img_s"], r["predicted_img_s"],
+                                  r["flag"] == "clean") for r in rows],
+                          "measured img/s (published)", "dlperf predicted img/s (datasheet)",
+                          "dlperf vs published single-GPU training (dotted: +-15%)")
 
 
 if __name__ == "__main__":

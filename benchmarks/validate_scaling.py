@@ -167,7 +167,16 @@ def main(argv: list[str]) -> int:
     save_result(out_path, "validation-scaling",
                 {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
                             else csv_path)}, {"rows": rows, "summary": summary})
-    print(f"Wrote {out_path}")
+    from dlperf.plots import predicted_vs_measured
+
+    picture = predicted_vs_measured(
+        out_path.with_suffix(".png"),
+        [(f"{r['strategy']} {r['device']}", r["measured_per_gpu"], r["predicted_per_gpu"],
+          r["flag"] == "clean") for r in rows],
+        "measured per GPU (published: img/s, or tokens/s for decoders)",
+        "dlperf predicted per GPU (datasheet)",
+        "dlperf vs published multi-GPU training (dotted: +-15%)")
+    print(f"Wrote {out_path}" + (f" and {picture}" if picture else ""))
     return 0
 
 

@@ -55,6 +55,35 @@ def bar_chart(path: str | Path, names: list[str], values: list[float], labels: l
     return Path(path)
 
 
+def predicted_vs_measured(path: str | Path, points: list[tuple[str, float, float, bool]],
+                          xlabel: str, ylabel: str, title: str, band: float = 0.15
+                          ) -> Path | None:
+    """The validation scatter: (group, measured, predicted, clean) points, log-log, one colour
+    per group, flagged points hollow, the identity line and +-``band`` dotted."""
+    plt = pyplot()
+    if plt is None or not points:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    for i, group in enumerate(sorted({p[0] for p in points})):
+        for clean in (True, False):
+            pts = [p for p in points if p[0] == group and p[3] == clean]
+            if pts:
+                ax.scatter([p[1] for p in pts], [p[2] for p in pts], s=28,
+                           label=group + ("" if clean else " (flagged)"),
+                           facecolors=f"C{i}" if clean else "none", edgecolors=f"C{i}")
+    lo = min(min(p[1], p[2]) for p in points) * 0.8
+    hi = max(max(p[1], p[2]) for p in points) * 1.25
+    for k, style in ((1.0, "-"), (1 + band, ":"), (1 / (1 + band), ":")):
+        ax.plot([lo, hi], [lo * k, hi * k], "k" + style, lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=xlabel,
+           ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return Path(path)
+
+
 def ladder_chart(result: dict, path: str | Path) -> Path | None:
     """`dlperf bench train`: img/s per rung, with the speed-up over the baseline and the MFU."""
     rungs = result["rungs"]

@@ -296,6 +296,7 @@ def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     mpt = [r for r in scored["rows"] if r["model"].startswith("mpt")]
     assert mpt and all(0.5 < r["per_gpu_ratio"] < 2 for r in mpt)
     assert all(r["measured_efficiency"] for r in scored["rows"] if r["measured_single"])
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"  # the scatter, drawn
 
 
 def test_memory_per_gpu_under_ddp_and_fsdp():
