@@ -166,6 +166,8 @@ def test_gpt_presets_are_the_published_models_to_the_parameter(capsys):
     (["analyze", "mpt-7b", "--heads", "7"], "divisible by heads"),
     (["analyze", "resnet50", "--layers", "3"], "--layers: only for gpt and its presets"),
     (["analyze", "mpt-8b"], "unknown model 'mpt-8b' (did you mean: mpt-7b"),
+    (["analyze", "gpt", "--activation-checkpointing"], "--activation-checkpointing needs --train"),
+    (["analyze", "gpt", "--train", "--grad-accum", "4"], "--grad-accum applies to the scale-out"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(argv, needle, capsys):

@@ -145,6 +145,12 @@ def run(args) -> int:
                          activation_checkpointing=args.activation_checkpointing)
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
+    if args.activation_checkpointing and not args.train:
+        raise DlperfError("--activation-checkpointing needs --train (it replays the forward in "
+                          "the backward)")
+    if args.grad_accum != 1 and args.gpus is None:
+        raise DlperfError("--grad-accum applies to the scale-out (--gpus N); one device's step "
+                          "is one micro-batch of --batch-size")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
