@@ -138,11 +138,18 @@ class Capture:
     saved_outputs: set = field(default_factory=set)
 
 
-def _meta(t: torch.Tensor) -> TensorMeta:
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """(identity, bytes) of the storage under ``t``: views of one tensor share it. Tensors
+    without storage (sparse, nested) stand for themselves."""
     try:
-        key = t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested)
-        key = id(t)
+        storage = t.untyped_storage()
+        return storage._cdata, storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return id(t), t.numel() * t.element_size()
+
+
+def _meta(t: torch.Tensor) -> TensorMeta:
+    key = _storage(t)[0]
     return TensorMeta(tuple(t.shape), DTYPE_NAMES.get(t.dtype, str(t.dtype)), tuple(t.stride()),
                       key)
 
@@ -189,12 +196,9 @@ class _State:
         self.seq_marks: list[int] = []
         self.seq_owner: list[tuple[str, str | None]] = []
 
-    def save(self, t: torch.Tensor, nbytes: int | None = None):
-        try:
-            key, size = t.untyped_storage()._cdata, t.untyped_storage().nbytes()
-        except (RuntimeError, NotImplementedError):  # tensors without storage
-            key, size = id(t), t.numel() * t.element_size()
-        self.saved[key] = max(self.saved.get(key, 0), size if nbytes is None else nbytes)
+    def save(self, t: torch.Tensor):
+        key, size = _storage(t)
+        self.saved[key] = max(self.saved.get(key, 0), size)
         self.saved_owner.setdefault(key, self.stack[-1])
 
     def save_fused(self, info: dict, args, kwargs, out):
