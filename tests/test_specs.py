@@ -38,13 +38,39 @@ def test_guide_alignment_rule_fields():
     ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A10", "a10"), ("Tesla T4", "t4"),
     ("NVIDIA L4", "l4"), ("NVIDIA L40S", "l40s"), ("Tesla V100-SXM2-32GB", "v100-sxm2"),
     ("NVIDIA B200", "b200"), ("NVIDIA GeForce RTX 3090", "rtx3090"),
+    ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA RTX 6000 Ada Generation", "rtx6000-ada"),
+    ("NVIDIA RTX A6000", "rtx-a6000"), ("Quadro RTX 8000", "quadro-rtx8000"),
+    ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"), ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
 ])
 def test_match_preset_by_cuda_name(gpu, preset):
     assert match_preset(gpu).name == preset
 
 
 def test_unknown_gpu_name_matches_nothing():
-    assert match_preset("NVIDIA GeForce RTX 4090") is None
+    assert match_preset("NVIDIA GeForce GTX 1080 Ti") is None
+    assert match_preset("Quadro RTX 6000") is None  # Turing, not the RTX 6000 Ada
+
+
+# Tensor Core FLOPs per SM per clock, dense, by architecture and accumulation (the whitepapers'
+# per-SM figures): Turing 8 Tensor Cores x 64 FMA = 1,024 FP16 FLOP; GA102 and AD102 4 x 128
+# FMA = 1,024 with FP16 accumulation, half that with FP32 accumulation on GeForce parts (and on
+# the L40-class RTX 6000 Ada); GA100 4 x 256 FMA = 2,048. FP32 lanes per SM: 64 (Turing, GA100)
+# or 128 (GA102, AD102), 2 FLOP per FMA. TF32 runs at half the FP16 rate of the same part.
+# Each preset's datasheet peaks must equal SMs x boost clock x these.
+@pytest.mark.parametrize("name,fp16_per_sm_clock,fp32_per_sm_clock", [
+    ("quadro-rtx8000", 1024, 128), ("rtx3090", 512, 256), ("rtx-a6000", 1024, 256),
+    ("a10", 1024, 256), ("rtx4090", 512, 256), ("rtx6000-ada", 512, 256),
+    ("a100-pcie-40gb", 2048, 128), ("a100-pcie-80gb", 2048, 128),
+])
+def test_tensor_peaks_follow_from_sms_and_clock(name, fp16_per_sm_clock, fp32_per_sm_clock):
+    s = PRESETS[name]
+    sm_clocks = s.sm_count * s.boost_clock_mhz * 1e6
+    assert s.peak["fp16"] == pytest.approx(sm_clocks * fp16_per_sm_clock, rel=0.01)
+    assert s.peak["fp32"] == pytest.approx(sm_clocks * fp32_per_sm_clock, rel=0.01)
+    if "tf32" in s.peak:
+        assert s.peak["tf32"] == pytest.approx(s.peak["fp16"] / 2, rel=0.01)
+    else:
+        assert name == "quadro-rtx8000"  # Turing: no TF32, FP32 training on CUDA cores
 
 
 def test_aliases_and_case():

@@ -132,6 +132,8 @@ def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None,
 _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+_L40 = "https://www.nvidia.com/en-us/data-center/l40/"
+_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
 
 # SM counts and boost clocks come from the architecture whitepapers (Volta, Turing, GA100, GA102,
 # AD102/AD104, GH100); peaks and bandwidth from each product's datasheet at `source`.
@@ -160,6 +162,50 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
                 "autocast's GEMMs use) runs at half the FP16-accumulate rate (142 TFLOP/s); "
                 "the whitepaper's table of RTX 3090 specifications gives both. timm's published "
                 "training benchmarks ran on this card."),
+    _spec("rtx4090", "NVIDIA GeForce RTX 4090", 128, 2520, 1008,
+          {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3,
+           "int8": 660.6},
+          {"tf32": 165.2, "fp16": 330.3, "bf16": 330.3, "fp8": 660.6, "int8": 1321.2},
+          l2_mb=72, mem_gb=24, source=_ADA,
+          notes="GeForce AD102: FP16/BF16 Tensor Core math with FP32 accumulation runs at half "
+                "the FP16-accumulate rate (330 TFLOP/s dense), as on the RTX 3090; the Ada "
+                "whitepaper's appendix gives both. 450 W board."),
+    _spec("rtx6000-ada", "NVIDIA RTX 6000 Ada Generation", 142, 2505, 960,
+          {"fp32": 91.1, "tf32": 91.1, "fp16": 182.1, "bf16": 182.1, "fp8": 364.2,
+           "int8": 364.2},
+          {"tf32": 182.1, "fp16": 364.2, "bf16": 364.2, "fp8": 728.5, "int8": 728.5},
+          l2_mb=96, mem_gb=48, source=_L40,
+          notes="Workstation twin of the L40 (142-SM AD102, 300 W): FP16/BF16 Tensor Core math "
+                "with FP32 accumulation, and TF32, at the rates of NVIDIA's L40 datasheet scaled "
+                "to this card's 2,505 MHz boost (L40: 181.05 and 90.5 TFLOP/s dense; FP8 and "
+                "INT8 362). The RTX 6000 Ada datasheet's 1,457 TFLOP/s is sparse FP8 with "
+                "FP16 accumulation, the L40S's rate class; Lambda's measurements side with the L40 figures (BERT "
+                "fine-tuning runs slower than on a GeForce RTX 4090, 165 TFLOP/s)."),
+    _spec("rtx-a6000", "NVIDIA RTX A6000", 84, 1800, 768,
+          {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8, "int8": 309.7},
+          {"tf32": 154.8, "fp16": 309.7, "bf16": 309.7, "int8": 619.4}, l2_mb=6, mem_gb=48,
+          source="https://www.nvidia.com/en-us/design-visualization/rtx-a6000/",
+          notes="Workstation GA102: FP32 accumulation at the full rate (the datasheet's "
+                "309.7 TFLOP/s is sparse FP16); TF32 at half the FP16 rate, as in the A40 "
+                "datasheet (the same 84-SM GA102 at 1,740 MHz: 149.7 FP16, 74.8 TF32). 300 W."),
+    _spec("quadro-rtx8000", "Quadro RTX 8000", 72, 1770, 672,
+          {"fp32": 16.3, "fp16": 130.5, "int8": 261.0}, l2_mb=6, mem_gb=48,
+          source="https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/"
+                 "technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf",
+          notes="Turing TU102 (the whitepaper's Quadro RTX 6000 column: the same GPU with "
+                "24 GB): FP16 Tensor Cores with FP32 accumulation at the full rate, no TF32 "
+                "or BF16, so FP32 training runs on the CUDA cores. 260 W."),
+    _spec("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB", 108, 1410, 1555,
+          {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
+          {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=40,
+          source=_A100,
+          notes="The SXM4 part's peaks and bandwidth at a 250 W board limit (SXM4: 400 W): "
+                "under sustained Tensor Core load its clock can fall below the 1,410 MHz "
+                "boost, which a datasheet preset does not know."),
+    _spec("a100-pcie-80gb", "NVIDIA A100 80GB PCIe", 108, 1410, 1935,
+          {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
+          {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=80,
+          source=_A100, notes="The SXM4 part's peaks at a 300 W board limit, 1,935 GB/s."),
     _spec("a100-40gb", "NVIDIA A100-SXM4-40GB", 108, 1410, 1555,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=40,
@@ -209,7 +255,8 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
 )}
 
 ALIASES = {"v100": "v100-sxm2", "a100": "a100-80gb", "h100": "h100-sxm", "h200-sxm": "h200",
-           "a100-sxm": "a100-80gb", "h100-sxm5": "h100-sxm"}
+           "a100-sxm": "a100-80gb", "h100-sxm5": "h100-sxm", "a100-pcie": "a100-pcie-80gb",
+           "a6000": "rtx-a6000", "rtx-8000": "quadro-rtx8000"}
 
 
 def _normalise(name: str) -> str:
@@ -258,9 +305,12 @@ def get_device(name_or_path: str) -> DeviceSpec:
 # (pattern on the CUDA device name, preset), most specific first: "A10" must not catch "A100".
 _NAME_PATTERNS = (
     (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"), (r"\bh200\b", "h200"),
-    (r"\bb200\b", "b200"), (r"\ba100\b.*80\s*gb", "a100-80gb"), (r"\ba100\b", "a100-40gb"),
-    (r"\brtx 3090\b", "rtx3090"), (r"\ba10\b", "a10"), (r"\bl40s\b", "l40s"), (r"\bl4\b", "l4"), (r"\bt4\b", "t4"),
-    (r"\bv100\b", "v100-sxm2"))
+    (r"\bb200\b", "b200"), (r"\ba100\b(?=.*\bpcie\b)(?=.*\b80\s*gb)", "a100-pcie-80gb"),
+    (r"\ba100\b(?=.*\bpcie\b)", "a100-pcie-40gb"), (r"\ba100\b.*80\s*gb", "a100-80gb"),
+    (r"\ba100\b", "a100-40gb"), (r"\brtx 3090\b", "rtx3090"), (r"\brtx 4090\b", "rtx4090"),
+    (r"\brtx 6000 ada\b", "rtx6000-ada"), (r"\brtx a6000\b", "rtx-a6000"),
+    (r"\bquadro rtx 8000\b", "quadro-rtx8000"), (r"\ba10\b", "a10"), (r"\bl40s\b", "l40s"),
+    (r"\bl4\b", "l4"), (r"\bt4\b", "t4"), (r"\bv100\b", "v100-sxm2"))
 
 
 def match_preset(device_name: str) -> DeviceSpec | None:
