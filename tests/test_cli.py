@@ -61,6 +61,28 @@ def test_html_report_is_self_contained(tmp_path, capsys):
     assert "What the guide says to do" in text
 
 
+def test_tf32_is_titled_only_where_the_device_has_it(tmp_path, capsys):
+    # --tf32 on a V100 or a Turing card changes nothing (torch's allow_tf32 has no TF32 units
+    # to use): the title says so instead of claiming TF32, and the convolutions are costed on
+    # the CUDA cores either way (the same time as without the flag).
+    times = {}
+    for device, tf32 in (("quadro-rtx8000", True), ("quadro-rtx8000", False),
+                         ("a100-80gb", True)):
+        flags = ["--tf32"] if tf32 else []
+        path = tmp_path / f"{device}-{tf32}.json"
+        code, out, err = _run(["analyze", "resnet18", "--device", device, "--batch-size", "8",
+                               "--dtype", "fp32", *flags, "--json", str(path)], capsys)
+        assert code == 0, err
+        times[device, tf32] = json.loads(path.read_text())["totals"]["predicted_time_s"]
+    assert times["quadro-rtx8000", True] == times["quadro-rtx8000", False]
+    code, out, _ = _run(["analyze", "resnet18", "--device", "quadro-rtx8000", "--batch-size",
+                         "8", "--dtype", "fp32", "--tf32"], capsys)
+    assert "fp32 (no TF32 on this device)" in out and "+tf32" not in out
+    code, out, _ = _run(["analyze", "resnet18", "--device", "a100-80gb", "--batch-size", "8",
+                         "--dtype", "fp32", "--tf32"], capsys)
+    assert "fp32 +tf32" in out
+
+
 @pytest.mark.parametrize("model, shape, dtype", [
     ("gpt", (8, 1024), torch.long),  # a token model: AdamW, 8 sequences
     ("resnet18", (256, 3, 224, 224), None),  # an image model: SGD, 256 images

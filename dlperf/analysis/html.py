@@ -8,6 +8,14 @@ import math
 
 from dlperf.units import seconds, si
 
+
+def dtype_label(cfg, spec) -> str:
+    """The math the step runs in, as the reports title it: '+tf32' only where the device has
+    TF32 (on a V100 or a Turing card torch's allow_tf32 changes nothing: FP32 on CUDA cores)."""
+    if not cfg.tf32:
+        return cfg.dtype
+    return f"{cfg.dtype} +tf32" if "tf32" in spec.peak else f"{cfg.dtype} (no TF32 on this device)"
+
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 760, 460, 70, 50, 20, 20
 COLORS = {"compute": "#1f77b4", "memory": "#d62728", "none": "#999999"}
 
@@ -140,8 +148,8 @@ def render_html(analysis, top: int = 50, scale_out: dict | None = None) -> str:
     uncounted = ", ".join(f"{esc(op)} x{n}" for op, n in sorted(analysis.uncounted.items()))
     rate = (f"{t['samples_per_s']:,.0f} samples/s"
             + (f" ({t['tokens_per_s']:,.0f} tokens/s)" if "tokens_per_s" in t else ""))
-    title = (f"dlperf analyze: {cfg.model}, batch {cfg.input_shape[0]}, {cfg.dtype}"
-             f"{' +tf32' if cfg.tf32 else ''}{', channels_last' if cfg.channels_last else ''}, "
+    title = (f"dlperf analyze: {cfg.model}, batch {cfg.input_shape[0]}, "
+             f"{dtype_label(cfg, spec)}{', channels_last' if cfg.channels_last else ''}, "
              f"{'train' if cfg.train else 'inference'} on {spec.display_name}")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{esc(title)}</title>

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dlperf.analysis.html import dtype_label
 from dlperf.units import gib, seconds, si
 
 
@@ -67,7 +68,7 @@ def _kernel_table(analysis, top: int, macs: bool) -> Table:
     work = "MACs" if macs else "FLOPs"
     scale = 0.5 if macs else 1.0
     table = Table(title=f"Top {top} kernels by predicted time: {cfg.model}, batch "
-                        f"{analysis.batch_size}, {cfg.dtype}{' +tf32' if cfg.tf32 else ''}"
+                        f"{analysis.batch_size}, {dtype_label(cfg, spec)}"
                         f"{' (half model)' if cfg.precision == 'half' else ''}, "
                         f"{'train' if cfg.train else 'inference'} on {spec.display_name}",
                   title_justify="left", header_style="bold")
