@@ -138,8 +138,22 @@ class Analysis:
             "uncounted": [{"op": op, "count": n} for op, n in sorted(self.uncounted.items())],
             "memory": self.memory_report(),
             "findings": [f.to_dict() for f in self.findings],
+            "track_record": self.track_record(),
             "capture_seconds": self.capture_seconds,
         }
+
+    def track_record(self) -> dict | None:
+        """dlperf's record against published measurements on this device and kind of workload
+        (hardware/track_record.py); None for a measured profile."""
+        from dlperf.hardware.track_record import describe, load, workload_class
+
+        line = describe(self.device, self.config)
+        if line is None:
+            return None
+        entry = load().get(self.device.name, {})
+        return {"text": line[0], "systematic": line[1], "device": entry.get("all"),
+                "workload_class": workload_class(self.config),
+                "workload": entry.get("classes", {}).get(workload_class(self.config))}
 
 
 def _meta_inputs(input_shape, input_dtype, channels_last: bool) -> tuple:

@@ -9,6 +9,18 @@ import math
 from dlperf.units import seconds, si
 
 
+def _record_html(analysis) -> str:
+    """dlperf's track record on this GPU (hardware/track_record.py), under the totals."""
+    from dlperf.hardware.track_record import describe
+
+    record = describe(analysis.device, analysis.config)
+    if not record:
+        return ""
+    text, warn = record
+    style = "background:#fff3cd;padding:4px" if warn else "color:#555"
+    return f'<p class="record" style="{style}">{html.escape(text)}</p>'
+
+
 def dtype_label(cfg, spec) -> str:
     """The math the step runs in, as the reports title it: '+tf32' only where the device has
     TF32 (on a V100 or a Turing card torch's allow_tf32 changes nothing: FP32 on CUDA cores)."""
@@ -166,6 +178,7 @@ td:first-child, td:nth-child(2), td:nth-child(3) {{ text-align: left; }}
 <span><b>{rate}</b></span><span>{si(t['flops'])}FLOP (2 per multiply-add)</span>
 <span>{si(t['bytes'], 'B')} moved</span><span>{t['kernels']} kernels</span>
 <span>memory-bound time {t['memory_bound_time_share']:.0%}</span></p>
+{_record_html(analysis)}
 <h3>Roofline</h3>
 <p>Each circle is one kernel (area ~ its share of the step; hover for the name); red is
 memory-bound, blue compute-bound by the guide's definition (intensity vs the ops:byte ratio).</p>

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dlperf.analysis.html import dtype_label
+from dlperf.hardware.track_record import describe as describe_record
 from dlperf.units import gib, seconds, si
 
 
@@ -46,6 +47,10 @@ def render(analysis, console: Console | None = None, top: int = 25, macs: bool =
         + f" at batch {analysis.batch_size}; "
         f"{si(totals['flops'] * scale)}{work} ({'MACs' if macs else '2 FLOPs per multiply-add'}), "
         f"{si(totals['bytes'], 'B')} moved, {totals['kernels']} kernels.")
+    record = describe_record(analysis.device, analysis.config)
+    if record:
+        text, warn = record
+        console.print(f"[yellow]{escape(text)}[/]" if warn else f"[dim]{escape(text)}[/]")
     phases = ", ".join(f"{k} {seconds(v)}" for k, v in totals["time_by_phase_s"].items())
     console.print(
         f"Time split: math-limited {seconds(totals['compute_time_s'])}, memory-limited "

@@ -39,8 +39,11 @@ def run(args) -> int:
     if args.json:
         import json
 
-        presets = [s.to_dict() for s in (interconnect.PRESETS if args.interconnects
-                                         else PRESETS).values()]
+        from dlperf.hardware.track_record import load
+
+        presets = ([s.to_dict() for s in interconnect.PRESETS.values()] if args.interconnects
+                   else [{**s.to_dict(), "track_record": load().get(s.name)}
+                         for s in PRESETS.values()])
         if args.json == "-":
             print(json.dumps(presets, indent=1))
         else:
@@ -53,17 +56,27 @@ def run(args) -> int:
 
     table = Table(title="Device presets (dense peaks; sparse figures are never used)",
                   title_justify="left", header_style="bold")
-    for col in ("name", "device", "SMs", "HBM GB/s", *(f"{u} TF/s" for u in MATH_UNITS),
-                "bf16/fp16 ops:B"):
+    from dlperf.hardware.track_record import SYSTEMATIC, load
+
+    for col in ("name", "device", "SMs", "DRAM GB/s", *(f"{u} TF/s" for u in MATH_UNITS),
+                "bf16/fp16 ops:B", "record"):
         table.add_column(col, justify="left" if col in ("name", "device") else "right")
     for spec in PRESETS.values():
         tc = spec.ops_per_byte("bf16") or spec.ops_per_byte("fp16")
+        # dlperf's record on published runs (hardware/track_record.py): runs, median pred/meas
+        rec = load().get(spec.name, {}).get("all")
+        record = "-" if not rec else f"{rec['rows']} runs, {rec['median']:.2f}x"
+        if rec and abs(rec["median"] - 1) > SYSTEMATIC:
+            record = f"[yellow]{record}[/]"
         table.add_row(spec.name, spec.display_name, str(spec.sm_count),
                       f"{spec.mem_bandwidth / 1e9:,.0f}",
-                      *(f"{spec.peak[u] / 1e12:,.1f}" if u in spec.peak else "-" for u in MATH_UNITS),
-                      f"{tc:.1f}" if tc else "-")
+                      *(f"{spec.peak[u] / 1e12:,.1f}" if u in spec.peak else "-"
+                        for u in MATH_UNITS),
+                      f"{tc:.1f}" if tc else "-", record)
     console = new_console()
     console.print(table)
     console.print("cpu: measured on this machine by `dlperf probe` (or `analyze --device cpu`). "
-                  "`dlperf devices --json` shows each preset's datasheet address (field source).")
+                  "`dlperf devices --json` shows each preset's datasheet address (field source). "
+                  "record: published training runs dlperf was checked against on that GPU and "
+                  "the median of predicted / measured throughput (benchmarks/README.md).")
     return 0

@@ -41,6 +41,10 @@ class DeviceSpec:
     tensor_cores: bool = True
     source: str = ""
     notes: str = ""
+    # What published measurements on this device say about dlperf's predictions for it, where
+    # they disagree systematically (benchmarks/README.md): printed with every prediction, so a
+    # number is never shown without what is known against it.
+    caveat: str = ""
     measured: bool = False  # True when the figures come from `dlperf probe`
     launch_overhead_s: float | None = None  # per-kernel fixed cost; None = roofline default
     # Overrides of the efficiency model's parameters for this device (hardware/efficiency.py):
@@ -80,6 +84,9 @@ class DeviceSpec:
                                   f"use one of {', '.join(MATH_UNITS)}")
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise DlperfError(f"{origin}: peak[{unit!r}] must be a positive FLOP/s number")
+        for key in ("display_name", "source", "notes", "caveat"):
+            if not isinstance(data.get(key, ""), str):
+                raise DlperfError(f"{origin}: {key} must be a string, got {data[key]!r}")
         if "fp32" not in peak:
             raise DlperfError(f"{origin}: peak has no 'fp32' entry; every device needs its FP32 "
                               "FLOP/s (what non-Tensor-Core math runs at)")
@@ -118,7 +125,7 @@ class DeviceSpec:
 
 
 def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None, mem_gb=None,
-          source="", notes="", tensor_cores=True) -> DeviceSpec:
+          source="", notes="", tensor_cores=True, caveat="") -> DeviceSpec:
     return DeviceSpec(
         name=name, display_name=display, sm_count=sms, boost_clock_mhz=clock,
         mem_bandwidth=bw_gbs * 1e9,
@@ -126,7 +133,7 @@ def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None,
         sparse_peak={k: v * T for k, v in (sparse_t or {}).items()},
         l2_bytes=int(l2_mb * 2**20) if l2_mb else None,
         memory_bytes=int(mem_gb * 2**30) if mem_gb else None,
-        source=source, notes=notes, tensor_cores=tensor_cores)
+        source=source, notes=notes, tensor_cores=tensor_cores, caveat=caveat)
 
 
 _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
@@ -134,6 +141,11 @@ _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pd
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+
+_POWER = ("Its board power ({w} W) is low for its silicon: under sustained Tensor Core load "
+          "its clock sits below the boost clock the datasheet peaks assume, so math-bound steps "
+          "run slower than predicted; for a number to bet on, run `dlperf probe` on the card and "
+          "pass --device PROFILE.json.")
 
 # SM counts and boost clocks come from the architecture whitepapers (Volta, Turing, GA100, GA102,
 # AD102/AD104, GH100); peaks and bandwidth from each product's datasheet at `source`.
@@ -147,12 +159,14 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           {"fp32": 8.1, "fp16": 65.0, "int8": 130.0}, l2_mb=4, mem_gb=16,
           source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
                  "t4-tensor-core-datasheet-951643.pdf",
-          notes="70 W part: sustained clocks are often below boost."),
+          notes="70 W part: sustained clocks are often below boost.",
+          caveat=_POWER.format(w=70)),
     _spec("a10", "NVIDIA A10", 72, 1695, 600,
           {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0, "int8": 250.0},
           {"tf32": 125.0, "fp16": 250.0, "bf16": 250.0, "int8": 500.0}, l2_mb=6, mem_gb=24,
           source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/"
-                 "datasheet-new/nvidia-a10-datasheet.pdf"),
+                 "datasheet-new/nvidia-a10-datasheet.pdf",
+          caveat=_POWER.format(w=150)),
     _spec("rtx3090", "NVIDIA GeForce RTX 3090", 82, 1695, 936,
           {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0, "int8": 284.0},
           {"tf32": 71.0, "fp16": 142.0, "bf16": 142.0, "int8": 568.0}, l2_mb=6, mem_gb=24,
@@ -179,29 +193,34 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
                 "with FP32 accumulation, and TF32, at the rates of NVIDIA's L40 datasheet scaled "
                 "to this card's 2,505 MHz boost (L40: 181.05 and 90.5 TFLOP/s dense; FP8 and "
                 "INT8 362). The RTX 6000 Ada datasheet's 1,457 TFLOP/s is sparse FP8 with "
-                "FP16 accumulation, the L40S's rate class; Lambda's measurements side with the L40 figures (BERT "
-                "fine-tuning runs slower than on a GeForce RTX 4090, 165 TFLOP/s)."),
+                "FP16 accumulation, the L40S's rate class; Lambda's measurements side with the "
+                "L40 figures (BERT fine-tuning runs slower than on a GeForce RTX 4090, 165 "
+                "TFLOP/s).",
+          caveat=_POWER.format(w=300)),
     _spec("rtx-a6000", "NVIDIA RTX A6000", 84, 1800, 768,
           {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8, "int8": 309.7},
           {"tf32": 154.8, "fp16": 309.7, "bf16": 309.7, "int8": 619.4}, l2_mb=6, mem_gb=48,
           source="https://www.nvidia.com/en-us/design-visualization/rtx-a6000/",
           notes="Workstation GA102: FP32 accumulation at the full rate (the datasheet's "
                 "309.7 TFLOP/s is sparse FP16); TF32 at half the FP16 rate, as in the A40 "
-                "datasheet (the same 84-SM GA102 at 1,740 MHz: 149.7 FP16, 74.8 TF32). 300 W."),
+                "datasheet (the same 84-SM GA102 at 1,740 MHz: 149.7 FP16, 74.8 TF32). 300 W.",
+          caveat=_POWER.format(w=300)),
     _spec("quadro-rtx8000", "Quadro RTX 8000", 72, 1770, 672,
           {"fp32": 16.3, "fp16": 130.5, "int8": 261.0}, l2_mb=6, mem_gb=48,
           source="https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/"
                  "technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf",
           notes="Turing TU102 (the whitepaper's Quadro RTX 6000 column: the same GPU with "
                 "24 GB): FP16 Tensor Cores with FP32 accumulation at the full rate, no TF32 "
-                "or BF16, so FP32 training runs on the CUDA cores. 260 W."),
+                "or BF16, so FP32 training runs on the CUDA cores. 260 W.",
+          caveat=_POWER.format(w=260)),
     _spec("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB", 108, 1410, 1555,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=40,
           source=_A100,
           notes="The SXM4 part's peaks and bandwidth at a 250 W board limit (SXM4: 400 W): "
                 "under sustained Tensor Core load its clock can fall below the 1,410 MHz "
-                "boost, which a datasheet preset does not know."),
+                "boost, which a datasheet preset does not know.",
+          caveat=_POWER.format(w=250)),
     _spec("a100-pcie-80gb", "NVIDIA A100 80GB PCIe", 108, 1410, 1935,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=80,
@@ -220,7 +239,8 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           {"tf32": 120.0, "fp16": 242.0, "bf16": 242.0, "fp8": 485.0, "int8": 485.0},
           l2_mb=48, mem_gb=24,
           source="https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet",
-          notes="72 W part: sustained clocks are often below boost."),
+          notes="72 W part: sustained clocks are often below boost.",
+          caveat=_POWER.format(w=72)),
     _spec("l40s", "NVIDIA L40S", 142, 2520, 864,
           {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05, "fp8": 733.0,
            "int8": 733.0},

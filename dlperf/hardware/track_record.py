@@ -1,0 +1,120 @@
+"""What published measurements say about dlperf's predictions on each GPU preset (issue #11).
+
+A prediction is only as good as its record on the hardware it is made for. dlperf is checked
+against published training throughputs (benchmarks/validation/*.csv, scored by
+benchmarks/validate_published.py and validate_scaling.py into benchmarks/results/); this module
+condenses those saved results per device, and per class of workload, into
+``track_record.json`` next to it (written by ``python benchmarks/track_record.py``), so every
+prediction on a preset is printed with how far dlperf's predictions on that GPU have landed
+from measurements: a user sees "RTX A6000: 6 runs, 0.83-1.15x, median 1.10x" beside the number,
+not only in a README. The numbers are never typed in by hand: a test rebuilds the file from the
+saved results and compares.
+
+A ratio is predicted / measured throughput (above 1: dlperf said faster than measured).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from functools import cache
+from pathlib import Path
+
+PATH = Path(__file__).with_name("track_record.json")
+# |median - 1| above this: the record is shown as a warning, not as a plain note
+SYSTEMATIC = 0.08
+
+# source id prefix -> publisher, as the record names them
+PUBLISHERS = (("dle-", "NVIDIA DeepLearningExamples"), ("nvidia-", "NVIDIA"),
+              ("lambda", "Lambda"), ("timm-", "timm"), ("skb-", "skb"),
+              ("llm-foundry", "MosaicML llm-foundry"))
+
+CLASS_NAMES = {"cnn-amp": "CNNs in mixed precision", "cnn-fp32-tf32": "CNNs in FP32/TF32",
+               "transformer-amp": "transformers in half precision",
+               "transformer-fp32-tf32": "transformers in FP32/TF32",
+               "decoder": "decoder LLMs (FSDP, per GPU)"}
+
+
+def publisher(source: str) -> str:
+    return next((name for prefix, name in PUBLISHERS if source.startswith(prefix)), source)
+
+
+def _summary(ratios: list[float], sources: set[str]) -> dict:
+    return {"rows": len(ratios), "median": round(statistics.median(ratios), 3),
+            "low": round(min(ratios), 3), "high": round(max(ratios), 3),
+            "publishers": sorted({publisher(s) for s in sources})}
+
+
+def build(published: list[dict], scaling: list[dict]) -> dict:
+    """The record per device from the rows of results/validation-published.json (single GPU:
+    ``ratio``) and results/validation-scaling.json (decoder LLM rows: ``per_gpu_ratio``); clean
+    rows only. {device: {"all": summary, "classes": {class: summary}}}."""
+    by_device: dict[str, dict[str, list[tuple[float, str]]]] = {}
+    for r in published:
+        if r.get("flag") == "clean":
+            by_device.setdefault(r["device"], {}).setdefault(r["class"], []).append(
+                (r["ratio"], r["source"]))
+    for r in scaling:
+        if r.get("flag") == "clean" and r["model"].startswith(("mpt-", "gpt")):
+            by_device.setdefault(r["device"], {}).setdefault("decoder", []).append(
+                (r["per_gpu_ratio"], r["source"]))
+    out = {}
+    for device, classes in sorted(by_device.items()):
+        single = [x for cls, xs in classes.items() if cls != "decoder" for x in xs]
+        entry = {"classes": {cls: _summary([x for x, _ in xs], {s for _, s in xs})
+                             for cls, xs in sorted(classes.items())}}
+        if single:
+            entry["all"] = _summary([x for x, _ in single], {s for _, s in single})
+        out[device] = entry
+    return out
+
+
+@cache
+def load() -> dict:
+    try:
+        return json.loads(PATH.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def workload_class(config) -> str:
+    """The class of published rows an analysis belongs to (AnalysisConfig)."""
+    if config.model.startswith(("gpt", "mpt-")):
+        return "decoder"
+    kind = "transformer" if config.tokens or "vit" in config.model or "swin" in config.model \
+        else "cnn"
+    return f"{kind}-{'amp' if config.dtype in ('fp16', 'bf16') else 'fp32-tf32'}"
+
+
+def _phrase(s: dict) -> str:
+    runs = "run" if s["rows"] == 1 else "runs"
+    spread = (f"{s['low']:.2f}x" if s["low"] == s["high"]
+              else f"{s['low']:.2f}-{s['high']:.2f}x, median {s['median']:.2f}x")
+    return f"{s['rows']} published {runs} ({', '.join(s['publishers'])}) predicted at {spread}"
+
+
+def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | None:
+    """One line on dlperf's record on ``spec`` for this kind of workload, and whether it is
+    systematic enough to warn about; None for measured profiles (``dlperf probe``: they are
+    this machine, not a preset)."""
+    if spec.measured:
+        return None
+    entry = (load() if record is None else record).get(spec.name)
+    if not entry:
+        text = (f"No published training run on {spec.display_name} has been checked against "
+                "dlperf yet: read this prediction as the datasheet's, unvalidated.")
+        return (text + (f" {spec.caveat}" if spec.caveat else ""), bool(spec.caveat))
+    cls = workload_class(config)
+    parts, warn = [], False
+    if "all" in entry:
+        parts.append(f"{_phrase(entry['all'])} the measured rate")
+        warn = abs(entry["all"]["median"] - 1) > SYSTEMATIC
+    if cls in entry["classes"]:
+        s = entry["classes"][cls]
+        parts.append(f"{CLASS_NAMES[cls]}: {s['rows']} "
+                     f"{'run' if s['rows'] == 1 else 'runs'}, median {s['median']:.2f}x")
+        warn = warn or (s["rows"] >= 3 and abs(s["median"] - 1) > SYSTEMATIC)
+    text = f"Track record on {spec.display_name}: " + "; ".join(parts) + "."
+    if spec.caveat:
+        text += f" {spec.caveat}"
+    return text, warn
