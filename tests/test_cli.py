@@ -272,8 +272,9 @@ def test_probe_writes_spec_that_analyze_accepts(tmp_path, capsys):
     assert {m["kind"] for m in data["measurements"]} >= {"matmul", "conv", "copy", "launch"}
     # --sweep fitted the efficiency model to this CPU from generic layers and stored it
     eff = spec["efficiency"]
-    assert set(eff) >= {"cuda_core", "cuda_core_conv", "memory", "depthwise", "reduction",
-                        "reduction_backward", "transcendental", "window", "launch_s", "gemm_m0"}
+    assert set(eff) >= {"cuda_core", "cuda_core_conv", "cuda_core_attention", "memory",
+                        "depthwise", "reduction", "reduction_backward", "transcendental",
+                        "window", "launch_s", "gemm_m0"}
     # fractions of the quick probe's peaks, inside the fit's bounds (a quick probe's matmul
     # peak can sit below what the sweep's larger layers reach, so up to 3x)
     assert 0 < eff["cuda_core"] <= 3.0 and 0 < eff["window"] <= 2.0

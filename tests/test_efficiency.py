@@ -98,10 +98,15 @@ def test_fused_attention_has_its_own_fraction_of_the_peak():
     assert as_gemm.math_class == own.math_class == "attention"
     assert as_gemm.math_time_s == pytest.approx(cost.flops / (312e12 * 0.8))
     assert own.math_time_s == pytest.approx(2 * as_gemm.math_time_s)
-    # a CPU has no Tensor Cores: the kernel is costed on its FP32 pipes as before
+    # a CPU has no Tensor Cores: the kernel runs on its FP32 pipes, with a fraction of its own
+    # that a sweep fits (cuda_core_attention); unfitted, as the other FP32 matmuls
     cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
                      peak={"fp32": 1e11, "bf16": 1e11}, tensor_cores=False, measured=True)
-    assert predict(cost, cpu, efficiency=Efficiency(attention=0.1)).math_class == "cuda-core"
+    plain = predict(cost, cpu, efficiency=Efficiency(cuda_core=0.8, attention=0.1))
+    fitted = predict(cost, cpu, efficiency=Efficiency(cuda_core=0.8, cuda_core_attention=0.2))
+    assert plain.math_class == fitted.math_class == "cuda-core-attention"
+    assert plain.math_time_s == pytest.approx(cost.flops / (1e11 * 0.8))
+    assert fitted.math_time_s == pytest.approx(4 * plain.math_time_s)
 
 
 def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
@@ -279,6 +284,31 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
     assert fitted["depthwise"] == 1.0 and "depthwise" not in fitted["fitted"]
 
 
+def test_sweep_fit_gives_fused_attention_its_own_share():
+    # GEMMs at 0.8 of the peak, fused attention at 0.3 (a CPU's flash kernel: blocked matmuls
+    # with the online softmax between them): both come back, and the overrides put attention's
+    # share on the class the device runs it on.
+    from dlperf.analysis.calibrate import fit_kernels, overrides_from_fit
+
+    rows = []
+    for attention, share in ((False, 0.8), (True, 0.3)):
+        for m, n, k in [(8192, 4096, 4096), (4096, 8192, 2048), (16384, 2048, 4096)]:
+            math_s = 2 * m * n * k / 1e11
+            rows.append(dict(math_s=math_s, memory_s=1e-6, kernels=1,
+                             gemm=None if attention else (m, n, k), attention=attention,
+                             measured_s=math_s / share + 5e-6))
+    fitted = fit_kernels(rows)
+    assert "attention" in fitted["fitted"]
+    assert fitted["math"] == pytest.approx(0.8, rel=0.05)
+    assert fitted["attention"] == pytest.approx(0.3, rel=0.05)
+    assert overrides_from_fit(fitted, tensor_cores=False)["cuda_core_attention"] == \
+        fitted["attention"]
+    assert overrides_from_fit(fitted, tensor_cores=True)["attention"] == fitted["attention"]
+    # no attention rows: not fitted, and it follows the GEMMs
+    plain = fit_kernels([r for r in rows if not r["attention"]])
+    assert "attention" not in plain["fitted"] and plain["attention"] == plain["math"]
+
+
 def test_sweep_has_every_class_in_quick_and_full_form():
     from dlperf.analysis.calibrate import cases
 
@@ -287,7 +317,7 @@ def test_sweep_has_every_class_in_quick_and_full_form():
     for group in (full, quick):
         names = " ".join(c.name for c in group)
         for word in ("conv", "linear", "depthwise", "bn", "residual", "pool", "layernorm",
-                     "softmax", "gelu"):
+                     "softmax", "gelu", "attention"):
             assert word in names
 
 

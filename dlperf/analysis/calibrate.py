@@ -3,7 +3,8 @@
 A probe measures peaks (the largest matmul, a copy); real layers reach less, and how much less
 depends on the kind of kernel and its shape. The sweep times a fixed set of generic layers
 (3x3, 1x1, strided and stem convolutions, linear layers of several shapes, depthwise
-convolutions, BN+ReLU, residual adds, pooling, LayerNorm, softmax, GELU and SiLU) through dlperf's own capture and cost rules (``analysis.measure``), so every kernel's
+convolutions, BN+ReLU, residual adds, pooling, LayerNorm, softmax, GELU, SiLU and fused
+attention) through dlperf's own capture and cost rules (``analysis.measure``), so every kernel's
 measured time lands on the same Cost the analyzer predicts, then fits the parameters of
 ``hardware.efficiency.Efficiency`` that these kernels exercise:
 
@@ -12,7 +13,8 @@ measured time lands on the same Cost the analyzer predicts, then fits the parame
 * the small-problem ramp of GEMM-shaped kernels (``gemm_m0``, ``gemm_n0``, ``gemm_k0``: the
   M, N, K at which a GEMM runs at half its large-problem rate),
 * the fraction of the probed peak the convolutions reach, when it differs from the GEMMs'
-  (``cuda_core_conv`` on a CPU, ``tensor_conv`` on a GPU),
+  (``cuda_core_conv`` on a CPU, ``tensor_conv`` on a GPU), and fused attention's
+  (``cuda_core_attention`` on a CPU, ``attention`` on a GPU),
 * the fraction of the probed copy bandwidth that streaming memory-bound kernels reach
   (``memory``), and the share of that each memory class reaches (``depthwise``,
   ``reduction``, ``reduction_backward``, ``transcendental``, ``window``; see
@@ -60,6 +62,20 @@ class _Scaled(nn.Module):
         return self.op(x * self.scale)
 
 
+class _Attention(nn.Module):
+    """Fused scaled-dot-product attention on x * scale as q, k and v: [batch, heads, T, head
+    dim] in, the same out; ``causal`` as a decoder's. The scale gives the step a backward."""
+
+    def __init__(self, heads: int, causal: bool):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((heads, 1, 1), 0.5))
+        self.causal = causal
+
+    def forward(self, x):
+        q = x * self.scale
+        return nn.functional.scaled_dot_product_attention(q, q, q, is_causal=self.causal)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -81,7 +97,7 @@ def cases(quick: bool = False) -> list[Case]:
     ``quick``), at least one for every class of the efficiency model: convolutions and GEMMs
     (the math and its small-problem ramp), depthwise convolutions, streaming elementwise
     kernels, reductions and their backward (norms, softmax, global pooling), transcendental
-    activations and window pooling."""
+    activations, window pooling and fused attention."""
     n = 4 if quick else 8
     out = [
         Case("conv3x3 64@56", _conv(64, 64, 3), (n, 64, 56, 56), quick=True),
@@ -120,6 +136,11 @@ def cases(quick: bool = False) -> list[Case]:
         Case("softmax 8x128x128", _scaled((8, 1, 1), lambda: nn.Softmax(-1)),
              (n, 8, 128, 128), quick=True),
         Case("gelu 2048", _scaled((2048,), nn.GELU), (64 * n, 2048), quick=True),
+        # fused attention (flash-attention kernels): a decoder's causal self-attention and an
+        # encoder's full one
+        Case("attention causal 8x256x64", lambda: _Attention(8, True), (n // 2, 8, 256, 64),
+             quick=True),
+        Case("attention 12x197x64", lambda: _Attention(12, False), (n // 2, 12, 197, 64)),
         Case("silu 192@28", _scaled((192, 1, 1), nn.SiLU), (n, 192, 28, 28)),
     ]
     return [c for c in out if c.quick] if quick else out
@@ -166,9 +187,10 @@ def nelder_mead(f, x0, step: float = 0.8, iters: int = 3000, tol: float = 1e-10)
 
 
 # name -> (low, high); fractions and seconds searched on a log scale between the bounds.
-# "math" is the GEMMs' fraction of the probed peak, "conv" the convolutions'; the memory classes
-# are fractions of the streaming bandwidth ("memory").
-BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "gemm_m0": (1.0, 4096.0),
+# "math" is the GEMMs' fraction of the probed peak, "conv" the convolutions', "attention" fused
+# attention's; the memory classes are fractions of the streaming bandwidth ("memory").
+BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "attention": (0.01, 3.0),
+          "gemm_m0": (1.0, 4096.0),
           "gemm_n0": (1.0, 4096.0), "gemm_k0": (1.0, 4096.0), "memory": (0.05, 2.0),
           "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "reduction_backward": (0.01, 2.0),
           "transcendental": (0.01, 2.0), "window": (0.01, 2.0), "launch_s": (1e-7, 1e-3)}
@@ -203,13 +225,15 @@ def fit_kernels(rows: list[dict]) -> dict:
     cls = np.array([r.get("memory_class") or ("depthwise" if r.get("depthwise") else "stream")
                     for r in rows])
     conv = np.array([bool(r.get("conv")) for r in rows])
+    attention = np.array([bool(r.get("attention")) for r in rows])
     measured = np.array([r["measured_s"] for r in rows])
     names = tuple(n for n in BOUNDS
                   if (n not in CLASS_PARAMS or np.any(cls == n.replace("_", "-")))
-                  and (n != "conv" or (np.any(conv) and np.any(~conv & (math_s > 0)))))
+                  and (n != "conv" or (np.any(conv) and np.any(~conv & (math_s > 0))))
+                  and (n != "attention" or np.any(attention & (math_s > 0))))
 
     def params(z):
-        p = {"conv": None, **{c: 1.0 for c in CLASS_PARAMS}}
+        p = {"conv": None, "attention": None, **{c: 1.0 for c in CLASS_PARAMS}}
         p.update({k: squash(v, *BOUNDS[k]) for k, v in zip(names, z)})
         return p
 
@@ -219,7 +243,8 @@ def fit_kernels(rows: list[dict]) -> dict:
         fraction = np.ones(len(rows))
         for c in CLASS_PARAMS:
             fraction[cls == c.replace("_", "-")] = p[c]
-        math_eff = np.where(conv, p["conv"] or p["math"], p["math"])
+        math_eff = np.where(conv, p["conv"] or p["math"],
+                            np.where(attention, p["attention"] or p["math"], p["math"]))
         return (np.maximum(math_s / (math_eff * ramp), mem_s / (p["memory"] * fraction))
                 + kernels * p["launch_s"])
 
@@ -236,6 +261,8 @@ def fit_kernels(rows: list[dict]) -> dict:
     fitted = params(z)
     if fitted["conv"] is None:
         fitted["conv"] = fitted["math"]
+    if fitted["attention"] is None:
+        fitted["attention"] = fitted["math"]
     errors = np.abs(times(fitted) / measured - 1)
     return {**fitted, "median_abs_error": float(np.median(errors)),
             "max_abs_error": float(np.max(errors)), "kernels": len(rows),
@@ -269,6 +296,7 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
                          "memory_class": raw.memory_class,
                          "conv": raw.math_class in ("cuda-core-conv", "tensor-conv",
                                                     "grouped-conv"),
+                         "attention": raw.math_class in ("attention", "cuda-core-attention"),
                          "gemm": (g.m, g.n, g.k) if g is not None and raw.math_class
                          not in ("none",) and raw.memory_class != "depthwise" else None})
         if progress:
@@ -283,9 +311,10 @@ def overrides_from_fit(fitted: dict, tensor_cores: bool) -> dict:
     classes; the memory classes, the ramp and the time per kernel on both."""
     if tensor_cores:
         math = {"tensor_gemm": fitted["math"], "tensor_conv": fitted["conv"],
-                "grouped_conv": fitted["conv"]}
+                "grouped_conv": fitted["conv"], "attention": fitted["attention"]}
     else:
-        math = {"cuda_core": fitted["math"], "cuda_core_conv": fitted["conv"]}
+        math = {"cuda_core": fitted["math"], "cuda_core_conv": fitted["conv"],
+                "cuda_core_attention": fitted["attention"]}
     return {**math, "memory": fitted["memory"],
             **{c: fitted[c] for c in CLASS_PARAMS},
             "launch_s": fitted["launch_s"], "gemm_m0": fitted["gemm_m0"],

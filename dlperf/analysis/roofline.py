@@ -55,7 +55,8 @@ class Prediction:
     launch_time_s: float
     transpose_time_s: float = 0.0  # NCHW <-> NHWC around a Tensor Core convolution
     # The efficiency model's classes this kernel's time used (hardware/efficiency.py)
-    # tensor-gemm | tensor-conv | grouped-conv | attention | cuda-core | cuda-core-conv | none
+    # tensor-gemm | tensor-conv | grouped-conv | attention | cuda-core | cuda-core-conv |
+    # cuda-core-attention | none
     math_class: str = "none"
     # stream | depthwise | reduction | reduction-backward | transcendental | window
     memory_class: str = "stream"
@@ -110,7 +111,8 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     elif is_matmul:
         on_tc = spec.tensor_cores and unit != "fp32"
         if not on_tc:
-            math_class = "cuda-core-conv" if is_conv else "cuda-core"
+            math_class = ("cuda-core-conv" if is_conv else
+                          "cuda-core-attention" if cost.kind == "fused" else "cuda-core")
         else:
             math_class = ("grouped-conv" if is_conv and cost.groups > 1
                           else "tensor-conv" if is_conv

@@ -19,6 +19,10 @@ quantization of ``gemm.py``, which stays separate):
   than a GEMM of the same FLOPs (the softmax's exp and rescaling between the matmuls, causal
   tiles half empty). None: as ``tensor_gemm``.
 * ``cuda_core``: FP32 on the FMA pipes (FP32 GEMMs without TF32, depthwise convolutions).
+* ``cuda_core_attention``: fused attention off Tensor Cores (a CPU's flash-attention kernel,
+  FP32 memory-efficient attention on a GPU's CUDA cores): blocked matmuls with an online
+  softmax between them, which on a 2-core CPU ran at a third of the sgemm rate the other
+  matmuls reach. None: as ``cuda_core``; ``dlperf probe --sweep`` fits it on a CPU.
 * ``cuda_core_conv``: convolutions on the same pipes (FP32 convolutions; every convolution on a
   CPU), when they reach a different share than GEMMs: a CPU's GEMMs (MKL/OpenBLAS sgemm) keep
   more of the peak than its convolutions (oneDNN direct and im2col kernels). None: as
@@ -93,6 +97,7 @@ class Efficiency:
     sm_bytes_per_clock: float | None = None  # None: no SM term (the DRAM alone)
     cuda_core_conv: float | None = None  # None: as cuda_core
     attention: float | None = None  # None: as tensor_gemm
+    cuda_core_attention: float | None = None  # None: as cuda_core
     depthwise: float = 1.0
     reduction: float = 1.0
     reduction_backward: float = 1.0
@@ -116,6 +121,8 @@ class Efficiency:
         return {"tensor-gemm": self.tensor_gemm, "tensor-conv": self.tensor_conv,
                 "grouped-conv": self.grouped_conv, "cuda-core": self.cuda_core,
                 "attention": self.tensor_gemm if self.attention is None else self.attention,
+                "cuda-core-attention": self.cuda_core if self.cuda_core_attention is None
+                else self.cuda_core_attention,
                 "cuda-core-conv": self.cuda_core if self.cuda_core_conv is None
                 else self.cuda_core_conv}.get(math_class, 1.0)
 
@@ -239,7 +246,7 @@ MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # Every parameter named in the table above, what a device file's "efficiency" may set.
 PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
-             "attention",
+             "attention", "cuda_core_attention",
              "memory", "depthwise", "reduction", "reduction_backward", "transcendental",
              "window", "misaligned")
 
@@ -264,7 +271,8 @@ def check_overrides(overrides, origin: str) -> dict:
         if key not in PARAMETERS:
             raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
                               f"use one of {', '.join(PARAMETERS)}")
-        if key in ("sm_bytes_per_clock", "cuda_core_conv") and value is None:
+        if key in ("sm_bytes_per_clock", "cuda_core_conv", "attention",
+                   "cuda_core_attention") and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 value > 0 or (key == "host_s" and value == 0)):
