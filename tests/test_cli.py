@@ -297,6 +297,10 @@ def test_compare_devices_from_one_capture(tmp_path, capsys):
     # the same kernels: an H100 (989 TF/s, 3.35 TB/s) beats a V100 (125 TF/s, 0.9 TB/s)
     assert rows[1]["predicted_time_s"] < rows[0]["predicted_time_s"]
     assert "the same kernels on each device" in out
+    # each device's track record against published runs rides along (a choice between GPUs
+    # should see how far each one's predictions have landed)
+    assert "track record" in out
+    assert rows[0]["track_record"]["device"]["rows"] >= 20  # V100: NVIDIA, Lambda, skb rows
     code, _, err = _run(["analyze", "resnet18", "--device", "h100-sxm,h200", "--measure"], capsys)
     assert code == 2 and "--measure needs a single --device" in err
 

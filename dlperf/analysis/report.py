@@ -189,6 +189,18 @@ def render_measurement(m, console: Console | None = None, top: int = 25) -> None
         "samples/s (kernel time only).")
 
 
+def _record_cell(record: dict | None) -> str:
+    """The comparison table's track-record cell: the workload's class where it has 3 runs or
+    more, else the device's; yellow where the whole line is flagged systematic."""
+    if not record:
+        return "-"
+    s = record["workload"] if (record["workload"] or {}).get("rows", 0) >= 3 else record["device"]
+    if not s:
+        return "none published"
+    cell = f"{s['rows']} runs, median {s['median']:.2f}x"
+    return f"[yellow]{cell}[/]" if record["systematic"] else cell
+
+
 def render_comparison(analyses: list, console: Console | None = None) -> list[dict]:
     """One model, several devices: predicted step, throughput, what bounds it, the top fix."""
     console = console or Console()
@@ -197,7 +209,7 @@ def render_comparison(analyses: list, console: Console | None = None) -> list[di
                         f"{'train' if cfg.train else 'inference'}: the same kernels on each device",
                   title_justify="left", header_style="bold")
     for col in ("device", "predicted step", "samples/s", "vs first", "memory-bound time",
-                "biggest predicted saving"):
+                "biggest predicted saving", "track record (pred/meas)"):
         table.add_column(col, justify="left" if col in ("device", "biggest predicted saving")
                          else "right", overflow="fold")
     rows = []
@@ -205,14 +217,17 @@ def render_comparison(analyses: list, console: Console | None = None) -> list[di
     for a in analyses:
         t = a.totals()
         best = max(a.findings, key=lambda f: f.saving_s, default=None)
+        record = a.track_record()
         rows.append({"device": a.device.name, "predicted_time_s": t["predicted_time_s"],
                      "samples_per_s": t["samples_per_s"],
                      "memory_bound_time_share": t["memory_bound_time_share"],
                      "top_finding": best.rule if best else None,
-                     "top_saving_s": best.saving_s if best else 0.0})
+                     "top_saving_s": best.saving_s if best else 0.0,
+                     "track_record": record})
         table.add_row(a.device.display_name, seconds(t["predicted_time_s"]),
                       f"{t['samples_per_s']:,.0f}", f"{base / t['predicted_time_s']:.2f}x",
                       f"{t['memory_bound_time_share']:.0%}",
-                      f"{best.rule} ({seconds(best.saving_s)})" if best else "-")
+                      f"{best.rule} ({seconds(best.saving_s)})" if best else "-",
+                      _record_cell(record))
     console.print(table)
     return rows
