@@ -41,9 +41,9 @@ class DeviceSpec:
     tensor_cores: bool = True
     source: str = ""
     notes: str = ""
-    # What published measurements on this device say about dlperf's predictions for it, where
-    # they disagree systematically (benchmarks/README.md): printed with every prediction, so a
-    # number is never shown without what is known against it.
+    # Why dlperf's predictions on this device run off published measurements, where that is
+    # known (benchmarks/README.md): printed with its track record (hardware/track_record.py)
+    # under every prediction, so a number is never shown without what is known against it.
     caveat: str = ""
     measured: bool = False  # True when the figures come from `dlperf probe`
     launch_overhead_s: float | None = None  # per-kernel fixed cost; None = roofline default
