@@ -41,6 +41,7 @@ def test_guide_alignment_rule_fields():
     ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA RTX 6000 Ada Generation", "rtx6000-ada"),
     ("NVIDIA RTX A6000", "rtx-a6000"), ("Quadro RTX 8000", "quadro-rtx8000"),
     ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"), ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+    ("NVIDIA GH200 480GB", "gh200"),
 ])
 def test_match_preset_by_cuda_name(gpu, preset):
     assert match_preset(gpu).name == preset

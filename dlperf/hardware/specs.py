@@ -264,6 +264,19 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           l2_mb=50, mem_gb=141,
           source="https://www.nvidia.com/en-us/data-center/h200/",
           notes="Same GH100 compute as H100-SXM with HBM3e."),
+    _spec("gh200", "NVIDIA GH200 (H100 96GB HBM3)", 132, 1980, 4000,
+          {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
+           "int8": 1978.9},
+          {"tf32": 989.4, "fp16": 1978.9, "bf16": 1978.9, "fp8": 3957.8, "int8": 3957.8},
+          l2_mb=50, mem_gb=96,
+          source="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
+          notes="The Grace Hopper superchip's GPU: the H100-SXM's GH100 compute with 96 GB of "
+                "HBM3 at 4 TB/s (a 144 GB HBM3e version has 4.9 TB/s); the module's 450-1000 W "
+                "covers the Grace CPU and its memory too.",
+          caveat="Its power budget (450-1000 W, set by the system builder) is shared with the "
+                 "Grace CPU and its memory: under sustained Tensor Core load the GPU may not "
+                 "hold the H100-SXM's clocks the preset assumes; for a number to bet on, run "
+                 "`dlperf probe` on it and pass --device PROFILE.json."),
     _spec("b200", "NVIDIA B200 (HGX, 1000 W)", 148, None, 8000,
           {"fp32": 75.0, "tf32": 1125.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0,
            "int8": 4500.0},
@@ -324,7 +337,7 @@ def get_device(name_or_path: str) -> DeviceSpec:
 
 # (pattern on the CUDA device name, preset), most specific first: "A10" must not catch "A100".
 _NAME_PATTERNS = (
-    (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"), (r"\bh200\b", "h200"),
+    (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"), (r"\bgh200\b", "gh200"), (r"\bh200\b", "h200"),
     (r"\bb200\b", "b200"), (r"\ba100\b(?=.*\bpcie\b)(?=.*\b80\s*gb)", "a100-pcie-80gb"),
     (r"\ba100\b(?=.*\bpcie\b)", "a100-pcie-40gb"), (r"\ba100\b.*80\s*gb", "a100-80gb"),
     (r"\ba100\b", "a100-40gb"), (r"\brtx 3090\b", "rtx3090"), (r"\brtx 4090\b", "rtx4090"),
