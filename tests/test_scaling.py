@@ -168,6 +168,34 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     assert code == 0 and "nvlink4-h200" in out and "nccl-tests#272" in out
 
 
+def test_interconnect_auto_for_pcie_cards_says_what_it_assumes(tmp_path, capsys):
+    # A PCIe card has no DGX/HGX system: auto takes PCIe through the host at the card's
+    # generation inside a node and says the network between nodes is an assumption; a device
+    # with no system at all (a CPU profile, a user's spec file) still asks for names.
+    from conftest import run_cli
+
+    from dlperf.hardware.interconnect import auto_interconnects
+
+    assert auto_interconnects("h100-sxm") == ("nvlink4-h100", "ib-ndr", False)
+    assert auto_interconnects("h100-pcie") == ("pcie5", "roce-100g", True)
+    assert auto_interconnects("quadro-rtx8000")[0] == "pcie3"
+    assert auto_interconnects("cpu") is None
+    path = tmp_path / "scale.json"
+    code, out, err = run_cli(["analyze", "resnet18", "--device", "rtx4090", "--train",
+                              "--batch-size", "64", "--gpus", "2", "--json", str(path)], capsys)
+    assert code == 0, err
+    assert "rtx4090 is a PCIe card" in " ".join(out.split()) and "assumed" in out
+    data = json.loads(path.read_text())["scale_out"]
+    assert data["config"]["node"]["name"] == "pcie4"
+    assert data["config"]["network"]["name"] == "roce-100g"
+    spec = tmp_path / "gpu.json"
+    spec.write_text(json.dumps({"name": "mygpu", "sm_count": 10, "mem_bandwidth": 1e11,
+                                "peak": {"fp32": 1e13, "fp16": 1e14}}))
+    code, out, err = run_cli(["analyze", "resnet18", "--device", str(spec), "--train",
+                              "--batch-size", "8", "--dtype", "fp16", "--gpus", "2"], capsys)
+    assert code == 2 and "--interconnect auto knows no system for mygpu" in err
+
+
 def test_comm_fit_recovers_bus_bandwidth_and_latency():
     # 4 processes, B = 2 GB/s, a = 50 us: t = 6 x 50 us + S x 6/4 / 2e9
     from dlperf.hardware.comm_probe import fit_ring

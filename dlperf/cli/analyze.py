@@ -69,7 +69,8 @@ def add_parser(sub) -> None:
     s.add_argument("--interconnect", default="auto", metavar="NODE[,NETWORK]",
                    help="inside a node and between nodes (per GPU): presets from `dlperf "
                         "devices --interconnects`, or .json files [auto: the DGX/HGX system of "
-                        "the --device preset]")
+                        "the --device preset; PCIe cards: PCIe through the host, 100 GbE "
+                        "between nodes assumed]")
     s.add_argument("--strategy", choices=("ddp", "fsdp", "fsdp-grad-op"), default="ddp",
                    help="data parallel: DDP (bucketed all-reduce overlapping the backward), "
                         "FSDP (full sharding) or fsdp-grad-op (FSDP's SHARD_GRAD_OP, ZeRO-2: "
@@ -185,18 +186,22 @@ def _scale_out(args, analysis, model, console) -> dict:
     scale's row."""
     from dlperf.analysis.report import render_scaling
     from dlperf.analysis.scaling import ScaleConfig, scale_out, scaling_curve
-    from dlperf.hardware.interconnect import (NETWORK_OF_DEVICE, NODE_OF_DEVICE,
-                                              get_interconnect)
+    from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
 
     if not analysis.config.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
     names = [n.strip() for n in args.interconnect.split(",")]
     if names == ["auto"]:
         device = analysis.device.name
-        if device not in NODE_OF_DEVICE:
+        auto = auto_interconnects(device)
+        if auto is None:
             raise DlperfError(f"--interconnect auto knows no system for {device}; name one, "
                               "e.g. --interconnect nvlink4-h100,ib-ndr")
-        names = [NODE_OF_DEVICE[device], NETWORK_OF_DEVICE[device]]
+        *names, assumed = auto
+        if assumed:
+            console.print(f"[yellow]--interconnect auto: {device} is a PCIe card: {names[0]} "
+                          f"through the host inside a node, {names[1]} between nodes "
+                          "(assumed: name yours with --interconnect NODE,NETWORK)[/]")
     if len(names) == 1:
         names.append(names[0])
     node, network = (get_interconnect(n) for n in names[:2])
