@@ -23,6 +23,7 @@ DEFAULT_CSV = ROOT / "benchmarks/validation/published_scaling.csv"
 DEFAULT_OUT = ROOT / "benchmarks/results/validation-scaling.json"
 INTS = ("image_size", "batch", "gpus", "gpus_per_node", "grad_accum")
 FLOATS = ("data_cores_per_gpu", "decode_img_s_per_core", "measured_per_gpu", "measured_single")
+OPTIONAL_INTS = ("loader_workers_per_gpu",)  # blank: unknown
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -34,6 +35,8 @@ def read_rows(path: Path) -> list[dict]:
             row[key] = int(row[key])
         for key in FLOATS:
             row[key] = float(row[key]) if row.get(key) else None
+        for key in OPTIONAL_INTS:
+            row[key] = int(row[key]) if row.get(key) else None
         if row["activation_checkpointing"] not in ("true", "false"):
             raise SystemExit(f"{path}: {row['id']}: activation_checkpointing must be true or "
                              f"false, not {row['activation_checkpointing']!r}")
@@ -80,7 +83,8 @@ def score(captured: list[tuple], efficiency=None) -> list[dict]:
         scale = ScaleConfig(gpus=row["gpus"], gpus_per_node=row["gpus_per_node"],
                             strategy=row["strategy"], grad_accum=row["grad_accum"],
                             decode=row["decode"], data_cores_per_gpu=row["data_cores_per_gpu"],
-                            decode_img_per_s_per_core=row["decode_img_s_per_core"])
+                            decode_img_per_s_per_core=row["decode_img_s_per_core"],
+                            loader_workers_per_gpu=row["loader_workers_per_gpu"])
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU
         per_sample = row["image_size"] if cfg.tokens else 1

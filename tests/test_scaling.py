@@ -128,6 +128,32 @@ def test_scale_out_names_what_limits_each_scale():
     assert all(a >= b * 0.999 for a, b in zip(per_gpu, per_gpu[1:]))  # never faster per GPU
 
 
+def test_loader_workers_share_the_host_cores_among_the_gpus_in_a_node():
+    # NVIDIA's DGX-1 with its CPU loader: 40 cores for 8 GPUs (5 per GPU), 8 worker processes
+    # per GPU, each core decoding 215 img/s (assumed). One GPU alone: min(8 workers, 40 cores)
+    # = 8 -> 1,720 img/s; eight GPUs: min(8, 40 / 8) = 5 -> 1,075 img/s per GPU; four: min(8,
+    # 10) = 8. Without a worker count the loader keeps its 5 cores at every scale (as before).
+    cfg = ScaleConfig(gpus=8, decode="cpu", data_cores_per_gpu=5, decode_img_per_s_per_core=215,
+                      loader_workers_per_gpu=8)
+    assert [cfg.decode_parallelism(g) for g in (1, 4, 5, 8)] == [8, 8, 8, 5]
+    plain = ScaleConfig(gpus=8, decode="cpu", data_cores_per_gpu=5,
+                        decode_img_per_s_per_core=215)
+    assert plain.decode_parallelism(1) == plain.decode_parallelism(8) == 5
+    with pytest.raises(DlperfError, match="--loader-workers needs --decode cpu"):
+        ScaleConfig(gpus=8, loader_workers_per_gpu=8)
+    # through scale_out: a ResNet-18 step on an H100 wants far more than either cap, so one GPU
+    # runs at the 1,720 img/s of its 8 workers, eight GPUs at 1,075 each: 62.5% scaling, input
+    analysis, params = _resnet18_on_h100()
+    nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    one = scale_out(analysis, params, ScaleConfig(gpus=1, decode="cpu", data_cores_per_gpu=5,
+                    decode_img_per_s_per_core=215, loader_workers_per_gpu=8), nvlink, ndr)
+    eight = scale_out(analysis, params, cfg, nvlink, ndr)
+    assert one["per_gpu_samples_per_s"] == pytest.approx(1720.0)
+    assert eight["per_gpu_samples_per_s"] == pytest.approx(1075.0)
+    assert eight["scaling_efficiency"] == pytest.approx(1075 / 1720)
+    assert eight["limited_by"].startswith("input")
+
+
 def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
     with pytest.raises(DlperfError, match="--data-cores"):
         ScaleConfig(gpus=8, decode="cpu")
@@ -164,6 +190,8 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--decode",
                               "cpu"], capsys)
     assert code == 2 and "--data-cores" in err
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--loader-workers", "8"], capsys)
+    assert code == 2 and "add --gpus N" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["devices", "--interconnects"], capsys)
     assert code == 0 and "nvlink4-h200" in out and "nccl-tests#272" in out
 

@@ -232,7 +232,11 @@ class ScaleConfig:
     """How the job is spread: ``gpus`` in nodes of ``gpus_per_node``, data parallel by DDP or
     FSDP, each GPU fed by a JPEG decode on the GPU (or synthetic data), or on
     ``data_cores_per_gpu`` host cores decoding ``decode_img_per_s_per_core`` images/s each
-    (`dlperf bench data` measures that rate on a machine)."""
+    (`dlperf bench data` measures that rate on a machine). ``loader_workers_per_gpu``: the
+    loader's worker processes per GPU (a DataLoader's num_workers), when known: each decodes
+    one image at a time, so a GPU's decode runs on min(workers, the node's cores / the GPUs
+    sharing them) cores, and a job that fits one GPU on a host it does not share decodes
+    faster than the same job on every GPU of that host (``decode_parallelism``)."""
 
     gpus: int
     gpus_per_node: int = 8
@@ -240,6 +244,7 @@ class ScaleConfig:
     decode: str = "gpu"
     data_cores_per_gpu: float | None = None
     decode_img_per_s_per_core: float | None = None
+    loader_workers_per_gpu: int | None = None
     # micro-batches per optimizer step: DDP all-reduces once per step (no_sync on the others),
     # FSDP gathers and reduce-scatters on every micro-batch (its default; Composer's too)
     grad_accum: int = 1
@@ -258,9 +263,25 @@ class ScaleConfig:
                               "--decode-rate (images/s one core decodes; `dlperf bench data` "
                               "measures it)")
 
+        if self.loader_workers_per_gpu is not None and (
+                self.decode != "cpu" or self.loader_workers_per_gpu < 1):
+            raise DlperfError("--loader-workers needs --decode cpu and a count of at least 1 "
+                              "(the data loader's worker processes per GPU)")
+
     @property
     def nodes(self) -> int:
         return math.ceil(self.gpus / self.gpus_per_node)
+
+    def decode_parallelism(self, gpus_in_node: int) -> float:
+        """Host cores decoding for each GPU when ``gpus_in_node`` GPUs share a node. Without a
+        worker count the loader is taken as sized to the GPU's share of the host
+        (``data_cores_per_gpu`` at every scale); with one, the node's cores
+        (``data_cores_per_gpu`` x ``gpus_per_node``) are split among the GPUs in use, and no
+        GPU's loader runs on more cores than it has workers."""
+        if not self.loader_workers_per_gpu:
+            return self.data_cores_per_gpu
+        return min(self.loader_workers_per_gpu,
+                   self.data_cores_per_gpu * self.gpus_per_node / gpus_in_node)
 
 
 def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, network) -> dict:
@@ -305,8 +326,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     step_s = accum * micro_s + exposed + optimizer_s  # one optimizer step
     batch = analysis.batch_size * accum
     gpu_rate = batch / step_s
-    host_rate = (cfg.data_cores_per_gpu * cfg.decode_img_per_s_per_core
-                 if cfg.decode == "cpu" else math.inf)
+    def host_rate_for(gpus_in_node: int) -> float:
+        return (cfg.decode_parallelism(gpus_in_node) * cfg.decode_img_per_s_per_core
+                if cfg.decode == "cpu" else math.inf)
+
+    host_rate = host_rate_for(min(cfg.gpus, cfg.gpus_per_node))
     per_gpu = min(gpu_rate, host_rate)
     if host_rate < gpu_rate:
         limit = "input (host JPEG decode)"
@@ -314,7 +338,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "communication"
     else:
         limit = "compute"
-    single_rate = min(batch / (accum * micro_s + tl.optimizer_s), host_rate)
+    single_rate = min(batch / (accum * micro_s + tl.optimizer_s), host_rate_for(1))
     memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes

@@ -82,7 +82,12 @@ def add_parser(sub) -> None:
                    help="where JPEGs are decoded: on the GPU (DALI/nvJPEG), on host cores "
                         "(needs --data-cores and --decode-rate), or synthetic data [gpu]")
     s.add_argument("--data-cores", type=float, default=None,
-                   help="host cores decoding for each GPU (with --decode cpu)")
+                   help="host cores decoding for each GPU (with --decode cpu): the node's "
+                        "cores / --gpus-per-node")
+    s.add_argument("--loader-workers", type=positive_int, default=None,
+                   help="the data loader's worker processes per GPU (with --decode cpu): a GPU "
+                        "then decodes on min(workers, the node's cores / the GPUs sharing "
+                        "them), so one GPU alone on a host decodes faster than eight sharing it")
     s.add_argument("--decode-rate", type=float, default=None,
                    help="images/s one host core decodes and augments (with --decode cpu; "
                         "`dlperf bench data` measures it on a machine)")
@@ -152,6 +157,10 @@ def run(args) -> int:
     if args.grad_accum != 1 and args.gpus is None:
         raise DlperfError("--grad-accum applies to the scale-out (--gpus N); one device's step "
                           "is one micro-batch of --batch-size")
+    if args.gpus is None and any(v is not None for v in (args.data_cores, args.decode_rate,
+                                                         args.loader_workers)):
+        raise DlperfError("--data-cores, --decode-rate and --loader-workers describe the input "
+                          "side of the scale-out: add --gpus N (and --decode cpu)")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
@@ -207,7 +216,8 @@ def _scale_out(args, analysis, model, console) -> dict:
     node, network = (get_interconnect(n) for n in names[:2])
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       decode=args.decode, data_cores_per_gpu=args.data_cores,
-                      decode_img_per_s_per_core=args.decode_rate, grad_accum=args.grad_accum)
+                      decode_img_per_s_per_core=args.decode_rate,
+                      loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum)
     # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
     grad_bytes = 2 if analysis.config.precision == "half" else 4
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]
