@@ -150,10 +150,9 @@ class Analysis:
         line = describe(self.device, self.config)
         if line is None:
             return None
-        entry = load().get(self.device.name, {})
+        entry, cls = load().get(self.device.name, {}), workload_class(self.config)
         return {"text": line[0], "systematic": line[1], "device": entry.get("all"),
-                "workload_class": workload_class(self.config),
-                "workload": entry.get("classes", {}).get(workload_class(self.config))}
+                "workload_class": cls, "workload": entry.get("classes", {}).get(cls)}
 
 
 def _meta_inputs(input_shape, input_dtype, channels_last: bool) -> tuple:
