@@ -339,3 +339,119 @@ def test_fit_coordinates_stay_in_bounds_at_any_distance():
     assert squash(-1e4, 0.3, 1.0) == pytest.approx(0.3)
     assert squash(1e4, 0.3, 1.0) == pytest.approx(1.0)
     assert squash(0.0, 0.25, 1.0) == pytest.approx(0.5)  # the geometric middle
+
+
+def _cpu_with_bf16():
+    return DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
+                      peak={"fp32": 1e11, "bf16": 1e10}, tensor_cores=False, measured=True)
+
+
+def test_backward_convolutions_and_half_kernels_take_their_own_shares():
+    from dlperf.analysis.gemm import GemmShape
+
+    cpu = _cpu_with_bf16()
+    eff = Efficiency(cuda_core=0.5, cuda_core_conv=0.5, conv_backward=0.8, memory=1.0,
+                     by_dtype={"bf16": {"cuda_core_conv": 0.4, "conv_backward": 0.5,
+                                        "cuda_core": 0.9}})
+    mm = dict(module="m", module_type="t", kind="gemm", bytes=1, flops=10**10,
+              gemm=GemmShape(4096, 4096, 4096))
+    seconds = {}
+    for dtype in ("fp32", "bf16"):
+        for op, phase in (("convolution", "forward"), ("convolution_backward", "dgrad"),
+                          ("convolution_backward", "wgrad"), ("mm", "forward"), ("mm", "wgrad")):
+            p = predict(Cost(op=op, phase=phase, dtype=dtype, **mm), cpu, efficiency=eff)
+            seconds[dtype, op, phase] = p.math_time_s
+    # FP32 at 1e11 FLOP/s: conv forward 1e10 / (1e11 x 0.5) = 0.2 s; its backward kernels at
+    # 0.8 of that rate, 0.25 s; GEMMs 0.2 s in both phases (conv_backward is convolutions' only)
+    assert seconds["fp32", "convolution", "forward"] == pytest.approx(0.2)
+    assert seconds["fp32", "convolution_backward", "dgrad"] == pytest.approx(0.25)
+    assert seconds["fp32", "convolution_backward", "wgrad"] == pytest.approx(0.25)
+    assert seconds["fp32", "mm", "wgrad"] == pytest.approx(0.2)
+    # bf16 at 1e10 FLOP/s with by_dtype's parameters: conv forward 1e10 / (1e10 x 0.4) = 2.5 s,
+    # backward at half that rate 5 s; GEMMs 1e10 / (1e10 x 0.9) = 1.11 s
+    assert seconds["bf16", "convolution", "forward"] == pytest.approx(2.5)
+    assert seconds["bf16", "convolution_backward", "dgrad"] == pytest.approx(5.0)
+    assert seconds["bf16", "mm", "forward"] == pytest.approx(1 / 0.9)
+    # the dtype's table replaces only what it names
+    assert eff.for_dtype("bf16").memory == 1.0 and eff.for_dtype("fp16") is eff
+    # the shipped GPU model: no backward discount, no per-dtype table
+    assert FITTED.conv_backward == 1.0 and FITTED.by_dtype == {}
+
+
+def test_device_file_by_dtype_is_checked_and_survives_a_round_trip(tmp_path):
+    cpu = replace(_cpu_with_bf16(), efficiency={
+        "cuda_core": 0.9, "conv_backward": 0.7, "by_dtype": {"bf16": {"cuda_core_conv": 0.6}}})
+    again = DeviceSpec.from_dict(json.loads(json.dumps(cpu.to_dict())))
+    assert efficiency_for(again).for_dtype("bf16").cuda_core_conv == 0.6
+    assert efficiency_for(again).conv_backward == 0.7
+    bad = {"by_dtype": {"bf17": {"cuda_core": 0.5}}}, {"by_dtype": {"bf16": {"cuda_cores": 0.5}}}, \
+        {"by_dtype": {"bf16": {"cuda_core": -1}}}, {"by_dtype": [0.5]}, \
+        {"by_dtype": {"bf16": {"by_dtype": {}}}}, {"conv_backward": 5}
+    words = ("bf17", "cuda_cores", "positive", "table of dtype", "nest", "fraction")
+    for table, word in zip(bad, words):
+        with pytest.raises(DlperfError, match=word):
+            DeviceSpec.from_dict({**cpu.to_dict(), "efficiency": table})
+
+
+def test_sweep_fits_the_backward_share_and_a_half_pass_keeps_the_rest():
+    # Convolutions at 0.5 of the peak forward and 0.5 x 0.4 backward, GEMMs at 0.8: all three
+    # come back. A second fit restricted to the math (the bf16 pass) keeps the fixed memory
+    # and launch terms of the first.
+    from dlperf.analysis.calibrate import HALF_PARAMS, fit_kernels
+
+    rows = []
+    for kind, share in (("gemm", 0.8), ("forward", 0.5), ("dgrad", 0.2)):
+        for m, n, k in [(8192, 4096, 4096), (4096, 8192, 2048), (16384, 2048, 4096)]:
+            math_s = 2 * m * n * k / 1e11
+            rows.append(dict(math_s=math_s, memory_s=1e-6, kernels=1, gemm=(m, n, k),
+                             conv=kind != "gemm", phase="forward" if kind != "dgrad" else kind,
+                             measured_s=math_s / share + 5e-6))
+    rows += [dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None, measured_s=mem / 1.2 + 5e-6)
+             for mem in (1e-4, 1e-3, 1e-2)]
+    fitted = fit_kernels(rows)
+    assert "conv_backward" in fitted["fitted"]
+    assert fitted["math"] == pytest.approx(0.8, rel=0.05)
+    assert fitted["conv"] == pytest.approx(0.5, rel=0.05)
+    assert fitted["conv_backward"] == pytest.approx(0.4, rel=0.05)
+    # the half pass: the same kernels 10x slower; memory and launch stay as fixed
+    half_rows = [{**r, "measured_s": (r["measured_s"] - 5e-6) * 10 + 5e-6} for r in rows
+                 if r["math_s"] > 0]
+    half = fit_kernels(half_rows, only=HALF_PARAMS, fixed=fitted)
+    assert set(half["fitted"]) == set(HALF_PARAMS)
+    assert half["math"] == pytest.approx(0.08, rel=0.05)
+    assert half["conv_backward"] == pytest.approx(0.4, rel=0.05)
+    assert (half["memory"], half["launch_s"]) == (fitted["memory"], fitted["launch_s"])
+    # no backward convolutions: not fitted, 1.0
+    assert fit_kernels([r for r in rows if r.get("phase") != "dgrad"])["conv_backward"] == 1.0
+
+
+def test_sweep_adds_a_bf16_pass_on_a_cpu_with_bf16_only():
+    from dlperf.analysis.calibrate import cases, sweep_cases
+
+    cpu = _cpu_with_bf16()
+    plain = replace(cpu, peak={"fp32": 1e11})
+    gpu = get_device("h100-sxm")
+    half = [c.name for c, d in sweep_cases(cpu) if d == "bf16"]
+    # the bf16 pass has convolutions (with a backward through their input) and GEMMs
+    assert any("conv3x3" in n for n in half) and any("linear" in n for n in half)
+    assert len(sweep_cases(cpu)) == len(cases()) + len(half)
+    assert [d for _, d in sweep_cases(plain)] == ["fp32"] * len(cases())
+    assert [d for _, d in sweep_cases(gpu)] == ["bf16"] * len(cases())
+    assert 0 < len([c for c, d in sweep_cases(cpu, quick=True) if d == "bf16"]) < len(half)
+
+
+def test_sweep_convolutions_but_the_stem_have_a_data_gradient():
+    import torch
+
+    from dlperf.analysis.calibrate import cases
+
+    for case in cases():
+        if not case.name.startswith(("conv", "stem", "depthwise")):
+            continue
+        x = torch.randn(*case.input_shape[:2], 8, 8, requires_grad=False)
+        convs = [m for m in case.build().modules() if isinstance(m, torch.nn.Conv2d)]
+        assert len(convs) == 1, case.name
+        # a parameter in front of the convolution makes its input need a gradient
+        params_before_conv = [p for n, p in case.build().named_parameters() if "weight" not in n]
+        assert bool(params_before_conv) == (not case.name.startswith("stem")), case.name
+        assert x.shape[1] == convs[0].in_channels

@@ -82,10 +82,17 @@ class Case:
     build: object  # () -> nn.Module
     input_shape: tuple[int, ...]
     quick: bool = False  # also in the quick sweep (one case or more of every class)
+    half: bool = False  # also in the half-precision pass on a CPU (see ``sweep``)
 
 
-def _conv(cin, cout, k, stride=1, groups=1):
-    return lambda: nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False)
+def _conv(cin, cout, k, stride=1, groups=1, first=False):
+    """A convolution as a network has it: behind a per-channel scale, so the backward computes
+    its data gradient (dgrad) as well as its weight gradient, as every convolution's but the
+    first layer's does (``first``: the input needs no gradient, wgrad only)."""
+    def build():
+        conv = nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False)
+        return conv if first else _Scaled((cin, 1, 1), conv)
+    return build
 
 
 def _scaled(shape, op=None):
@@ -100,16 +107,19 @@ def cases(quick: bool = False) -> list[Case]:
     activations, window pooling and fused attention."""
     n = 4 if quick else 8
     out = [
-        Case("conv3x3 64@56", _conv(64, 64, 3), (n, 64, 56, 56), quick=True),
+        Case("conv3x3 64@56", _conv(64, 64, 3), (n, 64, 56, 56), quick=True, half=True),
         Case("conv3x3 128@28", _conv(128, 128, 3), (n, 128, 28, 28)),
-        Case("conv3x3 256@14", _conv(256, 256, 3), (n, 256, 14, 14), quick=True),
+        Case("conv3x3 256@14", _conv(256, 256, 3), (n, 256, 14, 14), quick=True, half=True),
         Case("conv3x3 512@7", _conv(512, 512, 3), (n, 512, 7, 7)),
-        Case("conv3x3 s2 64->128@56", _conv(64, 128, 3, 2), (n, 64, 56, 56), quick=True),
+        Case("conv3x3 s2 64->128@56", _conv(64, 128, 3, 2), (n, 64, 56, 56), quick=True,
+             half=True),
         Case("conv1x1 64->256@56", _conv(64, 256, 1), (n, 64, 56, 56)),
-        Case("conv1x1 256->64@56", _conv(256, 64, 1), (n, 256, 56, 56), quick=True),
+        Case("conv1x1 256->64@56", _conv(256, 64, 1), (n, 256, 56, 56), quick=True, half=True),
         Case("conv1x1 s2 256->512@56", _conv(256, 512, 1, 2), (n, 256, 56, 56)),
-        Case("conv1x1 1024->256@14", _conv(1024, 256, 1), (n, 1024, 14, 14), quick=True),
-        Case("stem 7x7 s2 3->64@112", _conv(3, 64, 7, 2), (n, 3, 112, 112)),
+        Case("conv1x1 1024->256@14", _conv(1024, 256, 1), (n, 1024, 14, 14), quick=True,
+             half=True),
+        Case("stem 7x7 s2 3->64@112", _conv(3, 64, 7, 2, first=True), (n, 3, 112, 112),
+             half=True),
         # few channels (mobile networks' expand/project layers) and tiny tensors, where the
         # fixed cost per kernel shows
         Case("conv1x1 16->64@56", _conv(16, 64, 1), (n, 16, 56, 56), quick=True),
@@ -118,8 +128,9 @@ def cases(quick: bool = False) -> list[Case]:
         Case("depthwise 3x3 96@56", _conv(96, 96, 3, groups=96), (n, 96, 56, 56), quick=True),
         Case("depthwise 5x5 240@14", _conv(240, 240, 5, groups=240), (n, 240, 14, 14)),
         Case("linear 512->1000", lambda: nn.Linear(512, 1000), (32 * n, 512), quick=True),
-        Case("linear 1024->1024", lambda: nn.Linear(1024, 1024), (64 * n, 1024)),
-        Case("linear 768->3072", lambda: nn.Linear(768, 3072), (16 * n, 768), quick=True),
+        Case("linear 1024->1024", lambda: nn.Linear(1024, 1024), (64 * n, 1024), half=True),
+        Case("linear 768->3072", lambda: nn.Linear(768, 3072), (16 * n, 768), quick=True,
+             half=True),
         Case("bn+relu 64@56", lambda: _BnRelu(64), (n, 64, 56, 56), quick=True),
         Case("bn+relu 256@14", lambda: _BnRelu(256), (n, 256, 14, 14)),
         Case("residual 256@56", _scaled((256, 1, 1)), (n, 256, 56, 56), quick=True),
@@ -187,9 +198,11 @@ def nelder_mead(f, x0, step: float = 0.8, iters: int = 3000, tol: float = 1e-10)
 
 
 # name -> (low, high); fractions and seconds searched on a log scale between the bounds.
-# "math" is the GEMMs' fraction of the probed peak, "conv" the convolutions', "attention" fused
-# attention's; the memory classes are fractions of the streaming bandwidth ("memory").
-BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "attention": (0.01, 3.0),
+# "math" is the GEMMs' fraction of the probed peak, "conv" the convolutions' (forward),
+# "conv_backward" the backward convolutions' share of that, "attention" fused attention's;
+# the memory classes are fractions of the streaming bandwidth ("memory").
+BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "conv_backward": (0.1, 3.0),
+          "attention": (0.01, 3.0),
           "gemm_m0": (1.0, 4096.0),
           "gemm_n0": (1.0, 4096.0), "gemm_k0": (1.0, 4096.0), "memory": (0.05, 2.0),
           "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "reduction_backward": (0.01, 2.0),
@@ -205,7 +218,8 @@ def squash(z: float, lo: float, hi: float) -> float:
     return math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * sigmoid)
 
 
-def fit_kernels(rows: list[dict]) -> dict:
+def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
+                fixed: dict | None = None) -> dict:
     """Parameters minimising the squared log error of per-kernel time over ``rows``.
 
     Each row: raw math seconds (at the probed peak), raw memory seconds (at the probed
@@ -216,6 +230,8 @@ def fit_kernels(rows: list[dict]) -> dict:
     and the next at 165), and small tensors stay in cache.
     A parameter no row exercises (a class absent from the sweep) is not fitted: it stays at
     the identity model's value (1.0; "conv" as "math").
+    ``only``: fit just these parameters, the others taken from ``fixed`` (an earlier fit):
+    the half-precision pass refits the math on its own kernels and keeps the memory model.
     """
     math_s = np.array([r["math_s"] for r in rows])
     mem_s = np.array([r["memory_s"] for r in rows])
@@ -225,15 +241,20 @@ def fit_kernels(rows: list[dict]) -> dict:
     cls = np.array([r.get("memory_class") or ("depthwise" if r.get("depthwise") else "stream")
                     for r in rows])
     conv = np.array([bool(r.get("conv")) for r in rows])
+    backward = conv & np.array([r.get("phase", "forward") != "forward" for r in rows])
     attention = np.array([bool(r.get("attention")) for r in rows])
     measured = np.array([r["measured_s"] for r in rows])
     names = tuple(n for n in BOUNDS
                   if (n not in CLASS_PARAMS or np.any(cls == n.replace("_", "-")))
                   and (n != "conv" or (np.any(conv) and np.any(~conv & (math_s > 0))))
-                  and (n != "attention" or np.any(attention & (math_s > 0))))
+                  and (n != "conv_backward" or (np.any(backward) and np.any(conv & ~backward)))
+                  and (n != "attention" or np.any(attention & (math_s > 0)))
+                  and (only is None or n in only))
+    start = {"conv": None, "attention": None, "conv_backward": 1.0,
+             **{c: 1.0 for c in CLASS_PARAMS}, **(fixed or {})}
 
     def params(z):
-        p = {"conv": None, "attention": None, **{c: 1.0 for c in CLASS_PARAMS}}
+        p = dict(start)
         p.update({k: squash(v, *BOUNDS[k]) for k, v in zip(names, z)})
         return p
 
@@ -243,7 +264,8 @@ def fit_kernels(rows: list[dict]) -> dict:
         fraction = np.ones(len(rows))
         for c in CLASS_PARAMS:
             fraction[cls == c.replace("_", "-")] = p[c]
-        math_eff = np.where(conv, p["conv"] or p["math"],
+        math_eff = np.where(conv, (p["conv"] or p["math"])
+                            * np.where(backward, p["conv_backward"], 1.0),
                             np.where(attention, p["attention"] or p["math"], p["math"]))
         return (np.maximum(math_s / (math_eff * ramp), mem_s / (p["memory"] * fraction))
                 + kernels * p["launch_s"])
@@ -258,7 +280,7 @@ def fit_kernels(rows: list[dict]) -> dict:
         if loss(z_new) > best - 1e-9:
             break
         z, best = z_new, loss(z_new)
-    fitted = params(z)
+    fitted = {k: v for k, v in params(z).items() if k in BOUNDS}
     if fitted["conv"] is None:
         fitted["conv"] = fitted["math"]
     if fitted["attention"] is None:
@@ -269,19 +291,46 @@ def fit_kernels(rows: list[dict]) -> dict:
             "fitted": list(names)}
 
 
+# What the half-precision pass refits: the math fractions (its memory kernels are few and the
+# same code as FP32's), see ``sweep``.
+HALF_PARAMS = ("math", "conv", "conv_backward")
+
+
+def half_pass(spec: DeviceSpec) -> bool:
+    """Whether the sweep adds a bf16 pass: on a device without Tensor Cores (a CPU) whose probe
+    found bf16 math. There bf16 runs other code than FP32 (on a CPU without bf16 units, oneDNN
+    emulates it at a tenth of the FP32 rate, backward convolutions at half the forward's), so
+    FP32's fractions do not carry over. On a GPU the sweep itself runs in bf16."""
+    return not spec.tensor_cores and bool(spec.peak.get("bf16"))
+
+
+def sweep_cases(spec: DeviceSpec, quick: bool = False) -> list[tuple[Case, str]]:
+    """(case, dtype) in the order ``sweep`` times them; its length is the progress total."""
+    main = "bf16" if spec.tensor_cores else "fp32"
+    out = [(c, main) for c in cases(quick)]
+    if half_pass(spec):
+        out += [(c, "bf16") for c in cases(quick) if c.half]
+    return out
+
+
 def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=None
           ) -> tuple[dict, list[dict], dict]:
     """Time the generic layers on ``device`` and fit the efficiency parameters for ``spec``
     (a probe's measured spec). Returns (efficiency overrides, per-kernel rows, the fit with
-    its errors). On a GPU the layers run under bf16 autocast (Tensor Cores); untested here."""
+    its errors). On a GPU the layers run under bf16 autocast (Tensor Cores); untested here.
+    On a CPU with bf16 math (``half_pass``) the GEMM and convolution layers run again under
+    bf16 autocast in channels_last, the layout a CPU's bf16 convolutions need (in NCHW they
+    ran 3-5x slower here), and their math fractions go into ``by_dtype["bf16"]``; the fit
+    returned holds that pass's as ``fitted["bf16"]``."""
     from dlperf.analysis.measure import MeasureConfig, measure
 
     base = identity(MEASURED)
     rows = []
-    for case in cases(quick):
-        cfg = AnalysisConfig(model=case.name, input_shape=case.input_shape,
-                             dtype="bf16" if spec.tensor_cores else "fp32",
-                             train=True, device=spec.name, optimizer="none")
+    for case, dtype in sweep_cases(spec, quick):
+        half_pass_case = dtype == "bf16" and not spec.tensor_cores
+        cfg = AnalysisConfig(model=case.name, input_shape=case.input_shape, dtype=dtype,
+                             train=True, device=spec.name, optimizer="none",
+                             channels_last=half_pass_case and len(case.input_shape) == 4)
         torch.manual_seed(0)
         m = measure(case.build(), cfg, spec, device,
                     cfg=MeasureConfig(steps=2 if quick else 3, warmup=1))
@@ -290,7 +339,8 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
                 continue
             raw = predict(p.cost, spec, efficiency=base)
             g = p.cost.gemm
-            rows.append({"case": case.name, "op": p.cost.op, "phase": p.cost.phase,
+            rows.append({"case": case.name, "pass": dtype if half_pass_case else "main",
+                         "op": p.cost.op, "phase": p.cost.phase, "dtype": p.cost.dtype,
                          "math_s": raw.math_time_s, "memory_s": raw.memory_time_s,
                          "kernels": raw.kernels, "measured_s": measured_s,
                          "memory_class": raw.memory_class,
@@ -301,8 +351,22 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
                          not in ("none",) and raw.memory_class != "depthwise" else None})
         if progress:
             progress()
-    fitted = fit_kernels(rows)
-    return overrides_from_fit(fitted, spec.tensor_cores), rows, fitted
+    fitted = fit_kernels([r for r in rows if r["pass"] == "main"])
+    overrides = overrides_from_fit(fitted, spec.tensor_cores)
+    # the half pass's own math kernels: bf16 GEMMs and convolutions (its casts and scales are
+    # FP32-class memory kernels, predicted by the main fit)
+    half = [r for r in rows if r["pass"] == "bf16" and r["dtype"] == "bf16"
+            and (r["conv"] or r["gemm"] is not None)]
+    if half:
+        fitted["bf16"] = fit_kernels(half, only=HALF_PARAMS, fixed=fitted)
+        # fused attention is not timed in bf16 (the pass stays within the sweep's time): it
+        # keeps FP32's share of the GEMMs' rate
+        h = fitted["bf16"]
+        overrides["by_dtype"] = {"bf16": {
+            "cuda_core": h["math"], "cuda_core_conv": h["conv"],
+            "cuda_core_attention": fitted["attention"] / fitted["math"] * h["math"],
+            "conv_backward": h["conv_backward"]}}
+    return overrides, rows, fitted
 
 
 def overrides_from_fit(fitted: dict, tensor_cores: bool) -> dict:
@@ -315,7 +379,7 @@ def overrides_from_fit(fitted: dict, tensor_cores: bool) -> dict:
     else:
         math = {"cuda_core": fitted["math"], "cuda_core_conv": fitted["conv"],
                 "cuda_core_attention": fitted["attention"]}
-    return {**math, "memory": fitted["memory"],
+    return {**math, "conv_backward": fitted["conv_backward"], "memory": fitted["memory"],
             **{c: fitted[c] for c in CLASS_PARAMS},
             "launch_s": fitted["launch_s"], "gemm_m0": fitted["gemm_m0"],
             "gemm_n0": fitted["gemm_n0"], "gemm_k0": fitted["gemm_k0"]}

@@ -32,6 +32,9 @@ NARROW_GROUP_CHANNELS = 8
 # FP32 NCHW tensors directly (cuDNN has NCHW kernels for them; with the transposes counted,
 # every TF32 NCHW row of the published table was predicted 5-20% too slow).
 NCHW_TRANSPOSE_KERNELS = 2
+# The math classes of convolutions in an implicit-GEMM or direct kernel, whose backward
+# (dgrad, wgrad) takes the efficiency model's ``conv_backward`` share.
+CONV_CLASSES = ("cuda-core-conv", "tensor-conv", "grouped-conv")
 
 
 def math_unit(dtype: str, tf32: bool) -> str:
@@ -88,7 +91,7 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
             efficiency: Efficiency | None = None) -> Prediction:
     """Predict one kernel's time on ``spec`` with the efficiency model (default: the one for
     ``spec``, hardware/efficiency.py: fitted for datasheet presets, 1.0 for measured specs)."""
-    eff = efficiency or efficiency_for(spec)
+    eff = (efficiency or efficiency_for(spec)).for_dtype(cost.dtype)
     is_matmul = cost.kind in ("gemm", "fused")
     unit = math_unit(cost.dtype, tf32) if is_matmul else "fp32"
     peak = spec.peak_flops(unit)
@@ -131,6 +134,8 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     else:
         math_class = "cuda-core" if cost.flops else "none"
     efficiency *= eff.math(math_class)
+    if is_conv and cost.phase != "forward" and math_class in CONV_CLASSES:
+        efficiency *= eff.conv_backward
     bandwidth = eff.bandwidth(spec, memory_class)
     factor = traffic_factor(cost.op)
     transpose_s, kernels = 0.0, cost.kernels

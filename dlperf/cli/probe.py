@@ -81,10 +81,10 @@ def run(args) -> int:
     if args.sweep:
         import dataclasses
 
-        from dlperf.analysis.calibrate import CLASS_PARAMS, cases, sweep as run_sweep
+        from dlperf.analysis.calibrate import CLASS_PARAMS, sweep as run_sweep, sweep_cases
 
         with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("sweeping layers", total=len(cases(args.quick)))
+            task = bar.add_task("sweeping layers", total=len(sweep_cases(spec, args.quick)))
             overrides, rows, fitted = run_sweep(spec, str(probe_device(spec)), quick=args.quick,
                                                 progress=lambda: bar.advance(task))
         spec = dataclasses.replace(spec, efficiency={**spec.efficiency, **overrides})
@@ -96,7 +96,15 @@ def run(args) -> int:
             f"N={fitted['gemm_n0']:.0f} K={fitted['gemm_k0']:.0f}; streaming kernels "
             f"{fitted['memory']:.0%} of the copy bandwidth, and of that "
             + ", ".join(f"{c.replace('_', ' ')} {fitted[c]:.0%}" for c in CLASS_PARAMS)
-            + f"; {fitted['launch_s'] * 1e6:.1f} µs per kernel.")
+            + f"; {fitted['launch_s'] * 1e6:.1f} µs per kernel."
+            + (f" Backward convolutions {fitted['conv_backward']:.0%} of the forward's rate."
+               if "conv_backward" in fitted["fitted"] else ""))
+        if "bf16" in fitted:
+            h = fitted["bf16"]
+            console.print(
+                f"bf16 pass ({h['kernels']} kernels, median |error| {h['median_abs_error']:.0%})"
+                f": GEMMs {h['math']:.0%} and convolutions {h['conv']:.0%} of the probed bf16 "
+                f"peak, backward convolutions {h['conv_backward']:.0%} of the forward's rate.")
     write_json_atomic(args.out, {"spec": spec.to_dict(),
                                  "measurements": [m.to_dict() for m in measurements],
                                  **({"sweep": sweep} if sweep else {}),

@@ -27,6 +27,12 @@ quantization of ``gemm.py``, which stays separate):
   CPU), when they reach a different share than GEMMs: a CPU's GEMMs (MKL/OpenBLAS sgemm) keep
   more of the peak than its convolutions (oneDNN direct and im2col kernels). None: as
   ``cuda_core`` (the published GPU table does not separate them).
+* ``conv_backward``: the share of its convolution fraction a backward convolution (dgrad and
+  wgrad, one ``convolution_backward`` kernel) reaches, relative to the forward one. 1.0 for the
+  presets (the published table's steps always hold twice the forward FLOPs in backward, so it
+  cannot separate the two); ``dlperf probe --sweep`` fits it per machine, where backward
+  kernels may run other code: on a 2-core EPYC that emulates bf16, bf16 channels_last
+  convolutions reached 10-19 GFLOP/s forward and 4-10 backward, FP32 ones 78-117 and 72-110.
 
 Memory (achieved bytes/s):
 
@@ -60,6 +66,13 @@ Memory (achieved bytes/s):
   two-pass traffic below); ``dlperf probe --sweep`` fits them per machine from generic kernels
   of each class.
 
+Per dtype: ``by_dtype`` maps a kernel's dtype ("bf16", "fp16") to parameters that replace the
+ones above for kernels of that dtype. A measured profile needs it when a precision runs other
+code than FP32 (a CPU without bf16 units emulates it in oneDNN at a tenth of the FP32 rate, with
+its own forward/backward balance); ``dlperf probe --sweep`` fills it from a bf16 pass on such a
+CPU. Empty for the presets: on a GPU the precision picks the unit (Tensor Cores or CUDA cores)
+and the unit picks the fraction.
+
 Host: ``launch_s`` is the GPU's own gap per kernel; ``host_s`` the CPU's time to issue one
 (eager PyTorch), which bounds the step when the GPU's kernels are shorter (roofline.step_time).
 
@@ -82,7 +95,7 @@ carries its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from dlperf.errors import DlperfError
 
@@ -98,6 +111,7 @@ class Efficiency:
     cuda_core_conv: float | None = None  # None: as cuda_core
     attention: float | None = None  # None: as tensor_gemm
     cuda_core_attention: float | None = None  # None: as cuda_core
+    conv_backward: float = 1.0  # backward convolutions' share of the forward's fraction
     depthwise: float = 1.0
     reduction: float = 1.0
     reduction_backward: float = 1.0
@@ -115,7 +129,14 @@ class Efficiency:
     # launch). The CPU runs ahead of the GPU through the launch queue, so this only costs time
     # where kernels are shorter than it: small batches, many small ops (see roofline.step_time).
     host_s: float = 0.0
+    # dtype -> {parameter: value} for kernels of that dtype (see the module docstring)
+    by_dtype: dict = field(default_factory=dict)
     source: str = ""
+
+    def for_dtype(self, dtype: str) -> "Efficiency":
+        """The parameters for a kernel of ``dtype``: this model with ``by_dtype[dtype]`` over it."""
+        overrides = self.by_dtype.get(dtype)
+        return replace(self, **overrides) if overrides else self
 
     def math(self, math_class: str) -> float:
         return {"tensor-gemm": self.tensor_gemm, "tensor-conv": self.tensor_conv,
@@ -245,8 +266,10 @@ MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 
 # Every parameter named in the table above, what a device file's "efficiency" may set.
 PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
+# The dtypes a kernel's math can have (``Cost.dtype``), what ``by_dtype`` may name.
+KERNEL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
-             "attention", "cuda_core_attention",
+             "attention", "cuda_core_attention", "conv_backward",
              "memory", "depthwise", "reduction", "reduction_backward", "transcendental",
              "window", "misaligned")
 
@@ -268,6 +291,9 @@ def check_overrides(overrides, origin: str) -> dict:
         raise DlperfError(f"{origin}: 'efficiency' must be a table of "
                           f"{', '.join(PARAMETERS)}")
     for key, value in overrides.items():
+        if key == "by_dtype":
+            _check_by_dtype(value, origin)
+            continue
         if key not in PARAMETERS:
             raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
                               f"use one of {', '.join(PARAMETERS)}")
@@ -286,3 +312,17 @@ def check_overrides(overrides, origin: str) -> dict:
             raise DlperfError(f"{origin}: efficiency {key} is seconds per kernel; "
                               f"{value!r} is not plausible (microseconds: e.g. 3e-6)")
     return dict(overrides)
+
+
+def _check_by_dtype(table, origin: str) -> None:
+    """``by_dtype``: {dtype: {parameter: value}}, each inner table checked as above."""
+    if not isinstance(table, dict):
+        raise DlperfError(f"{origin}: efficiency by_dtype must be a table of dtype -> parameters, "
+                          f"e.g. {{\"bf16\": {{\"cuda_core_conv\": 0.6}}}}")
+    for dtype, inner in table.items():
+        if dtype not in KERNEL_DTYPES:
+            raise DlperfError(f"{origin}: efficiency by_dtype has unknown dtype {dtype!r}; "
+                              f"use one of {', '.join(KERNEL_DTYPES)}")
+        if isinstance(inner, dict) and "by_dtype" in inner:
+            raise DlperfError(f"{origin}: efficiency by_dtype[{dtype!r}] cannot nest by_dtype")
+        check_overrides(inner, f"{origin}: efficiency by_dtype[{dtype!r}]")
