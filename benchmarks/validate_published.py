@@ -72,8 +72,9 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     for row in rows:
         dtype, tf32, precision = PRECISIONS[row["precision"]]
         checkpointing = bool(row.get("activation_checkpointing"))
-        key = (row["model"], not _before_sdpa(row), checkpointing, row["image_size"], row["batch"], dtype, precision, row["layout"],
-               row["optimizer"])
+        policy = row.get("checkpoint_policy") or "full"
+        key = (row["model"], not _before_sdpa(row), checkpointing, policy, row["image_size"],
+               row["batch"], dtype, precision, row["layout"], row["optimizer"])
         fused = not _before_sdpa(row)
         # a GPT preset is built for the row's sequence length (its learned positions)
         gpt = gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS \
@@ -90,7 +91,8 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              (row["batch"], 3, row["image_size"], row["image_size"]),
                              channels_last=row["layout"] == "nhwc", optimizer=row["optimizer"],
                              device=row["device"], precision=precision, tokens=tokens,
-                             activation_checkpointing=checkpointing)
+                             activation_checkpointing=checkpointing,
+                             checkpoint_policy=policy)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
         out.append((row, cfg, *captures[key]))

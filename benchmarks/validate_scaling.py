@@ -37,10 +37,12 @@ def read_rows(path: Path) -> list[dict]:
             row[key] = float(row[key]) if row.get(key) else None
         for key in OPTIONAL_INTS:
             row[key] = int(row[key]) if row.get(key) else None
-        if row["activation_checkpointing"] not in ("true", "false"):
-            raise SystemExit(f"{path}: {row['id']}: activation_checkpointing must be true or "
-                             f"false, not {row['activation_checkpointing']!r}")
-        row["activation_checkpointing"] = row["activation_checkpointing"] == "true"
+        value = row["activation_checkpointing"]
+        if value not in ("true", "false", "selective-op"):
+            raise SystemExit(f"{path}: {row['id']}: activation_checkpointing must be true, "
+                             f"false or selective-op, not {value!r}")
+        row["activation_checkpointing"] = value != "false"
+        row["checkpoint_policy"] = "selective-op" if value == "selective-op" else "full"
     return rows
 
 
@@ -112,7 +114,7 @@ def add_relative_scaling(rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         key = (r["source"], r["model"], r["device"], r["image_size"], r["precision"],
-               r["strategy"])
+               r["strategy"], r["activation_checkpointing"], r.get("checkpoint_policy"))
         groups.setdefault(key, []).append(r)
     for group in groups.values():
         base = min(group, key=lambda r: r["gpus"])

@@ -39,6 +39,10 @@ class AnalysisConfig:
     # recompute each block's forward in the backward (torch.utils.checkpoint per block, as
     # FSDP trainers wrap them): more math, activations only at block boundaries
     activation_checkpointing: bool = False
+    # what a checkpointed block recomputes: "full" (its whole forward) or "selective-op"
+    # (torchtitan's op-level policy: matmul outputs alternately saved, attention saved, every
+    # other kernel recomputed; see with_recompute)
+    checkpoint_policy: str = "full"
 
 
 @dataclass
@@ -260,29 +264,61 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         if not blocks:
             raise DlperfError(f"--activation-checkpointing: {config.model!r} has no blocks (the "
                               "indexed children of a module list, e.g. blocks.0) to checkpoint")
-        costs = with_recompute(costs, blocks, cap.saved_outputs)
-        activations = checkpointed_activations(cap, blocks)
+        costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy)
+        activations = checkpointed_activations(cap, blocks) + kept_bytes(
+            costs, blocks, config.checkpoint_policy)
     memory = memory_footprint(model, config, activations, element_bytes=2 if half else 4)
     return costs, uncounted, time.perf_counter() - start, memory
 
 
-def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int]) -> list:
-    """Full activation checkpointing per block: each block's forward kernels run again
-    (phase "recompute") just before the block's first backward kernel, as
-    torch.utils.checkpoint replays them when the backward reaches the block, and only up to
-    the last kernel whose output the backward needs (``saved_outputs``: record indices):
-    checkpoint stops there (early stop, torch's default), so e.g. a transformer block's last
-    projection is not recomputed."""
+CHECKPOINT_POLICIES = ("full", "selective-op")
+
+
+def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
+    """Per forward kernel of one block (in order): does the checkpoint keep its output instead
+    of recomputing it? "full": none. "selective-op": torchtitan's op-level selective AC
+    (torchtitan/parallelisms/parallelize_llama.py, 2024: ``_save_list`` and its policy): the
+    outputs of fused attention and of every odd-numbered ``aten.mm`` in the block (the 1st, 3rd,
+    ...: a Llama block keeps q, v, w1 and w2 and recomputes k, o and w3), everything else
+    recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``)."""
+    if policy == "full":
+        return [False] * len(block_kernels)
+    if policy != "selective-op":
+        raise DlperfError(f"unknown checkpoint policy {policy!r}; use one of "
+                          f"{', '.join(CHECKPOINT_POLICIES)}")
+    kept, mm = [], 0
+    for c in block_kernels:
+        if c.op == "mm":
+            mm += 1
+        kept.append(c.kind == "fused" or (c.op == "mm" and mm % 2 == 1))
+    return kept
+
+
+def _block_forwards(costs: list, blocks: set[str]) -> dict[str, list]:
     forward: dict[str, list] = {}
     for c in costs:
         block = capture_mod.block_path(c.module)
         if c.phase == "forward" and block in blocks:
             forward.setdefault(block, []).append(c)
+    return forward
+
+
+def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int],
+                   policy: str = "full") -> list:
+    """Activation checkpointing per block: each block's forward kernels run again (phase
+    "recompute") just before the block's first backward kernel, as torch.utils.checkpoint
+    replays them when the backward reaches the block, and only up to the last kernel whose
+    output the backward needs (``saved_outputs``: record indices): checkpoint stops there
+    (early stop, torch's default), so e.g. a transformer block's last projection is not
+    recomputed. With a selective ``policy`` the kernels whose outputs it keeps
+    (``kept_by_policy``) are not run again."""
     replay = {}
-    for block, group in forward.items():
+    for block, group in _block_forwards(costs, blocks).items():
         needed = [i for i, c in enumerate(group) if saved_outputs.intersection(c.records)]
+        kept = kept_by_policy(group, policy)
         replay[block] = [dataclasses.replace(c, phase="recompute")
-                         for c in group[:needed[-1] + 1]] if needed else []
+                         for c, keep in zip(group[:needed[-1] + 1], kept) if not keep
+                         ] if needed else []
     out, done = [], set()
     for c in costs:
         block = capture_mod.block_path(c.module)
@@ -291,6 +327,15 @@ def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int]) -> li
             done.add(block)
         out.append(c)
     return out
+
+
+def kept_bytes(costs: list, blocks: set[str], policy: str) -> int:
+    """Bytes a selective policy keeps on top of full checkpointing: the outputs of the kernels
+    it saves, in every block (full: none)."""
+    if policy == "full":
+        return 0
+    return sum(c.output_bytes for group in _block_forwards(costs, blocks).values()
+               for c, keep in zip(group, kept_by_policy(group, policy)) if keep)
 
 
 def checkpointed_activations(cap, blocks: set[str]) -> int:
@@ -380,7 +425,8 @@ def default_optimizer(tokens: bool) -> str:
 def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", dtype: str = "bf16",
             train: bool = True, tf32: bool = False, channels_last: bool = False,
             input_dtype: torch.dtype | None = None, optimizer: str = "auto",
-            precision: str = "mixed", activation_checkpointing: bool = False) -> Analysis:
+            precision: str = "mixed", activation_checkpointing: bool = False,
+            checkpoint_policy: str = "full") -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -388,7 +434,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     (torch.autocast in ``dtype``) or "half" (the model cast to ``dtype``, ``model.half()``).
     ``optimizer``: the update counted in a training step; "auto" is ``default_optimizer``
     (AdamW for token models, SGD otherwise), as `dlperf analyze` counts it.
-    ``activation_checkpointing``: recompute each block's forward in the backward.
+    ``activation_checkpointing``: recompute each block's forward in the backward;
+    ``checkpoint_policy``: "full" or "selective-op" (``kept_by_policy``).
     """
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -404,5 +451,6 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          tf32=tf32, train=train, channels_last=channels_last, device=spec.name,
                          optimizer=default_optimizer(tokens) if optimizer == "auto" else optimizer,
                          precision=precision, tokens=tokens and len(example_input_shape) == 2,
-                         activation_checkpointing=activation_checkpointing)
+                         activation_checkpointing=activation_checkpointing,
+                         checkpoint_policy=checkpoint_policy)
     return analyze_model(model, cfg, spec, input_dtype)

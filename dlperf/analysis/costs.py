@@ -370,12 +370,14 @@ def attention_cost(info: dict, phase: str, module: str, module_type: str,
     lse_b = batch_heads * lq * 4
     if phase == "forward":
         flops, nbytes, op = scores_flops + pv_flops, q_b + k_b + v_b + o_b + lse_b, "attention"
+        written = o_b + lse_b
     else:
         flops = (scores_flops + pv_flops) * ATTENTION_BACKWARD_MATMULS / 2
         nbytes = 2 * (q_b + k_b + v_b) + 2 * o_b + lse_b
-        op = "attention_backward"
+        op, written = "attention_backward", q_b + k_b + v_b
     return Cost(module=module, module_type=module_type, op=op, phase=phase, kind="fused",
-                flops=int(flops), bytes=int(nbytes), dtype=info["dtype"], records=records)
+                flops=int(flops), bytes=int(nbytes), dtype=info["dtype"], records=records,
+                output_bytes=int(written))
 
 
 def all_costs(records: list[OpRecord], regions: dict | None = None

@@ -32,11 +32,13 @@ def add_parser(sub) -> None:
                         "casts, softmax/norms in fp32); half = the model cast to the dtype "
                         "(model.half(): no casts, everything and the optimizer state in half) "
                         "[mixed]")
-    a.add_argument("--activation-checkpointing", action="store_true",
+    a.add_argument("--activation-checkpointing", nargs="?", const="full", default=None,
+                   choices=("full", "selective-op"), metavar="{full,selective-op}",
                    help="with --train: recompute each block's forward in the backward "
                         "(torch.utils.checkpoint per block, the indexed children of a module "
                         "list such as blocks.0): more math, activations kept only at block "
-                        "boundaries")
+                        "boundaries. selective-op: torchtitan's op-level policy (attention and "
+                        "every other matmul kept, the rest recomputed) [full]")
     a.add_argument("--train", action="store_true",
                    help="also the loss and backward pass (dgrad and wgrad)")
     a.add_argument("--channels-last", action="store_true",
@@ -148,10 +150,11 @@ def run(args) -> int:
                          device=spec.name, tokens=tokens and len(sample_shape) == 1,
                          optimizer=(default_optimizer(tokens) if args.optimizer == "auto"
                                     else args.optimizer), precision=args.precision,
-                         activation_checkpointing=args.activation_checkpointing)
+                         activation_checkpointing=args.activation_checkpointing is not None,
+                         checkpoint_policy=args.activation_checkpointing or "full")
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
-    if args.activation_checkpointing and not args.train:
+    if args.activation_checkpointing is not None and not args.train:
         raise DlperfError("--activation-checkpointing needs --train (it replays the forward in "
                           "the backward)")
     if args.grad_accum != 1 and args.gpus is None:

@@ -1,7 +1,12 @@
-"""A plain GPT-2-style decoder (pre-LayerNorm, causal SDPA attention, 4x GELU MLP).
+"""A decoder-only transformer: GPT-2 style (pre-LayerNorm, learned positions, causal SDPA
+attention, 4x GELU MLP) or Llama style (RMSNorm, rotary positions, grouped-query attention,
+SwiGLU MLP, an untied output layer), chosen by GPTConfig.
 
 Written for analysis: it is ordinary PyTorch, so the same module trains, and dlperf analyze sees
 the kernels a language-model user runs (QKV projection, attention, MLP, LM head over the vocab).
+The Llama form runs the kernels of torchtitan's Llama (torchtitan/models/llama/model.py, 2024):
+RMSNorm computed in FP32 from its elementwise ops, rotary embedding in FP32, K and V heads
+repeated to the query heads before attention, separate q, k, v projections.
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ class GPTConfig:
     mlp_ratio: int = 4
     bias: bool = False
     tie_embeddings: bool = True
+    # Llama form: "rmsnorm", "swiglu" (hidden size ffn_hidden), "rope", kv_heads < heads (GQA)
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    mlp: str = "gelu"  # gelu (mlp_ratio x d_model) | swiglu (ffn_hidden)
+    ffn_hidden: int | None = None  # swiglu's hidden size
+    positions: str = "learned"  # learned | rope
+    kv_heads: int | None = None  # None: as heads (multi-head attention)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -31,6 +44,60 @@ class GPTConfig:
         if self.d_model % self.heads:
             raise ValueError(f"GPT d_model ({self.d_model}) must be divisible by heads "
                              f"({self.heads})")
+        for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
+                              ("positions", ("learned", "rope"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPT {name} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, name)!r}")
+        if self.mlp == "swiglu" and not (self.ffn_hidden and self.ffn_hidden > 0):
+            raise ValueError("GPT mlp 'swiglu' needs a positive ffn_hidden")
+        if self.kv_heads is not None and (self.kv_heads <= 0 or self.heads % self.kv_heads):
+            raise ValueError(f"GPT kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        if self.positions == "rope" and (self.d_model // self.heads) % 2:
+            raise ValueError("GPT rotary positions need an even head size")
+
+    @property
+    def groups(self) -> int:
+        """Query heads per K/V head (1: multi-head attention)."""
+        return self.heads // (self.kv_heads or self.heads)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) x weight, computed in FP32 and cast back (torchtitan's ``RMSNorm``: the
+    kernels its published Llama runs made, not a fused one)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y.type_as(x) * self.weight
+
+
+def _norm(cfg: "GPTConfig") -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [seq_len, head_dim / 2] of the rotary embedding (RoFormer; Llama's
+    ``precompute_freqs_cis``, as real tables instead of complex ones)."""
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[2i], x[2i+1]) of x [B, T, H, D] by position t's angle, in FP32 (the
+    complex multiply of Llama's ``apply_rotary_emb``, written with real tensors)."""
+    t = x.shape[1]
+    c, s = cos[:t, None, :], sin[:t, None, :]
+    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):
@@ -40,7 +107,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         b, t, c = x.shape
         # [B, T, 3C] -> 3 x [B, H, T, C/H]
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
@@ -48,20 +115,55 @@ class Attention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
+class GQAttention(nn.Module):
+    """Llama's attention: q, k, v projections (k and v with kv_heads heads), rotary positions
+    on q and k, k and v repeated to the query heads (a copy, as ``repeat_kv``), causal SDPA."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.heads, self.kv_heads = cfg.heads, cfg.kv_heads or cfg.heads
+        self.head_dim = cfg.d_model // cfg.heads
+        self.wq = nn.Linear(cfg.d_model, cfg.heads * self.head_dim, bias=cfg.bias)
+        self.wk = nn.Linear(cfg.d_model, self.kv_heads * self.head_dim, bias=cfg.bias)
+        self.wv = nn.Linear(cfg.d_model, self.kv_heads * self.head_dim, bias=cfg.bias)
+        self.wo = nn.Linear(cfg.heads * self.head_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        b, t, c = x.shape
+        q = self.wq(x).view(b, t, self.heads, self.head_dim)
+        k = self.wk(x).view(b, t, self.kv_heads, self.head_dim)
+        v = self.wv(x).view(b, t, self.kv_heads, self.head_dim)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k, v = (z[:, :, :, None].expand(b, t, self.kv_heads, groups, self.head_dim)
+                    .reshape(b, t, self.heads, self.head_dim) for z in (k, v))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, c))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.attn = Attention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        hidden = cfg.mlp_ratio * cfg.d_model
+        self.ln1 = _norm(cfg)
+        self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
+            else Attention(cfg)
+        self.ln2 = _norm(cfg)
+        self.swiglu = cfg.mlp == "swiglu"
+        hidden = cfg.ffn_hidden if self.swiglu else cfg.mlp_ratio * cfg.d_model
         self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
-        self.act = nn.GELU(approximate="tanh")
+        if self.swiglu:  # Llama's w1 (fc), w3 (gate) and w2 (out): out(silu(fc(x)) * gate(x))
+            self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.act = nn.SiLU() if self.swiglu else nn.GELU(approximate="tanh")
         self.out = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.out(self.act(self.fc(self.ln2(x))))
+    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), rope)
+        h = self.ln2(x)
+        h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
+        return x + self.out(h)
 
 
 class GPT(nn.Module):
@@ -69,19 +171,27 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        if cfg.positions == "learned":
+            self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        else:  # rotary tables: buffers, not parameters (Llama's freqs_cis)
+            cos, sin = rope_tables(cfg.d_model // cfg.heads, cfg.seq_len, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_f = _norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
-        pos = torch.arange(t, device=idx.device)
-        x = self.tok(idx) + self.pos(pos)
+        if self.cfg.positions == "learned":
+            pos = torch.arange(t, device=idx.device)
+            x, rope = self.tok(idx) + self.pos(pos), None
+        else:
+            x, rope = self.tok(idx), (self.rope_cos, self.rope_sin)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, rope)
         return self.head(self.ln_f(x))  # [B, T, vocab] logits
 
 
@@ -95,6 +205,28 @@ class GPT(nn.Module):
 #   (scripts/train/benchmarking/README.md) ran them: with biases and learned positions, which
 #   is what makes this module's count equal the tables' NumParams to the parameter (e.g.
 #   6,658,859,008 for mpt-7b at 2,048 tokens).
+# * llama2-7b .. llama3-70b: Meta's Llama 2 (Touvron et al. 2023, Table 1 and the released
+#   params.json: dim, n_layers, n_heads, n_kv_heads, vocabulary 32,000, SwiGLU hidden
+#   multiple_of 256 / ffn_dim_multiplier) and Llama 3 / 3.1 (dim 4096/8192, 32/80 layers, 8 KV
+#   heads, vocabulary 128,256, hidden 14,336/28,672, rope theta 500,000) as torchtitan's
+#   ModelArgs builds them: no biases, untied output layer; 6,738,415,616 parameters for
+#   llama2-7b and 8,030,261,248 for llama3-8b (tests/test_gpt.py derives both by hand).
+def _llama_hidden(d_model: int, multiple_of: int, multiplier: float | None) -> int:
+    """Llama's SwiGLU hidden size: 2/3 of 4 x d_model, times the multiplier, rounded up to a
+    multiple of ``multiple_of`` (torchtitan's FeedForward)."""
+    hidden = int(2 * 4 * d_model / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def _llama(layers, d_model, heads, kv_heads, vocab, seq_len, multiple_of, multiplier, theta):
+    return GPTConfig(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, vocab=vocab,
+                     seq_len=seq_len, bias=False, tie_embeddings=False, norm="rmsnorm",
+                     mlp="swiglu", ffn_hidden=_llama_hidden(d_model, multiple_of, multiplier),
+                     positions="rope", rope_theta=theta)
+
+
 def _gpt2(layers, d_model, heads):
     return GPTConfig(layers=layers, d_model=d_model, heads=heads, vocab=50257, seq_len=1024,
                      bias=True)
@@ -114,6 +246,11 @@ PRESETS = {
     "mpt-3b": _mpt(32, 2560, 20), "mpt-7b": _mpt(32, 4096, 32),
     "mpt-13b": _mpt(40, 5120, 40), "mpt-30b": _mpt(48, 7168, 56),
     "mpt-70b": _mpt(80, 8192, 64),
+    "llama2-7b": _llama(32, 4096, 32, None, 32000, 4096, 256, None, 10000.0),
+    "llama2-13b": _llama(40, 5120, 40, None, 32000, 4096, 256, None, 10000.0),
+    "llama2-70b": _llama(80, 8192, 64, 8, 32000, 4096, 4096, 1.3, 10000.0),
+    "llama3-8b": _llama(32, 4096, 32, 8, 128256, 8192, 1024, 1.3, 500000.0),
+    "llama3-70b": _llama(80, 8192, 64, 8, 128256, 8192, 4096, 1.3, 500000.0),
 }
 
 

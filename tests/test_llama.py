@@ -1,0 +1,147 @@
+"""The Llama form of dlperf's decoder (models/gpt.py): the published models to the parameter,
+the kernels torchtitan's Llama runs, and a reference rotary embedding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dlperf.models.gpt import GPT, PRESETS, GPTConfig, apply_rope, rope_tables
+
+
+def _count(cfg):
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(cfg).parameters())
+
+
+def test_llama_presets_are_the_published_models_to_the_parameter():
+    # Llama 3 8B: SwiGLU hidden int(2 x 4 x 4096 / 3) = 10,922, x 1.3 = 14,198, up to a multiple
+    # of 1,024: 14,336. Per layer: wq + wo 2 x 4096^2, wk + wv 2 x 4096 x 1024 (8 KV heads of
+    # 128), MLP 3 x 4096 x 14,336, two norms 2 x 4096 = 218,112,000; x 32 = 6,979,584,000; plus
+    # embedding and untied output 2 x 128,256 x 4,096 and the final norm: 8,030,261,248
+    # (Meta's model card: 8.03 B).
+    assert PRESETS["llama3-8b"].ffn_hidden == 14336
+    assert _count(PRESETS["llama3-8b"]) == 32 * (2 * 4096**2 + 2 * 4096 * 1024
+                                                 + 3 * 4096 * 14336 + 2 * 4096) \
+        + 2 * 128256 * 4096 + 4096 == 8_030_261_248
+    # Llama 2 7B: hidden 10,922 up to a multiple of 256 = 11,008; multi-head attention
+    # 4 x 4096^2; 32 x 202,383,360 + 2 x 32,000 x 4,096 + 4,096 = 6,738,415,616
+    assert PRESETS["llama2-7b"].ffn_hidden == 11008
+    assert _count(PRESETS["llama2-7b"]) == 6_738_415_616
+    # 70B: hidden int(21,845 x 1.3) = 28,398 up to a multiple of 4,096 = 28,672 (both
+    # generations); Llama 2 70B has 68,976,648,192 parameters, Llama 3 70B 70,553,706,496
+    assert PRESETS["llama2-70b"].ffn_hidden == PRESETS["llama3-70b"].ffn_hidden == 28672
+    assert _count(PRESETS["llama2-70b"]) == 68_976_648_192
+    assert _count(PRESETS["llama3-70b"]) == 70_553_706_496
+    assert PRESETS["llama2-13b"].ffn_hidden == 13824
+
+
+def test_rope_matches_a_complex_multiply_in_float64():
+    # torchtitan's apply_rotary_emb: view pairs as complex numbers, multiply by e^(i t f_j)
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8)
+    cos, sin = rope_tables(8, 16, 500000.0)
+    ours = apply_rope(x, cos, sin).double()
+    freqs = 1.0 / 500000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    angles = torch.outer(torch.arange(5, dtype=torch.float64), freqs)
+    z = torch.view_as_complex(x.double().reshape(2, 5, 3, 4, 2).contiguous())
+    ref = torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)[None, :, None])
+    assert torch.allclose(ours, ref.reshape(2, 5, 3, 8), atol=1e-5)
+    # position 0 is not rotated; norms are kept
+    assert torch.allclose(ours[:, 0], x[:, 0].double(), atol=1e-6)
+    assert torch.allclose(ours.norm(dim=-1), x.double().norm(dim=-1), atol=1e-4)
+
+
+def test_grouped_query_attention_repeats_kv_heads_and_trains():
+    cfg = GPTConfig(layers=2, d_model=64, heads=8, kv_heads=2, vocab=100, seq_len=16,
+                    tie_embeddings=False, norm="rmsnorm", mlp="swiglu", ffn_hidden=96,
+                    positions="rope")
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    attn = model.blocks[0].attn
+    assert attn.wk.out_features == attn.wv.out_features == 2 * 8  # 2 KV heads of 8
+    idx = torch.randint(0, 100, (2, 16))
+    logits = model(idx)
+    assert logits.shape == (2, 16, 100)
+    # causal: changing the last token changes no earlier position's logits
+    idx2 = idx.clone()
+    idx2[:, -1] = (idx2[:, -1] + 1) % 100
+    assert torch.allclose(model(idx2)[:, :-1], logits[:, :-1], atol=1e-5)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten())
+    loss.backward()
+    assert math.isfinite(loss.item()) and attn.wk.weight.grad.abs().sum() > 0
+    # the RMSNorm: x / rms(x) x weight
+    x = torch.randn(3, 64)
+    norm = model.blocks[0].ln1
+    ref = x / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-5).float()
+    assert torch.allclose(norm(x), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(kv_heads=3), "kv_heads"), (dict(mlp="swiglu"), "ffn_hidden"),
+    (dict(norm="batchnorm"), "norm must be one of"), (dict(positions="alibi"), "positions"),
+])
+def test_bad_llama_configs_say_what_is_wrong(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        GPTConfig(layers=1, d_model=64, heads=8, **kwargs)
+
+
+def test_llama_step_has_the_kernels_torchtitan_runs():
+    # analysis of a 2-layer llama3-8b at 256 tokens: 7 GEMMs per block forward (q, k, v, o,
+    # w1, w3, w2) with k and v at 1,024 outputs, fused attention, no LayerNorm kernels
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+    from dlperf.models.gpt import gpt_config
+
+    cfg = gpt_config("llama3-8b", layers=2, seq_len=256)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    a = analyze_model(model, AnalysisConfig(model="llama3-8b", input_shape=(1, 256),
+                                            dtype="bf16", train=True, tokens=True,
+                                            device="h100-sxm", optimizer="adamw"),
+                      input_dtype=torch.long)
+    fwd = [p.cost for p in a.predictions if p.cost.phase == "forward"
+           and p.cost.module.startswith("blocks.0.") and p.cost.kind == "gemm"]
+    assert [c.module.split(".")[-1] for c in fwd] == ["wq", "wk", "wv", "wo", "fc", "gate", "out"]
+    assert [c.gemm.m for c in fwd][:3] == [4096, 1024, 1024]  # M = output features
+    assert any(p.cost.kind == "fused" for p in a.predictions)
+    assert not any("layer_norm" in p.cost.op for p in a.predictions)
+
+
+def _llama_analysis(policy):
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+    from dlperf.models.gpt import gpt_config
+
+    cfg = gpt_config("llama3-8b", layers=2, seq_len=256)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return analyze_model(model, AnalysisConfig(
+        model="llama3-8b", input_shape=(1, 256), dtype="bf16", train=True, tokens=True,
+        device="h100-sxm", optimizer="adamw", activation_checkpointing=policy is not None,
+        checkpoint_policy=policy or "full"), input_dtype=torch.long)
+
+
+def test_selective_op_checkpointing_recomputes_what_torchtitans_policy_does():
+    # torchtitan's op-level policy keeps the outputs of attention and of the 1st, 3rd, 5th and
+    # 7th aten.mm of a block (q, v, w1, w2) and recomputes the rest: of the GEMMs, k, o and w3
+    # (the 2nd, 4th, 6th); full checkpointing replays every kernel up to the last one the
+    # backward needs.
+    none, full, sel = (_llama_analysis(p) for p in (None, "full", "selective-op"))
+    recompute = {name: [p.cost for p in a.predictions if p.cost.phase == "recompute"
+                        and p.cost.module.startswith("blocks.0.")]
+                 for name, a in (("full", full), ("sel", sel))}
+    assert not any(p.cost.phase == "recompute" for p in none.predictions)
+    gemms = [c.module.split(".")[-1] for c in recompute["sel"] if c.kind == "gemm"]
+    assert gemms == ["wk", "wo", "gate"]
+    assert not any(c.kind == "fused" for c in recompute["sel"])
+    full_gemms = [c.module.split(".")[-1] for c in recompute["full"] if c.kind == "gemm"]
+    assert full_gemms[:6] == ["wq", "wk", "wv", "wo", "fc", "gate"]
+    assert any(c.kind == "fused" for c in recompute["full"])
+    # recomputed FLOPs per block: k (256 x 1024 x 4096), o (256 x 4096 x 4096) and w3
+    # (256 x 14336 x 4096) GEMMs, 2 FLOPs per multiply-add
+    sel_flops = sum(c.flops for c in recompute["sel"] if c.kind == "gemm")
+    assert sel_flops == 2 * 256 * 4096 * (1024 + 4096 + 14336)
+    # and the memory: selective keeps more than full, less than none
+    assert (full.memory["activations_bytes"] < sel.memory["activations_bytes"]
+            < none.memory["activations_bytes"])
