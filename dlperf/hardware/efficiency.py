@@ -32,7 +32,8 @@ quantization of ``gemm.py``, which stays separate):
   presets (the published table's steps always hold twice the forward FLOPs in backward, so it
   cannot separate the two); ``dlperf probe --sweep`` fits it per machine, where backward
   kernels may run other code: on a 2-core EPYC that emulates bf16, bf16 channels_last
-  convolutions reached 10-19 GFLOP/s forward and 4-10 backward, FP32 ones 78-117 and 72-110.
+  convolutions ran at 15-21 GFLOP/s forward and 4-9 backward (a fitted share of 0.55), FP32
+  ones at a share of 0.92 (benchmarks/results/predict-vs-measure-cpu.json).
 
 Memory (achieved bytes/s):
 
