@@ -172,3 +172,24 @@ def test_attention_output_is_laid_out_as_the_fused_kernels_write_it():
     assert not [r for r in forward_attn if r.op in ("clone", "copy_", "_to_copy")], \
         [r.op for r in forward_attn]
     assert [r for r in records if r.region is not None and r.phase == "forward"]
+
+
+def test_a_second_capture_of_the_same_model_costs_the_same_step():
+    # The backward of a capture leaves .grad on the model's (meta) parameters; a second capture
+    # used to accumulate into them (one extra add per parameter). Each capture starts from no
+    # gradients, like a step after zero_grad(set_to_none=True), and leaves .grad as it was.
+    from dlperf.analysis.api import AnalysisConfig, capture_costs
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 10))
+    cfg = AnalysisConfig(model="mlp", input_shape=(8, 64), dtype="bf16", device="h100-sxm",
+                         optimizer="none")
+    first = [(c.op, c.phase) for c in capture_costs(model, cfg)[0]]
+    second = [(c.op, c.phase) for c in capture_costs(model, cfg)[0]]
+    assert first == second
+    assert all(p.grad is None for p in model.parameters())
+    marker = torch.empty(10, device="meta")
+    model[2].bias.grad = marker
+    third = [(c.op, c.phase) for c in capture_costs(model, cfg)[0]]
+    assert third == first and model[2].bias.grad is marker

@@ -441,12 +441,19 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
     model is not touched. ``autocast_dtype`` emulates ``torch.autocast('cuda', dtype)``. The
     model's train/eval flags are restored afterwards. ``params``: the tensors ``forward`` uses
     as parameters (default: the model's own). ``timer`` times every kernel (real tensors only).
+    The backward starts from no gradients, as a step after ``zero_grad(set_to_none=True)``
+    does, and the parameters' ``.grad`` are put back as they were: a model captured twice (a
+    second analysis, a validation table reusing one model for several rows) would otherwise
+    accumulate into the first capture's gradients, one extra ``add`` per parameter.
     """
     result = Capture()
     state = _State()
     hooks = []
-    for p in list(model.parameters() if params is None else params):
+    param_list = list(model.parameters() if params is None else params)
+    grads = [p.grad for p in param_list]
+    for p in param_list:
         result.weight_keys.add(_meta(p).key)
+        p.grad = None
     for name, mod in model.named_modules():
         result.module_types[name] = type(mod).__name__
         result.param_shapes[name] = {tuple(p.shape) for p in mod.parameters(recurse=False)}
@@ -502,4 +509,6 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
             h.remove()
         for m, mode in modes.items():
             m.training = mode
+        for p, g in zip(param_list, grads):
+            p.grad = g
     return result
