@@ -137,26 +137,36 @@ def _notes(analysis, console) -> None:
             console.print(f"  - {escape('[' + f.rule + ']')} {escape(f.message)}{gain}")
 
 
-def render_scaling(here: dict, curve: list[dict], node, network, console) -> None:
-    """`analyze --gpus`: the requested scale in a line, then the curve from 1 to 4,096 GPUs."""
+def render_scaling(here: dict, curve: list[dict], node, network, console,
+                   tokens_per_sample: int | None = None) -> None:
+    """`analyze --gpus`: the requested scale in a line, then the curve from 1 to 4,096 GPUs.
+    ``tokens_per_sample``: a token model's sequence length; rates are then tokens/s, what
+    language-model runs publish."""
     comm = here["communication"]
+    scale = tokens_per_sample or 1
+    unit = "tokens/s" if tokens_per_sample else "samples/s"
+    above = (" (above 100%: each GPU updates only its shard of the optimizer state)"
+             if here["scaling_efficiency"] > 1.0 and comm["strategy"].startswith("fsdp") else "")
     console.print(
         f"[bold]On {here['gpus']:,} GPUs[/] ({here['nodes']:,} node(s); {node.display_name}"
         + (f", then {network.display_name}" if here["nodes"] > 1 else "") + f"; "
-        f"{comm['strategy'].upper()}): {rate(here['per_gpu_samples_per_s'])} samples/s per GPU, "
-        f"{rate(here['total_samples_per_s'])} in all, {here['scaling_efficiency']:.1%} of one "
-        f"GPU; communication {seconds(comm.get('comm_s', 0.0))} per "
+        f"{comm['strategy'].upper()}): {rate(here['per_gpu_samples_per_s'] * scale)} {unit} per "
+        f"GPU, {rate(here['total_samples_per_s'] * scale)} in all, "
+        f"{here['scaling_efficiency']:.1%} of one GPU{above}; communication {seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}, "
         f"{seconds(here['exposed_comm_s'])} exposed; limited by {here['limited_by']}"
         + (f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}"
            + (" [bold red](does not fit)[/]" if here["memory_per_gpu"].get("fits") is False
               else "") if here.get("memory_per_gpu") else "") + ".")
     table = Table(title="Scaling, same per-GPU batch", title_justify="left", header_style="bold")
-    for col in ("GPUs", "nodes", "per GPU/s", "total/s", "efficiency", "exposed comm", "limit"):
+    per = "tokens/s" if tokens_per_sample else "/s"
+    for col in ("GPUs", "nodes", f"per GPU {per}", f"total {per}", "efficiency", "exposed comm",
+                "limit"):
         table.add_column(col, justify="left" if col == "limit" else "right")
     for row in curve:
-        table.add_row(f"{row['gpus']:,}", f"{row['nodes']:,}", rate(row["per_gpu_samples_per_s"]),
-                      rate(row["total_samples_per_s"]), f"{row['scaling_efficiency']:.1%}",
+        table.add_row(f"{row['gpus']:,}", f"{row['nodes']:,}",
+                      rate(row["per_gpu_samples_per_s"] * scale),
+                      rate(row["total_samples_per_s"] * scale), f"{row['scaling_efficiency']:.1%}",
                       seconds(row["exposed_comm_s"]), row["limited_by"])
     console.print(table)
 

@@ -226,7 +226,8 @@ def _scale_out(args, analysis, model, console) -> dict:
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]
     here = scale_out(analysis, params, cfg, node, network)
     curve = scaling_curve(analysis, params, cfg, node, network)
-    render_scaling(here, curve, node, network, console)
+    tokens = analysis.config.input_shape[1] if analysis.config.tokens else None
+    render_scaling(here, curve, node, network, console, tokens_per_sample=tokens)
     return {"config": {**cfg.__dict__, "node": node.to_dict(), "network": network.to_dict()},
             "at_requested_scale": here, "curve": curve}
 
