@@ -66,10 +66,7 @@ def main(argv: list[str]) -> int:
     for r in table:
         print(f"{r['id']:30s} {r['seq_len']:6d} {r['checkpointing']:>12s} "
               f"{r['ratio_shipped']:8.2f} {r['ratio_fitted']:7.2f} {r['ratio_held_out']:8.2f}")
-    for name in ("shipped", "in_sample", "held_out_by_row"):
-        s = summary[name]
-        print(f"{name:16s} {s['rows']} rows: median |error| {s['median_abs_error']:.1%} "
-              f"(pred/meas {s['median_ratio']:.2f}), worst {s['max_abs_error']:.1%}")
+    fa.print_summary(summary, ("shipped", "in_sample", "held_out_by_row"))
     print(f"attention = {attention} of the Tensor Core peak (shipped {FITTED.attention}); "
           f"held-out folds {summary['held_out_attention_range']}")
     save_result(out_path, "attention-stack", {"source": SOURCE, "device": DEVICE,

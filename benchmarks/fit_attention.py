@@ -63,6 +63,14 @@ def fit(captured: list[tuple], score, base) -> tuple[float, list[dict]]:
     return best, score(captured, dataclasses.replace(base, attention=best))
 
 
+def print_summary(summary: dict, names: tuple[str, ...]) -> None:
+    """One line per named block of ``summary`` (each a ``_stats`` dict)."""
+    for name in names:
+        s = summary[name]
+        print(f"{name:18s} {s['rows']} rows: median |error| {s['median_abs_error']:.1%} "
+              f"(pred/meas {s['median_ratio']:.2f}), worst {s['max_abs_error']:.1%}")
+
+
 def _stats(rows: list[dict], key: str = "per_gpu_ratio") -> dict:
     errors = [abs(r[key] - 1) for r in rows]
     return {"rows": len(rows), "median_abs_error": statistics.median(errors),
@@ -119,10 +127,7 @@ def main(argv: list[str]) -> int:
         print(f"{r['id']:28s} {r['seq_len']:6d} {'yes' if r['activation_checkpointing'] else '':>3s}"
               f" {r['ratio_attention_as_gemm']:8.2f} {r['ratio_fitted']:7.2f}"
               f" {r['ratio_held_out']:8.2f}")
-    for name in ("before", "in_sample", "held_out_by_model"):
-        s = summary[name]
-        print(f"{name:18s} {s['rows']} rows: median |error| {s['median_abs_error']:.1%} "
-              f"(pred/meas {s['median_ratio']:.2f}), worst {s['max_abs_error']:.1%}")
+    print_summary(summary, ("before", "in_sample", "held_out_by_model"))
     print(f"attention = {attention} of the Tensor Core peak (as a GEMM: {FITTED.tensor_gemm}); "
           f"held-out folds {summary['held_out_attention_range']}")
     save_result(out_path, "attention-fit", {"source": SOURCE, "device": DEVICE,
