@@ -108,18 +108,21 @@ def predict(rows: list[dict]) -> list[dict]:
 
 
 def add_relative_scaling(rows: list[dict]) -> None:
-    """Where a source published the same model on the same GPU at several GPU counts, the
-    per-GPU throughput of each row relative to the smallest count, measured and predicted: the
-    scale-out model's own error, free of the single-GPU prediction's (which cancels)."""
+    """Where a source published the same model on the same GPU at several GPU counts (same
+    per-GPU batch, precision, strategy and checkpointing), the per-GPU throughput of each row
+    relative to the smallest count, measured and predicted: the scale-out model's own error,
+    free of the single-GPU prediction's (which cancels). Rows at the smallest count (two
+    systems of one GPU model, e.g. a DGX-1 with 16 and with 32 GB) are not compared."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        key = (r["source"], r["model"], r["device"], r["image_size"], r["precision"],
-               r["strategy"], r["activation_checkpointing"], r.get("checkpoint_policy"))
+        key = (r["source"], r["model"], r["device"], r["image_size"], r["batch"],
+               r["precision"], r["strategy"], r["activation_checkpointing"],
+               r.get("checkpoint_policy"))
         groups.setdefault(key, []).append(r)
     for group in groups.values():
         base = min(group, key=lambda r: r["gpus"])
         for r in group:
-            if r is base:
+            if r["gpus"] == base["gpus"]:  # the base, or another system at the same count
                 r["relative_measured"] = r["relative_predicted"] = r["relative_ratio"] = None
                 continue
             r["relative_base"] = base["id"]

@@ -109,3 +109,26 @@ def test_rows_measured_before_pytorch_2_capture_attention_unfused():
     assert "bmm" in ops and "_softmax" in ops and "attention" not in ops
     (_, _, fused, _, _), = vp.capture_rows([{**old, "batch": 2, "source": "new"}])
     assert "attention" in {c.op for c in fused}
+
+
+def test_relative_scaling_compares_one_configuration_across_gpu_counts():
+    vs = load_benchmark("validate_scaling")
+
+    def row(id_, gpus, batch, measured, predicted, **kw):
+        return {"id": id_, "source": "s", "model": "m", "device": "d", "image_size": 224,
+                "batch": batch, "precision": "amp", "strategy": "ddp",
+                "activation_checkpointing": False, "checkpoint_policy": "full", "gpus": gpus,
+                "measured_per_gpu": measured, "predicted_per_gpu": predicted, **kw}
+
+    rows = [row("a8", 8, 128, 100.0, 110.0), row("a64", 64, 128, 90.0, 110.0),
+            # another 8-GPU system of the same GPU: not a scaling pair
+            row("b8", 8, 128, 105.0, 110.0),
+            # another batch: its own group, with no second count
+            row("c64", 64, 256, 80.0, 100.0)]
+    vs.add_relative_scaling(rows)
+    by_id = {r["id"]: r for r in rows}
+    # 64 vs 8 GPUs: measured 90 / 100 = 0.9, predicted 110 / 110 = 1.0, ratio 1.0 / 0.9
+    assert by_id["a64"]["relative_measured"] == pytest.approx(0.9)
+    assert by_id["a64"]["relative_ratio"] == pytest.approx(1 / 0.9)
+    assert by_id["b8"]["relative_ratio"] is None and by_id["a8"]["relative_ratio"] is None
+    assert by_id["c64"]["relative_ratio"] is None
