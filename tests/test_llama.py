@@ -145,3 +145,17 @@ def test_selective_op_checkpointing_recomputes_what_torchtitans_policy_does():
     # and the memory: selective keeps more than full, less than none
     assert (full.memory["activations_bytes"] < sel.memory["activations_bytes"]
             < none.memory["activations_bytes"])
+
+
+def test_cli_selective_checkpointing_and_fsdp_scale_out_in_tokens(capsys):
+    from conftest import run_cli
+
+    code, out, err = run_cli(["analyze", "llama3-8b", "--layers", "1", "--seq-len", "128",
+                              "--batch-size", "1", "--train", "--activation-checkpointing",
+                              "selective-op", "--gpus", "16", "--strategy", "fsdp",
+                              "--interconnect", "nvlink4-h100,ib-ndr", "--top", "3"], capsys)
+    assert code == 0, err
+    assert "recompute" in out and "tokens/s per GPU" in out and "per GPU tokens/s" in out
+    code, out, err = run_cli(["analyze", "llama3-8b", "--layers", "1", "--seq-len", "128",
+                              "--activation-checkpointing", "everything", "--train"], capsys)
+    assert code != 0 and "selective-op" in err

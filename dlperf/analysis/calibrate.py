@@ -300,7 +300,8 @@ def half_pass(spec: DeviceSpec) -> bool:
     """Whether the sweep adds a bf16 pass: on a device without Tensor Cores (a CPU) whose probe
     found bf16 math. There bf16 runs other code than FP32 (on a CPU without bf16 units, oneDNN
     emulates it at a tenth of the FP32 rate, backward convolutions at about half the forward's:
-    benchmarks/README.md), so FP32's fractions do not carry over. On a GPU the sweep itself runs in bf16."""
+    benchmarks/README.md), so FP32's fractions do not carry over. On a GPU the sweep itself
+    runs in bf16."""
     return not spec.tensor_cores and bool(spec.peak.get("bf16"))
 
 
@@ -320,8 +321,8 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
     its errors). On a GPU the layers run under bf16 autocast (Tensor Cores); untested here.
     On a CPU with bf16 math (``half_pass``) the GEMM and convolution layers run again under
     bf16 autocast in channels_last, the layout a CPU's bf16 convolutions need (oneDNN's NCHW
-    bf16 path is a slower reference one), and their math fractions go into ``by_dtype["bf16"]``; the fit
-    returned holds that pass's as ``fitted["bf16"]``."""
+    bf16 path is a slower reference one), and their math fractions go into
+    ``by_dtype["bf16"]``; the fit returned holds that pass's as ``fitted["bf16"]``."""
     from dlperf.analysis.measure import MeasureConfig, measure
 
     base = identity(MEASURED)
