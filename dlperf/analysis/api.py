@@ -20,6 +20,8 @@ from dlperf.hardware.specs import DeviceSpec, get_device
 # --dtype -> the dtype autocast (or model.half()) uses; fp32: none
 DTYPES = {name: autocast_dtype(name) for name in MIXED}
 PRECISIONS = ("mixed", "half")
+# what a checkpointed block recomputes (AnalysisConfig.checkpoint_policy, kept_by_policy)
+CHECKPOINT_POLICIES = ("full", "selective-op")
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,9 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         raise DlperfError(f"--dtype {config.dtype!r}: choose one of {', '.join(DTYPES)}")
     if config.optimizer not in (*OPTIMIZER_BYTES_PER_PARAM, "none"):
         raise DlperfError(f"--optimizer {config.optimizer!r}: choose sgd, adamw or none")
+    if config.checkpoint_policy not in CHECKPOINT_POLICIES:
+        raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
+                          f"{' or '.join(CHECKPOINT_POLICIES)}")
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
     half = DTYPES[config.dtype] if config.precision == "half" else None
@@ -271,9 +276,6 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     return costs, uncounted, time.perf_counter() - start, memory
 
 
-CHECKPOINT_POLICIES = ("full", "selective-op")
-
-
 def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
     """Per forward kernel of one block (in order): does the checkpoint keep its output instead
     of recomputing it? "full": none. "selective-op": torchtitan's op-level selective AC
@@ -283,9 +285,6 @@ def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
     recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``)."""
     if policy == "full":
         return [False] * len(block_kernels)
-    if policy != "selective-op":
-        raise DlperfError(f"unknown checkpoint policy {policy!r}; use one of "
-                          f"{', '.join(CHECKPOINT_POLICIES)}")
     kept, mm = [], 0
     for c in block_kernels:
         if c.op == "mm":

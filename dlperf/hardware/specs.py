@@ -142,6 +142,11 @@ _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pd
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
 
+# The GH100 at 132 SMs and 1,980 MHz (H100-SXM datasheet, TFLOP/s): the H100 SXM, the H200 and
+# the GH200's GPU share it, dense and with 2:4 sparsity.
+_GH100 = {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
+          "int8": 1978.9}
+_GH100_SPARSE = {"tf32": 989.4, "fp16": 1978.9, "bf16": 1978.9, "fp8": 3957.8, "int8": 3957.8}
 _POWER = ("Its board power ({w} W) is low for its silicon: under sustained Tensor Core load "
           "its clock sits below the boost clock the datasheet peaks assume, so math-bound steps "
           "run slower than predicted; for a number to bet on, run `dlperf probe` on the card and "
@@ -248,9 +253,7 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           l2_mb=96, mem_gb=48,
           source="https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"),
     _spec("h100-sxm", "NVIDIA H100-SXM5-80GB", 132, 1980, 3350,
-          {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
-           "int8": 1978.9},
-          {"tf32": 989.4, "fp16": 1978.9, "bf16": 1978.9, "fp8": 3957.8, "int8": 3957.8},
+          _GH100, _GH100_SPARSE,
           l2_mb=50, mem_gb=80, source=_H100),
     _spec("h100-pcie", "NVIDIA H100-PCIe-80GB", 114, 1755, 2000,
           {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0,
@@ -258,16 +261,12 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           {"tf32": 756.0, "fp16": 1513.0, "bf16": 1513.0, "fp8": 3026.0, "int8": 3026.0},
           l2_mb=50, mem_gb=80, source=_H100),
     _spec("h200", "NVIDIA H200-SXM-141GB", 132, 1980, 4800,
-          {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
-           "int8": 1978.9},
-          {"tf32": 989.4, "fp16": 1978.9, "bf16": 1978.9, "fp8": 3957.8, "int8": 3957.8},
+          _GH100, _GH100_SPARSE,
           l2_mb=50, mem_gb=141,
           source="https://www.nvidia.com/en-us/data-center/h200/",
           notes="Same GH100 compute as H100-SXM with HBM3e."),
     _spec("gh200", "NVIDIA GH200 (H100 96GB HBM3)", 132, 1980, 4000,
-          {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
-           "int8": 1978.9},
-          {"tf32": 989.4, "fp16": 1978.9, "bf16": 1978.9, "fp8": 3957.8, "int8": 3957.8},
+          _GH100, _GH100_SPARSE,
           l2_mb=50, mem_gb=96,
           source="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
           notes="The Grace Hopper superchip's GPU: the H100-SXM's GH100 compute with 96 GB of "
