@@ -273,7 +273,8 @@ def test_probe_writes_spec_that_analyze_accepts(tmp_path, capsys):
     # --sweep fitted the efficiency model to this CPU from generic layers and stored it
     eff = spec["efficiency"]
     assert set(eff) >= {"cuda_core", "cuda_core_conv", "cuda_core_attention", "memory",
-                        "depthwise", "reduction", "reduction_backward", "transcendental",
+                        "depthwise", "depthwise_backward", "reduction", "norm",
+                        "reduction_backward", "transcendental",
                         "window", "launch_s", "gemm_m0"}
     # fractions of the quick probe's peaks, inside the fit's bounds (a quick probe's matmul
     # peak can sit below what the sweep's larger layers reach, so up to 3x)

@@ -82,6 +82,22 @@ def test_kernel_classes_pick_their_parameters():
     dw = predict(Cost(op="convolution", **{**base, "gemm": GemmShape(4096, 1, 9, 64)},
                       align_dims=(("c_in", 1), ("c_out", 1)), groups=64), spec, efficiency=eff)
     assert (dw.math_class, dw.memory_class, dw.unit) == ("cuda-core", "depthwise", "fp32")
+    # The backward of a depthwise convolution takes depthwise_backward's share of the CUDA-core
+    # rate in its math (a CPU's oneDNN runs it math-bound at a few GFLOP/s); its forward, the
+    # same conv of other classes and the presets (1.0) keep the plain rate.
+    slow = replace(eff, depthwise_backward=0.25)
+    back = {**base, "gemm": GemmShape(4096, 1, 9, 64), "phase": "dgrad"}
+    narrow = (("c_in", 1), ("c_out", 1))
+    dw_back = predict(Cost(op="convolution_backward", **back, align_dims=narrow, groups=64),
+                      spec, efficiency=slow)
+    assert dw_back.math_time_s == pytest.approx(4 * dw.math_time_s)
+    dw_fwd = predict(Cost(op="convolution", **{**base, "gemm": GemmShape(4096, 1, 9, 64)},
+                          align_dims=narrow, groups=64), spec, efficiency=slow)
+    assert dw_fwd.math_time_s == pytest.approx(dw.math_time_s)
+    dense_back = predict(Cost(op="convolution_backward", **{**base, "phase": "dgrad"},
+                              align_dims=(("c_in", 64), ("c_out", 64))), spec, efficiency=slow)
+    assert dense_back.math_time_s == pytest.approx(conv.math_time_s)
+    assert FITTED.depthwise_backward == 1.0
 
 
 def test_fused_attention_has_its_own_fraction_of_the_peak():
@@ -111,21 +127,23 @@ def test_fused_attention_has_its_own_fraction_of_the_peak():
 
 def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
     # A CPU spec (no Tensor Cores) with every class at a different share of its 20 GB/s:
-    # GELU streams 2e9 B at 0.5 x 20 GB/s = 0.2 s; the window pool at 0.25 -> 0.4 s; the layer
-    # norm's statistics (reduction, no two-pass factor for layer norm forward) at 0.8 -> 0.125 s;
-    # batch norm backward (two-pass factor 5/3) at 0.4 -> 2e9 x 5/3 / 8e9 = 0.4167 s; an add
-    # streams at the full 20 GB/s -> 0.1 s.
+    # GELU streams 2e9 B at 0.5 x 20 GB/s = 0.2 s; the window pool at 0.25 -> 0.4 s; layer
+    # norm forward (class norm, no two-pass factor) at 0.4 -> 2e9 / 8e9 = 0.25 s; a mean
+    # (class reduction) at 0.8 -> 0.125 s; batch norm forward (norm, two-pass factor 1.5) at
+    # 0.4 -> 2e9 x 1.5 / 8e9 = 0.375 s; batch norm backward (two-pass factor 5/3) at 0.4 ->
+    # 2e9 x 5/3 / 8e9 = 0.4167 s; an add streams at the full 20 GB/s -> 0.1 s.
     from dlperf.analysis.gemm import GemmShape
     from dlperf.hardware.efficiency import memory_class_of
 
     cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
                      peak={"fp32": 1e11}, tensor_cores=False, measured=True)
     eff = Efficiency(cuda_core=0.5, cuda_core_conv=0.25, memory=1.0, transcendental=0.5,
-                     window=0.25, reduction=0.8, reduction_backward=0.4)
+                     window=0.25, reduction=0.8, norm=0.4, reduction_backward=0.4)
     mem = dict(module="m", module_type="t", phase="forward", kind="memory", flops=0,
                bytes=2 * 10**9, dtype="fp32")
     expected = {"gelu": ("transcendental", 0.2), "max_pool2d_with_indices": ("window", 0.4),
-                "native_layer_norm": ("reduction", 0.125),
+                "native_layer_norm": ("norm", 0.25), "mean": ("reduction", 0.125),
+                "native_batch_norm": ("norm", 0.375), "_softmax": ("norm", 0.25),
                 "native_batch_norm_backward": ("reduction-backward", 2e9 * 5 / 3 / 8e9),
                 "add": ("stream", 0.1)}
     for op, (cls, seconds) in expected.items():
@@ -145,7 +163,7 @@ def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
     assert same.math_time_s == pytest.approx(2.0)
     # The shipped GPU model leaves every memory class at the streaming bandwidth.
     v100 = get_device("v100-sxm2")
-    for cls in ("reduction", "reduction-backward", "transcendental", "window"):
+    for cls in ("reduction", "norm", "reduction-backward", "transcendental", "window"):
         assert FITTED.bandwidth(v100, cls) == FITTED.bandwidth(v100)
 
 
@@ -248,9 +266,17 @@ def test_sweep_fit_recovers_known_parameters_from_synthetic_kernels():
                          measured_s=mem / 0.9 + 20e-6))
         rows.append(dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None, depthwise=True,
                          measured_s=mem / (0.9 * 0.3) + 20e-6))
+    # depthwise backward kernels, math-bound at 0.05 of the math rate (0.6 x 0.05): their
+    # streaming time (memory_s / (0.9 x 0.3)) is 4x less than that
+    truth["depthwise_backward"] = 0.05
+    for flops in (1e6, 1e7, 1e8):
+        math_s = flops / 1e11
+        rows.append(dict(math_s=math_s, memory_s=math_s / (0.6 * 0.05) / 4 * (0.9 * 0.3),
+                         kernels=1, gemm=None, memory_class="depthwise", phase="wgrad",
+                         measured_s=math_s / (0.6 * 0.05) + 20e-6))
     fitted = fit_kernels(rows)
     assert fitted["median_abs_error"] < 0.01
-    for key in ("math", "memory", "depthwise"):
+    for key in ("math", "memory", "depthwise", "depthwise_backward"):
         assert fitted[key] == pytest.approx(truth[key], rel=0.05), key
     assert fitted["launch_s"] == pytest.approx(20e-6, rel=0.2)
 
@@ -268,7 +294,7 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
             math_s = 2 * m * n * k / 1e11
             rows.append(dict(math_s=math_s, memory_s=1e-6, kernels=1, gemm=(m, n, k), conv=conv,
                              measured_s=math_s / share + 5e-6))
-    truth = {"stream": 1.0, "reduction": 0.5, "reduction-backward": 0.7,
+    truth = {"stream": 1.0, "reduction": 0.5, "norm": 0.3, "reduction-backward": 0.7,
              "transcendental": 0.2, "window": 0.1}
     for cls, share in truth.items():
         for mem in (1e-4, 1e-3, 1e-2):
@@ -279,9 +305,10 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
     assert fitted["math"] == pytest.approx(0.8, rel=0.05)
     assert fitted["conv"] == pytest.approx(0.5, rel=0.05)
     assert fitted["memory"] == pytest.approx(1.2, rel=0.05)
-    for cls in ("reduction", "reduction-backward", "transcendental", "window"):
+    for cls in ("reduction", "norm", "reduction-backward", "transcendental", "window"):
         assert fitted[cls.replace("-", "_")] == pytest.approx(truth[cls], rel=0.05), cls
     assert fitted["depthwise"] == 1.0 and "depthwise" not in fitted["fitted"]
+    assert fitted["depthwise_backward"] == 1.0 and "depthwise_backward" not in fitted["fitted"]
 
 
 def test_sweep_fit_gives_fused_attention_its_own_share():

@@ -17,7 +17,7 @@ measured time lands on the same Cost the analyzer predicts, then fits the parame
   (``cuda_core_attention`` on a CPU, ``attention`` on a GPU),
 * the fraction of the probed copy bandwidth that streaming memory-bound kernels reach
   (``memory``), and the share of that each memory class reaches (``depthwise``,
-  ``reduction``, ``reduction_backward``, ``transcendental``, ``window``; see
+  ``reduction``, ``norm``, ``reduction_backward``, ``transcendental``, ``window``; see
   ``hardware/efficiency.py``),
 * the fixed time per kernel (``launch_s``).
 
@@ -127,6 +127,11 @@ def cases(quick: bool = False) -> list[Case]:
         Case("conv1x1 240->64@1", _conv(240, 64, 1), (n, 240, 1, 1), quick=True),
         Case("depthwise 3x3 96@56", _conv(96, 96, 3, groups=96), (n, 96, 56, 56), quick=True),
         Case("depthwise 5x5 240@14", _conv(240, 240, 5, groups=240), (n, 240, 14, 14)),
+        # strided and late-stage depthwise layers: their backward's rate varies 2-17 GFLOP/s
+        # with shape on a CPU, so the fitted depthwise_backward needs more than two points
+        Case("depthwise 3x3 s2 144@28", _conv(144, 144, 3, 2, groups=144), (n, 144, 28, 28)),
+        Case("depthwise 3x3 512@7", _conv(512, 512, 3, groups=512), (n, 512, 7, 7)),
+        Case("depthwise 5x5 480@7", _conv(480, 480, 5, groups=480), (n, 480, 7, 7)),
         Case("linear 512->1000", lambda: nn.Linear(512, 1000), (32 * n, 512), quick=True),
         Case("linear 1024->1024", lambda: nn.Linear(1024, 1024), (64 * n, 1024), half=True),
         Case("linear 768->3072", lambda: nn.Linear(768, 3072), (16 * n, 768), quick=True,
@@ -161,8 +166,8 @@ def identity(efficiency: Efficiency) -> Efficiency:
     """Every fitted fraction at 1, no ramp, 1 s per kernel: a prediction then holds raw terms."""
     return replace(efficiency, tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0,
                    cuda_core=1.0, cuda_core_conv=None, memory=1.0, sm_bytes_per_clock=None,
-                   depthwise=1.0, reduction=1.0, reduction_backward=1.0, transcendental=1.0,
-                   window=1.0,
+                   conv_backward=1.0, depthwise_backward=1.0, depthwise=1.0, reduction=1.0,
+                   norm=1.0, reduction_backward=1.0, transcendental=1.0, window=1.0,
                    gemm_m0=0.0, gemm_n0=0.0, gemm_k0=0.0, launch_s=1.0, host_s=0.0)
 
 
@@ -202,13 +207,16 @@ def nelder_mead(f, x0, step: float = 0.8, iters: int = 3000, tol: float = 1e-10)
 # "conv_backward" the backward convolutions' share of that, "attention" fused attention's;
 # the memory classes are fractions of the streaming bandwidth ("memory").
 BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "conv_backward": (0.1, 3.0),
+          "depthwise_backward": (0.005, 3.0),
           "attention": (0.01, 3.0),
           "gemm_m0": (1.0, 4096.0),
           "gemm_n0": (1.0, 4096.0), "gemm_k0": (1.0, 4096.0), "memory": (0.05, 2.0),
-          "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "reduction_backward": (0.01, 2.0),
+          "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "norm": (0.01, 2.0),
+          "reduction_backward": (0.01, 2.0),
           "transcendental": (0.01, 2.0), "window": (0.01, 2.0), "launch_s": (1e-7, 1e-3)}
 # the memory classes of efficiency.MEMORY_CLASSES with a parameter of their own
-CLASS_PARAMS = ("depthwise", "reduction", "reduction_backward", "transcendental", "window")
+CLASS_PARAMS = ("depthwise", "reduction", "norm", "reduction_backward", "transcendental",
+                "window")
 
 
 def squash(z: float, lo: float, hi: float) -> float:
@@ -241,16 +249,20 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
     cls = np.array([r.get("memory_class") or ("depthwise" if r.get("depthwise") else "stream")
                     for r in rows])
     conv = np.array([bool(r.get("conv")) for r in rows])
-    backward = conv & np.array([r.get("phase", "forward") != "forward" for r in rows])
+    not_forward = np.array([r.get("phase", "forward") != "forward" for r in rows])
+    backward = conv & not_forward
+    # depthwise backward: math-bound at its own share of the math rate (efficiency.py)
+    dw_backward = (cls == "depthwise") & not_forward
     attention = np.array([bool(r.get("attention")) for r in rows])
     measured = np.array([r["measured_s"] for r in rows])
     names = tuple(n for n in BOUNDS
                   if (n not in CLASS_PARAMS or np.any(cls == n.replace("_", "-")))
                   and (n != "conv" or (np.any(conv) and np.any(~conv & (math_s > 0))))
                   and (n != "conv_backward" or (np.any(backward) and np.any(conv & ~backward)))
+                  and (n != "depthwise_backward" or np.any(dw_backward & (math_s > 0)))
                   and (n != "attention" or np.any(attention & (math_s > 0)))
                   and (only is None or n in only))
-    start = {"conv": None, "attention": None, "conv_backward": 1.0,
+    start = {"conv": None, "attention": None, "conv_backward": 1.0, "depthwise_backward": 1.0,
              **{c: 1.0 for c in CLASS_PARAMS}, **(fixed or {})}
 
     def params(z):
@@ -266,7 +278,8 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
             fraction[cls == c.replace("_", "-")] = p[c]
         math_eff = np.where(conv, (p["conv"] or p["math"])
                             * np.where(backward, p["conv_backward"], 1.0),
-                            np.where(attention, p["attention"] or p["math"], p["math"]))
+                            np.where(attention, p["attention"] or p["math"], p["math"])
+                            * np.where(dw_backward, p["depthwise_backward"], 1.0))
         return (np.maximum(math_s / (math_eff * ramp), mem_s / (p["memory"] * fraction))
                 + kernels * p["launch_s"])
 
@@ -380,7 +393,8 @@ def overrides_from_fit(fitted: dict, tensor_cores: bool) -> dict:
     else:
         math = {"cuda_core": fitted["math"], "cuda_core_conv": fitted["conv"],
                 "cuda_core_attention": fitted["attention"]}
-    return {**math, "conv_backward": fitted["conv_backward"], "memory": fitted["memory"],
+    return {**math, "conv_backward": fitted["conv_backward"],
+            "depthwise_backward": fitted["depthwise_backward"], "memory": fitted["memory"],
             **{c: fitted[c] for c in CLASS_PARAMS},
             "launch_s": fitted["launch_s"], "gemm_m0": fitted["gemm_m0"],
             "gemm_n0": fitted["gemm_n0"], "gemm_k0": fitted["gemm_k0"]}

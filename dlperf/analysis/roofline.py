@@ -61,7 +61,7 @@ class Prediction:
     # tensor-gemm | tensor-conv | grouped-conv | attention | cuda-core | cuda-core-conv |
     # cuda-core-attention | none
     math_class: str = "none"
-    # stream | depthwise | reduction | reduction-backward | transcendental | window
+    # stream | depthwise | reduction | norm | reduction-backward | transcendental | window
     memory_class: str = "stream"
     traffic_factor: float = 1.0  # real traffic / the guide's minimum bytes (two-pass kernels)
     kernels: int = 1  # kernels launched, the NCHW transposes included
@@ -136,6 +136,8 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     efficiency *= eff.math(math_class)
     if is_conv and cost.phase != "forward" and math_class in CONV_CLASSES:
         efficiency *= eff.conv_backward
+    if memory_class == "depthwise" and cost.phase != "forward":
+        efficiency *= eff.depthwise_backward
     bandwidth = eff.bandwidth(spec, memory_class)
     factor = traffic_factor(cost.op)
     transpose_s, kernels = 0.0, cost.kernels

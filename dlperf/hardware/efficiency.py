@@ -35,6 +35,16 @@ quantization of ``gemm.py``, which stays separate):
   convolutions ran at 15-21 GFLOP/s forward and 4-9 backward (a fitted share of 0.55), FP32
   ones at a share of 0.92 (benchmarks/results/predict-vs-measure-cpu.json).
 
+* ``depthwise_backward``: the share of ``cuda_core`` that the backward of a depthwise (or
+  narrow grouped) convolution reaches in its math. Their forward streams (the ``depthwise``
+  memory class); their backward can be math-bound at a low rate instead: on a 2-core EPYC,
+  oneDNN's depthwise backward ran at 4-17 GFLOP/s, so that in MobileNetV3's step a
+  memory-bound model predicted the 5x5 backward kernels 3-6x too fast while every forward
+  was within 0.7-1.7x (benchmarks/results/predict-vs-measure-cpu.json, fourth run). 1.0 for
+  the presets (the published table cannot separate it;
+  on a GPU the depthwise backward stays memory-bound at this share); ``dlperf probe --sweep``
+  fits it per machine.
+
 Memory (achieved bytes/s):
 
 * ``memory``: a streaming kernel's fraction of the datasheet DRAM bandwidth (STREAM-like).
@@ -53,10 +63,17 @@ Memory (achieved bytes/s):
   - ``depthwise``: depthwise and narrow grouped convolutions (each output reads a k x k window
     of one channel: short, strided rows, and the weight gradient is a reduction over batch x
     pixels per channel).
-  - ``reduction``: reductions and two-pass normalisations in the forward pass (batch, group and
-    layer norm statistics then normalise, softmax, global pooling, sums and means).
-  - ``reduction_backward``: their backward kernels (norm and softmax backward: a reduction of
-    (dy, x), then dx from both again).
+  - ``reduction``: reductions whose output is much smaller than their input (sums, means,
+    variances, global pooling): one pass over the input.
+  - ``norm``: normalisations in the forward pass (batch, group and layer norm: statistics then
+    normalise; softmax and log-softmax: max, sum of exponentials, normalise), whose output is
+    as large as the input, read again after the statistics. Kept apart from ``reduction``
+    because the two differ by 2x and more on a CPU: on a 2-core EPYC, NCHW batch norm's
+    per-channel statistics over strided rows moved 10 GB/s of real traffic where a sum
+    moved 30 (benchmarks/results/predict-vs-measure-cpu.json; with one class for both, fitted
+    mostly on sums, every model's batch norms were predicted 2x too fast).
+  - ``reduction_backward``: the backward kernels of both (norm and softmax backward: a
+    reduction of (dy, x), then dx from both again).
   - ``transcendental``: elementwise kernels that evaluate a transcendental function per element
     (GELU's erf, SiLU/sigmoid, tanh, exp): memory-bound on a GPU (its special-function units
     keep up with DRAM), math-bound on a CPU's vector units.
@@ -113,8 +130,10 @@ class Efficiency:
     attention: float | None = None  # None: as tensor_gemm
     cuda_core_attention: float | None = None  # None: as cuda_core
     conv_backward: float = 1.0  # backward convolutions' share of the forward's fraction
+    depthwise_backward: float = 1.0  # depthwise backward's share of cuda_core (its math)
     depthwise: float = 1.0
     reduction: float = 1.0
+    norm: float = 1.0
     reduction_backward: float = 1.0
     transcendental: float = 1.0
     window: float = 1.0
@@ -206,13 +225,14 @@ def traffic_factor(op: str) -> float:
 
 # Memory classes of the non-convolution kernels (depthwise convolutions are classed by the
 # roofline, which knows their groups); every op not named here streams.
-MEMORY_CLASSES = ("stream", "depthwise", "reduction", "reduction-backward", "transcendental",
-                  "window")
+MEMORY_CLASSES = ("stream", "depthwise", "reduction", "norm", "reduction-backward",
+                  "transcendental", "window")
 _CLASS_OF_OP = {
     **{op: "reduction" for op in (
-        *_TWO_PASS_FORWARD, "native_layer_norm", "_softmax", "_log_softmax", "mean", "sum",
-        "amax", "amin", "var", "var_mean", "std", "norm", "linalg_vector_norm",
+        "mean", "sum", "amax", "amin", "var", "var_mean", "std", "norm", "linalg_vector_norm",
         "_adaptive_avg_pool2d")},
+    **{op: "norm" for op in (*_TWO_PASS_FORWARD, "native_layer_norm", "_softmax",
+                             "_log_softmax")},
     **{op: "reduction-backward" for op in (
         *_TWO_PASS_BACKWARD, "_softmax_backward_data", "_log_softmax_backward_data",
         "_adaptive_avg_pool2d_backward")},
@@ -270,9 +290,9 @@ PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
 # The dtypes a kernel's math can have (``Cost.dtype``), what ``by_dtype`` may name.
 KERNEL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
-             "attention", "cuda_core_attention", "conv_backward",
-             "memory", "depthwise", "reduction", "reduction_backward", "transcendental",
-             "window", "misaligned")
+             "attention", "cuda_core_attention", "conv_backward", "depthwise_backward",
+             "memory", "depthwise", "reduction", "norm", "reduction_backward",
+             "transcendental", "window", "misaligned")
 
 
 def efficiency_for(spec) -> Efficiency:
