@@ -1,4 +1,5 @@
-"""Write dlperf/hardware/track_record.json from the saved validation results (issue #11).
+"""Write dlperf/hardware/track_record.json and scale_out_record.json from the saved validation
+results (issues #11 and #14).
 
 Reads benchmarks/results/validation-published.json and validation-scaling.json (rerun them
 first: validate_published.py, validate_scaling.py) and condenses them per device and class of
@@ -26,17 +27,31 @@ def record_from_results(results: Path = RESULTS) -> dict:
     return build(published["results"]["rows"], scaling["results"]["rows"])
 
 
+def scale_out_record_from_results(results: Path = RESULTS) -> dict:
+    from dlperf.hardware.track_record import build_scale_out
+
+    scaling = json.loads((results / "validation-scaling.json").read_text())
+    return build_scale_out(scaling["results"]["rows"])
+
+
 def main(argv: list[str]) -> int:
     from dlperf.files import write_json_atomic
-    from dlperf.hardware.track_record import PATH
+    from dlperf.hardware.track_record import PATH, SCALE_OUT_PATH
 
     record = record_from_results()
     write_json_atomic(PATH, record)
+    scale_out = scale_out_record_from_results()
+    write_json_atomic(SCALE_OUT_PATH, scale_out)
+    for key in ("one_node", "across_nodes"):
+        if key in scale_out:
+            s = scale_out[key]
+            print(f"scale-out, {key.replace('_', ' '):12s} {s['rows']:4d} rows  median "
+                  f"{s['median']:.2f}x  ({s['low']:.2f}-{s['high']:.2f})")
     for device, entry in record.items():
         s = entry.get("all") or entry["classes"].get("decoder")
         print(f"{device:16s} {s['rows']:4d} rows  median {s['median']:.2f}x  "
               f"({s['low']:.2f}-{s['high']:.2f})")
-    print(f"Wrote {PATH.relative_to(ROOT)}")
+    print(f"Wrote {PATH.relative_to(ROOT)} and {SCALE_OUT_PATH.relative_to(ROOT)}")
     return 0
 
 

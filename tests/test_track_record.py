@@ -95,3 +95,70 @@ def test_a_spec_file_caveat_must_be_text():
     with pytest.raises(DlperfError, match="caveat must be a string"):
         DeviceSpec.from_dict({"name": "g", "sm_count": 1, "mem_bandwidth": 1e9,
                               "peak": {"fp32": 1e12}, "caveat": 3})
+
+
+def test_shipped_scale_out_record_is_rebuilt_from_the_saved_results():
+    script = load_benchmark("track_record")
+    assert json.loads(tr.SCALE_OUT_PATH.read_text()) == script.scale_out_record_from_results(), (
+        "dlperf/hardware/scale_out_record.json is stale: run python benchmarks/track_record.py")
+
+
+def _scaling_row(**kw):
+    row = {"device": "v100-sxm2", "gpus": 8, "gpus_per_node": 8, "flag": "clean",
+           "source": "lambda-x", "efficiency_ratio": None, "measured_efficiency": None,
+           "relative_ratio": None, "limited_by": "compute"}
+    return {**row, **kw}
+
+
+def test_build_scale_out_keeps_one_node_and_across_node_rows_apart():
+    scaling = [
+        # one node, clean, with a one-GPU figure: ratios 1.02 and 1.10 (measured 0.98, 0.91)
+        _scaling_row(efficiency_ratio=1.02, measured_efficiency=0.98),
+        _scaling_row(gpus=4, efficiency_ratio=1.10, measured_efficiency=0.91,
+                     source="nvidia-rn50-record-blog", device="a100-80gb"),
+        # flagged, single GPU or no one-GPU figure: not in the one-node record
+        _scaling_row(efficiency_ratio=1.5, measured_efficiency=0.6, flag="decode-rate-assumed"),
+        _scaling_row(gpus=1, efficiency_ratio=1.0, measured_efficiency=1.0),
+        # across nodes: relative scaling of compute-bound rows, flags named; an input-bound
+        # row says nothing about what the network costs
+        _scaling_row(gpus=64, relative_ratio=1.08, flag="network-assumed",
+                     source="llm-foundry-mpt"),
+        _scaling_row(gpus=512, relative_ratio=1.02, source="llm-foundry-mpt"),
+        _scaling_row(gpus=16, relative_ratio=1.3, limited_by="input (host JPEG decode)"),
+    ]
+    record = tr.build_scale_out(scaling)
+    assert record["one_node"] == {"rows": 2, "median": 1.06, "low": 1.02, "high": 1.1,
+                                  "publishers": ["Lambda", "NVIDIA"], "measured_low": 0.91,
+                                  "measured_high": 0.98}
+    assert record["by_device"]["v100-sxm2"]["median"] == 1.02
+    assert record["across_nodes"] == {"rows": 2, "median": 1.05, "low": 1.02, "high": 1.08,
+                                      "publishers": ["MosaicML llm-foundry"], "gpus_low": 64,
+                                      "gpus_high": 512, "flags": ["network-assumed"]}
+    text, warn = tr.describe_scale_out(PRESETS["v100-sxm2"], record)
+    assert text.startswith("Track record, scale-out: on one node, 2 published runs")
+    assert "measured 91.0%-98.0% of their one-GPU rate" in text
+    assert "NVIDIA V100-SXM2 (32 GB): 1 run, median 1.02x" in text
+    assert "across nodes, 2 runs of 64-512 GPUs" in text and not warn
+    # this GPU's own record off by more than 8% warns; a measured profile gets no line
+    _, warn = tr.describe_scale_out(PRESETS["a100-80gb"], {
+        **record, "by_device": {"a100-80gb": {**record["one_node"], "median": 1.1}}})
+    assert warn
+    measured = DeviceSpec(name="m", display_name="m", sm_count=2, mem_bandwidth=1e10,
+                          peak={"fp32": 1e11}, measured=True)
+    assert tr.describe_scale_out(measured, record) is None
+    assert tr.describe_scale_out(PRESETS["v100-sxm2"], {}) is None
+
+
+def test_analyze_gpus_prints_and_saves_the_scale_out_record(tmp_path, capsys):
+    path, page = tmp_path / "s.json", tmp_path / "s.html"
+    code, out, err = _run(["analyze", "resnet50", "--device", "v100-sxm2", "--batch-size", "64",
+                           "--dtype", "fp16", "--train", "--gpus", "8", "--interconnect",
+                           "nvlink2-dgx1", "--json", str(path), "--html", str(page)], capsys)
+    assert code == 0, err
+    assert "Track record, scale-out: on one node" in " ".join(out.split())
+    saved = json.loads(path.read_text())["scale_out"]["track_record"]
+    shipped = tr.load_scale_out()
+    assert saved["one_node"] == shipped["one_node"]
+    assert saved["device"] == shipped["by_device"]["v100-sxm2"]
+    assert saved["text"].startswith("Track record, scale-out")
+    assert "Track record, scale-out" in page.read_text()

@@ -16,7 +16,11 @@ def _record_html(analysis) -> str:
     record = describe(analysis.device, analysis.config)
     if not record:
         return ""
-    text, warn = record
+    return _record_p(*record)
+
+
+def _record_p(text: str, warn: bool) -> str:
+    """A track record's line: highlighted when it is systematic, grey otherwise."""
     style = "background:#fff3cd;padding:4px" if warn else "color:#555"
     return f'<p class="record" style="{style}">{html.escape(text)}</p>'
 
@@ -204,5 +208,13 @@ def _scaling_section(scale_out: dict) -> str:
             f"samples/s per GPU, {here['total_samples_per_s']:,.0f} in all, "
             f"{here['scaling_efficiency']:.1%} of one GPU; limited by "
             f"{html.escape(here['limited_by'])}. Red points: a limit other than compute.</p>"
-            + scaling_svg(scale_out["curve"]))
+            + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out))
+
+
+def _scale_out_record_html(scale_out: dict) -> str:
+    """dlperf's record on published multi-GPU runs (hardware/track_record.py), under the plot."""
+    record = scale_out.get("track_record")
+    if not record:
+        return ""
+    return _record_p(record["text"], record["systematic"])
 

@@ -138,8 +138,10 @@ def _notes(analysis, console) -> None:
 
 
 def render_scaling(here: dict, curve: list[dict], node, network, console,
-                   tokens_per_sample: int | None = None) -> None:
-    """`analyze --gpus`: the requested scale in a line, then the curve from 1 to 4,096 GPUs.
+                   tokens_per_sample: int | None = None,
+                   record: tuple[str, bool] | None = None) -> None:
+    """`analyze --gpus`: the requested scale in a line, then the curve from 1 to 4,096 GPUs,
+    then dlperf's scale-out record (``record``: track_record.describe_scale_out's line).
     ``tokens_per_sample``: a token model's sequence length; rates are then tokens/s, what
     language-model runs publish."""
     comm = here["communication"]
@@ -170,6 +172,9 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                       rate(row["total_samples_per_s"] * scale), f"{row['scaling_efficiency']:.1%}",
                       seconds(row["exposed_comm_s"]), row["limited_by"])
     console.print(table)
+    if record:
+        text, warn = record
+        console.print(f"[yellow]{escape(text)}[/]" if warn else f"[dim]{escape(text)}[/]")
 
 
 def render_measurement(m, console: Console | None = None, top: int = 25) -> None:

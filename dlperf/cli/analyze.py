@@ -199,6 +199,7 @@ def _scale_out(args, analysis, model, console) -> dict:
     from dlperf.analysis.report import render_scaling
     from dlperf.analysis.scaling import ScaleConfig, scale_out, scaling_curve
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
+    from dlperf.hardware.track_record import describe_scale_out, load_scale_out
 
     if not analysis.config.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
@@ -227,9 +228,16 @@ def _scale_out(args, analysis, model, console) -> dict:
     here = scale_out(analysis, params, cfg, node, network)
     curve = scaling_curve(analysis, params, cfg, node, network)
     tokens = analysis.config.input_shape[1] if analysis.config.tokens else None
-    render_scaling(here, curve, node, network, console, tokens_per_sample=tokens)
+    # what published multi-GPU runs say about these predictions (hardware/track_record.py)
+    line = describe_scale_out(analysis.device)
+    render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line)
+    saved = load_scale_out()
+    record = None if line is None else {
+        "text": line[0], "systematic": line[1], "one_node": saved.get("one_node"),
+        "device": saved.get("by_device", {}).get(analysis.device.name),
+        "across_nodes": saved.get("across_nodes")}
     return {"config": {**cfg.__dict__, "node": node.to_dict(), "network": network.to_dict()},
-            "at_requested_scale": here, "curve": curve}
+            "at_requested_scale": here, "curve": curve, "track_record": record}
 
 
 def _specs(args, console) -> list:

@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 
 PATH = Path(__file__).with_name("track_record.json")
+# the scale-out part (``build_scale_out``), written beside it by the same script
+SCALE_OUT_PATH = Path(__file__).with_name("scale_out_record.json")
 # |median - 1| above this: the record is shown as a warning, not as a plain note
 SYSTEMATIC = 0.08
 
@@ -118,3 +120,86 @@ def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | Non
     if spec.caveat:
         text += f" {spec.caveat}"
     return text, warn
+
+
+def build_scale_out(scaling: list[dict]) -> dict:
+    """dlperf's record on published multi-GPU runs (results/validation-scaling.json rows), for
+    the scale-out report (issue #14). A ratio is dlperf's scaling over the measured one:
+
+    * ``one_node``: scaling efficiency against the same system's one-GPU rate, on clean rows
+      whose GPUs all sit in one node (what the communication model and the host side decide
+      there), and the measured efficiencies' range; ``by_device``: the same per GPU preset;
+    * ``across_nodes``: the per-GPU rate at N GPUs over the same run's at 8 (relative scaling)
+      on rows spanning nodes, whatever their flag, as long as their step is predicted
+      compute-bound: the flags of those rows (a network the source does not name, an HBM2e
+      H100, an assumed decode rate) bear on the absolute rate, not on what is lost from one
+      node to many, which is what the ratio measures. ``flags`` lists them."""
+    one: list[tuple[float, float, str]] = []
+    by_device: dict[str, list[tuple[float, float, str]]] = {}
+    across: list[tuple[float, int, str]] = []
+    flags: set[str] = set()
+    for r in scaling:
+        nodes = -(-r["gpus"] // r["gpus_per_node"])
+        if (r.get("flag") == "clean" and nodes == 1 and r["gpus"] > 1
+                and r.get("efficiency_ratio") is not None):
+            row = (r["efficiency_ratio"], r["measured_efficiency"], r["source"])
+            one.append(row)
+            by_device.setdefault(r["device"], []).append(row)
+        if nodes > 1 and r.get("relative_ratio") is not None and r["limited_by"] == "compute":
+            across.append((r["relative_ratio"], r["gpus"], r["source"]))
+            if r.get("flag") != "clean":
+                flags.add(r["flag"].split(":")[0])
+
+    def one_node(rows):
+        return {**_summary([x for x, _, _ in rows], {s for _, _, s in rows}),
+                "measured_low": round(min(m for _, m, _ in rows), 3),
+                "measured_high": round(max(m for _, m, _ in rows), 3)}
+
+    out: dict = {}
+    if one:
+        out["one_node"] = one_node(one)
+        out["by_device"] = {d: one_node(rows) for d, rows in sorted(by_device.items())}
+    if across:
+        out["across_nodes"] = {**_summary([x for x, _, _ in across], {s for _, _, s in across}),
+                               "gpus_low": min(g for _, g, _ in across),
+                               "gpus_high": max(g for _, g, _ in across),
+                               "flags": sorted(flags)}
+    return out
+
+
+@cache
+def load_scale_out() -> dict:
+    try:
+        return json.loads(SCALE_OUT_PATH.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def describe_scale_out(spec, record: dict | None = None) -> tuple[str, bool] | None:
+    """One line on dlperf's record on published multi-GPU runs, with this GPU's own where it
+    has one, and whether it is systematic enough to warn about (median off by more than
+    ``SYSTEMATIC``); None for a measured profile or when no run has been checked."""
+    record = load_scale_out() if record is None else record
+    if spec.measured or not record:
+        return None
+    parts, warn = [], False
+    if "one_node" in record:
+        s = record["one_node"]
+        part = (f"on one node, {s['rows']} published runs ({', '.join(s['publishers'])}) "
+                f"measured {s['measured_low']:.1%}-{s['measured_high']:.1%} of their one-GPU "
+                f"rate, and dlperf's efficiency was {s['low']:.2f}-{s['high']:.2f}x theirs, "
+                f"median {s['median']:.2f}x")
+        mine = record.get("by_device", {}).get(spec.name)
+        if mine:
+            part += (f" ({spec.display_name}: {mine['rows']} "
+                     f"{'run' if mine['rows'] == 1 else 'runs'}, median {mine['median']:.2f}x)")
+            warn = abs(mine["median"] - 1) > SYSTEMATIC
+        parts.append(part)
+    if "across_nodes" in record:
+        s = record["across_nodes"]
+        parts.append(f"across nodes, {s['rows']} runs of {s['gpus_low']:,}-{s['gpus_high']:,} "
+                     f"GPUs against their rate on 8: {s['low']:.2f}-{s['high']:.2f}x, median "
+                     f"{s['median']:.2f}x (dlperf models the communication, not what these "
+                     f"runs lost beyond it)")
+        warn = warn or abs(s["median"] - 1) > SYSTEMATIC
+    return "Track record, scale-out: " + "; ".join(parts) + ".", warn
