@@ -1,0 +1,107 @@
+"""Measured training throughput from MLPerf Training result logs (issue #14's MLPerf rows).
+
+MLPerf publishes time-to-train, not images/s; but NVIDIA's MXNet ResNet-50 logs carry the
+measured throughput of every epoch (MLLOG ``tracked_stats``: {"throughput": images/s, all
+GPUs}). This script reads those logs from a checkout of mlcommons/training_results_vX.Y,
+takes each run's steady rate (the median over its epochs after the first two, which include
+DALI's cache warm-up and the first evaluation) and the median over the system's runs, and
+saves them with the files they came from.
+
+The rows of benchmarks/validation/published_scaling.csv whose source is ``mlperf-training-v3.1``
+come from this file (per GPU = the median / GPUs); their batch per GPU, nodes and network from
+the configs named in SYSTEMS.
+
+Usage: python benchmarks/mlperf_throughput.py GIT_DIR [OUT.json]
+(GIT_DIR: a clone of mlcommons/training_results_v3.1, bare or not: the logs are read with
+``git show``, so no work tree is needed). Writes benchmarks/results/mlperf-throughput.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks/results/mlperf-throughput.json"
+RUNS = 5  # MLPerf's ResNet-50 submissions hold result_0..4
+STEADY_FROM = 2  # epochs 1-2: DALI cache fill and the first evaluation's neighbourhood
+
+# system directory -> (GPUs, config the run used: BATCHSIZE per GPU, DGXNNODES)
+SYSTEMS = {
+    "eos_ngc23.09_mxnet": (8, "config_DGXH100.sh"),
+    "eos_n8_ngc23.09_mxnet": (64, "config_DGXH100_multi_8x8x50.sh"),
+    "coreweave_hgxh100_n448_ngc23.04_mxnet": (3584, "config_DGXH100_multi_448x8x16.sh"),
+}
+_THROUGHPUT = re.compile(r'"key": "tracked_stats", "value": \{"throughput": ([0-9.eE+]+)\}')
+_BATCH = re.compile(r'"key": "global_batch_size", "value": (\d+)')
+
+
+def parse_log(text: str) -> dict:
+    """The epochs' throughputs (images/s, all GPUs) and the global batch of one result log."""
+    batch = _BATCH.search(text)
+    return {"throughput": [float(x) for x in _THROUGHPUT.findall(text)],
+            "global_batch": int(batch.group(1)) if batch else None}
+
+
+def steady_rate(throughput: list[float]) -> float:
+    """The median epoch rate after the first ``STEADY_FROM`` epochs."""
+    if len(throughput) <= STEADY_FROM:
+        raise ValueError(f"{len(throughput)} epochs logged: too few for a steady rate")
+    return statistics.median(throughput[STEADY_FROM:])
+
+
+def _show(git_dir: Path, path: str) -> str | None:
+    out = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"HEAD:{path}"],
+                         capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+
+
+def collect(git_dir: Path) -> dict:
+    commit = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    systems = {}
+    for system, (gpus, config) in SYSTEMS.items():
+        runs = []
+        for i in range(RUNS):
+            path = f"NVIDIA/results/{system}/resnet/result_{i}.txt"
+            text = _show(git_dir, path)
+            if text is None:
+                continue
+            log = parse_log(text)
+            runs.append({"file": path, "global_batch": log["global_batch"],
+                         "epochs": len(log["throughput"]),
+                         "steady_img_s": steady_rate(log["throughput"])})
+        rate = statistics.median(r["steady_img_s"] for r in runs)
+        systems[system] = {"gpus": gpus, "config": f"NVIDIA/benchmarks/resnet/implementations/"
+                                                   f"mxnet/{config}",
+                           "global_batch": runs[0]["global_batch"],
+                           "batch_per_gpu": runs[0]["global_batch"] // gpus,
+                           "img_s": rate, "img_s_per_gpu": rate / gpus, "runs": runs}
+    return {"repository": "mlcommons/training_results_v3.1", "commit": commit,
+            "systems": systems}
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.strip().splitlines()[-3])
+        return 2
+    from dlperf.provenance import save_result
+
+    out = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
+    data = collect(Path(argv[0]))
+    for system, s in data["systems"].items():
+        print(f"{system:42s} {s['gpus']:5d} GPUs  batch {s['batch_per_gpu']:4d}/GPU  "
+              f"{s['img_s']:12,.0f} img/s  {s['img_s_per_gpu']:7,.0f} per GPU  "
+              f"({len(s['runs'])} runs)")
+    save_result(out, "mlperf-throughput", {"steady_from_epoch": STEADY_FROM + 1,
+                                           "systems": SYSTEMS}, data)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
