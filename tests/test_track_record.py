@@ -127,13 +127,15 @@ def test_build_scale_out_keeps_one_node_and_across_node_rows_apart():
         _scaling_row(gpus=16, relative_ratio=1.3, limited_by="input (host JPEG decode)"),
     ]
     record = tr.build_scale_out(scaling)
+    # fewer than four ratios: the "middle half" is their whole range
     assert record["one_node"] == {"rows": 2, "median": 1.06, "low": 1.02, "high": 1.1,
                                   "publishers": ["Lambda", "NVIDIA"], "measured_low": 0.91,
-                                  "measured_high": 0.98}
+                                  "measured_high": 0.98, "q1": 1.02, "q3": 1.1}
     assert record["by_device"]["v100-sxm2"]["median"] == 1.02
     assert record["across_nodes"] == {"rows": 2, "median": 1.05, "low": 1.02, "high": 1.08,
                                       "publishers": ["MosaicML llm-foundry"], "gpus_low": 64,
-                                      "gpus_high": 512, "flags": ["network-assumed"]}
+                                      "gpus_high": 512, "flags": ["network-assumed"],
+                                      "q1": 1.02, "q3": 1.08}
     text, warn = tr.describe_scale_out(PRESETS["v100-sxm2"], record)
     assert text.startswith("Track record, scale-out: on one node, 2 published runs")
     assert "measured 91.0%-98.0% of their one-GPU rate" in text
@@ -149,6 +151,10 @@ def test_build_scale_out_keeps_one_node_and_across_node_rows_apart():
     assert tr.describe_scale_out(PRESETS["v100-sxm2"], {}) is None
 
 
+def saved_efficiency(path) -> float:
+    return json.loads(path.read_text())["scale_out"]["at_requested_scale"]["scaling_efficiency"]
+
+
 def test_analyze_gpus_prints_and_saves_the_scale_out_record(tmp_path, capsys):
     path, page = tmp_path / "s.json", tmp_path / "s.html"
     code, out, err = _run(["analyze", "resnet50", "--device", "v100-sxm2", "--batch-size", "64",
@@ -161,4 +167,31 @@ def test_analyze_gpus_prints_and_saves_the_scale_out_record(tmp_path, capsys):
     assert saved["one_node"] == shipped["one_node"]
     assert saved["device"] == shipped["by_device"]["v100-sxm2"]
     assert saved["text"].startswith("Track record, scale-out")
+    # the band is the shipped record's: V100's own nine one-node runs
+    band = tr.efficiency_band(saved_efficiency(path), 1, "v100-sxm2")
+    assert saved["efficiency_band"] == pytest.approx(list(band)) and band[0] < band[1]
+    assert "Read through that record" in " ".join(out.split())
     assert "Track record, scale-out" in page.read_text()
+
+
+def test_efficiency_band_reads_a_prediction_through_the_middle_half_of_the_record():
+    # ratios 1.00, 1.02, 1.04, 1.06, 1.20: quartiles (inclusive) 1.02 and 1.06
+    rows = [_scaling_row(efficiency_ratio=x, measured_efficiency=0.9)
+            for x in (1.0, 1.02, 1.04, 1.06, 1.2)]
+    rows += [_scaling_row(gpus=g, relative_ratio=x)
+             for g, x in ((16, 1.0), (32, 1.05), (64, 1.10), (128, 1.15))]
+    record = tr.build_scale_out(rows)
+    assert (record["one_node"]["q1"], record["one_node"]["q3"]) == (1.02, 1.06)
+    # across nodes: 1.0, 1.05, 1.10, 1.15 -> 1.0375 and 1.1125
+    assert (record["across_nodes"]["q1"], record["across_nodes"]["q3"]) == (1.038, 1.113)
+    # one node: 0.99 / 1.06 = 0.934 .. 0.99 / 1.02 = 0.971
+    low, high = tr.efficiency_band(0.99, 1, "v100-sxm2", record)
+    assert (low, high) == (pytest.approx(0.99 / 1.06), pytest.approx(0.99 / 1.02))
+    # across nodes the one-node and across-node quartiles multiply
+    low, high = tr.efficiency_band(0.99, 8, "v100-sxm2", record)
+    assert (low, high) == (pytest.approx(0.99 / 1.06 / 1.113), pytest.approx(0.99 / 1.02 / 1.038))
+    # a GPU with four runs of its own uses them (a100: 1.10 x 4 -> 0.9)
+    a100 = [_scaling_row(device="a100-80gb", efficiency_ratio=1.1, measured_efficiency=0.9)] * 4
+    record = tr.build_scale_out(rows + a100)
+    assert tr.efficiency_band(0.99, 1, "a100-80gb", record)[0] == pytest.approx(0.9)
+    assert tr.efficiency_band(0.99, 1, "v100-sxm2", {}) is None

@@ -216,5 +216,8 @@ def _scale_out_record_html(scale_out: dict) -> str:
     record = scale_out.get("track_record")
     if not record:
         return ""
-    return _record_p(record["text"], record["systematic"])
+    band = record.get("efficiency_band")
+    text = record["text"] + (f" Read through it, the efficiency at this scale is "
+                             f"{band[0]:.1%}-{band[1]:.1%}." if band else "")
+    return _record_p(text, record["systematic"])
 

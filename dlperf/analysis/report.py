@@ -139,9 +139,11 @@ def _notes(analysis, console) -> None:
 
 def render_scaling(here: dict, curve: list[dict], node, network, console,
                    tokens_per_sample: int | None = None,
-                   record: tuple[str, bool] | None = None) -> None:
+                   record: tuple[str, bool] | None = None,
+                   band: tuple[float, float] | None = None) -> None:
     """`analyze --gpus`: the requested scale in a line, then the curve from 1 to 4,096 GPUs,
-    then dlperf's scale-out record (``record``: track_record.describe_scale_out's line).
+    then dlperf's scale-out record (``record``: track_record.describe_scale_out's line) and the
+    requested scale's efficiency read through it (``band``: track_record.efficiency_band).
     ``tokens_per_sample``: a token model's sequence length; rates are then tokens/s, what
     language-model runs publish."""
     comm = here["communication"]
@@ -175,6 +177,10 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     if record:
         text, warn = record
         console.print(f"[yellow]{escape(text)}[/]" if warn else f"[dim]{escape(text)}[/]")
+    if band:
+        console.print(f"Read through that record, {here['scaling_efficiency']:.1%} of one GPU on "
+                      f"{here['gpus']:,} GPUs is {band[0]:.1%}-{band[1]:.1%} (the middle half of "
+                      "the published runs' ratios).")
 
 
 def render_measurement(m, console: Console | None = None, top: int = 25) -> None:

@@ -199,7 +199,8 @@ def _scale_out(args, analysis, model, console) -> dict:
     from dlperf.analysis.report import render_scaling
     from dlperf.analysis.scaling import ScaleConfig, scale_out, scaling_curve
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
-    from dlperf.hardware.track_record import describe_scale_out, load_scale_out
+    from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
+                                              load_scale_out)
 
     if not analysis.config.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
@@ -230,12 +231,16 @@ def _scale_out(args, analysis, model, console) -> dict:
     tokens = analysis.config.input_shape[1] if analysis.config.tokens else None
     # what published multi-GPU runs say about these predictions (hardware/track_record.py)
     line = describe_scale_out(analysis.device)
-    render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line)
+    band = None if line is None else efficiency_band(here["scaling_efficiency"], here["nodes"],
+                                                     analysis.device.name)
+    render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line,
+                   band=band)
     saved = load_scale_out()
     record = None if line is None else {
         "text": line[0], "systematic": line[1], "one_node": saved.get("one_node"),
         "device": saved.get("by_device", {}).get(analysis.device.name),
-        "across_nodes": saved.get("across_nodes")}
+        "across_nodes": saved.get("across_nodes"),
+        "efficiency_band": list(band) if band else None}
     return {"config": {**cfg.__dict__, "node": node.to_dict(), "network": network.to_dict()},
             "at_requested_scale": here, "curve": curve, "track_record": record}
 

@@ -29,7 +29,8 @@ SYSTEMATIC = 0.08
 # source id prefix -> publisher, as the record names them
 PUBLISHERS = (("dle-", "NVIDIA DeepLearningExamples"), ("nvidia-", "NVIDIA"),
               ("lambda", "Lambda"), ("timm-", "timm"), ("skb-", "skb"),
-              ("llm-foundry", "MosaicML llm-foundry"))
+              ("llm-foundry", "MosaicML llm-foundry"), ("torchtitan-", "PyTorch torchtitan"),
+              ("mlperf-", "MLCommons MLPerf"))
 
 CLASS_NAMES = {"cnn-amp": "CNNs in mixed precision", "cnn-fp32-tf32": "CNNs in FP32/TF32",
                "transformer-amp": "transformers in half precision",
@@ -152,6 +153,7 @@ def build_scale_out(scaling: list[dict]) -> dict:
 
     def one_node(rows):
         return {**_summary([x for x, _, _ in rows], {s for _, _, s in rows}),
+                **_quartiles([x for x, _, _ in rows]),
                 "measured_low": round(min(m for _, m, _ in rows), 3),
                 "measured_high": round(max(m for _, m, _ in rows), 3)}
 
@@ -161,10 +163,44 @@ def build_scale_out(scaling: list[dict]) -> dict:
         out["by_device"] = {d: one_node(rows) for d, rows in sorted(by_device.items())}
     if across:
         out["across_nodes"] = {**_summary([x for x, _, _ in across], {s for _, _, s in across}),
+                               **_quartiles([x for x, _, _ in across]),
                                "gpus_low": min(g for _, g, _ in across),
                                "gpus_high": max(g for _, g, _ in across),
                                "flags": sorted(flags)}
     return out
+
+
+def _quartiles(ratios: list[float]) -> dict:
+    """The middle half of the ratios (first and third quartiles; the ratios themselves when
+    there are fewer than four)."""
+    if len(ratios) < 4:
+        return {"q1": round(min(ratios), 3), "q3": round(max(ratios), 3)}
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return {"q1": round(q1, 3), "q3": round(q3, 3)}
+
+
+# a GPU's own one-node record is used for its band from this many runs on (else all GPUs')
+BAND_MIN_RUNS = 4
+
+
+def efficiency_band(efficiency: float, nodes: int, device: str | None = None,
+                    record: dict | None = None) -> tuple[float, float] | None:
+    """A predicted scaling efficiency read through the record: where the middle half of the
+    published runs' predicted/measured ratios would put it (one node: ``device``'s own
+    one-node record when it has ``BAND_MIN_RUNS`` runs, else every GPU's; across nodes, that
+    and the across-node record's quartiles multiplied: what was lost on one node, then from
+    one node to many). None without a record."""
+    record = load_scale_out() if record is None else record
+    one = record.get("by_device", {}).get(device)
+    if not one or one["rows"] < BAND_MIN_RUNS:
+        one = record.get("one_node")
+    if not one:
+        return None
+    low, high = efficiency / one["q3"], efficiency / one["q1"]
+    across = record.get("across_nodes")
+    if nodes > 1 and across:
+        low, high = low / across["q3"], high / across["q1"]
+    return low, high
 
 
 @cache
