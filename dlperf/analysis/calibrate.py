@@ -333,8 +333,9 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
     (a probe's measured spec). Returns (efficiency overrides, per-kernel rows, the fit with
     its errors). On a GPU the layers run under bf16 autocast (Tensor Cores); untested here.
     On a CPU with bf16 math (``half_pass``) the GEMM and convolution layers run again under
-    bf16 autocast in channels_last, the layout a CPU's bf16 convolutions need (oneDNN's NCHW
-    bf16 path is a slower reference one), and their math fractions go into
+    bf16 autocast in channels_last (on a 2-core EPYC that emulates bf16, its forward
+    convolutions ran 3.5-5.8x faster than NCHW ones and its backward ones 3-3.7x slower:
+    benchmarks/results/conv-layout-cpu.json), and their math fractions go into
     ``by_dtype["bf16"]``; the fit returned holds that pass's as ``fitted["bf16"]``."""
     from dlperf.analysis.measure import MeasureConfig, measure
 
