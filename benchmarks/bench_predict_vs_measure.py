@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from dlperf.analysis.api import AnalysisConfig
-from dlperf.analysis.calibrate import sweep
+from dlperf.analysis.calibrate import fit_sweep, sweep
 from dlperf.analysis.measure import MeasureConfig, measure
 from dlperf.provenance import save_result
 from dlperf.hardware.probe import ProbeConfig, probe
@@ -36,6 +36,10 @@ CASES = [("resnet18", (8, 3, 112, 112), "fp32", False), ("resnet50", (8, 3, 112,
          ("vit_b_16", (2, 3, 224, 224), "fp32", False), ("gpt", (4, 256), "fp32", False),
          ("resnet18", (8, 3, 112, 112), "bf16", True)]
 GPT = dict(layers=4, d_model=256, heads=4, vocab=8192, seq_len=256)
+# Models without some parameters, fitted to the same sweep timings and predicting the same
+# measured kernels as the full model: what those parameters buy, free of the host's
+# round-to-round noise (each is one measurement predicted twice).
+ABLATIONS = {"no per-convolution terms": ("conv_launch_s", "conv_m0", "conv_n0", "conv_k0")}
 
 
 def _summary(m) -> dict:
@@ -52,12 +56,13 @@ def _round(mcfg) -> dict:
     spec, probe_ms = probe(ProbeConfig(device="cpu", quick=True))
     overrides, rows, fitted = sweep(spec, "cpu")
     calibrated = dataclasses.replace(spec, efficiency=overrides)
+    ablated = {name: dataclasses.replace(spec, efficiency=fit_sweep(rows, spec, drop)[0])
+               for name, drop in ABLATIONS.items()}
     print("probe:", {u: f"{v / 1e9:.0f} GFLOP/s" for u, v in spec.peak.items()},
           f"copy {spec.mem_bandwidth / 1e9:.1f} GB/s; sweep:",
           {k: round(v, 4) if isinstance(v, float) else v for k, v in fitted.items()})
     out = {"probe": {"spec": spec.to_dict(), "measurements": [m.to_dict() for m in probe_ms]},
            "sweep": {"fit": fitted, "overrides": overrides, "kernels": rows}, "cases": {}}
-    from dlperf.analysis.roofline import predict
     from dlperf.models.gpt import GPTConfig
     from dlperf.models.registry import build_model
 
@@ -69,16 +74,23 @@ def _round(mcfg) -> dict:
         torch.manual_seed(0)
         net, model_input = build_model(model, gpt=GPTConfig(**GPT), real=True)
         m = measure(net, cfg, calibrated, "cpu", input_dtype=model_input.dtype, cfg=mcfg)
-        # the same measured kernels, predicted from the probe's peaks alone
-        before = sum(predict(p.cost, spec, tf32=False).time_s for p in m.analysis.predictions)
         s = _summary(m)
-        s["probe_only_predicted_s"] = before
-        s["probe_only_step_error"] = before / s["measured_s"] - 1
+        # the same measured kernels, predicted from the probe's peaks alone
+        before = _summary(m.with_spec(spec))
+        s["probe_only_predicted_s"] = before["predicted_s"]
+        s["probe_only_step_error"] = before["step_error"]
+        s["ablations"] = {name: {k: v for k, v in _summary(m.with_spec(a)).items()
+                                 if k in ("predicted_s", "step_error",
+                                          "weighted_median_abs_error")}
+                          for name, a in ablated.items()}
         out["cases"][key] = {**s, "layers": m.to_dict()["layers"]}
         print(f"{key}: measured {s['measured_s'] * 1e3:.0f} ms, predicted "
               f"{s['predicted_s'] * 1e3:.0f} ms ({s['step_error']:+.0%}; probe only "
               f"{s['probe_only_step_error']:+.0%}), per-kernel weighted median |error| "
-              f"{s['weighted_median_abs_error']:.0%}", flush=True)
+              f"{s['weighted_median_abs_error']:.0%}; "
+              + "; ".join(f"{n}: {a['step_error']:+.0%}, per kernel "
+                          f"{a['weighted_median_abs_error']:.0%}"
+                          for n, a in s["ablations"].items()), flush=True)
     return out
 
 
@@ -93,12 +105,19 @@ def summarize(rounds: list[dict]) -> dict:
         before = [r["cases"][key]["probe_only_step_error"] for r in rounds]
         kernel = [r["cases"][key]["weighted_median_abs_error"] for r in rounds]
         measured = [r["cases"][key]["measured_s"] for r in rounds]
+        ablations = {name: {
+            "median_step_error": float(np.median(
+                [r["cases"][key]["ablations"][name]["step_error"] for r in rounds])),
+            "median_weighted_kernel_error": float(np.median(
+                [r["cases"][key]["ablations"][name]["weighted_median_abs_error"]
+                 for r in rounds]))} for name in rounds[0]["cases"][key].get("ablations", {})}
         out[key] = {"median_step_error": float(np.median(errs)),
                     "min_step_error": float(min(errs)), "max_step_error": float(max(errs)),
                     "median_probe_only_step_error": float(np.median(before)),
                     "median_weighted_kernel_error": float(np.median(kernel)),
                     "median_measured_s": float(np.median(measured)),
-                    "measured_spread": float(max(measured) / min(measured) - 1)}
+                    "measured_spread": float(max(measured) / min(measured) - 1),
+                    "ablations": ablations}
     worst = max(abs(v["median_step_error"]) for v in out.values())
     return {"cases": out, "worst_median_step_error": worst,
             "goal_step_within_15pct": worst <= 0.15,
@@ -119,7 +138,10 @@ def main(argv: list[str]) -> int:
               f"(range {v['min_step_error']:+.0%}..{v['max_step_error']:+.0%}; probe only "
               f"{v['median_probe_only_step_error']:+.0%}), per-kernel "
               f"{v['median_weighted_kernel_error']:.0%}; measured varied "
-              f"{v['measured_spread']:.0%}")
+              f"{v['measured_spread']:.0%}"
+              + "".join(f"; {n}: {a['median_step_error']:+.0%}, per kernel "
+                        f"{a['median_weighted_kernel_error']:.0%}"
+                        for n, a in v["ablations"].items()))
     # every round's summaries; the per-kernel rows of the last round only (size)
     for r in rounds[:-1]:
         for case in r["cases"].values():
@@ -128,7 +150,7 @@ def main(argv: list[str]) -> int:
     path = OUT / "predict-vs-measure-cpu.json"
     save_result(path, "predict-vs-measure-cpu",
                 {"cases": CASES, "gpt": GPT, "steps": mcfg.steps, "warmup": mcfg.warmup,
-                 "rounds": rounds_n,
+                 "rounds": rounds_n, "ablations": ABLATIONS,
                  "calibration": "each round: dlperf probe --quick + sweep "
                                 "(dlperf/analysis/calibrate.py), then every case"},
                 {"summary": summary, "rounds": rounds})

@@ -12,7 +12,8 @@ from conftest import load_benchmark
 from dlperf.analysis.costs import Cost
 from dlperf.analysis.roofline import predict, step_time
 from dlperf.errors import DlperfError
-from dlperf.hardware.efficiency import FITTED, Efficiency, efficiency_for, traffic_factor
+from dlperf.hardware.efficiency import (FITTED, MEASURED, Efficiency, efficiency_for,
+                                        traffic_factor)
 from dlperf.hardware.specs import DeviceSpec, get_device, load_spec_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,9 +180,13 @@ def test_device_file_overrides_efficiency_and_rejects_nonsense(tmp_path):
         "window": 0.1, "cuda_core_conv": None, "transcendental": 0.5}}))
     eff = efficiency_for(load_spec_file(tuned))
     assert (eff.window, eff.cuda_core_conv, eff.transcendental) == (0.1, None, 0.5)
+    none = tmp_path / "none.json"  # no per-convolution cost: 0 is allowed, as for host_s
+    none.write_text(json.dumps({**base, "name": "none", "efficiency": {"conv_launch_s": 0}}))
+    assert efficiency_for(load_spec_file(none)).conv_launch_s == 0
     for bad, words in (({"memory": 4}, "fraction of peak"), ({"memroy": 0.5}, "unknown"),
                        ({"window": 0}, "positive"),
-                       ({"launch_s": -1}, "positive"), ("fast", "table")):
+                       ({"launch_s": -1}, "positive"),
+                       ({"conv_launch_s": 0.5}, "seconds per kernel"), ("fast", "table")):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({**base, "efficiency": bad}))
         with pytest.raises(DlperfError, match=words) as err:
@@ -357,6 +362,12 @@ def test_ramp_slows_small_gemms_only():
         4096 / 4128 * 4096 / 4104 * 4096 / 4112)
     assert eff.ramp(GemmShape(32, 8, 16)) == pytest.approx(1 / 8)
     assert Efficiency().ramp(GemmShape(1, 1, 1)) == 1.0  # presets: no ramp
+    # convolutions take their own half-rates where set, the GEMMs' where not: 32 x 8 x 16
+    # with conv_m0 = 96 (the others as the GEMMs'): 32/128 x 1/2 x 1/2 = 1/16
+    split = replace(eff, conv_m0=96.0)
+    assert split.ramp(GemmShape(32, 8, 16), conv=True) == pytest.approx(1 / 16)
+    assert split.ramp(GemmShape(32, 8, 16)) == pytest.approx(1 / 8)
+    assert eff.ramp(GemmShape(32, 8, 16), conv=True) == pytest.approx(1 / 8)
 
 
 def test_fit_coordinates_stay_in_bounds_at_any_distance():
@@ -482,3 +493,106 @@ def test_sweep_convolutions_but_the_stem_have_a_data_gradient():
         params_before_conv = [p for n, p in case.build().named_parameters() if "weight" not in n]
         assert bool(params_before_conv) == (not case.name.startswith("stem")), case.name
         assert x.shape[1] == convs[0].in_channels
+
+
+def test_every_convolution_kernel_pays_the_per_call_cost_and_nothing_else_does():
+    # conv_launch_s = 100 us more per convolution kernel on top of launch_s = 10 us per kernel:
+    # a forward convolution (1 kernel) 110 us of fixed time, a convolution_backward costed as
+    # dgrad + wgrad (2 kernels) 220 us, a depthwise convolution 110 us, a GEMM and an add 10 us.
+    from dlperf.analysis.gemm import GemmShape
+
+    cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
+                     peak={"fp32": 1e11}, tensor_cores=False, measured=True)
+    eff = Efficiency(cuda_core=1.0, memory=1.0, launch_s=10e-6, conv_launch_s=100e-6)
+    mm = dict(module="m", module_type="t", phase="forward", kind="gemm", bytes=1, dtype="fp32",
+              flops=10**6, gemm=GemmShape(64, 64, 64))
+    fwd = predict(Cost(op="convolution", **mm), cpu, efficiency=eff)
+    bwd = predict(Cost(op="convolution_backward", **{**mm, "phase": "dgrad"}, kernels=2), cpu,
+                  efficiency=eff)
+    dw = predict(Cost(op="convolution", groups=64, align_dims=(("C", 1),), **mm), cpu,
+                 efficiency=eff)
+    gemm = predict(Cost(op="mm", **mm), cpu, efficiency=eff)
+    add = predict(Cost(op="add", module="m", module_type="t", phase="forward", kind="memory",
+                       flops=0, bytes=10**6, dtype="fp32"), cpu, efficiency=eff)
+    assert dw.memory_class == "depthwise"
+    assert fwd.launch_time_s == pytest.approx(110e-6)
+    assert bwd.launch_time_s == pytest.approx(220e-6)
+    assert dw.launch_time_s == pytest.approx(110e-6)
+    assert gemm.launch_time_s == add.launch_time_s == pytest.approx(10e-6)
+    # the presets have none: a GPU's per-call cuDNN cost is host time (host_s)
+    assert FITTED.conv_launch_s == 0.0 and MEASURED.conv_launch_s == 0.0
+
+
+def test_sweep_fit_separates_the_per_convolution_cost_from_the_ramp():
+    # Convolutions at 0.5 of a 1e11 FLOP/s peak with 150 us more per call, GEMMs at 0.8 with
+    # 5 us per kernel like every kernel; no ramp in the data. Tiny convolutions (8 x 64 x 64)
+    # are then almost all fixed cost: the fit puts it on conv_launch_s, not on the ramp, and
+    # the large convolutions keep their share.
+    from dlperf.analysis.calibrate import fit_kernels
+
+    rows = []
+    # tiny ones of the same M and very different N x K: a fixed cost is the same for all of
+    # them, a ramp on M would scale with their FLOPs
+    for m, n, k in [(8, 128, 512), (8, 512, 128), (8, 64, 64), (8, 2048, 4608), (8, 1024, 9216),
+                    (392, 96, 576), (392, 576, 96), (25088, 64, 576), (6272, 128, 1152),
+                    (1568, 256, 2304)]:
+        math_s = 2 * m * n * k / 1e11
+        rows.append(dict(op="convolution", math_s=math_s, memory_s=1e-7, kernels=1,
+                         gemm=(m, n, k), conv=True, measured_s=math_s / 0.5 + 155e-6))
+    for m, n, k in [(8, 128, 512), (4096, 4096, 1024), (256, 1000, 512), (1024, 1024, 1024)]:
+        math_s = 2 * m * n * k / 1e11
+        rows.append(dict(op="mm", math_s=math_s, memory_s=1e-7, kernels=1, gemm=(m, n, k),
+                         measured_s=math_s / 0.8 + 5e-6))
+    for mem in (1e-5, 1e-4, 1e-3):
+        rows.append(dict(op="add", math_s=0.0, memory_s=mem, kernels=1, gemm=None,
+                         measured_s=mem + 5e-6))
+    fitted = fit_kernels(rows)
+    assert "conv_launch_s" in fitted["fitted"]
+    assert fitted["median_abs_error"] < 0.05
+    assert fitted["conv_launch_s"] == pytest.approx(150e-6, rel=0.1)
+    assert fitted["launch_s"] == pytest.approx(5e-6, rel=0.2)
+    assert fitted["conv"] == pytest.approx(0.5, rel=0.05)
+    # without convolution rows there is nothing to fit it from: it stays at 0, and the
+    # convolutions' ramp stays the GEMMs' (None)
+    plain = fit_kernels([r for r in rows if r["op"] != "convolution"])
+    assert plain["conv_launch_s"] == 0.0 and "conv_launch_s" not in plain["fitted"]
+    assert plain["conv_m0"] is None and "conv_m0" not in plain["fitted"]
+    # the ablation of the benchmark (fit_sweep's drop): the same rows without the per-call
+    # cost and the convolutions' ramp fit worse, and the profile has neither
+    from dlperf.analysis.calibrate import CONV_RAMP, fit_sweep
+
+    cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
+                     peak={"fp32": 1e11}, tensor_cores=False, measured=True)
+    main = [{**r, "pass": "main"} for r in rows]
+    full, full_fit = fit_sweep(main, cpu)
+    ablated, ablated_fit = fit_sweep(main, cpu, drop=("conv_launch_s", *CONV_RAMP))
+    assert full["conv_launch_s"] == pytest.approx(150e-6, rel=0.1)
+    assert ablated["conv_launch_s"] == 0.0 and ablated["conv_m0"] is None
+    assert ablated_fit["loss"] > 10 * full_fit["loss"]
+
+
+def test_sweep_fit_gives_convolutions_their_own_ramp():
+    # GEMMs at 0.8 with half rates M=64, N=16, K=32; convolutions at 0.5 with M=512, N=8,
+    # K=8 (small batches x pixels hurt them more, narrow channels less): both ramps come
+    # back, each from its own rows.
+    from dlperf.analysis.calibrate import fit_kernels, overrides_from_fit
+
+    def ramp(m, n, k, m0, n0, k0):
+        return m / (m + m0) * n / (n + n0) * k / (k + k0)
+
+    shapes = [(8, 512, 128), (64, 1024, 1024), (128, 256, 2304), (392, 96, 576), (512, 16, 512),
+              (1568, 256, 2304), (6272, 64, 32), (25088, 64, 576), (4096, 4096, 8)]
+    rows = []
+    for conv, share, halves in ((False, 0.8, (64, 16, 32)), (True, 0.5, (512, 8, 8))):
+        for m, n, k in shapes:
+            math_s = 2 * m * n * k / 1e11
+            rows.append(dict(op="convolution" if conv else "mm", math_s=math_s, memory_s=1e-9,
+                             kernels=1, gemm=(m, n, k), conv=conv,
+                             measured_s=math_s / (share * ramp(m, n, k, *halves)) + 5e-6))
+    fitted = fit_kernels(rows)
+    assert fitted["median_abs_error"] < 0.02
+    got = {k: fitted[k] for k in ("gemm_m0", "gemm_n0", "gemm_k0", "conv_m0", "conv_n0",
+                                  "conv_k0")}
+    assert got == pytest.approx(dict(gemm_m0=64, gemm_n0=16, gemm_k0=32, conv_m0=512,
+                                     conv_n0=8, conv_k0=8), rel=0.15)
+    assert overrides_from_fit(fitted, False)["conv_m0"] == fitted["conv_m0"]

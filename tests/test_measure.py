@@ -53,6 +53,31 @@ def test_every_measured_kernel_lands_on_its_prediction():
     assert len(conv_bwd) == 2 and all(x > 0 for x in conv_bwd)
 
 
+def test_one_measurement_predicted_for_another_spec_keeps_its_times():
+    # with_spec: the same measured kernels under a second calibration (here: math 4x slower,
+    # memory as before). Each prediction is the other spec's; the measured step is the same
+    # seconds; a record costed as two kernels (convolution_backward: dgrad + wgrad) is shared
+    # out again in proportion to the new predictions.
+    import dataclasses
+
+    from dlperf.analysis.roofline import predict
+
+    cfg = AnalysisConfig(model="net", input_shape=(4, 3, 32, 32), dtype="fp32", train=True,
+                         device="cpu", optimizer="none")
+    m = measure(_net(), cfg, CPU, "cpu", cfg=MeasureConfig(steps=1, warmup=0))
+    slow = dataclasses.replace(CPU, peak={"fp32": 25e9, "bf16": 50e9})
+    other = m.with_spec(slow)
+    assert [p.time_s for p in other.analysis.predictions] == \
+        [predict(p.cost, slow).time_s for p in m.analysis.predictions]
+    assert sum(other.measured_s) == pytest.approx(sum(m.measured_s), rel=1e-12)
+    bwd = [(p.time_s, x) for p, x in zip(other.analysis.predictions, other.measured_s)
+           if p.cost.op == "convolution_backward"]
+    (pd, xd), (pw, xw) = bwd
+    assert xd / xw == pytest.approx(pd / pw, rel=1e-9)
+    # the same spec again gives the same numbers
+    assert m.with_spec(CPU).measured_s == pytest.approx(m.measured_s, rel=1e-12)
+
+
 def test_measure_a_half_model_runs_the_kernels_the_analysis_costs():
     # --precision half: the real run casts the model (no autocast) and feeds bf16 inputs, so
     # its kernels are the ones the meta analysis of the half model costs: none of them a cast.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,6 +70,19 @@ class Measurement:
     free_ops_s: float  # time in ops with no kernel cost (views, detach): dispatch overhead
     steps: int
     device: str
+    per_record: list[float] = field(default_factory=list)  # median seconds per captured kernel
+
+    def with_spec(self, spec: DeviceSpec) -> "Measurement":
+        """The same measured kernels predicted for another ``spec`` (another calibration of the
+        same machine, say): the measured times are the same, shared out again by the new
+        predictions. Two models compared this way see one measurement, not two noisy ones."""
+        predictions = [predict(p.cost, spec, tf32=self.analysis.config.tf32)
+                       for p in self.analysis.predictions]
+        analysis = Analysis(device=spec, config=self.analysis.config, predictions=predictions,
+                            uncounted=self.analysis.uncounted)
+        return Measurement(analysis=analysis, measured_s=_attribute(predictions, self.per_record),
+                           free_ops_s=self.free_ops_s, steps=self.steps, device=self.device,
+                           per_record=self.per_record)
 
     def totals(self) -> dict:
         predicted = sum(p.time_s for p in self.analysis.predictions)
@@ -149,8 +162,18 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
                   for i in range(len(ops))]
     costs, uncounted = all_costs(first.records, first.regions)
     predictions = [predict(c, spec, tf32=config.tf32) for c in costs]
-    # A record costed as several kernels (convolution_backward: dgrad + wgrad) shares its
-    # measured time among them in proportion to their predicted times.
+    costed = {i for p in predictions for i in p.cost.records}
+    free = sum(t for i, t in enumerate(per_record) if i not in costed)
+    analysis = Analysis(device=spec, config=config, predictions=predictions, uncounted=uncounted)
+    return Measurement(analysis=analysis, measured_s=_attribute(predictions, per_record),
+                       free_ops_s=free, steps=cfg.steps, device=str(device),
+                       per_record=per_record)
+
+
+def _attribute(predictions, per_record: list[float]) -> list[float]:
+    """Measured seconds per prediction. A record costed as several kernels
+    (convolution_backward: dgrad + wgrad) shares its measured time among them in proportion to
+    their predicted times."""
     share: dict[int, float] = {}
     for p in predictions:
         for i in p.cost.records:
@@ -161,8 +184,4 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
         for i in p.cost.records:
             total += per_record[i] * (p.time_s / share[i] if share[i] else 1 / len(p.cost.records))
         measured.append(total)
-    costed = {i for p in predictions for i in p.cost.records}
-    free = sum(t for i, t in enumerate(per_record) if i not in costed)
-    analysis = Analysis(device=spec, config=config, predictions=predictions, uncounted=uncounted)
-    return Measurement(analysis=analysis, measured_s=measured, free_ops_s=free,
-                       steps=cfg.steps, device=str(device))
+    return measured

@@ -130,7 +130,7 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
             if spec.tensor_cores:  # tile/wave model of cuBLAS on SMs; CPUs have no such waves
                 quant = best_quantization(cost.gemm, spec.sm_count)
                 efficiency *= quant.efficiency * quant.intrinsic_efficiency
-            efficiency *= eff.ramp(cost.gemm)
+            efficiency *= eff.ramp(cost.gemm, conv=is_conv)
     else:
         math_class = "cuda-core" if cost.flops else "none"
     efficiency *= eff.math(math_class)
@@ -153,7 +153,9 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
         cost=cost, unit=unit, intensity=intensity, bound=bound, aligned=aligned, misaligned=miss,
         quantization=quant, math_time_s=cost.flops / (peak * efficiency) if cost.flops else 0.0,
         memory_time_s=cost.bytes * factor / bandwidth if cost.bytes else 0.0,
-        launch_time_s=kernels * eff.launch_s, transpose_time_s=transpose_s,
+        launch_time_s=kernels * eff.launch_s + (cost.kernels * eff.conv_launch_s if is_conv
+                                                else 0.0),
+        transpose_time_s=transpose_s,
         math_class=math_class, memory_class=memory_class, traffic_factor=factor,
         kernels=kernels)
 

@@ -93,6 +93,16 @@ and the unit picks the fraction.
 
 Host: ``launch_s`` is the GPU's own gap per kernel; ``host_s`` the CPU's time to issue one
 (eager PyTorch), which bounds the step when the GPU's kernels are shorter (roofline.step_time).
+``conv_launch_s`` is a fixed time more for every convolution kernel (forward, dgrad, wgrad): a
+convolution library's cost per call that does not shrink with the problem. On a CPU, oneDNN
+wakes its thread team for every convolution, where ATen's small elementwise kernels stay on
+one thread: on a 2-core EPYC a 1x1 convolution of 8 pixels x 24 channels took 15 us on one
+thread and 102 us on two, its backward 52 and 285 us; in MobileNetV3's step, with the generic
+``launch_s`` as the only fixed cost (the sweep fits it mostly to small elementwise kernels),
+the squeeze-excite convolutions on 1 pixel were predicted at 0.15-0.74x of their measured time
+and the 1x1 convolutions on 7 pixels at 0.42-0.56x. 0 for the presets (on a
+GPU the per-call cost of cuDNN is host time, ``host_s``); ``dlperf probe --sweep`` fits it per
+machine from small convolutions.
 
 Memory traffic by class: the guide's minimum bytes (every input read once, every output written
 once) is what the ``bytes`` and ``intensity`` columns show. Some kernels must read their input
@@ -144,7 +154,14 @@ class Efficiency:
     gemm_m0: float = 0.0
     gemm_n0: float = 0.0
     gemm_k0: float = 0.0
+    # The same ramp for convolutions (their implicit GEMM's M, N, K), where it differs: a CPU's
+    # convolutions (oneDNN) are other code than its GEMMs (sgemm), and with one shared ramp
+    # the sweep's small convolutions set the ramp of every GEMM. None: as the GEMMs'.
+    conv_m0: float | None = None
+    conv_n0: float | None = None
+    conv_k0: float | None = None
     launch_s: float = 3e-6  # GPU time per kernel that does no useful work
+    conv_launch_s: float = 0.0  # more per convolution kernel (see the module docstring)
     # CPU time eager PyTorch spends issuing one kernel (Python, dispatcher, autocast, the CUDA
     # launch). The CPU runs ahead of the GPU through the launch queue, so this only costs time
     # where kernels are shorter than it: small batches, many small ops (see roofline.step_time).
@@ -167,10 +184,15 @@ class Efficiency:
                 "cuda-core-conv": self.cuda_core if self.cuda_core_conv is None
                 else self.cuda_core_conv}.get(math_class, 1.0)
 
-    def ramp(self, gemm) -> float:
-        """The small-problem factor of a GEMM (per group for grouped convolutions)."""
-        return (gemm.m / (gemm.m + self.gemm_m0) * gemm.n / (gemm.n + self.gemm_n0)
-                * gemm.k / (gemm.k + self.gemm_k0))
+    def ramp(self, gemm, conv: bool = False) -> float:
+        """The small-problem factor of a GEMM (per group for grouped convolutions); ``conv``:
+        a convolution's implicit GEMM, with the convolution half-rates where they are set."""
+        m0, n0, k0 = self.gemm_m0, self.gemm_n0, self.gemm_k0
+        if conv:
+            m0, n0, k0 = (m0 if self.conv_m0 is None else self.conv_m0,
+                          n0 if self.conv_n0 is None else self.conv_n0,
+                          k0 if self.conv_k0 is None else self.conv_k0)
+        return gemm.m / (gemm.m + m0) * gemm.n / (gemm.n + n0) * gemm.k / (gemm.k + k0)
 
     def bandwidth(self, spec, memory_class: str = "stream") -> float:
         """Achieved bytes/s of a kernel of ``memory_class`` on ``spec``."""
@@ -325,17 +347,17 @@ def check_overrides(overrides, origin: str) -> dict:
             raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
                               f"use one of {', '.join(PARAMETERS)}")
         if key in ("sm_bytes_per_clock", "cuda_core_conv", "attention",
-                   "cuda_core_attention") and value is None:
+                   "cuda_core_attention", "conv_m0", "conv_n0", "conv_k0") and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                value > 0 or (key == "host_s" and value == 0)):
+                value > 0 or (key in ("host_s", "conv_launch_s") and value == 0)):
             raise DlperfError(f"{origin}: efficiency {key} must be a positive number, "
                               f"got {value!r}")
         if key in FRACTIONS and value > 3:
             raise DlperfError(f"{origin}: efficiency {key} is a fraction of peak; "
                               f"give a number in (0, 1] (a measured profile may reach up to 3: "
                               f"its peaks are the probe's best shapes), got {value!r}")
-        if key in ("launch_s", "host_s") and value > 1e-2:
+        if key in ("launch_s", "host_s", "conv_launch_s") and value > 1e-2:
             raise DlperfError(f"{origin}: efficiency {key} is seconds per kernel; "
                               f"{value!r} is not plausible (microseconds: e.g. 3e-6)")
     return dict(overrides)
