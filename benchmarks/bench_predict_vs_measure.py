@@ -39,7 +39,8 @@ GPT = dict(layers=4, d_model=256, heads=4, vocab=8192, seq_len=256)
 # Models without some parameters, fitted to the same sweep timings and predicting the same
 # measured kernels as the full model: what those parameters buy, free of the host's
 # round-to-round noise (each is one measurement predicted twice).
-ABLATIONS = {"no per-convolution terms": ("conv_launch_s", "conv_m0", "conv_n0", "conv_k0")}
+ABLATIONS = {"no per-convolution terms": ("conv_launch_s", "conv_m0", "conv_n0", "conv_k0"),
+             "one norm class": ("channel_norm", "channel_norm_backward")}
 
 
 def _summary(m) -> dict:

@@ -144,13 +144,26 @@ def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
                bytes=2 * 10**9, dtype="fp32")
     expected = {"gelu": ("transcendental", 0.2), "max_pool2d_with_indices": ("window", 0.4),
                 "native_layer_norm": ("norm", 0.25), "mean": ("reduction", 0.125),
-                "native_batch_norm": ("norm", 0.375), "_softmax": ("norm", 0.25),
-                "native_batch_norm_backward": ("reduction-backward", 2e9 * 5 / 3 / 8e9),
+                "native_batch_norm": ("channel-norm", 0.375), "_softmax": ("norm", 0.25),
+                "native_batch_norm_backward": ("channel-norm-backward", 2e9 * 5 / 3 / 8e9),
+                "native_layer_norm_backward": ("reduction-backward", 2e9 * 5 / 3 / 8e9),
                 "add": ("stream", 0.1)}
     for op, (cls, seconds) in expected.items():
         p = predict(Cost(op=op, **mem), cpu, efficiency=eff)
         assert (p.memory_class, memory_class_of(op)) == (cls, cls), op
+        # batch norm's classes are unset here (None): they take norm's and
+        # reduction_backward's fractions
         assert p.memory_time_s == pytest.approx(seconds), op
+    # set, they are batch norm's own: 2e9 B x 1.5 (two-pass) at 20 GB/s x 0.1 = 1.5 s; the
+    # backward 2e9 x 5/3 at 20 GB/s x 0.2 = 0.833 s; layer norm's backward keeps 0.4
+    own = replace(eff, channel_norm=0.1, channel_norm_backward=0.2)
+    times = {op: predict(Cost(op=op, **mem), cpu, efficiency=own).memory_time_s
+             for op in ("native_batch_norm", "native_batch_norm_backward",
+                        "native_layer_norm_backward", "native_layer_norm")}
+    assert times == pytest.approx({"native_batch_norm": 1.5,
+                                   "native_batch_norm_backward": 2e9 * 5 / 3 / 4e9,
+                                   "native_layer_norm_backward": 2e9 * 5 / 3 / 8e9,
+                                   "native_layer_norm": 0.25})
     # CPU convolutions use cuda_core_conv, GEMMs cuda_core: 1e11 FLOPs at 0.25 vs 0.5 of
     # 1e11 FLOP/s = 4 s vs 2 s; with cuda_core_conv unset (None) the conv takes 2 s too.
     mm = dict(module="m", module_type="t", phase="forward", kind="gemm", bytes=1, dtype="fp32",
@@ -164,7 +177,8 @@ def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
     assert same.math_time_s == pytest.approx(2.0)
     # The shipped GPU model leaves every memory class at the streaming bandwidth.
     v100 = get_device("v100-sxm2")
-    for cls in ("reduction", "norm", "reduction-backward", "transcendental", "window"):
+    for cls in ("reduction", "norm", "reduction-backward", "channel-norm",
+                "channel-norm-backward", "transcendental", "window"):
         assert FITTED.bandwidth(v100, cls) == FITTED.bandwidth(v100)
 
 
@@ -300,7 +314,7 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
             rows.append(dict(math_s=math_s, memory_s=1e-6, kernels=1, gemm=(m, n, k), conv=conv,
                              measured_s=math_s / share + 5e-6))
     truth = {"stream": 1.0, "reduction": 0.5, "norm": 0.3, "reduction-backward": 0.7,
-             "transcendental": 0.2, "window": 0.1}
+             "channel-norm": 0.15, "transcendental": 0.2, "window": 0.1}
     for cls, share in truth.items():
         for mem in (1e-4, 1e-3, 1e-2):
             rows.append(dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None, memory_class=cls,
@@ -310,9 +324,13 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
     assert fitted["math"] == pytest.approx(0.8, rel=0.05)
     assert fitted["conv"] == pytest.approx(0.5, rel=0.05)
     assert fitted["memory"] == pytest.approx(1.2, rel=0.05)
-    for cls in ("reduction", "norm", "reduction-backward", "transcendental", "window"):
+    for cls in ("reduction", "norm", "reduction-backward", "channel-norm", "transcendental",
+                "window"):
         assert fitted[cls.replace("-", "_")] == pytest.approx(truth[cls], rel=0.05), cls
     assert fitted["depthwise"] == 1.0 and "depthwise" not in fitted["fitted"]
+    # no batch-norm backward rows: not fitted, None (it takes reduction_backward's share)
+    assert fitted["channel_norm_backward"] is None
+    assert "channel_norm_backward" not in fitted["fitted"]
     assert fitted["depthwise_backward"] == 1.0 and "depthwise_backward" not in fitted["fitted"]
 
 

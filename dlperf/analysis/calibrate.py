@@ -17,7 +17,8 @@ measured time lands on the same Cost the analyzer predicts, then fits the parame
   (``cuda_core_attention`` on a CPU, ``attention`` on a GPU),
 * the fraction of the probed copy bandwidth that streaming memory-bound kernels reach
   (``memory``), and the share of that each memory class reaches (``depthwise``,
-  ``reduction``, ``norm``, ``reduction_backward``, ``transcendental``, ``window``; see
+  ``reduction``, ``norm``, ``reduction_backward``, ``channel_norm``,
+  ``channel_norm_backward``, ``transcendental``, ``window``; see
   ``hardware/efficiency.py``),
 * the fixed time per kernel (``launch_s``), and the fixed time more per convolution kernel
   (``conv_launch_s``: on a CPU, oneDNN's thread team woken for every call).
@@ -38,7 +39,7 @@ from torch import nn
 
 from dlperf.analysis.api import AnalysisConfig
 from dlperf.analysis.roofline import predict
-from dlperf.hardware.efficiency import MEASURED, Efficiency
+from dlperf.hardware.efficiency import CLASS_FALLBACK, MEASURED, Efficiency
 from dlperf.hardware.specs import DeviceSpec
 
 
@@ -235,14 +236,15 @@ BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "conv_backward": (0.1, 3.0),
           "conv_m0": (1.0, 4096.0), "conv_n0": (1.0, 4096.0), "conv_k0": (1.0, 4096.0),
           "memory": (0.05, 2.0),
           "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "norm": (0.01, 2.0),
-          "reduction_backward": (0.01, 2.0),
+          "reduction_backward": (0.01, 2.0), "channel_norm": (0.01, 2.0),
+          "channel_norm_backward": (0.01, 2.0),
           "transcendental": (0.01, 2.0), "window": (0.01, 2.0), "launch_s": (1e-7, 1e-3),
           "conv_launch_s": (1e-7, 1e-3)}
 # the convolutions' own small-problem ramp (efficiency.Efficiency.ramp)
 CONV_RAMP = ("conv_m0", "conv_n0", "conv_k0")
 # the memory classes of efficiency.MEMORY_CLASSES with a parameter of their own
-CLASS_PARAMS = ("depthwise", "reduction", "norm", "reduction_backward", "transcendental",
-                "window")
+CLASS_PARAMS = ("depthwise", "reduction", "norm", "reduction_backward", "channel_norm",
+                "channel_norm_backward", "transcendental", "window")
 
 
 def squash(z: float, lo: float, hi: float) -> float:
@@ -299,7 +301,8 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
     start = {"math": 1.0, "memory": 1.0, "gemm_m0": 0.0, "gemm_n0": 0.0, "gemm_k0": 0.0,
              "launch_s": 0.0, "conv": None, "attention": None, "conv_backward": 1.0,
              "depthwise_backward": 1.0, "conv_launch_s": 0.0, **{c: None for c in CONV_RAMP},
-             **{c: 1.0 for c in CLASS_PARAMS}, **(fixed or {})}
+             **{c: 1.0 for c in CLASS_PARAMS},
+             **{c.replace("-", "_"): None for c in CLASS_FALLBACK}, **(fixed or {})}
 
     def params(z):
         p = dict(start)
@@ -313,7 +316,9 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
                 * dims[:, 2] / (dims[:, 2] + half[2]))
         fraction = np.ones(len(rows))
         for c in CLASS_PARAMS:
-            fraction[cls == c.replace("_", "-")] = p[c]
+            own = c.replace("_", "-")
+            value = p[c] if p[c] is not None else p[CLASS_FALLBACK[own].replace("-", "_")]
+            fraction[cls == own] = value
         math_eff = np.where(conv, (p["conv"] or p["math"])
                             * np.where(backward, p["conv_backward"], 1.0),
                             np.where(attention, p["attention"] or p["math"], p["math"])

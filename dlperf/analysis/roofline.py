@@ -61,7 +61,8 @@ class Prediction:
     # tensor-gemm | tensor-conv | grouped-conv | attention | cuda-core | cuda-core-conv |
     # cuda-core-attention | none
     math_class: str = "none"
-    # stream | depthwise | reduction | norm | reduction-backward | transcendental | window
+    # stream | depthwise | reduction | norm | reduction-backward | channel-norm |
+    # channel-norm-backward | transcendental | window
     memory_class: str = "stream"
     traffic_factor: float = 1.0  # real traffic / the guide's minimum bytes (two-pass kernels)
     kernels: int = 1  # kernels launched, the NCHW transposes included

@@ -74,6 +74,14 @@ Memory (achieved bytes/s):
     mostly on sums, every model's batch norms were predicted 2x too fast).
   - ``reduction_backward``: the backward kernels of both (norm and softmax backward: a
     reduction of (dy, x), then dx from both again).
+  - ``channel_norm`` and ``channel_norm_backward``: batch and group norm, forward and backward,
+    where they differ from layer norm and softmax (None: as ``norm`` and
+    ``reduction_backward``). Their statistics are per channel, over the batch and the pixels
+    (strided rows in NCHW), where layer norm's and softmax's are over one contiguous row. On a
+    2-core EPYC the two kinds differ by 3x: with one ``norm`` class, fitted mostly to the
+    sweep's log-softmax kernels, the batch-norm forwards of the sweep and of MobileNetV3 were
+    predicted at 0.51-0.63x of their measured time and layer norm's at 2.1x
+    (benchmarks/README.md, sixth CPU run).
   - ``transcendental``: elementwise kernels that evaluate a transcendental function per element
     (GELU's erf, SiLU/sigmoid, tanh, exp): memory-bound on a GPU (its special-function units
     keep up with DRAM), math-bound on a CPU's vector units.
@@ -145,6 +153,8 @@ class Efficiency:
     reduction: float = 1.0
     norm: float = 1.0
     reduction_backward: float = 1.0
+    channel_norm: float | None = None  # None: as norm
+    channel_norm_backward: float | None = None  # None: as reduction_backward
     transcendental: float = 1.0
     window: float = 1.0
     misaligned: float = 0.50  # Tensor Core GEMMs breaking the 16-byte rule (guide 2.2)
@@ -205,7 +215,8 @@ class Efficiency:
         """The share of streaming bandwidth a kernel of ``memory_class`` reaches."""
         if memory_class == "stream":
             return 1.0
-        return getattr(self, memory_class.replace("-", "_"))
+        value = getattr(self, memory_class.replace("-", "_"))
+        return self.memory_fraction(CLASS_FALLBACK[memory_class]) if value is None else value
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -234,9 +245,9 @@ def sm_cycles_per_s(spec) -> float:
 _TWO_PASS_FORWARD = ("native_batch_norm", "_native_batch_norm_legit",
                      "_native_batch_norm_legit_functional", "cudnn_batch_norm",
                      "native_group_norm")
-_TWO_PASS_BACKWARD = ("native_batch_norm_backward", "cudnn_batch_norm_backward",
-                      "batch_norm_backward", "native_group_norm_backward",
-                      "native_layer_norm_backward")
+_CHANNEL_NORM_BACKWARD = ("native_batch_norm_backward", "cudnn_batch_norm_backward",
+                          "batch_norm_backward", "native_group_norm_backward")
+_TWO_PASS_BACKWARD = (*_CHANNEL_NORM_BACKWARD, "native_layer_norm_backward")
 TRAFFIC_FACTOR = {**{op: 1.5 for op in _TWO_PASS_FORWARD},
                   **{op: 5 / 3 for op in _TWO_PASS_BACKWARD}}
 
@@ -248,15 +259,18 @@ def traffic_factor(op: str) -> float:
 # Memory classes of the non-convolution kernels (depthwise convolutions are classed by the
 # roofline, which knows their groups); every op not named here streams.
 MEMORY_CLASSES = ("stream", "depthwise", "reduction", "norm", "reduction-backward",
-                  "transcendental", "window")
+                  "channel-norm", "channel-norm-backward", "transcendental", "window")
+# the class whose fraction a class takes while its own is None
+CLASS_FALLBACK = {"channel-norm": "norm", "channel-norm-backward": "reduction-backward"}
 _CLASS_OF_OP = {
     **{op: "reduction" for op in (
         "mean", "sum", "amax", "amin", "var", "var_mean", "std", "norm", "linalg_vector_norm",
         "_adaptive_avg_pool2d")},
-    **{op: "norm" for op in (*_TWO_PASS_FORWARD, "native_layer_norm", "_softmax",
-                             "_log_softmax")},
+    **{op: "channel-norm" for op in _TWO_PASS_FORWARD},
+    **{op: "channel-norm-backward" for op in _CHANNEL_NORM_BACKWARD},
+    **{op: "norm" for op in ("native_layer_norm", "_softmax", "_log_softmax")},
     **{op: "reduction-backward" for op in (
-        *_TWO_PASS_BACKWARD, "_softmax_backward_data", "_log_softmax_backward_data",
+        "native_layer_norm_backward", "_softmax_backward_data", "_log_softmax_backward_data",
         "_adaptive_avg_pool2d_backward")},
     **{op: "transcendental" for op in (
         "gelu", "gelu_backward", "silu", "silu_backward", "sigmoid", "sigmoid_backward",
@@ -320,6 +334,7 @@ KERNEL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
              "attention", "cuda_core_attention", "conv_backward", "depthwise_backward",
              "memory", "depthwise", "reduction", "norm", "reduction_backward",
+             "channel_norm", "channel_norm_backward",
              "transcendental", "window", "misaligned")
 
 
@@ -347,7 +362,8 @@ def check_overrides(overrides, origin: str) -> dict:
             raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
                               f"use one of {', '.join(PARAMETERS)}")
         if key in ("sm_bytes_per_clock", "cuda_core_conv", "attention",
-                   "cuda_core_attention", "conv_m0", "conv_n0", "conv_k0") and value is None:
+                   "cuda_core_attention", "conv_m0", "conv_n0", "conv_k0", "channel_norm",
+                   "channel_norm_backward") and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 value > 0 or (key in ("host_s", "conv_launch_s") and value == 0)):
