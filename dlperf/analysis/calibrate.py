@@ -352,9 +352,10 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
 # What the half-precision pass refits: the math fractions and the convolutions' ramp (its memory
 # kernels are few and the same code as FP32's), see ``sweep``. The ramp, because oneDNN's bf16
 # convolutions are other kernels than its FP32 ones (other channel blocking): FP32's ramp, fitted
-# mostly to small FP32 convolutions, need not hold for them. Measured side by side, the bf16
-# ResNet-18 step's median error over 3 rounds was -14% with FP32's ramp and -4% with its own, on
-# a host whose rounds varied by 20-40% (benchmarks/README.md, sixth run).
+# mostly to small FP32 convolutions, need not hold for them. The pass's late-stage layers (4-7
+# pixels) are there for it; still, the bf16 ResNet-18's layer4 backward convolutions on 4x4
+# pixels were predicted at 0.37-0.73x of their measured time in the last round of
+# benchmarks/results/predict-vs-measure-cpu.json (the seventh run).
 HALF_PARAMS = ("math", "conv", "conv_backward", "conv_m0", "conv_n0", "conv_k0")
 
 
