@@ -78,10 +78,11 @@ Memory (achieved bytes/s):
     where they differ from layer norm and softmax (None: as ``norm`` and
     ``reduction_backward``). Their statistics are per channel, over the batch and the pixels
     (strided rows in NCHW), where layer norm's and softmax's are over one contiguous row. On a
-    2-core EPYC the two kinds differ by 3x: with one ``norm`` class, fitted mostly to the
-    sweep's log-softmax kernels, the batch-norm forwards of the sweep and of MobileNetV3 were
-    predicted at 0.51-0.63x of their measured time and layer norm's at 2.1x
-    (benchmarks/README.md, sixth CPU run).
+    2-core EPYC the two kinds differ by about 2x (batch norm's forward at 23% of the streaming
+    rate, layer norm and softmax at 44%: the seventh CPU run's fit); with one ``norm`` class,
+    fitted mostly to the sweep's log-softmax kernels, the batch-norm forwards of the sweep and
+    of MobileNetV3 were predicted at 0.51-0.63x of their measured time and layer norm's at
+    2.1x (benchmarks/README.md, sixth CPU run).
   - ``transcendental``: elementwise kernels that evaluate a transcendental function per element
     (GELU's erf, SiLU/sigmoid, tanh, exp): memory-bound on a GPU (its special-function units
     keep up with DRAM), math-bound on a CPU's vector units.
