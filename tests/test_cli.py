@@ -317,3 +317,14 @@ def test_bench_results_default_to_the_checkout_or_the_current_folder(tmp_path, m
         result_path("r/x.json", "data-cpu.json")  # an explicit --out is never created
     (tmp_path / "r").mkdir()
     assert str(result_path("r/x.json", "data-cpu.json")) == "r/x.json"
+
+
+def test_json_dash_is_refused_where_the_report_owns_the_terminal(tmp_path, monkeypatch, capsys):
+    # `analyze --json -` wrote a file named "-" (one was committed by accident); only
+    # `devices --json -` prints JSON alone, so elsewhere "-" is a one-line error, before work
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(["analyze", "resnet18", "--device", "h100-sxm", "--json", "-"], capsys)
+    assert code == 2 and "--json -:" in err and "give a file name" in err
+    assert not (tmp_path / "-").exists() and "Traceback" not in err
+    code, out, _ = _run(["devices", "--json", "-"], capsys)
+    assert code == 0 and json.loads(out)[0]["name"]

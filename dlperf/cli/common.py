@@ -60,6 +60,9 @@ def output_file(path: str | None, flag: str) -> None:
     """Refuse an output path that cannot be written, before minutes of work are spent."""
     if path is None:
         return
+    if path == "-":  # only `dlperf devices --json -` prints JSON alone; elsewhere a file named "-"
+        raise DlperfError(f"{flag} -: this command prints its report on the terminal, so its "
+                          f"output goes to a file; give a file name (e.g. {flag} result.json)")
     from pathlib import Path
 
     p = Path(path)
