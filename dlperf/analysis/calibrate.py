@@ -341,8 +341,6 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
         fitted["conv"] = fitted["math"]
     if fitted["attention"] is None:
         fitted["attention"] = fitted["math"]
-    for c in CONV_RAMP:  # None: convolutions keep the GEMMs' ramp
-        fitted.setdefault(c, None)
     errors = np.abs(times(fitted) / measured - 1)
     return {**fitted, "loss": best, "median_abs_error": float(np.median(errors)),
             "max_abs_error": float(np.max(errors)), "kernels": len(rows),

@@ -103,15 +103,14 @@ and the unit picks the fraction.
 Host: ``launch_s`` is the GPU's own gap per kernel; ``host_s`` the CPU's time to issue one
 (eager PyTorch), which bounds the step when the GPU's kernels are shorter (roofline.step_time).
 ``conv_launch_s`` is a fixed time more for every convolution kernel (forward, dgrad, wgrad): a
-convolution library's cost per call that does not shrink with the problem. On a CPU, oneDNN
-wakes its thread team for every convolution, where ATen's small elementwise kernels stay on
-one thread: on a 2-core EPYC a 1x1 convolution of 8 pixels x 24 channels took 15 us on one
-thread and 102 us on two, its backward 52 and 285 us; in MobileNetV3's step, with the generic
-``launch_s`` as the only fixed cost (the sweep fits it mostly to small elementwise kernels),
-the squeeze-excite convolutions on 1 pixel were predicted at 0.15-0.74x of their measured time
-and the 1x1 convolutions on 7 pixels at 0.42-0.56x. 0 for the presets (on a
-GPU the per-call cost of cuDNN is host time, ``host_s``); ``dlperf probe --sweep`` fits it per
-machine from small convolutions.
+convolution library's cost per call that does not shrink with the problem. On a CPU we read it
+as oneDNN waking its thread team for every convolution, where ATen's small elementwise kernels
+stay on one thread; the generic ``launch_s`` is fitted mostly to those. On a 2-core EPYC the
+sweep fits 83-126 us per convolution call beside 12-17 us per kernel, and with it (and the
+convolutions' own ramp below) MobileNetV3's per-kernel median error on the same measurements
+is 26% against 36% without (benchmarks/results/predict-vs-measure-cpu.json, seventh CPU run).
+0 for the presets (on a GPU the per-call cost of cuDNN is host time, ``host_s``);
+``dlperf probe --sweep`` fits it per machine from small convolutions.
 
 Memory traffic by class: the guide's minimum bytes (every input read once, every output written
 once) is what the ``bytes`` and ``intensity`` columns show. Some kernels must read their input
@@ -330,6 +329,8 @@ MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 
 # Every parameter named in the table above, what a device file's "efficiency" may set.
 PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
+# Parameters whose None means "as another one" (see each field): a device file may set them so.
+NULLABLE = tuple(f.name for f in fields(Efficiency) if f.default is None)
 # The dtypes a kernel's math can have (``Cost.dtype``), what ``by_dtype`` may name.
 KERNEL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
@@ -362,9 +363,7 @@ def check_overrides(overrides, origin: str) -> dict:
         if key not in PARAMETERS:
             raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
                               f"use one of {', '.join(PARAMETERS)}")
-        if key in ("sm_bytes_per_clock", "cuda_core_conv", "attention",
-                   "cuda_core_attention", "conv_m0", "conv_n0", "conv_k0", "channel_norm",
-                   "channel_norm_backward") and value is None:
+        if key in NULLABLE and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 value > 0 or (key in ("host_s", "conv_launch_s") and value == 0)):
