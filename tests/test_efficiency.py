@@ -101,6 +101,40 @@ def test_kernel_classes_pick_their_parameters():
     assert FITTED.depthwise_backward == 1.0
 
 
+def test_wide_depthwise_weight_gradient_takes_its_own_share():
+    # A CPU's oneDNN computes the weight gradient of a depthwise convolution in its JIT kernel
+    # only for 3x3 windows (benchmarks/results/depthwise-cpu.json): with depthwise_backward 0.2
+    # and depthwise_wgrad_wide 0.02, a 5x5 wgrad's math takes 10x a 3x3-rate kernel of the same
+    # FLOPs; its dgrad, the 3x3 wgrad and narrow grouped (not depthwise) convolutions keep 0.2.
+    from dlperf.analysis.gemm import GemmShape
+    from dlperf.analysis.roofline import wide_depthwise_wgrad
+
+    cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
+                     peak={"fp32": 1e11}, tensor_cores=False, measured=True)
+    eff = Efficiency(cuda_core=1.0, memory=1.0, depthwise_backward=0.2,
+                     depthwise_wgrad_wide=0.02, launch_s=0.0)
+    # 96 channels at 14x14, batch 8, 5x5: wgrad GEMM per group (1, 1 x 25, 8 x 196)
+    flops = 2 * 8 * 196 * 96 * 25
+    base = dict(module="m", module_type="Conv2d", op="convolution_backward", kind="gemm",
+                flops=flops, bytes=1, dtype="fp32", groups=96,
+                align_dims=(("c_in", 1), ("c_out", 1)))
+    wide = Cost(phase="wgrad", gemm=GemmShape(1, 25, 8 * 196, 96), **base)
+    narrow3 = Cost(phase="wgrad", gemm=GemmShape(1, 9, 8 * 196, 96), **base)
+    dgrad = Cost(phase="dgrad", gemm=GemmShape(8 * 196, 1, 25, 96), **base)
+    grouped = Cost(phase="wgrad", gemm=GemmShape(4, 4 * 25, 8 * 196, 24),
+                   **{**base, "groups": 24, "align_dims": (("c_in", 4), ("c_out", 4))})
+    assert [wide_depthwise_wgrad(c) for c in (wide, narrow3, dgrad, grouped)] == [
+        True, False, False, False]
+    # 7.5 MFLOP at 1e11 x 0.02 = 3.76 ms; at 1e11 x 0.2 = 0.376 ms
+    assert predict(wide, cpu, efficiency=eff).math_time_s == pytest.approx(flops / 2e9)
+    for cost in (narrow3, dgrad, grouped):
+        assert predict(cost, cpu, efficiency=eff).math_time_s == pytest.approx(flops / 2e10)
+    # None (every preset): as depthwise_backward
+    assert predict(wide, cpu, efficiency=replace(eff, depthwise_wgrad_wide=None)
+                   ).math_time_s == pytest.approx(flops / 2e10)
+    assert FITTED.depthwise_wgrad_wide is None
+
+
 def test_fused_attention_has_its_own_fraction_of_the_peak():
     from dlperf.analysis.costs import attention_cost
 
@@ -293,9 +327,22 @@ def test_sweep_fit_recovers_known_parameters_from_synthetic_kernels():
         rows.append(dict(math_s=math_s, memory_s=math_s / (0.6 * 0.05) / 4 * (0.9 * 0.3),
                          kernels=1, gemm=None, memory_class="depthwise", phase="wgrad",
                          measured_s=math_s / (0.6 * 0.05) + 20e-6))
+    # and the weight gradients of wider windows at 0.01 of the math rate (0.6 x 0.01). A
+    # convolution_backward is one measured kernel costed as dgrad + wgrad; the sweep splits its
+    # time evenly between the two rows (an unfitted prediction of equal FLOPs), so only their
+    # sum is data: it is fitted as one ("group"), and the 5x5's slow wgrad is told from its
+    # dgrad because the dgrad's share is what the 3x3 kernels above fix.
+    truth["depthwise_wgrad_wide"] = 0.01
+    for i, flops in enumerate((3e6, 3e7)):
+        math_s = flops / 1e11
+        total = math_s / (0.6 * 0.05) + math_s / (0.6 * 0.01) + 2 * 20e-6
+        for phase in ("dgrad", "wgrad"):
+            rows.append(dict(math_s=math_s, memory_s=1e-6, kernels=1, gemm=None,
+                             memory_class="depthwise", phase=phase, group=f"5x5 {i}",
+                             depthwise_wide=phase == "wgrad", measured_s=total / 2))
     fitted = fit_kernels(rows)
     assert fitted["median_abs_error"] < 0.01
-    for key in ("math", "memory", "depthwise", "depthwise_backward"):
+    for key in ("math", "memory", "depthwise", "depthwise_backward", "depthwise_wgrad_wide"):
         assert fitted[key] == pytest.approx(truth[key], rel=0.05), key
     assert fitted["launch_s"] == pytest.approx(20e-6, rel=0.2)
 
@@ -332,6 +379,7 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
     assert fitted["channel_norm_backward"] is None
     assert "channel_norm_backward" not in fitted["fitted"]
     assert fitted["depthwise_backward"] == 1.0 and "depthwise_backward" not in fitted["fitted"]
+    assert fitted["depthwise_wgrad_wide"] is None
 
 
 def test_sweep_fit_gives_fused_attention_its_own_share():

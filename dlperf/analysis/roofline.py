@@ -88,6 +88,18 @@ class Prediction:
         return max(terms, key=lambda t: t[1])[0] if any(t[1] for t in terms) else "none"
 
 
+def wide_depthwise_wgrad(cost: Cost) -> bool:
+    """Whether ``cost`` is the weight gradient of a depthwise convolution (one input channel
+    per group) whose window is wider than 3x3 (more than 9 taps: 5x5, 7x7): on a CPU, oneDNN's
+    JIT depthwise kernel covers only 3x3 for it (``Efficiency.depthwise_wgrad_wide``). Its GEMM
+    is (K/g, C/g x R x S, N x P x Q) per group (costs.conv_gemms), so with C/g = 1 the window's
+    taps are the GEMM's N."""
+    if cost.phase != "wgrad" or cost.groups <= 1 or cost.gemm is None or not cost.align_dims:
+        return False
+    c_in = dict(cost.align_dims).get("c_in")
+    return c_in == 1 and cost.gemm.n > 9
+
+
 def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
             efficiency: Efficiency | None = None) -> Prediction:
     """Predict one kernel's time on ``spec`` with the efficiency model (default: the one for
@@ -138,7 +150,8 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     if is_conv and cost.phase != "forward" and math_class in CONV_CLASSES:
         efficiency *= eff.conv_backward
     if memory_class == "depthwise" and cost.phase != "forward":
-        efficiency *= eff.depthwise_backward
+        efficiency *= (eff.depthwise_wgrad_wide if eff.depthwise_wgrad_wide is not None
+                       and wide_depthwise_wgrad(cost) else eff.depthwise_backward)
     bandwidth = eff.bandwidth(spec, memory_class)
     factor = traffic_factor(cost.op)
     transpose_s, kernels = 0.0, cost.kernels

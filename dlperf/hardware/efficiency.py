@@ -44,6 +44,18 @@ quantization of ``gemm.py``, which stays separate):
   the presets (the published table cannot separate it;
   on a GPU the depthwise backward stays memory-bound at this share); ``dlperf probe --sweep``
   fits it per machine.
+* ``depthwise_wgrad_wide``: the same share for the weight gradient of a depthwise
+  convolution whose window is wider than 3x3 (5x5, 7x7). oneDNN, which runs PyTorch's CPU
+  convolutions, has a JIT depthwise kernel for every data gradient but for the weight gradient
+  only at 3x3; wider windows fall back to its GEMM-based convolution, one small GEMM per image
+  and channel (``ONEDNN_VERBOSE``: ``x64:gemm:jit``). On a 2-core AVX2 EPYC a 5x5 weight
+  gradient (96 channels at 14x14, batch 8) took 2.6 ms where the 3x3 one took 0.26 (10x the
+  time for 2.8x the FLOPs), while their data gradients took 0.35 and 0.29 ms
+  (benchmarks/results/depthwise-cpu.json). With one share for all, MobileNetV3's 5x5 backward
+  kernels were predicted at 0.21-0.36x of their measured time and its 3x3 ones at 1.1-2.2x,
+  on two hosts (benchmarks/README.md, seventh and eighth CPU runs). None: as
+  ``depthwise_backward`` (the presets: cuDNN is other code, and the published table cannot
+  separate it); ``dlperf probe --sweep`` fits it on a CPU.
 
 Memory (achieved bytes/s):
 
@@ -149,6 +161,7 @@ class Efficiency:
     cuda_core_attention: float | None = None  # None: as cuda_core
     conv_backward: float = 1.0  # backward convolutions' share of the forward's fraction
     depthwise_backward: float = 1.0  # depthwise backward's share of cuda_core (its math)
+    depthwise_wgrad_wide: float | None = None  # None: as depthwise_backward
     depthwise: float = 1.0
     reduction: float = 1.0
     norm: float = 1.0
@@ -335,6 +348,7 @@ NULLABLE = tuple(f.name for f in fields(Efficiency) if f.default is None)
 KERNEL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
              "attention", "cuda_core_attention", "conv_backward", "depthwise_backward",
+             "depthwise_wgrad_wide",
              "memory", "depthwise", "reduction", "norm", "reduction_backward",
              "channel_norm", "channel_norm_backward",
              "transcendental", "window", "misaligned")
