@@ -95,10 +95,16 @@ def run(args) -> int:
             f"{fitted['conv']:.0%} of the probed peak, half rate at M={fitted['gemm_m0']:.0f} "
             f"N={fitted['gemm_n0']:.0f} K={fitted['gemm_k0']:.0f}; streaming kernels "
             f"{fitted['memory']:.0%} of the copy bandwidth, and of that "
-            + ", ".join(f"{c.replace('_', ' ')} {fitted[c]:.0%}" for c in CLASS_PARAMS)
+            + ", ".join(f"{c.replace('_', ' ')} {fitted[c]:.0%}" for c in CLASS_PARAMS
+                        if fitted[c] is not None)
             + f"; {fitted['launch_s'] * 1e6:.1f} µs per kernel."
             + (f" Backward convolutions {fitted['conv_backward']:.0%} of the forward's rate."
-               if "conv_backward" in fitted["fitted"] else ""))
+               if "conv_backward" in fitted["fitted"] else "")
+            + (f" Depthwise backward {fitted['depthwise_backward']:.0%} of the GEMMs' rate"
+               + (f", weight gradients of windows wider than 3x3 "
+                  f"{fitted['depthwise_wgrad_wide']:.1%}"
+                  if fitted.get("depthwise_wgrad_wide") is not None else "") + "."
+               if "depthwise_backward" in fitted["fitted"] else ""))
         if "bf16" in fitted:
             h = fitted["bf16"]
             console.print(
