@@ -44,6 +44,33 @@ ABLATIONS = {"no per-convolution terms": ("conv_launch_s", "conv_m0", "conv_n0",
              "one depthwise backward share": ("depthwise_wgrad_wide",)}
 
 
+# Sweep layers timed again beside every model's measurement (before and after it): how much
+# faster or slower the host ran then than during the sweep that calibrated the round. A
+# diagnostic, not part of the model: it tells the host's drift between the calibration and the
+# measurement from the model's own error (this CPU varies 20-50% from round to round).
+REFERENCE = ("conv3x3 128@28", "linear 1024->1024", "bn+relu 256@14")
+
+
+def _timed_s(predictions, measured) -> float:
+    """Measured seconds of the kernels a sweep row is made of (calibrate.sweep's filter)."""
+    return sum(t for p, t in zip(predictions, measured)
+               if t > 0 and p.cost.kind != "fill" and (p.cost.flops or p.cost.bytes))
+
+
+def _reference_s(spec) -> float:
+    """The REFERENCE layers' measured seconds now, timed as the sweep times them."""
+    from dlperf.analysis.calibrate import cases
+
+    total = 0.0
+    for case in (c for c in cases() if c.name in REFERENCE):
+        cfg = AnalysisConfig(model=case.name, input_shape=case.input_shape, dtype="fp32",
+                             train=True, device=spec.name, optimizer="none")
+        torch.manual_seed(0)
+        m = measure(case.build(), cfg, spec, "cpu", cfg=MeasureConfig(steps=3, warmup=1))
+        total += _timed_s(m.analysis.predictions, m.measured_s)
+    return total
+
+
 def _summary(m) -> dict:
     t = m.totals()
     return {"predicted_s": t["predicted_s"], "measured_s": t["measured_s"],
@@ -65,6 +92,8 @@ def _round(mcfg) -> dict:
           {k: round(v, 4) if isinstance(v, float) else v for k, v in fitted.items()})
     out = {"probe": {"spec": spec.to_dict(), "measurements": [m.to_dict() for m in probe_ms]},
            "sweep": {"fit": fitted, "overrides": overrides, "kernels": rows}, "cases": {}}
+    sweep_ref = sum(r["measured_s"] for r in rows
+                    if r["case"] in REFERENCE and r["pass"] == "main")
     from dlperf.models.gpt import GPTConfig
     from dlperf.models.registry import build_model
 
@@ -73,10 +102,14 @@ def _round(mcfg) -> dict:
         cfg = AnalysisConfig(model=model, input_shape=shape, dtype=dtype, train=True,
                              channels_last=channels_last, device="cpu", optimizer="none",
                              tokens=model == "gpt")
+        ref_before = _reference_s(spec)
         torch.manual_seed(0)
         net, model_input = build_model(model, gpt=GPTConfig(**GPT), real=True)
         m = measure(net, cfg, calibrated, "cpu", input_dtype=model_input.dtype, cfg=mcfg)
         s = _summary(m)
+        # the host's speed around this measurement against the sweep's (> 1: slower now)
+        s["host_drift"] = (ref_before + _reference_s(spec)) / 2 / sweep_ref
+        s["drift_adjusted_step_error"] = s["predicted_s"] * s["host_drift"] / s["measured_s"] - 1
         # the same measured kernels, predicted from the probe's peaks alone
         before = _summary(m.with_spec(spec))
         s["probe_only_predicted_s"] = before["predicted_s"]
@@ -89,7 +122,8 @@ def _round(mcfg) -> dict:
         print(f"{key}: measured {s['measured_s'] * 1e3:.0f} ms, predicted "
               f"{s['predicted_s'] * 1e3:.0f} ms ({s['step_error']:+.0%}; probe only "
               f"{s['probe_only_step_error']:+.0%}), per-kernel weighted median |error| "
-              f"{s['weighted_median_abs_error']:.0%}; "
+              f"{s['weighted_median_abs_error']:.0%}; host {s['host_drift']:.2f}x the sweep's "
+              f"time (drift-adjusted step {s['drift_adjusted_step_error']:+.0%}); "
               + "; ".join(f"{n}: {a['step_error']:+.0%}, per kernel "
                           f"{a['weighted_median_abs_error']:.0%}"
                           for n, a in s["ablations"].items()), flush=True)
@@ -107,6 +141,8 @@ def summarize(rounds: list[dict]) -> dict:
         before = [r["cases"][key]["probe_only_step_error"] for r in rounds]
         kernel = [r["cases"][key]["weighted_median_abs_error"] for r in rounds]
         measured = [r["cases"][key]["measured_s"] for r in rounds]
+        drift = [r["cases"][key]["host_drift"] for r in rounds]
+        adjusted = [r["cases"][key]["drift_adjusted_step_error"] for r in rounds]
         ablations = {name: {
             "median_step_error": float(np.median(
                 [r["cases"][key]["ablations"][name]["step_error"] for r in rounds])),
@@ -119,6 +155,9 @@ def summarize(rounds: list[dict]) -> dict:
                     "median_weighted_kernel_error": float(np.median(kernel)),
                     "median_measured_s": float(np.median(measured)),
                     "measured_spread": float(max(measured) / min(measured) - 1),
+                    "median_host_drift": float(np.median(drift)),
+                    "host_drift_range": [float(min(drift)), float(max(drift))],
+                    "median_drift_adjusted_step_error": float(np.median(adjusted)),
                     "ablations": ablations}
     worst = max(abs(v["median_step_error"]) for v in out.values())
     return {"cases": out, "worst_median_step_error": worst,
@@ -140,7 +179,9 @@ def main(argv: list[str]) -> int:
               f"(range {v['min_step_error']:+.0%}..{v['max_step_error']:+.0%}; probe only "
               f"{v['median_probe_only_step_error']:+.0%}), per-kernel "
               f"{v['median_weighted_kernel_error']:.0%}; measured varied "
-              f"{v['measured_spread']:.0%}"
+              f"{v['measured_spread']:.0%}; host drift {v['median_host_drift']:.2f}x "
+              f"({v['host_drift_range'][0]:.2f}-{v['host_drift_range'][1]:.2f}), "
+              f"drift-adjusted step {v['median_drift_adjusted_step_error']:+.0%}"
               + "".join(f"; {n}: {a['median_step_error']:+.0%}, per kernel "
                         f"{a['median_weighted_kernel_error']:.0%}"
                         for n, a in v["ablations"].items()))
@@ -152,7 +193,7 @@ def main(argv: list[str]) -> int:
     path = OUT / "predict-vs-measure-cpu.json"
     save_result(path, "predict-vs-measure-cpu",
                 {"cases": CASES, "gpt": GPT, "steps": mcfg.steps, "warmup": mcfg.warmup,
-                 "rounds": rounds_n, "ablations": ABLATIONS,
+                 "rounds": rounds_n, "ablations": ABLATIONS, "drift_reference": REFERENCE,
                  "calibration": "each round: dlperf probe --quick + sweep "
                                 "(dlperf/analysis/calibrate.py), then every case"},
                 {"summary": summary, "rounds": rounds})

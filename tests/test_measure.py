@@ -109,3 +109,26 @@ def test_cli_measure_needs_the_hardware(capsys):
     code = main(["analyze", "resnet18", "--device", "h100-sxm", "--measure"])
     err = capsys.readouterr().err
     assert code == 2 and "no CUDA GPU is visible" in err and len(err.strip().splitlines()) == 1
+
+
+def test_predict_vs_measure_summary_separates_host_drift_from_model_error():
+    # Two rounds of one case. Round 1: predicted 1.0 s, measured 1.25 s (-20%), while the
+    # sweep's reference layers ran 1.25x slower around the measurement than during the sweep:
+    # the drift-adjusted error is 1.0 x 1.25 / 1.25 - 1 = 0. Round 2: predicted 1.1, measured
+    # 1.0 (+10%), drift 1.0 (adjusted +10%). Medians: step -5%, adjusted +5%, drift 1.125.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_predict_vs_measure")
+
+    def case(pred, meas, drift):
+        return {"step_error": pred / meas - 1, "probe_only_step_error": -0.5,
+                "weighted_median_abs_error": 0.2, "measured_s": meas, "host_drift": drift,
+                "drift_adjusted_step_error": pred * drift / meas - 1, "ablations": {}}
+
+    rounds = [{"cases": {"m": case(1.0, 1.25, 1.25)}}, {"cases": {"m": case(1.1, 1.0, 1.0)}}]
+    v = bench.summarize(rounds)["cases"]["m"]
+    assert v["median_step_error"] == pytest.approx(-0.05)
+    assert v["median_drift_adjusted_step_error"] == pytest.approx(0.05)
+    assert v["median_host_drift"] == pytest.approx(1.125)
+    assert v["host_drift_range"] == pytest.approx([1.0, 1.25])
+    assert v["measured_spread"] == pytest.approx(0.25)
