@@ -14,7 +14,7 @@ windows; for 5x5 and 7x7 windows the weight gradient falls back to its GEMM-base
 (``gemm:jit``), one small GEMM per image and channel, several times slower per FLOP. That is
 what ``depthwise_wgrad_wide`` in dlperf/hardware/efficiency.py models.
 
-Usage: python benchmarks/bench_depthwise_cpu.py [REPEATS]  (about a minute on 2 cores)
+Usage: python benchmarks/bench_depthwise_cpu.py [REPEATS]  (about 10 seconds on 2 cores)
 Writes benchmarks/results/depthwise-cpu.json.
 """
 
@@ -26,7 +26,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -52,13 +51,9 @@ def _backward(gy, x, w, k, s, c, mask):
 
 
 def _median_s(f, repeats: int) -> float:
-    f()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    from dlperf.hardware.probe import _timer
+
+    return statistics.median(_timer(torch.device("cpu"))(f, repeats, 1))
 
 
 def implementations() -> dict[str, dict[str, str]]:
@@ -73,6 +68,12 @@ def implementations() -> dict[str, dict[str, str]]:
             "        b._backward(gy, x, w, k, s, c, mask)\n" % str(Path(__file__).parent))
     log = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "ONEDNN_VERBOSE": "1"}, check=True).stdout
+    return parse_verbose(log)
+
+
+def parse_verbose(log: str) -> dict[str, dict[str, str]]:
+    """{"kernel x stride x size x channels x batch": {"dgrad"|"wgrad": implementation}} from
+    oneDNN's verbose lines of depthwise backward convolutions."""
     passes = {"backward_data": "dgrad", "backward_weights": "wgrad"}
     out: dict[str, dict[str, str]] = {}
     for line in log.splitlines():

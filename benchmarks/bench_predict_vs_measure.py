@@ -17,6 +17,7 @@ Writes benchmarks/results/predict-vs-measure-cpu.json.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -160,7 +161,19 @@ def summarize(rounds: list[dict]) -> dict:
                     "median_drift_adjusted_step_error": float(np.median(adjusted)),
                     "ablations": ablations}
     worst = max(abs(v["median_step_error"]) for v in out.values())
-    return {"cases": out, "worst_median_step_error": worst,
+    # over every (round, case): how much of the step error the host's drift accounts for
+    pairs = [(math.log(c["host_drift"]), math.log1p(c["step_error"]),
+              abs(c["step_error"]), abs(c["drift_adjusted_step_error"]))
+             for r in rounds for c in r["cases"].values() if "host_drift" in c]
+    drift = None
+    if len(pairs) > 2:
+        x, y, raw, adjusted = (np.array(v) for v in zip(*pairs))
+        drift = {"pairs": len(pairs),
+                 "pearson_log_drift_log_ratio": float(np.corrcoef(x, y)[0, 1])
+                 if x.std() > 0 and y.std() > 0 else None,
+                 "median_abs_step_error": float(np.median(raw)),
+                 "median_abs_drift_adjusted_step_error": float(np.median(adjusted))}
+    return {"cases": out, "worst_median_step_error": worst, "host_drift": drift,
             "goal_step_within_15pct": worst <= 0.15,
             "goal_kernel_median_within_25pct": all(
                 v["median_weighted_kernel_error"] <= 0.25 for v in out.values())}

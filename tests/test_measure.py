@@ -132,3 +132,35 @@ def test_predict_vs_measure_summary_separates_host_drift_from_model_error():
     assert v["median_host_drift"] == pytest.approx(1.125)
     assert v["host_drift_range"] == pytest.approx([1.0, 1.25])
     assert v["measured_spread"] == pytest.approx(0.25)
+    # a third round (drift 0.8, predicted 1.0 for 0.9 measured), pooled over the three:
+    # |step errors| 0.2, 0.1, 0.111 (median 0.111)
+    rounds.append({"cases": {"m": case(1.0, 0.9, 0.8)}})
+    pooled = bench.summarize(rounds)["host_drift"]
+    assert pooled["pairs"] == 3
+    assert pooled["median_abs_step_error"] == pytest.approx(1 / 0.9 - 1)
+    # adjusted: 0, +0.1, 1.0 x 0.8 / 0.9 - 1 = -0.111: median of |.| is 0.1
+    assert pooled["median_abs_drift_adjusted_step_error"] == pytest.approx(0.1)
+    # slower host (drift > 1) with a too-fast prediction (ratio < 1) and the reverse
+    assert pooled["pearson_log_drift_log_ratio"] < 0
+
+
+def test_depthwise_bench_reads_onednn_verbose_lines():
+    # Lines as oneDNN 3.x prints them (ONEDNN_VERBOSE=1): the implementation and pass of each
+    # depthwise backward convolution, keyed by the problem it describes; reorders and forward
+    # convolutions are not backward passes.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_depthwise_cpu")
+    problem = "g96mb8_ic96oc96_ih14oh14kh5sh1dh0ph2_iw14ow14kw5sw1dw0pw2"
+    log = "\n".join([
+        "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:blk,undef,src:f32::blocked:abcd::f0 "
+        "dst:f32::blocked:aBcd8b::f0,attr-scratchpad:user,,8x96x14x14,0.02",
+        f"onednn_verbose,v1,primitive,exec,cpu,convolution,jit_dw:avx2,forward_training,src:f32,"
+        f"attr-scratchpad:user,alg:convolution_direct,{problem},0.05",
+        f"onednn_verbose,v1,primitive,exec,cpu,convolution,jit_dw:avx2,backward_data,src:f32,"
+        f"attr-scratchpad:user,alg:convolution_direct,{problem},0.35",
+        f"onednn_verbose,v1,primitive,exec,cpu,convolution,x64:gemm:jit,backward_weights,"
+        f"src:f32,attr-scratchpad:user,alg:convolution_direct,{problem},2.6",
+        "---unrelated line"])
+    assert bench.parse_verbose(log) == {"5x1x14x96x8": {"dgrad": "jit_dw:avx2",
+                                                        "wgrad": "x64:gemm:jit"}}
