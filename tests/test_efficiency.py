@@ -190,14 +190,21 @@ def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
         assert p.memory_time_s == pytest.approx(seconds), op
     # set, they are batch norm's own: 2e9 B x 1.5 (two-pass) at 20 GB/s x 0.1 = 1.5 s; the
     # backward 2e9 x 5/3 at 20 GB/s x 0.2 = 0.833 s; layer norm's backward keeps 0.4
-    own = replace(eff, channel_norm=0.1, channel_norm_backward=0.2)
+    # Pooling's backward likewise: unset, the window share (2e9 B at 0.25 x 20 GB/s = 0.4 s);
+    # set to 0.5, its own (0.2 s), the forward keeping 0.4 s.
+    pool_back = dict(mem, phase="dgrad")
+    p = predict(Cost(op="max_pool2d_with_indices_backward", **pool_back), cpu, efficiency=eff)
+    assert (p.memory_class, p.memory_time_s) == ("window-backward", pytest.approx(0.4))
+    own = replace(eff, channel_norm=0.1, channel_norm_backward=0.2, window_backward=0.5)
     times = {op: predict(Cost(op=op, **mem), cpu, efficiency=own).memory_time_s
              for op in ("native_batch_norm", "native_batch_norm_backward",
-                        "native_layer_norm_backward", "native_layer_norm")}
+                        "native_layer_norm_backward", "native_layer_norm",
+                        "max_pool2d_with_indices", "max_pool2d_with_indices_backward")}
     assert times == pytest.approx({"native_batch_norm": 1.5,
                                    "native_batch_norm_backward": 2e9 * 5 / 3 / 4e9,
                                    "native_layer_norm_backward": 2e9 * 5 / 3 / 8e9,
-                                   "native_layer_norm": 0.25})
+                                   "native_layer_norm": 0.25, "max_pool2d_with_indices": 0.4,
+                                   "max_pool2d_with_indices_backward": 0.2})
     # CPU convolutions use cuda_core_conv, GEMMs cuda_core: 1e11 FLOPs at 0.25 vs 0.5 of
     # 1e11 FLOP/s = 4 s vs 2 s; with cuda_core_conv unset (None) the conv takes 2 s too.
     mm = dict(module="m", module_type="t", phase="forward", kind="gemm", bytes=1, dtype="fp32",
@@ -212,7 +219,7 @@ def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
     # The shipped GPU model leaves every memory class at the streaming bandwidth.
     v100 = get_device("v100-sxm2")
     for cls in ("reduction", "norm", "reduction-backward", "channel-norm",
-                "channel-norm-backward", "transcendental", "window"):
+                "channel-norm-backward", "transcendental", "window", "window-backward"):
         assert FITTED.bandwidth(v100, cls) == FITTED.bandwidth(v100)
 
 
@@ -350,8 +357,9 @@ def test_sweep_fit_recovers_known_parameters_from_synthetic_kernels():
 def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
     # GEMMs at 0.8 of the peak, convolutions at 0.5; streaming kernels at 1.2 of the copy
     # bandwidth, and of that reductions 0.5, their backward 0.7, transcendental 0.2, window
-    # 0.1; 5 us per kernel, no ramp in the data (the fit may put the half rates anywhere
-    # small). Every parameter comes back within 5%; a class with no rows is not fitted.
+    # 0.1 (its backward 0.8); 5 us per kernel, no ramp in the data (the fit may put the half
+    # rates anywhere small). Every parameter comes back within 5%; a class with no rows is not
+    # fitted.
     from dlperf.analysis.calibrate import fit_kernels
 
     rows = []
@@ -361,7 +369,8 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
             rows.append(dict(math_s=math_s, memory_s=1e-6, kernels=1, gemm=(m, n, k), conv=conv,
                              measured_s=math_s / share + 5e-6))
     truth = {"stream": 1.0, "reduction": 0.5, "norm": 0.3, "reduction-backward": 0.7,
-             "channel-norm": 0.15, "transcendental": 0.2, "window": 0.1}
+             "channel-norm": 0.15, "transcendental": 0.2, "window": 0.1,
+             "window-backward": 0.8}
     for cls, share in truth.items():
         for mem in (1e-4, 1e-3, 1e-2):
             rows.append(dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None, memory_class=cls,
@@ -372,7 +381,7 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
     assert fitted["conv"] == pytest.approx(0.5, rel=0.05)
     assert fitted["memory"] == pytest.approx(1.2, rel=0.05)
     for cls in ("reduction", "norm", "reduction-backward", "channel-norm", "transcendental",
-                "window"):
+                "window", "window-backward"):
         assert fitted[cls.replace("-", "_")] == pytest.approx(truth[cls], rel=0.05), cls
     assert fitted["depthwise"] == 1.0 and "depthwise" not in fitted["fitted"]
     # no batch-norm backward rows: not fitted, None (it takes reduction_backward's share)

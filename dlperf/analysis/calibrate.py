@@ -18,7 +18,7 @@ measured time lands on the same Cost the analyzer predicts, then fits the parame
 * the fraction of the probed copy bandwidth that streaming memory-bound kernels reach
   (``memory``), and the share of that each memory class reaches (``depthwise``,
   ``reduction``, ``norm``, ``reduction_backward``, ``channel_norm``,
-  ``channel_norm_backward``, ``transcendental``, ``window``; see
+  ``channel_norm_backward``, ``transcendental``, ``window``, ``window_backward``; see
   ``hardware/efficiency.py``),
 * the fixed time per kernel (``launch_s``), and the fixed time more per convolution kernel
   (``conv_launch_s``: on a CPU, oneDNN's thread team woken for every call).
@@ -254,14 +254,14 @@ BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "conv_backward": (0.1, 3.0),
           "memory": (0.05, 2.0),
           "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "norm": (0.01, 2.0),
           "reduction_backward": (0.01, 2.0), "channel_norm": (0.01, 2.0),
-          "channel_norm_backward": (0.01, 2.0),
+          "channel_norm_backward": (0.01, 2.0), "window_backward": (0.01, 2.0),
           "transcendental": (0.01, 2.0), "window": (0.01, 2.0), "launch_s": (1e-7, 1e-3),
           "conv_launch_s": (1e-7, 1e-3)}
 # the convolutions' own small-problem ramp (efficiency.Efficiency.ramp)
 CONV_RAMP = ("conv_m0", "conv_n0", "conv_k0")
 # the memory classes of efficiency.MEMORY_CLASSES with a parameter of their own
 CLASS_PARAMS = ("depthwise", "reduction", "norm", "reduction_backward", "channel_norm",
-                "channel_norm_backward", "transcendental", "window")
+                "channel_norm_backward", "transcendental", "window", "window_backward")
 
 
 def squash(z: float, lo: float, hi: float) -> float:

@@ -62,7 +62,7 @@ class Prediction:
     # cuda-core-attention | none
     math_class: str = "none"
     # stream | depthwise | reduction | norm | reduction-backward | channel-norm |
-    # channel-norm-backward | transcendental | window
+    # channel-norm-backward | transcendental | window | window-backward
     memory_class: str = "stream"
     traffic_factor: float = 1.0  # real traffic / the guide's minimum bytes (two-pass kernels)
     kernels: int = 1  # kernels launched, the NCHW transposes included

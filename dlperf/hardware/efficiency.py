@@ -99,6 +99,13 @@ Memory (achieved bytes/s):
     (GELU's erf, SiLU/sigmoid, tanh, exp): memory-bound on a GPU (its special-function units
     keep up with DRAM), math-bound on a CPU's vector units.
   - ``window``: pooling over a sliding window (max/average pooling and their backward).
+  - ``window_backward``: the backward of that pooling, where it differs (None: as ``window``).
+    On a CPU the two are other code: ATen's max pooling forward compares every window and
+    writes the indices, its backward scatters each gradient to the one index saved; in the
+    last sweep of the twelfth CPU run the forward took 18 ms and the backward 1.6 ms
+    for the same 8 x 128 x 56 x 56 layer, and with one share for both ResNet-18's max-pooling
+    forward was predicted at 0.28x of its measured time and its backward at 6.7x
+    (benchmarks/results/predict-vs-measure-cpu.json, twelfth run).
 
   The published GPU table cannot separate these classes (their kernels are a few percent of
   the rows' steps), so the shipped GPU model keeps them at 1.0 (streaming bandwidth, with the
@@ -170,6 +177,7 @@ class Efficiency:
     channel_norm_backward: float | None = None  # None: as reduction_backward
     transcendental: float = 1.0
     window: float = 1.0
+    window_backward: float | None = None  # None: as window
     misaligned: float = 0.50  # Tensor Core GEMMs breaking the 16-byte rule (guide 2.2)
     # Small-problem ramp of GEMM-shaped kernels: x m/(m+gemm_m0) x n/(n+gemm_n0) x k/(k+gemm_k0),
     # the M, N, K at which a GEMM runs at half its large-problem rate (0: no ramp). Fitted per
@@ -272,9 +280,11 @@ def traffic_factor(op: str) -> float:
 # Memory classes of the non-convolution kernels (depthwise convolutions are classed by the
 # roofline, which knows their groups); every op not named here streams.
 MEMORY_CLASSES = ("stream", "depthwise", "reduction", "norm", "reduction-backward",
-                  "channel-norm", "channel-norm-backward", "transcendental", "window")
+                  "channel-norm", "channel-norm-backward", "transcendental", "window",
+                  "window-backward")
 # the class whose fraction a class takes while its own is None
-CLASS_FALLBACK = {"channel-norm": "norm", "channel-norm-backward": "reduction-backward"}
+CLASS_FALLBACK = {"channel-norm": "norm", "channel-norm-backward": "reduction-backward",
+                  "window-backward": "window"}
 _CLASS_OF_OP = {
     **{op: "reduction" for op in (
         "mean", "sum", "amax", "amin", "var", "var_mean", "std", "norm", "linalg_vector_norm",
@@ -291,9 +301,10 @@ _CLASS_OF_OP = {
         "mish", "mish_backward", "elu", "elu_backward", "log_sigmoid_forward",
         "log_sigmoid_backward")},
     **{op: "window" for op in (
-        "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d",
-        "avg_pool2d_backward", "max_pool3d_with_indices", "max_pool3d_with_indices_backward",
-        "avg_pool3d", "avg_pool3d_backward")},
+        "max_pool2d_with_indices", "avg_pool2d", "max_pool3d_with_indices", "avg_pool3d")},
+    **{op: "window-backward" for op in (
+        "max_pool2d_with_indices_backward", "avg_pool2d_backward",
+        "max_pool3d_with_indices_backward", "avg_pool3d_backward")},
 }
 
 
@@ -351,7 +362,7 @@ FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_co
              "depthwise_wgrad_wide",
              "memory", "depthwise", "reduction", "norm", "reduction_backward",
              "channel_norm", "channel_norm_backward",
-             "transcendental", "window", "misaligned")
+             "transcendental", "window", "window_backward", "misaligned")
 
 
 def efficiency_for(spec) -> Efficiency:
