@@ -9,7 +9,7 @@ what dlperf did before) are saved, so the effect of the sweep is measured side b
 Each round calibrates afresh and measures every case; the summary is the median over rounds
 (default 5), with the range, because this CPU varies 10-30% from run to run.
 
-Run: `make bench-predict` (about 4 minutes on a 2-core machine), or
+Run: `make bench-predict` (about 8 minutes on a 2-core machine), or
 `python benchmarks/bench_predict_vs_measure.py ROUNDS`.
 Writes benchmarks/results/predict-vs-measure-cpu.json.
 """
