@@ -43,7 +43,8 @@ GPT = dict(layers=4, d_model=256, heads=4, vocab=8192, seq_len=256)
 ABLATIONS = {"no per-convolution terms": ("conv_launch_s", "conv_m0", "conv_n0", "conv_k0"),
              "one norm class": ("channel_norm", "channel_norm_backward"),
              "one depthwise backward share": ("depthwise_wgrad_wide",),
-             "one pooling class": ("window_backward",)}
+             "one pooling class": ("window_backward",),
+             "one GELU class": ("gelu_tanh",)}
 
 
 # Sweep layers timed again beside every model's measurement (before and after it): how much

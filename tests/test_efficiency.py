@@ -219,7 +219,8 @@ def test_memory_classes_and_cpu_convolutions_pick_their_parameters():
     # The shipped GPU model leaves every memory class at the streaming bandwidth.
     v100 = get_device("v100-sxm2")
     for cls in ("reduction", "norm", "reduction-backward", "channel-norm",
-                "channel-norm-backward", "transcendental", "window", "window-backward"):
+                "channel-norm-backward", "transcendental", "window", "window-backward",
+                "gelu-tanh"):
         assert FITTED.bandwidth(v100, cls) == FITTED.bandwidth(v100)
 
 
@@ -370,7 +371,7 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
                              measured_s=math_s / share + 5e-6))
     truth = {"stream": 1.0, "reduction": 0.5, "norm": 0.3, "reduction-backward": 0.7,
              "channel-norm": 0.15, "transcendental": 0.2, "window": 0.1,
-             "window-backward": 0.8}
+             "window-backward": 0.8, "gelu-tanh": 0.05}
     for cls, share in truth.items():
         for mem in (1e-4, 1e-3, 1e-2):
             rows.append(dict(math_s=0.0, memory_s=mem, kernels=1, gemm=None, memory_class=cls,
@@ -381,7 +382,7 @@ def test_sweep_fit_recovers_memory_classes_and_the_convolution_share():
     assert fitted["conv"] == pytest.approx(0.5, rel=0.05)
     assert fitted["memory"] == pytest.approx(1.2, rel=0.05)
     for cls in ("reduction", "norm", "reduction-backward", "channel-norm", "transcendental",
-                "window", "window-backward"):
+                "window", "window-backward", "gelu-tanh"):
         assert fitted[cls.replace("-", "_")] == pytest.approx(truth[cls], rel=0.05), cls
     assert fitted["depthwise"] == 1.0 and "depthwise" not in fitted["fitted"]
     # no batch-norm backward rows: not fitted, None (it takes reduction_backward's share)
@@ -697,3 +698,40 @@ def test_sweep_layers_compute_their_input_gradient_as_in_a_network():
         m = measure(case.build(), cfg, cpu, "cpu", cfg=MeasureConfig(steps=1, warmup=0))
         (cost,) = [p.cost for p in m.analysis.predictions if p.cost.op == op]
         assert cost.bytes >= 3 * activation, case.name
+
+
+def test_tanh_gelu_is_told_from_the_erf_one_and_takes_its_own_share():
+    # nn.GELU(approximate="tanh") runs the same aten op as the erf GELU; the capture keeps the
+    # keyword, the cost says "tanh", and its class takes gelu_tanh's share (unset: the
+    # transcendental one). 256 x 2048 fp32: 2 MiB read + 2 MiB written = 4,194,304 B; at
+    # 20 GB/s x 0.5 (transcendental) 0.2097 ms, at 20 GB/s x 0.1 (gelu_tanh) 2.097 ms.
+    import torch
+    from torch import nn
+
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+
+    cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
+                     peak={"fp32": 1e11}, tensor_cores=False, measured=True)
+    eff = Efficiency(memory=1.0, transcendental=0.5, gelu_tanh=0.1, launch_s=0.0)
+    cfg = AnalysisConfig(model="g", input_shape=(256, 2048), dtype="fp32", train=True,
+                         device="cpu", optimizer="none")
+    first = {}
+    for approximate, cls, share in (("tanh", "gelu-tanh", 0.1), ("none", "transcendental", 0.5)):
+        costs = [p.cost for p in analyze_model(nn.Sequential(nn.Linear(2048, 2048),
+                                                             nn.GELU(approximate=approximate)),
+                                               cfg, cpu).predictions]
+        gelu = [c for c in costs if c.op == "gelu"]
+        first[approximate] = gelu[0]
+        back = [c for c in costs if c.op == "gelu_backward"]
+        assert len(gelu) == 1 and len(back) == 1
+        assert gelu[0].variant == ("tanh" if approximate == "tanh" else "")
+        assert back[0].variant == gelu[0].variant
+        p = predict(gelu[0], cpu, efficiency=eff)
+        assert p.memory_class == cls
+        assert gelu[0].bytes == 4_194_304
+        assert p.memory_time_s == pytest.approx(4_194_304 / (20e9 * share))
+    # unset, the tanh GELU streams at the transcendental share: 4,194,304 B / (20 GB/s x 0.5)
+    unset = replace(eff, gelu_tanh=None)
+    assert predict(first["tanh"], cpu, efficiency=unset).memory_time_s == pytest.approx(
+        4_194_304 / 1e10)
+    assert FITTED.gelu_tanh is None

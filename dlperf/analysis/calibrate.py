@@ -18,7 +18,8 @@ measured time lands on the same Cost the analyzer predicts, then fits the parame
 * the fraction of the probed copy bandwidth that streaming memory-bound kernels reach
   (``memory``), and the share of that each memory class reaches (``depthwise``,
   ``reduction``, ``norm``, ``reduction_backward``, ``channel_norm``,
-  ``channel_norm_backward``, ``transcendental``, ``window``, ``window_backward``; see
+  ``channel_norm_backward``, ``transcendental``, ``gelu_tanh``, ``window``,
+  ``window_backward``; see
   ``hardware/efficiency.py``),
 * the fixed time per kernel (``launch_s``), and the fixed time more per convolution kernel
   (``conv_launch_s``: on a CPU, oneDNN's thread team woken for every call).
@@ -188,6 +189,9 @@ def cases(quick: bool = False) -> list[Case]:
         Case("softmax 8x128x128", _scaled((8, 1, 1), lambda: nn.Softmax(-1)),
              (n, 8, 128, 128), quick=True),
         Case("gelu 2048", _scaled((2048,), nn.GELU), (64 * n, 2048), quick=True),
+        # the tanh-approximated GELU (GPT-2's, BERT's): the same aten op, other code on a CPU
+        Case("gelu tanh 2048", _scaled((2048,), lambda: nn.GELU(approximate="tanh")),
+             (64 * n, 2048)),
         # fused attention (flash-attention kernels): a decoder's causal self-attention and an
         # encoder's full one
         Case("attention causal 8x256x64", lambda: _Attention(8, True), (n // 2, 8, 256, 64),
@@ -255,13 +259,15 @@ BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "conv_backward": (0.1, 3.0),
           "depthwise": (0.01, 1.0), "reduction": (0.01, 2.0), "norm": (0.01, 2.0),
           "reduction_backward": (0.01, 2.0), "channel_norm": (0.01, 2.0),
           "channel_norm_backward": (0.01, 2.0), "window_backward": (0.01, 2.0),
+          "gelu_tanh": (0.01, 2.0),
           "transcendental": (0.01, 2.0), "window": (0.01, 2.0), "launch_s": (1e-7, 1e-3),
           "conv_launch_s": (1e-7, 1e-3)}
 # the convolutions' own small-problem ramp (efficiency.Efficiency.ramp)
 CONV_RAMP = ("conv_m0", "conv_n0", "conv_k0")
 # the memory classes of efficiency.MEMORY_CLASSES with a parameter of their own
 CLASS_PARAMS = ("depthwise", "reduction", "norm", "reduction_backward", "channel_norm",
-                "channel_norm_backward", "transcendental", "window", "window_backward")
+                "channel_norm_backward", "transcendental", "gelu_tanh", "window",
+                "window_backward")
 
 
 def squash(z: float, lo: float, hi: float) -> float:

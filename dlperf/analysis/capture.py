@@ -108,6 +108,7 @@ class OpRecord:
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
     args: tuple = ()  # non-tensor positional args (strides, flags), for cost rules
+    options: tuple = ()  # string keyword args as (name, value), e.g. gelu's approximate
     region: str | None = None  # fused region id, e.g. "scaled_dot_product_attention#0"
     pointwise: bool = False  # aten tag: elementwise op
     is_view: bool = False  # aliases its input: no kernel, no traffic
@@ -413,6 +414,7 @@ class _Recorder(TorchDispatchMode):
             index=len(self.capture.records), op=func._overloadpacket.__name__, module=module,
             module_type=self.capture.module_types.get(module, "loss" if module == "loss" else ""),
             phase=phase, inputs=inputs, outputs=outputs, args=_scalars(args), region=region,
+            options=tuple((k, v) for k, v in (kwargs or {}).items() if isinstance(v, str)),
             pointwise=torch.Tag.pointwise in func.tags, is_view=func.is_view,
             measured_s=elapsed))
         return out

@@ -114,6 +114,9 @@ class Cost:
     # the GEMM dims built from batch and pixels; (name, size) pairs. None: check M, N and K.
     align_dims: tuple[tuple[str, int], ...] | None = None
     groups: int = 1
+    # a kernel that is other code under the same op name: "tanh" for the tanh-approximated
+    # GELU (hardware/efficiency.py, ``gelu_tanh``); "" otherwise
+    variant: str = ""
 
     @property
     def intensity(self) -> float:
@@ -310,8 +313,9 @@ def record_costs(r: OpRecord) -> list[Cost] | None:
                      bytes=_bytes(r.inputs) + _bytes(r.outputs), **common)]
     if r.pointwise:
         out = r.outputs[0] if r.outputs else big
+        variant = "tanh" if dict(r.options).get("approximate") == "tanh" else ""
         return [Cost(kind="memory", flops=out.numel,
-                     bytes=_bytes(r.inputs) + _bytes(r.outputs), **common)]
+                     bytes=_bytes(r.inputs) + _bytes(r.outputs), variant=variant, **common)]
     if op in NLL_OPS:
         return [_nll_cost(r, common)]
     if op in MEMORY_OPS_FLOPS_PER_ELEMENT:

@@ -62,7 +62,7 @@ class Prediction:
     # cuda-core-attention | none
     math_class: str = "none"
     # stream | depthwise | reduction | norm | reduction-backward | channel-norm |
-    # channel-norm-backward | transcendental | window | window-backward
+    # channel-norm-backward | transcendental | gelu-tanh | window | window-backward
     memory_class: str = "stream"
     traffic_factor: float = 1.0  # real traffic / the guide's minimum bytes (two-pass kernels)
     kernels: int = 1  # kernels launched, the NCHW transposes included
@@ -115,7 +115,7 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
         unit, peak = "fp32", spec.peak_flops("fp32")
     is_conv = cost.op.startswith("convolution")
     quant, miss, aligned = None, (), None
-    memory_class = memory_class_of(cost.op)
+    memory_class = memory_class_of(cost.op, cost.variant)
     efficiency = 1.0
     if is_matmul and cost.groups > 1 and cost.align_dims and min(
             size for _, size in cost.align_dims) < max(NARROW_GROUP_CHANNELS,

@@ -98,6 +98,11 @@ Memory (achieved bytes/s):
   - ``transcendental``: elementwise kernels that evaluate a transcendental function per element
     (GELU's erf, SiLU/sigmoid, tanh, exp): memory-bound on a GPU (its special-function units
     keep up with DRAM), math-bound on a CPU's vector units.
+  - ``gelu_tanh``: the tanh-approximated GELU (GPT-2's, BERT's; forward and backward), where
+    it differs from ``transcendental`` (None: as that). The same aten op as the erf GELU, but
+    on a CPU other code: in the last rounds of the ninth to twelfth CPU runs the GPT's tanh
+    GELU, forward and backward, was predicted at 0.26-0.56 of its step's own
+    predicted/measured ratio with the share the sweep's erf GELU fitted (benchmarks/README.md).
   - ``window``: pooling over a sliding window (max/average pooling and their backward).
   - ``window_backward``: the backward of that pooling, where it differs (None: as ``window``).
     On a CPU the two are other code: ATen's max pooling forward compares every window and
@@ -178,6 +183,7 @@ class Efficiency:
     transcendental: float = 1.0
     window: float = 1.0
     window_backward: float | None = None  # None: as window
+    gelu_tanh: float | None = None  # None: as transcendental
     misaligned: float = 0.50  # Tensor Core GEMMs breaking the 16-byte rule (guide 2.2)
     # Small-problem ramp of GEMM-shaped kernels: x m/(m+gemm_m0) x n/(n+gemm_n0) x k/(k+gemm_k0),
     # the M, N, K at which a GEMM runs at half its large-problem rate (0: no ramp). Fitted per
@@ -281,10 +287,10 @@ def traffic_factor(op: str) -> float:
 # roofline, which knows their groups); every op not named here streams.
 MEMORY_CLASSES = ("stream", "depthwise", "reduction", "norm", "reduction-backward",
                   "channel-norm", "channel-norm-backward", "transcendental", "window",
-                  "window-backward")
+                  "window-backward", "gelu-tanh")
 # the class whose fraction a class takes while its own is None
 CLASS_FALLBACK = {"channel-norm": "norm", "channel-norm-backward": "reduction-backward",
-                  "window-backward": "window"}
+                  "window-backward": "window", "gelu-tanh": "transcendental"}
 _CLASS_OF_OP = {
     **{op: "reduction" for op in (
         "mean", "sum", "amax", "amin", "var", "var_mean", "std", "norm", "linalg_vector_norm",
@@ -308,9 +314,11 @@ _CLASS_OF_OP = {
 }
 
 
-def memory_class_of(op: str) -> str:
-    """The memory class of a (non-convolution) kernel named ``op`` (see the module docstring)."""
-    return _CLASS_OF_OP.get(op, "stream")
+def memory_class_of(op: str, variant: str = "") -> str:
+    """The memory class of a (non-convolution) kernel named ``op`` (see the module docstring);
+    ``variant`` as ``Cost.variant`` ("tanh": the tanh-approximated GELU)."""
+    cls = _CLASS_OF_OP.get(op, "stream")
+    return "gelu-tanh" if variant == "tanh" and cls == "transcendental" else cls
 
 
 # Fitted by benchmarks/fit_efficiency.py to every clean row of the published table (see the
@@ -362,7 +370,7 @@ FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_co
              "depthwise_wgrad_wide",
              "memory", "depthwise", "reduction", "norm", "reduction_backward",
              "channel_norm", "channel_norm_backward",
-             "transcendental", "window", "window_backward", "misaligned")
+             "transcendental", "gelu_tanh", "window", "window_backward", "misaligned")
 
 
 def efficiency_for(spec) -> Efficiency:
