@@ -102,7 +102,9 @@ Memory (achieved bytes/s):
     it differs from ``transcendental`` (None: as that). The same aten op as the erf GELU, but
     on a CPU other code: in the last rounds of the ninth to twelfth CPU runs the GPT's tanh
     GELU, forward and backward, was predicted at 0.26-0.56 of its step's own
-    predicted/measured ratio with the share the sweep's erf GELU fitted (benchmarks/README.md).
+    predicted/measured ratio with the share the sweep's erf GELU fitted; fitted apart, the tanh
+    GELU runs at 12-17% of the streaming rate and the other transcendental kernels at 38-50%,
+    and the GPT's GELU kernels come out at 0.77-0.85 (fifteenth run, benchmarks/README.md).
   - ``window``: pooling over a sliding window (max/average pooling and their backward).
   - ``window_backward``: the backward of that pooling, where it differs (None: as ``window``).
     On a CPU the two are other code: ATen's max pooling forward compares every window and
