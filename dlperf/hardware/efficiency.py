@@ -112,7 +112,8 @@ Memory (achieved bytes/s):
     last sweep of the twelfth CPU run the forward took 18 ms and the backward 1.6 ms
     for the same 8 x 128 x 56 x 56 layer, and with one share for both ResNet-18's max-pooling
     forward was predicted at 0.28x of its measured time and its backward at 6.7x
-    (benchmarks/results/predict-vs-measure-cpu.json, twelfth run).
+    (benchmarks/results/predict-vs-measure-cpu.json as committed in 7fdd54a, the twelfth run;
+    fitted apart: 0.63x and 3.25x, benchmarks/README.md, thirteenth run).
 
   The published GPU table cannot separate these classes (their kernels are a few percent of
   the rows' steps), so the shipped GPU model keeps them at 1.0 (streaming bandwidth, with the
