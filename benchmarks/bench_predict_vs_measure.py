@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from dlperf.analysis.api import AnalysisConfig
-from dlperf.analysis.calibrate import fit_sweep, sweep
+from dlperf.analysis.calibrate import cases, fit_sweep, measure_case, sweep, timed_kernels
 from dlperf.analysis.measure import MeasureConfig, measure
 from dlperf.provenance import save_result
 from dlperf.hardware.probe import ProbeConfig, probe
@@ -54,24 +54,10 @@ ABLATIONS = {"no per-convolution terms": ("conv_launch_s", "conv_m0", "conv_n0",
 REFERENCE = ("conv3x3 128@28", "linear 1024->1024", "bn+relu 256@14")
 
 
-def _timed_s(predictions, measured) -> float:
-    """Measured seconds of the kernels a sweep row is made of (calibrate.sweep's filter)."""
-    return sum(t for p, t in zip(predictions, measured)
-               if t > 0 and p.cost.kind != "fill" and (p.cost.flops or p.cost.bytes))
-
-
 def _reference_s(spec) -> float:
     """The REFERENCE layers' measured seconds now, timed as the sweep times them."""
-    from dlperf.analysis.calibrate import cases
-
-    total = 0.0
-    for case in (c for c in cases() if c.name in REFERENCE):
-        cfg = AnalysisConfig(model=case.name, input_shape=case.input_shape, dtype="fp32",
-                             train=True, device=spec.name, optimizer="none")
-        torch.manual_seed(0)
-        m = measure(case.build(), cfg, spec, "cpu", cfg=MeasureConfig(steps=3, warmup=1))
-        total += _timed_s(m.analysis.predictions, m.measured_s)
-    return total
+    return sum(t for case in cases() if case.name in REFERENCE
+               for _, t in timed_kernels(measure_case(case, "fp32", spec, "cpu")))
 
 
 def _summary(m) -> dict:

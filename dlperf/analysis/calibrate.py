@@ -40,7 +40,7 @@ from torch import nn
 
 from dlperf.analysis.api import AnalysisConfig
 from dlperf.analysis.roofline import predict, wide_depthwise_wgrad
-from dlperf.hardware.efficiency import CLASS_FALLBACK, MEASURED, Efficiency
+from dlperf.hardware.efficiency import CLASS_FALLBACK, MEASURED, MEMORY_CLASSES, Efficiency
 from dlperf.hardware.specs import DeviceSpec
 
 
@@ -264,10 +264,9 @@ BOUNDS = {"math": (0.05, 3.0), "conv": (0.05, 3.0), "conv_backward": (0.1, 3.0),
           "conv_launch_s": (1e-7, 1e-3)}
 # the convolutions' own small-problem ramp (efficiency.Efficiency.ramp)
 CONV_RAMP = ("conv_m0", "conv_n0", "conv_k0")
-# the memory classes of efficiency.MEMORY_CLASSES with a parameter of their own
-CLASS_PARAMS = ("depthwise", "reduction", "norm", "reduction_backward", "channel_norm",
-                "channel_norm_backward", "transcendental", "gelu_tanh", "window",
-                "window_backward")
+# the memory classes of efficiency.MEMORY_CLASSES with a parameter of their own: every one but
+# streaming, named as the Efficiency field
+CLASS_PARAMS = tuple(c.replace("-", "_") for c in MEMORY_CLASSES if c != "stream")
 
 
 def squash(z: float, lo: float, hi: float) -> float:
@@ -425,6 +424,28 @@ def sweep_cases(spec: DeviceSpec, quick: bool = False) -> list[tuple[Case, str]]
     return out
 
 
+def measure_case(case: Case, dtype: str, spec: DeviceSpec, device: str = "cpu",
+                 quick: bool = False):
+    """One sweep layer's training step, measured kernel by kernel as the sweep times it (bf16 on
+    a device without Tensor Cores: the half pass, in channels_last)."""
+    from dlperf.analysis.measure import MeasureConfig, measure
+
+    half_pass_case = dtype == "bf16" and not spec.tensor_cores
+    cfg = AnalysisConfig(model=case.name, input_shape=case.input_shape, dtype=dtype,
+                         train=True, device=spec.name, optimizer="none",
+                         channels_last=half_pass_case and len(case.input_shape) == 4)
+    torch.manual_seed(0)
+    return measure(case.build(), cfg, spec, device,
+                   cfg=MeasureConfig(steps=2 if quick else 3, warmup=1))
+
+
+def timed_kernels(m) -> list:
+    """(prediction, measured seconds) of a measurement's kernels that the sweep fits: timed,
+    not a fill, and with FLOPs or traffic to cost."""
+    return [(p, t) for p, t in zip(m.analysis.predictions, m.measured_s)
+            if t > 0 and p.cost.kind != "fill" and (p.cost.flops or p.cost.bytes)]
+
+
 def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=None
           ) -> tuple[dict, list[dict], dict]:
     """Time the generic layers on ``device`` and fit the efficiency parameters for ``spec``
@@ -435,21 +456,12 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
     convolutions ran 3.5-5.8x faster than NCHW ones and its backward ones 3-3.7x slower:
     benchmarks/results/conv-layout-cpu.json), and their math fractions go into
     ``by_dtype["bf16"]``; the fit returned holds that pass's as ``fitted["bf16"]``."""
-    from dlperf.analysis.measure import MeasureConfig, measure
-
     base = identity(MEASURED)
     rows = []
     for case, dtype in sweep_cases(spec, quick):
         half_pass_case = dtype == "bf16" and not spec.tensor_cores
-        cfg = AnalysisConfig(model=case.name, input_shape=case.input_shape, dtype=dtype,
-                             train=True, device=spec.name, optimizer="none",
-                             channels_last=half_pass_case and len(case.input_shape) == 4)
-        torch.manual_seed(0)
-        m = measure(case.build(), cfg, spec, device,
-                    cfg=MeasureConfig(steps=2 if quick else 3, warmup=1))
-        for p, measured_s in zip(m.analysis.predictions, m.measured_s):
-            if measured_s <= 0 or p.cost.kind in ("fill",) or not (p.cost.flops or p.cost.bytes):
-                continue
+        m = measure_case(case, dtype, spec, device, quick)
+        for p, measured_s in timed_kernels(m):
             raw = predict(p.cost, spec, efficiency=base)
             g = p.cost.gemm
             rows.append({"case": case.name, "pass": dtype if half_pass_case else "main",
