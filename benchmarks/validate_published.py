@@ -138,6 +138,58 @@ def summarize(rows: list[dict]) -> dict:
     return {name: stats(group) for name, group in groups.items()}
 
 
+HALF = ("amp", "fp16-o2", "fp16", "bf16")
+
+
+def _ratio_of_speedups(fast: dict, slow: dict) -> dict:
+    measured = fast["measured_img_s"] / slow["measured_img_s"]
+    predicted = fast["predicted_img_s"] / slow["predicted_img_s"]
+    return {"fast": fast["id"], "slow": slow["id"], "measured": measured,
+            "predicted": predicted, "ratio": predicted / measured}
+
+
+def _pairs(rows: list[dict], tokens: tuple[str, ...]) -> list[list[dict]]:
+    """Rows whose ids differ only in ``tokens`` (a row id names its source, model, system and
+    setting, e.g. lambda-rn50-h100-sxm-amp / -tf32, timm-nhwc-resnet50-3090-amp / timm-...)."""
+    groups = {}
+    for r in rows:
+        stem = tuple(t for t in r["id"].split("-") if t not in tokens)
+        groups.setdefault(stem, []).append(r)
+    return [g for _, g in sorted(groups.items()) if len(g) == 2]
+
+
+def speedups(rows: list[dict]) -> dict:
+    """What two of dlperf's fixes buy, predicted against measured, where a source measured a
+    model both ways on one system (clean rows only): channels_last over NCHW (same precision)
+    and half precision over FP32/TF32 (each at the source's own batch and layout: NVIDIA's
+    ConvNets ran AMP in NHWC and TF32 in NCHW). Each pair's ratio is the predicted speed-up
+    over the measured one."""
+    clean = [r for r in rows if r["flag"] == "clean"]
+    layout = [_ratio_of_speedups(*sorted(g, key=lambda r: r["layout"] != "nhwc"))
+              for g in _pairs(clean, ("nhwc", "nchw")) if {r["layout"] for r in g} == {
+                  "nhwc", "nchw"}]
+    precision = {}
+    for g in _pairs(clean, ("amp", "fp16", "fp32", "tf32")):
+        half = [r for r in g if r["precision"] in HALF]
+        full = [r for r in g if r["precision"] not in HALF]
+        if len(half) == 1 and len(full) == 1:
+            model, source = half[0]["model"], half[0]["source"]
+            group = ("bert" if model.startswith("bert") else
+                     "lambda-resnet50-nchw" if source.startswith("lambda") else "cnn-other")
+            precision.setdefault(group, []).append(_ratio_of_speedups(half[0], full[0]))
+
+    def stats(pairs):
+        ratios = [p["ratio"] for p in pairs]
+        return {"pairs": len(pairs), "median_ratio": statistics.median(ratios),
+                "median_abs_error": statistics.median(abs(x - 1) for x in ratios)}
+
+    every = [p for group in precision.values() for p in group]
+    return {"channels_last": {**stats(layout), "rows": layout} if layout else None,
+            "mixed_precision": {**stats(every), "by_group": {g: stats(v) for g, v in
+                                                            sorted(precision.items())},
+                                "rows": every} if every else None}
+
+
 def render(rows: list[dict], summary: dict) -> str:
     lines = [f"{'id':26s} {'model':20s} {'device':10s} {'prec':5s} {'batch':>5s} "
              f"{'measured':>9s} {'predicted':>9s} {'pred/meas':>9s}  flag"]
@@ -170,6 +222,14 @@ def main(argv: list[str]) -> int:
         rows = predict_rows(rows, progress=lambda: bar.advance(task))
     summary = summarize(rows)
     print(render(rows, summary))
+    gains = speedups(rows)
+    for name, block in gains.items():
+        if block:
+            print(f"{name} speed-ups, predicted / measured: {block['pairs']} pairs, median "
+                  f"{block['median_ratio']:.2f} (median |error| {block['median_abs_error']:.1%})")
+            for group, g in block.get("by_group", {}).items():
+                print(f"  {group:24s} {g['pairs']:3d} pairs, median {g['median_ratio']:.2f} "
+                      f"(median |error| {g['median_abs_error']:.1%})")
     from dlperf.provenance import save_result
     from dlperf.hardware.efficiency import FITTED
 
@@ -179,7 +239,8 @@ def main(argv: list[str]) -> int:
               "fitted_to_these_rows": "the shipped efficiency parameters were fitted to the "
                                       "clean rows of this table (benchmarks/fit_efficiency.py); "
                                       "its held-out errors are in efficiency-fit.json"}
-    save_result(out_path, "validation-published", config, {"rows": rows, "summary": summary})
+    save_result(out_path, "validation-published", config, {"rows": rows, "summary": summary,
+                                                          "speedups": gains})
     _plot(rows, out_path.with_suffix(".png"))
     print(f"Wrote {out_path} and {out_path.with_suffix('.png')}")
     return 0

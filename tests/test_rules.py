@@ -108,3 +108,38 @@ def test_mixed_precision_with_tf32_compares_against_tf32_and_only_when_it_pays()
                        tf32=True)
     assert b.totals()["host_wait_s"] > 0
     assert not [f for f in b.findings if f.rule == "mixed-precision"]
+
+
+def _conv_passes(device):
+    """The forward, dgrad and wgrad predictions of an fp16 NCHW 1x1 convolution, 64 -> 256
+    channels at 56x56, batch 8, trained under autocast on ``device`` (behind another
+    convolution, so that it has a data gradient)."""
+    model = nn.Sequential(nn.Conv2d(64, 64, 1, bias=False), nn.Conv2d(64, 256, 1, bias=False))
+    a = dlperf.analyze(model, (8, 64, 56, 56), device=device, dtype="fp16", train=True)
+    convs = [p for p in a.predictions if p.cost.op.startswith("convolution")
+             and p.cost.kind == "gemm" and p.cost.module == "1"]
+    return {p.cost.phase: p for p in convs}, a.efficiency
+
+
+@pytest.mark.parametrize("device, forward_bytes, tensors", [
+    # x = 8 x 64 x 56 x 56 fp16 = 3,211,264 B; y = 8 x 256 x 56 x 56 fp16 = 12,845,056 B.
+    # Volta: cuDNN transposes x in and y back out (2 kernels): 16,056,320 B, each read + written.
+    ("v100-sxm2", 3_211_264 + 12_845_056, 2),
+    # Ampere and later: sm80 kernels write y in NCHW from the epilogue; only x is transposed.
+    ("a100-80gb", 3_211_264, 1),
+    ("h100-sxm", 3_211_264, 1)])
+def test_nchw_transposes_by_gpu_generation(device, forward_bytes, tensors):
+    passes, eff = _conv_passes(device)
+    from dlperf.hardware.specs import get_device
+
+    bw = eff.bandwidth(get_device(device))
+    fwd = passes["forward"]
+    assert fwd.transpose_time_s == pytest.approx(2 * forward_bytes / bw, rel=1e-9)
+    assert fwd.kernels - fwd.cost.kernels == tensors
+    # dgrad reads dy (= y's size) and writes dx (= x's size): the mirror image of the forward
+    dgrad_bytes = 12_845_056 + (3_211_264 if tensors == 2 else 0)
+    assert passes["dgrad"].transpose_time_s == pytest.approx(2 * dgrad_bytes / bw, rel=1e-9)
+    # wgrad reads dy and x, writes only the (small) weight gradient: both inputs, every GPU
+    wgrad = passes["wgrad"]
+    assert wgrad.transpose_time_s == pytest.approx(2 * (12_845_056 + 3_211_264) / bw, rel=1e-9)
+    assert wgrad.kernels - wgrad.cost.kernels == 2

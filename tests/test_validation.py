@@ -70,6 +70,34 @@ def test_validation_script_predicts_rows_and_saves_them(tmp_path, capsys):
     assert "median |error|" in capsys.readouterr().out
 
 
+def test_speedup_pairs_compare_predicted_and_measured_gains():
+    def row(id_, precision, layout, measured, predicted, flag="clean", model="resnet50",
+            source="s"):
+        return dict(id=id_, precision=precision, layout=layout, measured_img_s=measured,
+                    predicted_img_s=predicted, flag=flag, model=model, source=source)
+
+    rows = [row("timm-nhwc-resnet50-3090-amp", "amp", "nhwc", 1470, 1280),
+            row("timm-resnet50-3090-amp", "amp", "nchw", 1000, 1000),
+            row("lambda-rn50-a100-amp", "amp", "nchw", 1500, 1500, source="lambda-x"),
+            row("lambda-rn50-a100-tf32", "tf32", "nchw", 1000, 1200, source="lambda-x"),
+            row("lambda-bertB-a100-fp16", "fp16-o2", "nchw", 300, 330, model="bert-base"),
+            row("lambda-bertB-a100-fp32", "tf32", "nchw", 150, 150, model="bert-base"),
+            # a flagged row pairs with nothing; an unpaired row is left out
+            row("dle-rn50-v100-16-amp", "amp", "nhwc", 1200, 1200, flag="suspect"),
+            row("dle-rn50-v100-16-fp32", "fp32", "nchw", 400, 400),
+            row("skb-rn50-v100-amp-nhwc", "amp", "nhwc", 1154, 1154)]
+    gains = _script().speedups(rows)
+    (cl,) = gains["channels_last"]["rows"]
+    # channels_last: measured 1470 / 1000 = 1.47x, predicted 1280 / 1000 = 1.28x: 0.8707
+    assert (cl["fast"], cl["slow"]) == ("timm-nhwc-resnet50-3090-amp", "timm-resnet50-3090-amp")
+    assert cl["ratio"] == pytest.approx(1.28 / 1.47)
+    mp = gains["mixed_precision"]
+    # ResNet-50: measured 1.5x, predicted 1500 / 1200 = 1.25x: 0.8333; BERT: 2.0x vs 2.2x: 1.1
+    assert mp["by_group"]["lambda-resnet50-nchw"]["median_ratio"] == pytest.approx(1.25 / 1.5)
+    assert mp["by_group"]["bert"]["median_ratio"] == pytest.approx(1.1)
+    assert mp["pairs"] == 2 and mp["median_abs_error"] == pytest.approx((1 / 6 + 0.1) / 2)
+
+
 @pytest.mark.slow
 def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
     # Three small rows from two sources: the fit runs end to end, lowers the in-sample error

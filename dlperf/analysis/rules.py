@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from dlperf.analysis.gemm import GemmShape, alignment_elements
-from dlperf.analysis.roofline import NCHW_TRANSPOSE_KERNELS, Prediction, predict, step_time
+from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.hardware.efficiency import efficiency_for
 from dlperf.units import gib
 
@@ -136,13 +136,14 @@ def _channels_last(analysis, step_s) -> list[Finding]:
     transposes = [p for p in analysis.predictions if p.cost.kind == "transpose"]
     out = []
     if nchw:
-        extra = sum(p.transpose_time_s + NCHW_TRANSPOSE_KERNELS * (p.launch_time_s / (
-            p.cost.kernels + NCHW_TRANSPOSE_KERNELS)) for p in nchw)
+        # the transposes' time and their kernels' launches
+        launch_s = (analysis.efficiency or efficiency_for(analysis.device)).launch_s
+        extra = sum(p.transpose_time_s + (p.kernels - p.cost.kernels) * launch_s for p in nchw)
         if extra / step_s >= MIN_SHARE:
             out.append(Finding(
                 "channels-last",
                 f"{len(nchw)} Tensor Core convolution passes run on NCHW tensors, so cuDNN "
-                f"transposes their activations to NHWC and back: ~{extra * 1e3:.3g} ms "
+                f"transposes their activations between NCHW and NHWC: ~{extra * 1e3:.3g} ms "
                 f"({extra / step_s:.1%}) of the step. Use model.to(memory_format="
                 "torch.channels_last) and channels_last inputs (NHWC end to end, as the record "
                 "ResNet-50 does).", extra, tuple(sorted({p.cost.module for p in nchw}))))

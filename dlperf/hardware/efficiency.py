@@ -326,34 +326,31 @@ def memory_class_of(op: str, variant: str = "") -> str:
 
 # Fitted by benchmarks/fit_efficiency.py to every clean row of the published table (see the
 # module docstring and benchmarks/results/efficiency-fit.json for the held-out errors).
-FITTED = Efficiency(tensor_gemm=0.790, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.904,
-                    memory=1.0, sm_bytes_per_clock=15.9, depthwise=0.35, launch_s=0.5e-6,
-                    host_s=10e-6, attention=0.337,
+FITTED = Efficiency(tensor_gemm=0.776, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.860,
+                    memory=0.959, sm_bytes_per_clock=15.1, depthwise=0.414, launch_s=0.5e-6,
+                    host_s=10e-6, attention=0.344,
                     source="benchmarks/results/efficiency-fit.json, attention-fit.json")
-# Reading the fit (129 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
-# and FP32): the convolution classes sit at their bound of 1.0, i.e. after the tile model's own
-# losses (tile, wave, and the per-tile intrinsic efficiency of gemm.py, 0.70-1.00) cuDNN's
-# convolutions lose nothing more; cuBLAS GEMMs keep 79%. Memory: the DRAM term sits at its
-# bound (the datasheet), and the SM term is 15.9 B per SM per clock, so a streaming kernel
-# achieves 1.86 TB/s on an H100 (3.35 datasheet; SM term 4.16), 2.23 TB/s on an H200 (1.20x
-# the H100 from 1.43x the DRAM), 1.11 TB/s on an A100 80 GB, 0.62 TB/s on a V100 (68% of its
-# 900 GB/s), 2.96 TB/s on a B200. launch_s sits at its lower bound (0.5 us): the table's
-# large-batch rows cannot see a per-kernel GPU gap; steps of many small kernels are bounded by
-# host_s instead, which is not fitted (no row is host-bound): 10 us is our estimate of an
-# eager PyTorch op's CPU cost (Python, dispatcher, autocast, cudaLaunchKernel) on a server CPU.
-# Refitted on 2026-12-01 to the 175 clean rows the table has now, with the capture fixed (it
-# had counted one extra add per parameter when a model was captured twice):
-# results/efficiency-refit.json, GEMMs 73.9%, FP32 84.5%, 15.6 B per SM per clock; in-sample
-# 8.0% (these parameters: 8.5%), held out by source 10.5%. Not shipped: with it (and fused
-# attention refitted to 0.35, results/attention-refit.json) the never-fitted MPT decoder rows
-# went from 4.6% to 7.2% off, predicted 6% too slow (benchmarks/README.md).
+# Reading the fit (175 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
+# and FP32; refitted on 2026-12-01 when the NCHW transposes on Ampere and later lost their
+# output half, analysis/roofline.py): the convolution classes sit at their bound of 1.0, i.e.
+# after the tile model's own losses (tile, wave, and the per-tile intrinsic efficiency of
+# gemm.py, 0.70-1.00) cuDNN's convolutions lose nothing more; cuBLAS GEMMs keep 77.6%. Memory:
+# the DRAM term is 95.9% of the datasheet and the SM term 15.1 B per SM per clock, so a
+# streaming kernel achieves 1.77 TB/s on an H100 (3.35 datasheet; SM term 3.95), 2.13 TB/s on
+# an H200 (1.20x the H100 from 1.43x the DRAM), 1.06 TB/s on an A100 80 GB, 0.59 TB/s on a
+# V100 (65% of its 900 GB/s), 2.82 TB/s on a B200. launch_s sits at its lower bound (0.5 us):
+# the table's large-batch rows cannot see a per-kernel GPU gap; steps of many small kernels
+# are bounded by host_s instead, which is not fitted (no row is host-bound): 10 us is our
+# estimate of an eager PyTorch op's CPU cost (Python, dispatcher, autocast, cudaLaunchKernel)
+# on a server CPU. In-sample 6.6% over the clean rows, held out by source 8.5% (the fit before
+# the transpose change, on the same rows: 8.0% and 10.5%).
 
-# attention (0.337 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
+# attention (0.344 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
 # MPT decoders on 8 A100s at 512 to 65,536 tokens (the published table has no fused attention),
-# with everything else as above; each model size held out in turn gives 0.335-0.339, and the 58
-# rows' median error falls from 13.1% to 4.6% held out (those of 8,192 tokens and more, where
-# attention dominates, from 53% to 2.5%). As a GEMM (0.79) dlperf predicted a 65,536-token step
-# ~2x too fast. 0.337 is what flash attention reached in that stack (2023); the
+# with everything else as above; each model size held out in turn gives 0.341-0.345, and the 58
+# rows' median error falls from 12.5% to 6.0% held out (those of 8,192 tokens and more, where
+# attention dominates, from 49% to 2.8%). As a GEMM (0.776) dlperf predicted a 65,536-token step
+# ~2x too fast. 0.344 is what flash attention reached in that stack (2023); the
 # FlashAttention-2 paper (arXiv 2307.08691) reports 25-40% of the A100's peak for FlashAttention
 # and 50-73% (forward) for FlashAttention-2, so on a stack with FlashAttention-2 attention-heavy
 # steps may run faster than predicted: a device file's "efficiency": {"attention": ...} sets it.
