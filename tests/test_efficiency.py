@@ -736,3 +736,50 @@ def test_tanh_gelu_is_told_from_the_erf_one_and_takes_its_own_share():
     assert predict(first["tanh"], cpu, efficiency=unset).memory_time_s == pytest.approx(
         4_194_304 / 1e10)
     assert FITTED.gelu_tanh is None
+
+
+def test_sweep_fit_evaluator_is_roofline_predict_on_cpu_kernels():
+    """The sweep's vectorised arithmetic (calibrate.KernelTerms, what fit_kernels minimises)
+    and roofline.predict with the overrides the fit ships give every kernel the same time, on
+    the sweep's own layers captured for a CPU profile: each parameter set to a distinct value,
+    so that a parameter applied to the wrong kernels, or missing from either side, shows."""
+    import torch
+
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+    from dlperf.analysis.calibrate import (BOUNDS, KernelTerms, cases, kernel_row,
+                                           overrides_from_fit, timed_kernels)
+
+    spec = DeviceSpec(name="probed-cpu", display_name="cpu", sm_count=2, mem_bandwidth=2e10,
+                      peak={"fp32": 1.5e11}, tensor_cores=False, measured=True)
+    rows, costs = [], []
+    # the quick sweep's layers, and the full sweep's wide depthwise and tanh GELU ones
+    extra = ("depthwise 5x5 240@14", "gelu tanh 2048")
+    for case in cases(quick=True) + [c for c in cases() if c.name in extra]:
+        cfg = AnalysisConfig(model=case.name, input_shape=case.input_shape, dtype="fp32",
+                             train=True, device=spec.name, optimizer="none")
+        torch.manual_seed(0)
+        analysis = analyze_model(case.build(), cfg, spec)
+
+        class Timed:  # every kernel "timed" (1 s), as the sweep's filter sees a measurement
+            pass
+
+        m = Timed()
+        m.analysis, m.measured_s = analysis, [1.0] * len(analysis.predictions)
+        for p, _ in timed_kernels(m):
+            rows.append(kernel_row(p.cost, spec, 1.0, case.name, "main", "fp32"))
+            costs.append(p.cost)
+    # distinct values for every parameter (ramps in elements, fixed costs in seconds)
+    params = {name: 0.11 + 0.023 * i for i, name in enumerate(BOUNDS)}
+    params.update(gemm_m0=40.0, gemm_n0=24.0, gemm_k0=56.0, conv_m0=300.0, conv_n0=12.0,
+                  conv_k0=90.0, launch_s=3e-6, conv_launch_s=7e-6)
+    eff = overrides_from_fit(params, tensor_cores=False)
+    fitted_spec = replace(spec, efficiency=eff)
+    expected = [predict(c, fitted_spec).time_s for c in costs]
+    # the layers exercise the classes the fit has parameters for
+    classes = {r["memory_class"] for r in rows}
+    assert {"stream", "depthwise", "norm", "reduction", "reduction-backward", "channel-norm",
+            "channel-norm-backward", "transcendental", "gelu-tanh", "window",
+            "window-backward"} <= classes
+    assert any(r["conv"] for r in rows) and any(r["attention"] for r in rows)
+    assert any(r["depthwise_wide"] for r in rows)
+    assert list(KernelTerms(rows).times(params)) == pytest.approx(expected, rel=1e-9)

@@ -276,6 +276,56 @@ def squash(z: float, lo: float, hi: float) -> float:
     return math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * sigmoid)
 
 
+class KernelTerms:
+    """The sweep's rows (``sweep``) as arrays, and their predicted seconds under a parameter
+    set: what ``fit_kernels`` evaluates thousands of times, the arithmetic of
+    ``roofline.predict`` in vectorised form (tests/test_efficiency.py ties the two together)."""
+
+    def __init__(self, rows: list[dict]):
+        self.math_s = np.array([r["math_s"] for r in rows])
+        self.mem_s = np.array([r["memory_s"] for r in rows])
+        self.kernels = np.array([r["kernels"] for r in rows], dtype=float)
+        # kernels that are no GEMM get dims so large that their ramp is 1
+        self.dims = np.array([r["gemm"] or (1e30, 1e30, 1e30) for r in rows], dtype=float)
+        self.has_gemm = np.array([r["gemm"] is not None for r in rows])
+        self.cls = np.array([r.get("memory_class")
+                             or ("depthwise" if r.get("depthwise") else "stream") for r in rows])
+        self.conv = np.array([bool(r.get("conv")) for r in rows])
+        # every convolution kernel, depthwise ones included: the per-call cost (conv_launch_s)
+        self.conv_kernel = np.array([r.get("op", "").startswith("convolution") for r in rows])
+        not_forward = np.array([r.get("phase", "forward") != "forward" for r in rows])
+        self.backward = self.conv & not_forward
+        # depthwise backward: math-bound at its own share of the math rate (efficiency.py), the
+        # weight gradient of windows wider than 3x3 at another (a CPU's oneDNN runs other code)
+        self.dw_backward = (self.cls == "depthwise") & not_forward
+        self.dw_wide = self.dw_backward & np.array([bool(r.get("depthwise_wide")) for r in rows])
+        self.attention = np.array([bool(r.get("attention")) for r in rows])
+        self.measured = np.array([r["measured_s"] for r in rows])
+
+    def times(self, p: dict) -> np.ndarray:
+        """Seconds per row under ``p`` (every name of ``BOUNDS``; None: the one it falls back
+        to, as in ``overrides_from_fit``)."""
+        conv, dims = self.conv, self.dims
+        half = [np.where(conv, p[c] if p[c] is not None else p[g], p[g])
+                for c, g in zip(CONV_RAMP, ("gemm_m0", "gemm_n0", "gemm_k0"))]
+        ramp = (dims[:, 0] / (dims[:, 0] + half[0]) * dims[:, 1] / (dims[:, 1] + half[1])
+                * dims[:, 2] / (dims[:, 2] + half[2]))
+        fraction = np.ones(len(self.math_s))
+        for c in CLASS_PARAMS:
+            own = c.replace("_", "-")
+            value = p[c] if p[c] is not None else p[CLASS_FALLBACK[own].replace("-", "_")]
+            fraction[self.cls == own] = value
+        math_eff = np.where(conv, (p["conv"] or p["math"])
+                            * np.where(self.backward, p["conv_backward"], 1.0),
+                            np.where(self.attention, p["attention"] or p["math"], p["math"])
+                            * np.where(self.dw_wide, p["depthwise_wgrad_wide"]
+                                       or p["depthwise_backward"],
+                                       np.where(self.dw_backward, p["depthwise_backward"], 1.0)))
+        launch = p["launch_s"] + np.where(self.conv_kernel, p["conv_launch_s"], 0.0)
+        return (np.maximum(self.math_s / (math_eff * ramp), self.mem_s / (p["memory"] * fraction))
+                + self.kernels * launch)
+
+
 def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
                 fixed: dict | None = None) -> dict:
     """Parameters minimising the squared log error of per-kernel time over ``rows``.
@@ -291,25 +341,11 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
     ``only``: fit just these parameters, the others taken from ``fixed`` (an earlier fit):
     the half-precision pass refits the math on its own kernels and keeps the memory model.
     """
-    math_s = np.array([r["math_s"] for r in rows])
-    mem_s = np.array([r["memory_s"] for r in rows])
-    kernels = np.array([r["kernels"] for r in rows], dtype=float)
-    # kernels that are no GEMM get dims so large that their ramp is 1
-    dims = np.array([r["gemm"] or (1e30, 1e30, 1e30) for r in rows], dtype=float)
-    has_gemm = np.array([r["gemm"] is not None for r in rows])
-    cls = np.array([r.get("memory_class") or ("depthwise" if r.get("depthwise") else "stream")
-                    for r in rows])
-    conv = np.array([bool(r.get("conv")) for r in rows])
-    # every convolution kernel, depthwise ones included: the per-call cost (conv_launch_s)
-    conv_kernel = np.array([r.get("op", "").startswith("convolution") for r in rows])
-    not_forward = np.array([r.get("phase", "forward") != "forward" for r in rows])
-    backward = conv & not_forward
-    # depthwise backward: math-bound at its own share of the math rate (efficiency.py), the
-    # weight gradient of windows wider than 3x3 at another (a CPU's oneDNN runs other code)
-    dw_backward = (cls == "depthwise") & not_forward
-    dw_wide = dw_backward & np.array([bool(r.get("depthwise_wide")) for r in rows])
-    attention = np.array([bool(r.get("attention")) for r in rows])
-    measured = np.array([r["measured_s"] for r in rows])
+    terms = KernelTerms(rows)
+    math_s, cls, conv, has_gemm, attention = (terms.math_s, terms.cls, terms.conv,
+                                              terms.has_gemm, terms.attention)
+    backward, dw_backward, dw_wide = terms.backward, terms.dw_backward, terms.dw_wide
+    conv_kernel, measured = terms.conv_kernel, terms.measured
     # Rows measured as one kernel (a convolution_backward's dgrad and wgrad: one aten call,
     # its time shared between them in proportion to an unfitted prediction) are fitted as
     # their sum against its time: a split made before the fit says nothing about which half
@@ -342,27 +378,8 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
         p.update({k: squash(v, *BOUNDS[k]) for k, v in zip(names, z)})
         return p
 
-    def times(p):
-        half = [np.where(conv, p[c] if p[c] is not None else p[g], p[g])
-                for c, g in zip(CONV_RAMP, ("gemm_m0", "gemm_n0", "gemm_k0"))]
-        ramp = (dims[:, 0] / (dims[:, 0] + half[0]) * dims[:, 1] / (dims[:, 1] + half[1])
-                * dims[:, 2] / (dims[:, 2] + half[2]))
-        fraction = np.ones(len(rows))
-        for c in CLASS_PARAMS:
-            own = c.replace("_", "-")
-            value = p[c] if p[c] is not None else p[CLASS_FALLBACK[own].replace("-", "_")]
-            fraction[cls == own] = value
-        math_eff = np.where(conv, (p["conv"] or p["math"])
-                            * np.where(backward, p["conv_backward"], 1.0),
-                            np.where(attention, p["attention"] or p["math"], p["math"])
-                            * np.where(dw_wide, p["depthwise_wgrad_wide"]
-                                       or p["depthwise_backward"],
-                                       np.where(dw_backward, p["depthwise_backward"], 1.0)))
-        return (np.maximum(math_s / (math_eff * ramp), mem_s / (p["memory"] * fraction))
-                + kernels * (p["launch_s"] + np.where(conv_kernel, p["conv_launch_s"], 0.0)))
-
     def group_times(p):
-        return np.bincount(group, weights=times(p))
+        return np.bincount(group, weights=terms.times(p))
 
     def loss(z):
         return float(np.mean(np.log(group_times(params(z)) / measured_group) ** 2))
@@ -446,6 +463,25 @@ def timed_kernels(m) -> list:
             if t > 0 and p.cost.kind != "fill" and (p.cost.flops or p.cost.bytes)]
 
 
+def kernel_row(cost, spec: DeviceSpec, measured_s: float, case: str, pass_: str,
+               dtype: str) -> dict:
+    """One timed kernel of the sweep as ``fit_kernels`` reads it: its raw terms on ``spec``
+    (the identity model: every fraction 1, no ramp, no fixed cost) and its measured time."""
+    raw = predict(cost, spec, efficiency=identity(MEASURED))
+    g = cost.gemm
+    # the measured kernels (aten records) this row's time came from: a convolution_backward
+    # is one record costed as dgrad + wgrad, and the fit compares their sum with it
+    return {"case": case, "pass": pass_, "group": f"{case}|{dtype}|{cost.records}",
+            "op": cost.op, "phase": cost.phase, "dtype": cost.dtype,
+            "math_s": raw.math_time_s, "memory_s": raw.memory_time_s,
+            "kernels": raw.kernels, "measured_s": measured_s,
+            "memory_class": raw.memory_class, "depthwise_wide": wide_depthwise_wgrad(cost),
+            "conv": raw.math_class in ("cuda-core-conv", "tensor-conv", "grouped-conv"),
+            "attention": raw.math_class in ("attention", "cuda-core-attention"),
+            "gemm": (g.m, g.n, g.k) if g is not None and raw.math_class not in ("none",)
+            and raw.memory_class != "depthwise" else None}
+
+
 def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=None
           ) -> tuple[dict, list[dict], dict]:
     """Time the generic layers on ``device`` and fit the efficiency parameters for ``spec``
@@ -456,29 +492,13 @@ def sweep(spec: DeviceSpec, device: str = "cpu", quick: bool = False, progress=N
     convolutions ran 3.5-5.8x faster than NCHW ones and its backward ones 3-3.7x slower:
     benchmarks/results/conv-layout-cpu.json), and their math fractions go into
     ``by_dtype["bf16"]``; the fit returned holds that pass's as ``fitted["bf16"]``."""
-    base = identity(MEASURED)
     rows = []
     for case, dtype in sweep_cases(spec, quick):
         half_pass_case = dtype == "bf16" and not spec.tensor_cores
         m = measure_case(case, dtype, spec, device, quick)
         for p, measured_s in timed_kernels(m):
-            raw = predict(p.cost, spec, efficiency=base)
-            g = p.cost.gemm
-            rows.append({"case": case.name, "pass": dtype if half_pass_case else "main",
-                         # the measured kernels (aten records) this row's time came from: a
-                         # convolution_backward is one record costed as dgrad + wgrad, and the
-                         # fit compares their sum with it (fit_kernels)
-                         "group": f"{case.name}|{dtype}|{p.cost.records}",
-                         "op": p.cost.op, "phase": p.cost.phase, "dtype": p.cost.dtype,
-                         "math_s": raw.math_time_s, "memory_s": raw.memory_time_s,
-                         "kernels": raw.kernels, "measured_s": measured_s,
-                         "memory_class": raw.memory_class,
-                         "depthwise_wide": wide_depthwise_wgrad(p.cost),
-                         "conv": raw.math_class in ("cuda-core-conv", "tensor-conv",
-                                                    "grouped-conv"),
-                         "attention": raw.math_class in ("attention", "cuda-core-attention"),
-                         "gemm": (g.m, g.n, g.k) if g is not None and raw.math_class
-                         not in ("none",) and raw.memory_class != "depthwise" else None})
+            rows.append(kernel_row(p.cost, spec, measured_s, case.name,
+                                   dtype if half_pass_case else "main", dtype))
         if progress:
             progress()
     overrides, fitted = fit_sweep(rows, spec)
