@@ -138,7 +138,8 @@ def summarize(rows: list[dict]) -> dict:
     return {name: stats(group) for name, group in groups.items()}
 
 
-HALF = ("amp", "fp16-o2", "fp16", "bf16")
+# the precisions that train in 16 bits (mixed or half), for the mixed-precision pairs
+HALF = tuple(name for name, (dtype, _, _) in PRECISIONS.items() if dtype != "fp32")
 
 
 def _ratio_of_speedups(fast: dict, slow: dict) -> dict:

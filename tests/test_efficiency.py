@@ -743,6 +743,8 @@ def test_sweep_fit_evaluator_is_roofline_predict_on_cpu_kernels():
     and roofline.predict with the overrides the fit ships give every kernel the same time, on
     the sweep's own layers captured for a CPU profile: each parameter set to a distinct value,
     so that a parameter applied to the wrong kernels, or missing from either side, shows."""
+    from types import SimpleNamespace
+
     import torch
 
     from dlperf.analysis.api import AnalysisConfig, analyze_model
@@ -760,11 +762,8 @@ def test_sweep_fit_evaluator_is_roofline_predict_on_cpu_kernels():
         torch.manual_seed(0)
         analysis = analyze_model(case.build(), cfg, spec)
 
-        class Timed:  # every kernel "timed" (1 s), as the sweep's filter sees a measurement
-            pass
-
-        m = Timed()
-        m.analysis, m.measured_s = analysis, [1.0] * len(analysis.predictions)
+        # every kernel "timed" (1 s), as the sweep's filter sees a measurement
+        m = SimpleNamespace(analysis=analysis, measured_s=[1.0] * len(analysis.predictions))
         for p, _ in timed_kernels(m):
             rows.append(kernel_row(p.cost, spec, 1.0, case.name, "main", "fp32"))
             costs.append(p.cost)

@@ -72,10 +72,16 @@ class Analysis:
     def batch_size(self) -> int:
         return self.config.input_shape[0]
 
+    @property
+    def model_constants(self):
+        """The efficiency model the times were predicted with (the device's default when the
+        analysis was not given one)."""
+        return self.efficiency or efficiency_for(self.device)
+
     def totals(self) -> dict:
         preds = self.predictions
         gpu_s = sum(p.time_s for p in preds)
-        host_s = (self.efficiency or efficiency_for(self.device)).host_s
+        host_s = self.model_constants.host_s
         # the CPU issuing the kernels can leave the GPU idle (roofline.step_time)
         time_s = step_time([p.time_s for p in preds], [p.kernels for p in preds], host_s)
         mem = sum(p.time_s for p in preds if p.bound == "memory")
@@ -137,7 +143,7 @@ class Analysis:
         return {
             "device": self.device.to_dict(),
             "config": asdict(self.config),
-            "model_constants": {**(self.efficiency or efficiency_for(self.device)).to_dict(),
+            "model_constants": {**self.model_constants.to_dict(),
                                 "flops_convention": "2 FLOPs per multiply-add"},
             "totals": self.totals(),
             "layers": self.layers(),

@@ -341,29 +341,26 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
     ``only``: fit just these parameters, the others taken from ``fixed`` (an earlier fit):
     the half-precision pass refits the math on its own kernels and keeps the memory model.
     """
-    terms = KernelTerms(rows)
-    math_s, cls, conv, has_gemm, attention = (terms.math_s, terms.cls, terms.conv,
-                                              terms.has_gemm, terms.attention)
-    backward, dw_backward, dw_wide = terms.backward, terms.dw_backward, terms.dw_wide
-    conv_kernel, measured = terms.conv_kernel, terms.measured
+    t = KernelTerms(rows)
     # Rows measured as one kernel (a convolution_backward's dgrad and wgrad: one aten call,
     # its time shared between them in proportion to an unfitted prediction) are fitted as
     # their sum against its time: a split made before the fit says nothing about which half
     # is slow (a 5x5 depthwise convolution's weight gradient on a CPU, efficiency.py).
     keys = [r.get("group", i) for i, r in enumerate(rows)]
     group = np.unique(np.array([str(k) for k in keys]), return_inverse=True)[1]
-    measured_group = np.bincount(group, weights=measured)
+    measured_group = np.bincount(group, weights=t.measured)
     names = tuple(n for n in BOUNDS
-                  if (n not in CLASS_PARAMS or np.any(cls == n.replace("_", "-")))
-                  and (n != "conv" or (np.any(conv) and np.any(~conv & (math_s > 0))))
-                  and (n != "conv_backward" or (np.any(backward) and np.any(conv & ~backward)))
-                  and (n != "depthwise_backward" or np.any(dw_backward & (math_s > 0)))
-                  and (n != "depthwise_wgrad_wide" or np.any(dw_wide & (math_s > 0)))
-                  and (n != "attention" or np.any(attention & (math_s > 0)))
-                  and (n != "conv_launch_s" or np.any(conv_kernel))
+                  if (n not in CLASS_PARAMS or np.any(t.cls == n.replace("_", "-")))
+                  and (n != "conv" or (np.any(t.conv) and np.any(~t.conv & (t.math_s > 0))))
+                  and (n != "conv_backward"
+                       or (np.any(t.backward) and np.any(t.conv & ~t.backward)))
+                  and (n != "depthwise_backward" or np.any(t.dw_backward & (t.math_s > 0)))
+                  and (n != "depthwise_wgrad_wide" or np.any(t.dw_wide & (t.math_s > 0)))
+                  and (n != "attention" or np.any(t.attention & (t.math_s > 0)))
+                  and (n != "conv_launch_s" or np.any(t.conv_kernel))
                   # the convolutions' own ramp: only beside GEMMs that keep theirs
-                  and (n not in CONV_RAMP or (np.any(conv & has_gemm)
-                                              and np.any(~conv & has_gemm & ~attention)))
+                  and (n not in CONV_RAMP or (np.any(t.conv & t.has_gemm)
+                                              and np.any(~t.conv & t.has_gemm & ~t.attention)))
                   and (only is None or n in only))
     # what a parameter that is not fitted stays at: the identity model (no ramp, no fixed cost)
     start = {"math": 1.0, "memory": 1.0, "gemm_m0": 0.0, "gemm_n0": 0.0, "gemm_k0": 0.0,
@@ -379,7 +376,7 @@ def fit_kernels(rows: list[dict], only: tuple[str, ...] | None = None,
         return p
 
     def group_times(p):
-        return np.bincount(group, weights=terms.times(p))
+        return np.bincount(group, weights=t.times(p))
 
     def loss(z):
         return float(np.mean(np.log(group_times(params(z)) / measured_group) ** 2))

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import Prediction, predict, step_time
-from dlperf.hardware.efficiency import efficiency_for
 from dlperf.units import gib
 
 # A finding is shown when it saves at least this share of the step (or is a correctness-of-setup
@@ -107,7 +106,7 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
         new = predict(c, spec, tf32=False)
         times.append(new.time_s)
         counts.append(new.kernels)
-    host_s = (analysis.efficiency or efficiency_for(spec)).host_s
+    host_s = analysis.model_constants.host_s
     new_total = step_time(times, counts, host_s)
     # what the GEMMs run on now: TF32 Tensor Cores with --tf32 (where the GPU has them)
     now = "tf32" if cfg.tf32 and spec.peak_flops("tf32") else "fp32"
@@ -137,7 +136,7 @@ def _channels_last(analysis, step_s) -> list[Finding]:
     out = []
     if nchw:
         # the transposes' time and their kernels' launches
-        launch_s = (analysis.efficiency or efficiency_for(analysis.device)).launch_s
+        launch_s = analysis.model_constants.launch_s
         extra = sum(p.transpose_time_s + (p.kernels - p.cost.kernels) * launch_s for p in nchw)
         if extra / step_s >= MIN_SHARE:
             out.append(Finding(
