@@ -8,12 +8,13 @@ DALI's cache warm-up and the first evaluation) and the median over the system's 
 saves them with the files they came from.
 
 The rows of benchmarks/validation/published_scaling.csv whose source is ``mlperf-training-v3.1``
-come from this file (per GPU = the median / GPUs); their batch per GPU, nodes and network from
+(or ``-v2.0``) come from this file (per GPU = the median / GPUs); their batch per GPU, nodes and network from
 the configs named in SYSTEMS.
 
-Usage: python benchmarks/mlperf_throughput.py GIT_DIR [OUT.json]
-(GIT_DIR: a clone of mlcommons/training_results_v3.1, bare or not: the logs are read with
-``git show``, so no work tree is needed). Writes benchmarks/results/mlperf-throughput.json.
+Usage: python benchmarks/mlperf_throughput.py GIT_DIR [REPOSITORY] [OUT.json]
+(GIT_DIR: a clone of REPOSITORY, mlcommons/training_results_v3.1 (the default) or _v2.0, bare
+or not: the logs are read with ``git show``, so no work tree is needed). Writes
+benchmarks/results/mlperf-throughput.json (v3.1) or mlperf-throughput-v2.0.json.
 """
 
 from __future__ import annotations
@@ -30,13 +31,25 @@ DEFAULT_OUT = ROOT / "benchmarks/results/mlperf-throughput.json"
 RUNS = 5  # MLPerf's ResNet-50 submissions hold result_0..4
 STEADY_FROM = 2  # epochs 1-2: DALI cache fill and the first evaluation's neighbourhood
 
-# system directory -> (GPUs, config the run used: BATCHSIZE per GPU, DGXNNODES)
+# repository -> system directory -> (GPUs, config the run used: BATCHSIZE per GPU, DGXNNODES)
 SYSTEMS = {
-    "eos_ngc23.09_mxnet": (8, "config_DGXH100.sh"),
-    "eos_n8_ngc23.09_mxnet": (64, "config_DGXH100_multi_8x8x50.sh"),
-    "coreweave_hgxh100_n448_ngc23.04_mxnet": (3584, "config_DGXH100_multi_448x8x16.sh"),
+    "mlcommons/training_results_v3.1": {
+        "eos_ngc23.09_mxnet": (8, "config_DGXH100.sh"),
+        "eos_n8_ngc23.09_mxnet": (64, "config_DGXH100_multi_8x8x50.sh"),
+        "coreweave_hgxh100_n448_ngc23.04_mxnet": (3584, "config_DGXH100_multi_448x8x16.sh"),
+    },
+    "mlcommons/training_results_v2.0": {
+        "dgxa100_ngc22.04_mxnet": (8, "config_DGXA100.sh"),
+        "dgxa100_n8_ngc22.04_mxnet": (64, "config_DGXA100_multi_8x8x51.sh"),
+        "dgxa100_n128_ngc22.04_mxnet": (1024, "config_DGXA100_multi_128x8x35.sh"),
+        # not dgxa100_n527 (4,216 GPUs): its config captures the whole run as CUDA graphs
+        # (E2E_CUDA_GRAPHS=1), so the host logs an epoch's end before the GPUs reach it; its
+        # epochs last 27-38 ms in the log (3 to 56 million img/s), not a rate
+    },
 }
-_THROUGHPUT = re.compile(r'"key": "tracked_stats", "value": \{"throughput": ([0-9.eE+]+)\}')
+# v3.1's logs name the epoch's rate "throughput", v2.0's "imgs_sec"
+_THROUGHPUT = re.compile(
+    r'"key": "tracked_stats", "value": \{"(?:throughput|imgs_sec)": ([0-9.eE+]+)\}')
 _BATCH = re.compile(r'"key": "global_batch_size", "value": (\d+)')
 
 
@@ -60,11 +73,11 @@ def _show(git_dir: Path, path: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def collect(git_dir: Path) -> dict:
+def collect(git_dir: Path, repository: str) -> dict:
     commit = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
                             capture_output=True, text=True, check=True).stdout.strip()
     systems = {}
-    for system, (gpus, config) in SYSTEMS.items():
+    for system, (gpus, config) in SYSTEMS[repository].items():
         runs = []
         for i in range(RUNS):
             path = f"NVIDIA/results/{system}/resnet/result_{i}.txt"
@@ -81,8 +94,7 @@ def collect(git_dir: Path) -> dict:
                            "global_batch": runs[0]["global_batch"],
                            "batch_per_gpu": runs[0]["global_batch"] // gpus,
                            "img_s": rate, "img_s_per_gpu": rate / gpus, "runs": runs}
-    return {"repository": "mlcommons/training_results_v3.1", "commit": commit,
-            "systems": systems}
+    return {"repository": repository, "commit": commit, "systems": systems}
 
 
 def main(argv: list[str]) -> int:
@@ -91,14 +103,19 @@ def main(argv: list[str]) -> int:
         return 2
     from dlperf.provenance import save_result
 
-    out = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    data = collect(Path(argv[0]))
+    repository = argv[1] if len(argv) > 1 else "mlcommons/training_results_v3.1"
+    if repository not in SYSTEMS:
+        print(f"{repository}: not one of {', '.join(SYSTEMS)}", file=sys.stderr)
+        return 2
+    out = (Path(argv[2]) if len(argv) > 2 else DEFAULT_OUT if repository.endswith("v3.1")
+           else DEFAULT_OUT.with_name(f"mlperf-throughput-{repository.rsplit('_', 1)[1]}.json"))
+    data = collect(Path(argv[0]), repository)
     for system, s in data["systems"].items():
         print(f"{system:42s} {s['gpus']:5d} GPUs  batch {s['batch_per_gpu']:4d}/GPU  "
               f"{s['img_s']:12,.0f} img/s  {s['img_s_per_gpu']:7,.0f} per GPU  "
               f"({len(s['runs'])} runs)")
     save_result(out, "mlperf-throughput", {"steady_from_epoch": STEADY_FROM + 1,
-                                           "systems": SYSTEMS}, data)
+                                           "systems": SYSTEMS[repository]}, data)
     print(f"wrote {out}")
     return 0
 

@@ -73,8 +73,11 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
         dtype, tf32, precision = PRECISIONS[row["precision"]]
         checkpointing = bool(row.get("activation_checkpointing"))
         policy = row.get("checkpoint_policy") or "full"
+        # the batch-norm stack (analysis/fusion.py) and CUDA graphs: optional columns
+        fusion = row.get("fusion") or "none"
+        graphs = row.get("cuda_graphs") == "true"
         key = (row["model"], not _before_sdpa(row), checkpointing, policy, row["image_size"],
-               row["batch"], dtype, precision, row["layout"], row["optimizer"])
+               row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion)
         fused = not _before_sdpa(row)
         # a GPT preset is built for the row's sequence length (its learned positions)
         gpt = gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS \
@@ -92,7 +95,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              channels_last=row["layout"] == "nhwc", optimizer=row["optimizer"],
                              device=row["device"], precision=precision, tokens=tokens,
                              activation_checkpointing=checkpointing,
-                             checkpoint_policy=policy)
+                             checkpoint_policy=policy, fusion=fusion, cuda_graphs=graphs)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
         out.append((row, cfg, *captures[key]))

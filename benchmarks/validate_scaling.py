@@ -27,6 +27,8 @@ OPTIONAL_INTS = ("loader_workers_per_gpu",)  # blank: unknown
 
 
 def read_rows(path: Path) -> list[dict]:
+    from dlperf.analysis.fusion import FUSIONS
+
     text = "".join(line for line in path.read_text().splitlines(keepends=True)
                    if not line.startswith("#"))
     rows = list(csv.DictReader(io.StringIO(text)))
@@ -43,6 +45,14 @@ def read_rows(path: Path) -> list[dict]:
                              f"false or selective-op, not {value!r}")
         row["activation_checkpointing"] = value != "false"
         row["checkpoint_policy"] = "selective-op" if value == "selective-op" else "full"
+        # optional columns (blank: eager PyTorch, no graphs, DDP's overlap, no batch-norm groups)
+        row["fusion"] = row.get("fusion") or "none"
+        if row["fusion"] not in FUSIONS:
+            raise SystemExit(f"{path}: {row['id']}: fusion must be one of {', '.join(FUSIONS)}")
+        for key in ("cuda_graphs", "overlap"):
+            if (row.get(key) or "") not in ("", "true", "false"):
+                raise SystemExit(f"{path}: {row['id']}: {key} must be true, false or blank")
+        row["bn_group"] = int(row.get("bn_group") or 1)
     return rows
 
 
@@ -86,7 +96,9 @@ def score(captured: list[tuple], efficiency=None) -> list[dict]:
                             strategy=row["strategy"], grad_accum=row["grad_accum"],
                             decode=row["decode"], data_cores_per_gpu=row["data_cores_per_gpu"],
                             decode_img_per_s_per_core=row["decode_img_s_per_core"],
-                            loader_workers_per_gpu=row["loader_workers_per_gpu"])
+                            loader_workers_per_gpu=row["loader_workers_per_gpu"],
+                            overlap=row.get("overlap") != "false",
+                            bn_group=row["bn_group"])
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU
         per_sample = row["image_size"] if cfg.tokens else 1

@@ -3,6 +3,7 @@ input side, by hand."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -336,10 +337,11 @@ def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
         for name in row["interconnect"].split(","):
             get_interconnect(name.strip())
     lines = text.splitlines(keepends=True)
+    columns = next(l for l in lines if l.startswith("id,"))
     first = {}
     for line in lines:
         if not line.startswith(("#", "id,")):
-            first.setdefault(line.rstrip().rsplit(",", 1)[1], line)
+            first.setdefault(next(csv.DictReader([columns, line]))["source"], line)
     sample = tmp_path / "sample.csv"
     sample.write_text(header + next(l for l in lines if l.startswith("id,"))
                       + "".join(first.values()))
@@ -487,3 +489,27 @@ def test_shard_grad_op_gathers_once_and_keeps_the_parameters():
     m = memory_per_gpu(memory, shards, "fsdp-grad-op", 8, gathered_bytes=2e9)
     assert m["total_bytes"] == pytest.approx(16e9 / 8 + 10e9 + 2e9)
     assert zero2["communication"]["optimizer_s"] == full["communication"]["optimizer_s"]
+
+
+def test_no_overlap_and_batch_norm_groups_add_to_the_exposed_time():
+    analysis, params = _resnet18_on_h100()
+    nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    base = scale_out(analysis, params, ScaleConfig(gpus=16), nvlink, ndr)
+    late = scale_out(analysis, params, ScaleConfig(gpus=16, overlap=False), nvlink, ndr)
+    # no overlap (Horovod after the backward): every bucket's all-reduce is exposed, and so
+    # are DDP's bucket copies
+    comm = late["communication"]
+    assert comm["overlap"] is False
+    assert late["exposed_comm_s"] == pytest.approx(comm["comm_s"] + comm["bucket_copy_s"])
+    assert late["exposed_comm_s"] > base["exposed_comm_s"]
+    assert late["per_gpu_samples_per_s"] < base["per_gpu_samples_per_s"]
+    # synchronised batch norm in pairs: ResNet-18's 20 batch norms each exchange their sums in
+    # the forward and the backward, 2 (g - 1) = 2 ring steps of NVLink's 2 us: 20 x 2 x 2 x 2 us
+    grouped = scale_out(analysis, params, ScaleConfig(gpus=16, bn_group=2), nvlink, ndr)
+    assert grouped["communication"]["bn_sync_s"] == pytest.approx(160e-6)
+    assert grouped["exposed_comm_s"] == pytest.approx(base["exposed_comm_s"] + 160e-6)
+    # one GPU has no partner: nothing to exchange
+    one = scale_out(analysis, params, ScaleConfig(gpus=1, bn_group=2), nvlink, ndr)
+    assert one["communication"]["bn_sync_s"] == 0.0
+    with pytest.raises(DlperfError, match="--bn-group 16"):
+        ScaleConfig(gpus=16, bn_group=16)

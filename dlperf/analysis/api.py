@@ -11,6 +11,7 @@ import torch
 
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import OPTIMIZER_BYTES_PER_PARAM, all_costs, optimizer_cost
+from dlperf.analysis.fusion import FUSIONS, fuse_costs
 from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
@@ -45,6 +46,13 @@ class AnalysisConfig:
     # (torchtitan's op-level policy: matmul outputs alternately saved, attention saved, every
     # other kernel recomputed; see with_recompute)
     checkpoint_policy: str = "full"
+    # the batch-norm stack the step runs (analysis/fusion.py): "none" (eager PyTorch: batch
+    # norm, ReLU and add each a kernel), "bn-act" (batch norm + ReLU and batch norm + add +
+    # ReLU one kernel each), "conv-bn" (batch-norm statistics and apply inside the convolutions)
+    fusion: str = "none"
+    # the step replayed as one CUDA graph: the CPU issues no kernel, so its per-kernel cost
+    # (Efficiency.host_s) never leaves the GPU waiting; the GPU's own gap (launch_s) stays
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -78,10 +86,15 @@ class Analysis:
         analysis was not given one)."""
         return self.efficiency or efficiency_for(self.device)
 
+    @property
+    def host_s(self) -> float:
+        """The CPU's time to issue one kernel: none under a CUDA graph."""
+        return 0.0 if self.config.cuda_graphs else self.model_constants.host_s
+
     def totals(self) -> dict:
         preds = self.predictions
         gpu_s = sum(p.time_s for p in preds)
-        host_s = self.model_constants.host_s
+        host_s = self.host_s
         # the CPU issuing the kernels can leave the GPU idle (roofline.step_time)
         time_s = step_time([p.time_s for p in preds], [p.kernels for p in preds], host_s)
         mem = sum(p.time_s for p in preds if p.bound == "memory")
@@ -232,6 +245,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     if config.checkpoint_policy not in CHECKPOINT_POLICIES:
         raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
                           f"{' or '.join(CHECKPOINT_POLICIES)}")
+    if config.fusion not in FUSIONS:
+        raise DlperfError(f"--fusion {config.fusion!r}: choose one of {', '.join(FUSIONS)}")
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
     half = DTYPES[config.dtype] if config.precision == "half" else None
@@ -265,6 +280,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           f"{list(config.input_shape)}: {first[:300]} "
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
+    costs = fuse_costs(costs, cap.records, config.fusion)
     trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
     if config.train and config.optimizer != "none":
         costs.append(optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
@@ -431,7 +447,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
             train: bool = True, tf32: bool = False, channels_last: bool = False,
             input_dtype: torch.dtype | None = None, optimizer: str = "auto",
             precision: str = "mixed", activation_checkpointing: bool = False,
-            checkpoint_policy: str = "full") -> Analysis:
+            checkpoint_policy: str = "full", fusion: str = "none",
+            cuda_graphs: bool = False) -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -441,6 +458,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     (AdamW for token models, SGD otherwise), as `dlperf analyze` counts it.
     ``activation_checkpointing``: recompute each block's forward in the backward;
     ``checkpoint_policy``: "full" or "selective-op" (``kept_by_policy``).
+    ``fusion``: the batch-norm stack, one of ``FUSIONS`` (analysis/fusion.py);
+    ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     """
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -457,5 +476,6 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          optimizer=default_optimizer(tokens) if optimizer == "auto" else optimizer,
                          precision=precision, tokens=tokens and len(example_input_shape) == 2,
                          activation_checkpointing=activation_checkpointing,
-                         checkpoint_policy=checkpoint_policy)
+                         checkpoint_policy=checkpoint_policy, fusion=fusion,
+                         cuda_graphs=cuda_graphs)
     return analyze_model(model, cfg, spec, input_dtype)

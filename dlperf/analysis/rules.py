@@ -106,7 +106,7 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
         new = predict(c, spec, tf32=False)
         times.append(new.time_s)
         counts.append(new.kernels)
-    host_s = analysis.model_constants.host_s
+    host_s = analysis.host_s
     new_total = step_time(times, counts, host_s)
     # what the GEMMs run on now: TF32 Tensor Cores with --tf32 (where the GPU has them)
     now = "tf32" if cfg.tf32 and spec.peak_flops("tf32") else "fp32"
@@ -160,8 +160,9 @@ def _channels_last(analysis, step_s) -> list[Finding]:
 
 
 def _fusion(analysis, step_s) -> list[Finding]:
+    # a kernel already fused into another (--fusion, analysis/fusion.py) has no launch left
     candidates = [p for p in analysis.predictions
-                  if p.cost.op in FUSIBLE_POINTWISE and p.bound == "memory"]
+                  if p.cost.op in FUSIBLE_POINTWISE and p.bound == "memory" and p.cost.kernels]
     if not candidates:
         return []
     saving = 0.0
@@ -185,7 +186,10 @@ def _fusion(analysis, step_s) -> list[Finding]:
         f"before them (BN+ReLU and ADD+ReLU in the record ResNet-50, bias+GELU and residual adds "
         f"in transformers; torch.compile does this, `dlperf train compile=default`): "
         f"saves ~{saving * 1e3:.3g} ms ({saving / step_s:.1%}) of traffic and launches. "
-        f"Largest: {top}.", saving, tuple(sorted({p.cost.module for p in candidates})))]
+        f"Largest: {top}."
+        + (" `dlperf analyze --fusion bn-act` (or conv-bn) predicts the step with batch norm, "
+           "ReLU and the residual add fused." if analysis.config.fusion == "none" else ""),
+        saving, tuple(sorted({p.cost.module for p in candidates})))]
 
 
 def _pad(value: int, multiple: int) -> int:

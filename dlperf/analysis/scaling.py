@@ -184,6 +184,18 @@ def ddp_copy_s(grad_bytes: float, analysis) -> float:
     return 4 * grad_bytes / bandwidth
 
 
+def bn_sync_s(predictions, group: int, node) -> float:
+    """Synchronised batch norm over ``group`` GPUs of a node: each batch norm all-reduces its
+    per-channel statistics once in the forward and once in the backward (2C fp32 values, at
+    most 16 KB for ResNet-50's 2,048 channels: latency, 2(g-1) ring steps of ``node``; the
+    bytes take under 0.1 us on NVLink). The batch norms are counted by their backward kernels,
+    which every fused stack keeps (analysis/fusion.py)."""
+    if group <= 1:
+        return 0.0
+    layers = sum(1 for p in predictions if p.cost.op == "native_batch_norm_backward")
+    return 2 * layers * 2 * (group - 1) * node.latency_s
+
+
 def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int, gathers: int = 2) -> dict:
     """Bytes each GPU sends per step under sharding: the parameters all-gathered in the
     forward and again in the backward (``gathers`` = 2, full sharding; 1 for SHARD_GRAD_OP,
@@ -248,12 +260,23 @@ class ScaleConfig:
     # micro-batches per optimizer step: DDP all-reduces once per step (no_sync on the others),
     # FSDP gathers and reduce-scatters on every micro-batch (its default; Composer's too)
     grad_accum: int = 1
+    # DDP: the gradients' all-reduce runs beside the backward (torch DDP's buckets); False: it
+    # starts after the backward (Horovod with one fused buffer, as NVIDIA's multi-node MLPerf
+    # ResNet-50 configs run it: "Default is no NCCL and BWD overlap")
+    overlap: bool = True
+    # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
+    # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
+    # the backward, one small all-reduce each inside the node, on the step's critical path
+    bn_group: int = 1
 
     def __post_init__(self):
         if self.gpus < 1 or self.gpus_per_node < 1:
             raise DlperfError("--gpus and --gpus-per-node must be at least 1")
         if self.grad_accum < 1:
             raise DlperfError("--grad-accum must be at least 1")
+        if not 1 <= self.bn_group <= self.gpus_per_node:
+            raise DlperfError(f"--bn-group {self.bn_group}: batch-norm groups are GPUs of one "
+                              f"node, 1 to {self.gpus_per_node}")
         if self.strategy not in STRATEGIES:
             raise DlperfError(f"--strategy {self.strategy!r}: choose ddp, fsdp or fsdp-grad-op")
         if self.decode not in DECODES:
@@ -305,11 +328,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         comm.update(comm_s=0.0, exposed_s=0.0)
     elif cfg.strategy == "ddp":
         on_cpu = not analysis.device.tensor_cores
+        overlap = cfg.overlap and not on_cpu
         d = ddp_exposed_s(tl, params, lambda b: allreduce_s(b, cfg.gpus, cfg.gpus_per_node,
-                                                            node, network), overlap=not on_cpu)
+                                                            node, network), overlap=overlap)
         copies = ddp_copy_s(grad_bytes, analysis)
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
-        comm.update(d, bucket_copy_s=copies, overlap=not on_cpu)
+        comm.update(d, bucket_copy_s=copies, overlap=overlap)
     else:  # FSDP: per unit, gathers in forward and backward, one reduce-scatter; prefetch
         # hides them behind the compute. Mixed precision as torchtitan, Composer's DEFAULT and
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
@@ -323,6 +347,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         exposed = accum * max(0.0, comm_s - micro_s)  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
     comm["optimizer_s"] = optimizer_s
+    bn_sync = accum * bn_sync_s(analysis.predictions, min(cfg.bn_group, cfg.gpus), node)
+    comm["bn_sync_s"] = bn_sync
+    exposed += bn_sync
     step_s = accum * micro_s + exposed + optimizer_s  # one optimizer step
     batch = analysis.batch_size * accum
     gpu_rate = batch / step_s

@@ -39,6 +39,15 @@ def add_parser(sub) -> None:
                         "list such as blocks.0): more math, activations kept only at block "
                         "boundaries. selective-op: torchtitan's op-level policy (attention and "
                         "every other matmul kept, the rest recomputed) [full]")
+    a.add_argument("--fusion", choices=("none", "bn-act", "conv-bn"), default="none",
+                   help="the batch-norm stack the step runs: none = eager PyTorch (batch norm, "
+                        "ReLU and the residual add a kernel each); bn-act = batch norm + ReLU "
+                        "and batch norm + add + ReLU one kernel each (cuDNN's BN activation "
+                        "ops, MXNet's fused BN); conv-bn = also the batch-norm statistics and "
+                        "apply inside the convolutions (cuDNN's fused conv-BN ops, NVIDIA's "
+                        "MLPerf ResNet-50) [none]")
+    a.add_argument("--cuda-graphs", action="store_true",
+                   help="the step replayed as a CUDA graph: no CPU issue time per kernel")
     a.add_argument("--train", action="store_true",
                    help="also the loss and backward pass (dgrad and wgrad)")
     a.add_argument("--channels-last", action="store_true",
@@ -80,6 +89,12 @@ def add_parser(sub) -> None:
     s.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
+    s.add_argument("--no-overlap", action="store_true",
+                   help="DDP: all-reduce the gradients after the backward instead of beside it "
+                        "(Horovod with one fused buffer)")
+    s.add_argument("--bn-group", type=positive_int, default=1,
+                   help="GPUs of a node that share each batch norm's statistics (synchronised "
+                        "batch norm in groups) [1]")
     s.add_argument("--decode", choices=("gpu", "cpu", "synthetic"), default="gpu",
                    help="where JPEGs are decoded: on the GPU (DALI/nvJPEG), on host cores "
                         "(needs --data-cores and --decode-rate), or synthetic data [gpu]")
@@ -151,7 +166,8 @@ def run(args) -> int:
                          optimizer=(default_optimizer(tokens) if args.optimizer == "auto"
                                     else args.optimizer), precision=args.precision,
                          activation_checkpointing=args.activation_checkpointing is not None,
-                         checkpoint_policy=args.activation_checkpointing or "full")
+                         checkpoint_policy=args.activation_checkpointing or "full",
+                         fusion=args.fusion, cuda_graphs=args.cuda_graphs)
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     if args.activation_checkpointing is not None and not args.train:
@@ -222,7 +238,8 @@ def _scale_out(args, analysis, model, console) -> dict:
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       decode=args.decode, data_cores_per_gpu=args.data_cores,
                       decode_img_per_s_per_core=args.decode_rate,
-                      loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum)
+                      loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
+                      overlap=not args.no_overlap, bn_group=args.bn_group)
     # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
     grad_bytes = 2 if analysis.config.precision == "half" else 4
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]
@@ -254,6 +271,9 @@ def _specs(args, console) -> list:
         raise DlperfError("--device: give a preset, a spec file or cpu")
     if len(names) > 1 and args.measure:
         raise DlperfError("--measure needs a single --device")
+    if args.measure and (args.fusion != "none" or args.cuda_graphs):
+        raise DlperfError("--measure times the eager PyTorch step: leave out --fusion and "
+                          "--cuda-graphs, which predict another stack")
     specs = []
     for name in names:
         if name == "cpu":

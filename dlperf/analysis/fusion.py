@@ -1,0 +1,217 @@
+"""Fused batch-norm stacks: the kernels a framework runs when batch norm, ReLU and the residual
+add are fused (issue #14; the record recipe's "fused memory-bound layers"). Pure functions over
+the capture's records and their costs.
+
+The capture records what eager PyTorch runs: one kernel each for batch norm, ReLU and the add,
+each reading and writing the whole activation. The stacks that set the published ResNet-50
+records fuse them (NVIDIA's MXNet networks for MLPerf, mlcommons/training_results_v2.0 and v3.1,
+NVIDIA/benchmarks/resnet/implementations/mxnet: symbols/resnet-v1b-normconv-fl.py and the
+configs that choose a network; Paddle's ``resnet_unit`` op ports the same cuDNN calls):
+
+``bn-act``  batch norm and the ReLU after it are one kernel, and so are a block's last batch
+            norm, the residual add and the ReLU (MXNet's ``--fuse-bn-relu`` and
+            ``--fuse-bn-add-relu``, both on by default: cuDNN's
+            ``CUDNN_BATCHNORM_OPS_BN_ACTIVATION`` and ``..._BN_ADD_ACTIVATION``, NVIDIA's NHWC
+            ``BatchNormAddRelu``; the record blog's ADD+ReLU). The batch norm keeps its two
+            passes over its input; the ReLU's kernel is gone; the add's is left as one read of
+            the addend inside the batch norm's kernel. In the backward the ReLU's gradient is
+            taken inside the batch norm's (from a bit mask), so ``threshold_backward`` is gone;
+            after an add, the fused backward also writes the addend's gradient (cuDNN's
+            ``CUDNN_FUSED_DACTIVATION_FORK_DBATCHNORM``): one write of that tensor.
+``conv-bn`` on top of that, a batch norm fed by a convolution takes its statistics from the
+            convolution's epilogue (``CUDNN_FUSED_SCALE_BIAS_ACTIVATION_CONV_BNSTATS``; MXNet's
+            ``NormConvolution``), and where every kernel that reads its (ReLU'd) output in the
+            forward is a convolution, its scale, bias and ReLU run in those convolutions'
+            prologue (the same fused op; the wgrad's too,
+            ``CUDNN_FUSED_SCALE_BIAS_ACTIVATION_WGRAD``): its forward kernel is gone but for
+            the small kernel that turns the sums into a scale and bias
+            (``CUDNN_FUSED_BN_FINALIZE_STATISTICS_TRAINING``). Otherwise its apply is one
+            streaming pass (``bn_relu``), and at a block's end one pass reads the convolution's
+            output and the addend and writes the block's output (``bn_add_relu``; where the
+            addend is itself a convolution-fed batch norm read only by that add, both are
+            applied in the one pass: MXNet's ``MXNET_FUSE_CONV_BN_DUAL_ADD_RELU``). The
+            backward is as for ``bn-act``: the convolutions read their raw input and apply
+            the scale, bias and ReLU again, which moves no more bytes.
+
+Only ReLU is fused (cuDNN's batch-norm activation ops take ReLU); a block with SiLU or ReLU6
+keeps its kernels. Dropped kernels keep their place in the list with no bytes and no launch, so
+a layer still shows what became of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dlperf.analysis.capture import OpRecord
+from dlperf.analysis.costs import Cost
+
+FUSIONS = ("none", "bn-act", "conv-bn")
+BN_FORWARD = frozenset({"native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm"})
+RELU = frozenset({"relu", "relu_"})
+ADD = frozenset({"add", "add_"})
+# per channel: the epilogue's sum and sum of squares in, the scale and bias out (fp32)
+FINALIZE_BYTES_PER_CHANNEL = 4 * 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One batch norm and what runs after it in the forward: ``relu`` (a record index) and,
+    at a block's end, ``add`` with its ``addend`` tensor input."""
+
+    bn: OpRecord
+    relu: OpRecord | None = None
+    add: OpRecord | None = None
+    addend_key: int | None = None
+    addend_bytes: int = 0
+    conv_fed: bool = False  # its input is a convolution's output that nothing else reads
+    conv_read: bool = False  # only convolutions read its (ReLU'd) output in the forward
+    bn_readers: tuple[int, ...] = ()  # the forward records that read the batch norm's output
+
+
+def _forward_dataflow(records: list[OpRecord]) -> tuple[dict, dict]:
+    """(producer, readers) per forward record: the record that last wrote each input's storage,
+    and the later forward records that read each record's output before it was overwritten.
+    In-place ops (``relu_``, ``add_``) write the storage they read, so a chain of them on one
+    tensor is a chain of producers."""
+    writer: dict[int, int] = {}
+    producer: dict[tuple[int, int], int] = {}  # (record, input position) -> record
+    readers: dict[int, list[int]] = {}
+    for r in records:
+        if r.phase != "forward" or r.is_view:
+            continue
+        for pos, t in enumerate(r.inputs):
+            w = writer.get(t.key)
+            if w is not None:
+                producer[(r.index, pos)] = w
+                readers.setdefault(w, []).append(r.index)
+        for t in r.outputs:
+            writer[t.key] = r.index
+    return producer, readers
+
+
+def _claims(bn: OpRecord, add: OpRecord, producer: dict, by_index: dict) -> bool:
+    """Whether ``add`` is ``bn``'s residual add rather than the add that takes ``bn``'s output
+    as its addend: a block's ``out += identity`` adds into its own last batch norm's output
+    (input 0); when both inputs come from batch norms (a downsampling block), input 0's is the
+    block's and input 1's (the shortcut's) is the addend."""
+    first = producer.get((add.index, 0))
+    if first == bn.index:
+        return True
+    return first is None or by_index[first].op not in BN_FORWARD
+
+
+def find_sites(records: list[OpRecord]) -> list[Site]:
+    """Every training-mode batch norm with the ReLU (and residual add) that follow it."""
+    by_index = {r.index: r for r in records}
+    producer, readers = _forward_dataflow(records)
+
+    def only_reader(index: int) -> OpRecord | None:
+        found = readers.get(index, [])
+        return by_index[found[0]] if len(set(found)) == 1 else None
+
+    sites = []
+    for r in records:
+        if r.phase != "forward" or r.op not in BN_FORWARD:
+            continue
+        src = producer.get((r.index, 0))
+        conv_fed = (src is not None and by_index[src].op == "convolution"
+                    and set(readers.get(src, [])) == {r.index})
+        nxt = only_reader(r.index)
+        relu = add = None
+        addend_key, addend_bytes = None, 0
+        if nxt is not None and nxt.op in RELU:
+            relu = nxt
+        elif (nxt is not None and nxt.op in ADD and len(nxt.inputs) == 2
+              and _claims(r, nxt, producer, by_index)):
+            after = only_reader(nxt.index)
+            if after is not None and after.op in RELU:
+                add, relu = nxt, after
+                other = nxt.inputs[1] if nxt.inputs[0].key == r.outputs[0].key else nxt.inputs[0]
+                addend_key, addend_bytes = other.key, other.nbytes
+        last = relu or add or r
+        conv_read = relu is not None and add is None and bool(readers.get(last.index)) and all(
+            by_index[i].op == "convolution" for i in readers.get(last.index, []))
+        sites.append(Site(bn=r, relu=relu, add=add, addend_key=addend_key,
+                          addend_bytes=addend_bytes, conv_fed=conv_fed, conv_read=conv_read,
+                          bn_readers=tuple(sorted(set(readers.get(r.index, []))))))
+    return sites
+
+
+def _gone(c: Cost) -> Cost:
+    """A kernel fused into another: no bytes, no math, no launch of its own."""
+    return dataclasses.replace(c, flops=0, bytes=0, output_bytes=0, kernels=0, variant="fused")
+
+
+def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[Cost]:
+    """``costs`` (in execution order, each naming its ``records``) as the fused stack ``level``
+    runs them (see the module docstring); ``none`` returns them unchanged."""
+    if level not in FUSIONS:
+        from dlperf.errors import DlperfError
+
+        raise DlperfError(f"--fusion {level!r}: choose one of {', '.join(FUSIONS)}")
+    if level == "none":
+        return list(costs)
+    sites = find_sites(records)
+    # which batch norms feed an add as its addend, by the addend's storage: a conv-fed batch norm
+    # read only by that add is applied inside the dual kernel
+    bn_by_output = {s.bn.outputs[0].key: s for s in sites if s.relu is None and s.add is None}
+    new: dict[int, Cost] = {}  # record index -> replacement for that record's cost
+    gone_bn: set[int] = set()
+    relu_outputs: dict[int, Site] = {}  # ReLU output storage -> site (to find its backward)
+    for s in sites:
+        if s.relu is None:
+            continue
+        relu_outputs[s.relu.outputs[0].key] = s
+    by_record = {c.records[0]: c for c in costs if len(c.records) == 1}
+    conv = level == "conv-bn"
+    for s in sites:
+        bn_cost = by_record.get(s.bn.index)
+        if bn_cost is None:
+            continue
+        dual = None
+        if conv and s.conv_fed and s.add is not None and s.addend_key in bn_by_output:
+            # the shortcut's batch norm, read only by this add: applied in the same pass
+            cand = bn_by_output[s.addend_key]
+            dual = cand if cand.conv_fed and cand.bn_readers == (s.add.index,) else None
+        if s.relu is not None:
+            new[s.relu.index] = _gone(by_record[s.relu.index])
+        if conv and s.conv_fed and s.conv_read:
+            # statistics in the producer's epilogue, apply + ReLU in the consumers' prologue
+            channels = s.bn.inputs[0].shape[1] if len(s.bn.inputs[0].shape) > 1 else 1
+            new[s.bn.index] = dataclasses.replace(
+                bn_cost, op="bn_finalize", flops=0, bytes=FINALIZE_BYTES_PER_CHANNEL * channels,
+                output_bytes=0, variant="")
+            gone_bn.add(s.bn.index)
+        elif conv and s.conv_fed and s.relu is not None:
+            # one streaming pass: read the raw convolution output (and the addend), write y
+            x, y = s.bn.inputs[0].nbytes, s.bn.outputs[0].nbytes
+            op = "bn_add_relu" if s.add is not None else "bn_relu"
+            new[s.bn.index] = dataclasses.replace(
+                bn_cost, op=op, bytes=x + s.addend_bytes + y, output_bytes=y, variant="")
+            if s.add is not None:
+                new[s.add.index] = _gone(by_record[s.add.index])
+        elif s.add is not None:
+            # bn-act: the two-pass batch norm also reads the addend
+            add_cost = by_record[s.add.index]
+            new[s.add.index] = dataclasses.replace(add_cost, bytes=s.addend_bytes,
+                                                   output_bytes=0, kernels=0, variant="fused")
+        if dual is not None:
+            dual_cost = by_record.get(dual.bn.index)
+            if dual_cost is not None:
+                new[dual.bn.index] = dataclasses.replace(
+                    dual_cost, op="bn_finalize", flops=0, output_bytes=0, variant="",
+                    bytes=FINALIZE_BYTES_PER_CHANNEL * dual.bn.inputs[0].shape[1])
+    # the backward: ReLU's gradient inside the batch norm's
+    for r in records:
+        if r.op != "threshold_backward" or len(r.inputs) < 2:
+            continue
+        s = relu_outputs.get(r.inputs[1].key)
+        c = by_record.get(r.index)
+        if s is None or c is None:
+            continue
+        if s.add is None:
+            new[r.index] = _gone(c)
+        else:  # the fork: the addend's gradient written once by the fused backward
+            new[r.index] = dataclasses.replace(c, bytes=c.output_bytes, kernels=0,
+                                               variant="fused")
+    return [new.get(c.records[0], c) if len(c.records) == 1 else c for c in costs]

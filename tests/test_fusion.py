@@ -1,0 +1,180 @@
+"""Fused batch-norm stacks (analysis/fusion.py, issue #14): which kernels each level removes and
+what the fused kernels move, by hand on a small block, and the counts on ResNet-50."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dlperf.analysis.api import AnalysisConfig, capture_costs
+from dlperf.analysis.fusion import FINALIZE_BYTES_PER_CHANNEL, fuse_costs
+from dlperf.errors import DlperfError
+
+N, C, H = 2, 8, 4
+T = N * C * H * H * 4  # one fp32 activation of the block: 2 x 8 x 4 x 4 x 4 B = 1,024 B
+
+
+class Block(nn.Module):
+    """torchvision's bottleneck pattern, small: conv-BN-ReLU, conv-BN, += shortcut, ReLU; the
+    shortcut a strided-free 1x1 conv + BN when ``downsample``, else the block's input."""
+
+    def __init__(self, downsample: bool = False):
+        super().__init__()
+        self.conv1 = nn.Conv2d(C, C, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(C)
+        self.conv2 = nn.Conv2d(C, C, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(C)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = (nn.Sequential(nn.Conv2d(C, C, 1, bias=False), nn.BatchNorm2d(C))
+                           if downsample else None)
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class Stem(nn.Module):
+    """conv-BN-ReLU into a max pool (not a convolution): the apply cannot hide in a prologue."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(C, C, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(C)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x):
+        return self.pool(self.relu(self.bn(self.conv(x))))
+
+
+def _costs(model, fusion):
+    cfg = AnalysisConfig(model="block", input_shape=(N, C, H, H), dtype="fp32", train=True,
+                         optimizer="none", fusion=fusion)
+    return capture_costs(model, cfg)[0]
+
+
+def _ops(costs, phase=None):
+    return [(c.op, c.module) for c in costs if c.kernels and (phase is None or c.phase == phase)]
+
+
+def test_eager_costs_are_untouched_by_fusion_none():
+    torch.manual_seed(0)
+    model = Block()
+    none = _costs(model, "none")
+    # conv, BN, ReLU, conv, BN, add, ReLU (each BN after its num_batches_tracked += 1), the loss
+    assert _ops(none, "forward") == [
+        ("convolution", "conv1"), ("add_", "bn1"), ("native_batch_norm", "bn1"),
+        ("relu_", "relu"), ("convolution", "conv2"), ("add_", "bn2"),
+        ("native_batch_norm", "bn2"), ("add_", ""), ("relu_", "relu"), ("sum", "loss")]
+    assert [op for op, _ in _ops(none, "dgrad")].count("threshold_backward") == 2
+    assert fuse_costs(none, [], "none") == none
+
+
+def test_bn_act_folds_relu_and_the_residual_add_into_batch_norm():
+    model = Block()
+    none, fused = _costs(model, "none"), _costs(model, "bn-act")
+    assert len(none) == len(fused)  # dropped kernels keep their place, with no bytes
+    # forward: both ReLUs are gone, the add is one read of the addend (the block's input, T)
+    assert [op for op, _ in _ops(fused, "forward")].count("relu_") == 0
+    adds = [c for c in fused if c.op == "add_" and c.module == "" and c.phase == "forward"]
+    assert len(adds) == 1 and adds[0].bytes == T and adds[0].kernels == 0
+    # the batch norms still make two passes: their costs are eager's (read x, write y = 2 T)
+    bns = [c for c in fused if c.op == "native_batch_norm"]
+    assert [c.bytes for c in bns] == [c.bytes for c in none if c.op == "native_batch_norm"]
+    assert all(c.bytes >= 2 * T for c in bns)
+    # backward: the inner ReLU's gradient is inside bn1's backward (gone); the block end's is
+    # the fork, one write of the addend's gradient (T), inside bn2's backward kernel
+    tb = [c for c in fused if c.op == "threshold_backward"]
+    assert sorted(c.bytes for c in tb) == [0, T] and all(c.kernels == 0 for c in tb)
+    eager_tb = [c for c in none if c.op == "threshold_backward"]
+    assert all(c.bytes == 3 * T for c in eager_tb)  # read grad, read output, write: 3 T
+    kernels = lambda cs: sum(c.kernels for c in cs)
+    assert kernels(none) - kernels(fused) == 5  # 2 ReLU, 1 add, 2 threshold_backward
+
+
+def test_conv_bn_moves_statistics_and_apply_into_the_convolutions():
+    model = Block()
+    fused = _costs(model, "conv-bn")
+    by_module = {(c.module, c.op): c for c in fused if c.phase == "forward"}
+    # bn1: fed by conv1 and read only by conv2 (after the ReLU): a finalize kernel of 16 B per
+    # channel (sums in from conv1's epilogue, scale and bias out) = 8 x 16 = 128 B
+    fin = by_module["bn1", "bn_finalize"]
+    assert fin.bytes == FINALIZE_BYTES_PER_CHANNEL * C == 128 and fin.kernels == 1
+    # bn2 + add + ReLU: one streaming pass, read conv2's output and the addend, write y: 3 T
+    bar = by_module["bn2", "bn_add_relu"]
+    assert bar.bytes == 3 * T and bar.kernels == 1
+    # (no two-pass traffic factor: the statistics came from conv2's epilogue)
+    from dlperf.hardware.efficiency import memory_class_of, traffic_factor
+
+    assert memory_class_of("bn_add_relu") == "stream" and traffic_factor("bn_add_relu") == 1.0
+    # the backward is bn-act's: batch norm's backward kernels stay
+    assert [c.op for c in fused if c.op == "native_batch_norm_backward"] == [
+        "native_batch_norm_backward"] * 2
+
+
+def test_conv_bn_applies_the_shortcut_batch_norm_in_the_dual_pass():
+    model = Block(downsample=True)
+    fused = _costs(model, "conv-bn")
+    forward = {(c.module, c.op): c for c in fused if c.phase == "forward"}
+    # the shortcut's BN (downsample.1) is read only by the add: both batch norms are applied in
+    # the one pass, reading conv2's and the shortcut conv's outputs and writing y: 3 T
+    assert forward["downsample.1", "bn_finalize"].bytes == FINALIZE_BYTES_PER_CHANNEL * C
+    assert forward["bn2", "bn_add_relu"].bytes == 3 * T
+    # at bn-act the shortcut keeps its own two-pass batch norm, and bn2's kernel reads it
+    act = {(c.module, c.op): c for c in _costs(model, "bn-act") if c.phase == "forward"}
+    assert ("downsample.1", "native_batch_norm") in act
+
+
+def test_a_relu_read_by_a_pool_keeps_a_streaming_apply():
+    fused = _costs(Stem(), "conv-bn")
+    forward = {(c.module, c.op): c for c in fused if c.phase == "forward"}
+    # statistics from the conv's epilogue, then one pass: read x, write y = 2 T
+    assert forward["bn", "bn_relu"].bytes == 2 * T
+    assert ("bn", "native_batch_norm") not in forward
+
+
+def test_resnet50_sites_and_a_faster_step():
+    from dlperf.analysis.api import analyze
+
+    steps = {}
+    for level in ("none", "bn-act", "conv-bn"):
+        a = analyze("resnet50", (32, 3, 224, 224), device="a100-80gb", dtype="fp16",
+                    channels_last=True, fusion=level)
+        ops = [p.cost.op for p in a.predictions if p.cost.kernels]
+        steps[level] = a.totals()["predicted_time_s"]
+        if level == "conv-bn":
+            # 16 bottlenecks: bn1 and bn2 in the next conv's prologue (32), the 4 shortcut BNs
+            # in the dual pass, 16 dual/plain block-end passes, the stem's apply before the pool
+            assert ops.count("bn_finalize") == 36 and ops.count("bn_add_relu") == 16
+            assert ops.count("bn_relu") == 1 and "native_batch_norm" not in ops
+        if level != "none":
+            assert "relu_" not in ops and "threshold_backward" not in ops
+        assert ops.count("native_batch_norm_backward") == 53  # every level keeps them
+    assert steps["none"] > steps["bn-act"] > steps["conv-bn"]
+
+
+def test_unknown_fusion_is_refused():
+    with pytest.raises(DlperfError, match="--fusion 'xla'"):
+        fuse_costs([], [], "xla")
+    with pytest.raises(DlperfError, match="--fusion"):
+        _costs(Block(), "xla")
+
+
+def test_analyze_cli_fuses_and_refuses_measuring_a_stack_it_does_not_run(tmp_path, capsys):
+    from dlperf.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["analyze", "resnet18", "--device", "a100-80gb", "--batch-size", "8",
+                 "--train", "--fusion", "bn-act", "--cuda-graphs", "--json", str(out)]) == 0
+    import json
+
+    data = json.loads(out.read_text())
+    assert data["config"]["fusion"] == "bn-act" and data["config"]["cuda_graphs"] is True
+    assert not any(l["op"] == "relu_" and l["kernels"] for l in data["layers"])
+    code = main(["analyze", "resnet18", "--device", "cpu", "--train", "--measure",
+                 "--fusion", "conv-bn"])
+    assert code != 0 and "--measure times the eager" in capsys.readouterr().err
