@@ -11,7 +11,7 @@ import torch
 
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import OPTIMIZER_BYTES_PER_PARAM, all_costs, optimizer_cost
-from dlperf.analysis.fusion import FUSIONS, fuse_costs
+from dlperf.analysis.fusion import check_fusion, fuse_costs
 from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
@@ -245,8 +245,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     if config.checkpoint_policy not in CHECKPOINT_POLICIES:
         raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
                           f"{' or '.join(CHECKPOINT_POLICIES)}")
-    if config.fusion not in FUSIONS:
-        raise DlperfError(f"--fusion {config.fusion!r}: choose one of {', '.join(FUSIONS)}")
+    check_fusion(config.fusion)
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
     half = DTYPES[config.dtype] if config.precision == "half" else None

@@ -55,8 +55,8 @@ FINALIZE_BYTES_PER_CHANNEL = 4 * 4
 
 @dataclasses.dataclass(frozen=True)
 class Site:
-    """One batch norm and what runs after it in the forward: ``relu`` (a record index) and,
-    at a block's end, ``add`` with its ``addend`` tensor input."""
+    """One batch norm and the records that run after it in the forward: its ``relu`` and, at a
+    block's end, the residual ``add`` with its addend (the add's other tensor input)."""
 
     bn: OpRecord
     relu: OpRecord | None = None
@@ -128,13 +128,28 @@ def find_sites(records: list[OpRecord]) -> list[Site]:
                 add, relu = nxt, after
                 other = nxt.inputs[1] if nxt.inputs[0].key == r.outputs[0].key else nxt.inputs[0]
                 addend_key, addend_bytes = other.key, other.nbytes
-        last = relu or add or r
-        conv_read = relu is not None and add is None and bool(readers.get(last.index)) and all(
-            by_index[i].op == "convolution" for i in readers.get(last.index, []))
+        after_relu = readers.get(relu.index, []) if relu is not None and add is None else []
+        conv_read = bool(after_relu) and all(by_index[i].op == "convolution" for i in after_relu)
         sites.append(Site(bn=r, relu=relu, add=add, addend_key=addend_key,
                           addend_bytes=addend_bytes, conv_fed=conv_fed, conv_read=conv_read,
                           bn_readers=tuple(sorted(set(readers.get(r.index, []))))))
     return sites
+
+
+def check_fusion(level: str) -> None:
+    """Refuse a fusion level this module does not model (before any capture work is done)."""
+    if level not in FUSIONS:
+        from dlperf.errors import DlperfError
+
+        raise DlperfError(f"--fusion {level!r}: choose one of {', '.join(FUSIONS)}")
+
+
+def _finalize(bn_cost: Cost, bn: OpRecord) -> Cost:
+    """What is left of a batch norm whose statistics come from its producer's epilogue and
+    whose apply runs elsewhere: the small kernel that turns the sums into a scale and bias."""
+    channels = bn.inputs[0].shape[1] if len(bn.inputs[0].shape) > 1 else 1
+    return dataclasses.replace(bn_cost, op="bn_finalize", flops=0, output_bytes=0, variant="",
+                               bytes=FINALIZE_BYTES_PER_CHANNEL * channels)
 
 
 def _gone(c: Cost) -> Cost:
@@ -145,10 +160,7 @@ def _gone(c: Cost) -> Cost:
 def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[Cost]:
     """``costs`` (in execution order, each naming its ``records``) as the fused stack ``level``
     runs them (see the module docstring); ``none`` returns them unchanged."""
-    if level not in FUSIONS:
-        from dlperf.errors import DlperfError
-
-        raise DlperfError(f"--fusion {level!r}: choose one of {', '.join(FUSIONS)}")
+    check_fusion(level)
     if level == "none":
         return list(costs)
     sites = find_sites(records)
@@ -156,12 +168,8 @@ def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[C
     # read only by that add is applied inside the dual kernel
     bn_by_output = {s.bn.outputs[0].key: s for s in sites if s.relu is None and s.add is None}
     new: dict[int, Cost] = {}  # record index -> replacement for that record's cost
-    gone_bn: set[int] = set()
-    relu_outputs: dict[int, Site] = {}  # ReLU output storage -> site (to find its backward)
-    for s in sites:
-        if s.relu is None:
-            continue
-        relu_outputs[s.relu.outputs[0].key] = s
+    # ReLU output storage -> site (to find its backward)
+    relu_outputs = {s.relu.outputs[0].key: s for s in sites if s.relu is not None}
     by_record = {c.records[0]: c for c in costs if len(c.records) == 1}
     conv = level == "conv-bn"
     for s in sites:
@@ -177,11 +185,7 @@ def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[C
             new[s.relu.index] = _gone(by_record[s.relu.index])
         if conv and s.conv_fed and s.conv_read:
             # statistics in the producer's epilogue, apply + ReLU in the consumers' prologue
-            channels = s.bn.inputs[0].shape[1] if len(s.bn.inputs[0].shape) > 1 else 1
-            new[s.bn.index] = dataclasses.replace(
-                bn_cost, op="bn_finalize", flops=0, bytes=FINALIZE_BYTES_PER_CHANNEL * channels,
-                output_bytes=0, variant="")
-            gone_bn.add(s.bn.index)
+            new[s.bn.index] = _finalize(bn_cost, s.bn)
         elif conv and s.conv_fed and s.relu is not None:
             # one streaming pass: read the raw convolution output (and the addend), write y
             x, y = s.bn.inputs[0].nbytes, s.bn.outputs[0].nbytes
@@ -198,9 +202,7 @@ def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[C
         if dual is not None:
             dual_cost = by_record.get(dual.bn.index)
             if dual_cost is not None:
-                new[dual.bn.index] = dataclasses.replace(
-                    dual_cost, op="bn_finalize", flops=0, output_bytes=0, variant="",
-                    bytes=FINALIZE_BYTES_PER_CHANNEL * dual.bn.inputs[0].shape[1])
+                new[dual.bn.index] = _finalize(dual_cost, dual.bn)
     # the backward: ReLU's gradient inside the batch norm's
     for r in records:
         if r.op != "threshold_backward" or len(r.inputs) < 2:
