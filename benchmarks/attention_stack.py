@@ -30,14 +30,10 @@ SOURCE, DEVICE = "torchtitan-llama-a100", "a100-80gb"
 
 def main(argv: list[str]) -> int:
     from dlperf.hardware.efficiency import FITTED
-    from dlperf.provenance import save_result
+    from dlperf.provenance import load_sibling, save_result
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import fit_attention as fa
-        import validate_scaling as vs
-    finally:
-        sys.path.pop(0)
+    fa = load_sibling(__file__, "fit_attention")
+    vs = load_sibling(__file__, "validate_scaling")
     out_path = Path(argv[0]) if argv else DEFAULT_OUT
     rows = [r for r in vs.read_rows(vs.DEFAULT_CSV)
             if r["source"] == SOURCE and r["device"] == DEVICE]

@@ -28,14 +28,6 @@ SOURCE, DEVICE = "llm-foundry-mpt", "a100-80gb"
 BOUNDS, TOLERANCE = (0.10, 0.95), 0.002  # fraction of the Tensor Core peak
 
 
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.pop(0)
-
-
 def _loss(scored: list[dict]) -> float:
     return statistics.fmean(math.log(r["per_gpu_ratio"]) ** 2 for r in scored)
 
@@ -85,7 +77,9 @@ def main(argv: list[str]) -> int:
     from dlperf.provenance import save_result
 
     out_path = Path(argv[0]) if argv else DEFAULT_OUT
-    vs = _load("validate_scaling")
+    from dlperf.provenance import load_sibling
+
+    vs = load_sibling(__file__, "validate_scaling")
     rows = [r for r in vs.read_rows(vs.DEFAULT_CSV)
             if r["source"] == SOURCE and r["device"] == DEVICE]
     with Progress(transient=True) as bar:

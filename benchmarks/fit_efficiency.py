@@ -39,16 +39,6 @@ NAMES = tuple(BOUNDS)
 MATH_CLASSES = ("tensor-gemm", "tensor-conv", "grouped-conv", "cuda-core")
 
 
-def _validate_module():
-    """benchmarks/validate_published.py, the table's reader and capture (a sibling script)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import validate_published
-    finally:
-        sys.path.pop(0)
-    return validate_published
-
-
 def identity():
     """Every fraction 1, no SM term, 1 s per kernel, no host: predictions then hold the
     raw terms (launch_time_s is the kernel count); misaligned GEMMs keep the shipped rate."""
@@ -165,7 +155,9 @@ def errors(ratios) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    vp = _validate_module()
+    from dlperf.provenance import load_sibling
+
+    vp = load_sibling(__file__, "validate_published")
     csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
     rows = [r for r in vp.read_rows(csv_path)]

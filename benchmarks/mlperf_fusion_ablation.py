@@ -1,6 +1,6 @@
 """The MLPerf ResNet-50 rows of the scale-out table, one change at a time (issue #14).
 
-Each row of benchmarks/validation/published_scaling.csv whose flag is ``fused-stack`` is scored
+Each MLPerf row of benchmarks/validation/published_scaling.csv (flag ``fused-stack``) is scored
 by validate_scaling.py's own functions under a ladder of settings, each adding one thing the
 MLPerf config does:
 
@@ -38,15 +38,13 @@ def ladder(row: dict) -> list[tuple[str, dict]]:
 
 
 def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import validate_scaling as vs
-    finally:
-        sys.path.pop(0)
-    from dlperf.provenance import save_result
+    from dlperf.provenance import load_sibling, save_result
+
+    vs = load_sibling(__file__, "validate_scaling")
 
     out = Path(argv[0]) if argv else DEFAULT_OUT
-    rows = [r for r in vs.read_rows(vs.DEFAULT_CSV) if r["flag"] == "fused-stack"]
+    rows = [r for r in vs.read_rows(vs.DEFAULT_CSV)
+            if r["flag"] == "fused-stack" and r["source"].startswith("mlperf-training")]
     steps = [(r, name, variant) for r in rows for name, variant in ladder(r)]
     scored = vs.score(vs.capture([variant for _, _, variant in steps]))
     table: dict[str, dict] = {}

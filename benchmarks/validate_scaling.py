@@ -59,11 +59,9 @@ def read_rows(path: Path) -> list[dict]:
 def capture(rows: list[dict]) -> list[tuple]:
     """(row, config, costs, uncounted, seconds, gradient params) per row: the expensive half,
     done once (validate_published.capture_rows shares captures between rows)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import validate_published as vp
-    finally:
-        sys.path.pop(0)
+    from dlperf.provenance import load_sibling
+
+    vp = load_sibling(__file__, "validate_published")
     from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
 
@@ -80,8 +78,9 @@ def capture(rows: list[dict]) -> list[tuple]:
     return out
 
 
-def score(captured: list[tuple], efficiency=None) -> list[dict]:
-    """Each row with dlperf's scale-out prediction (``efficiency``: default, the shipped one)."""
+def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) -> list[dict]:
+    """Each row with dlperf's scale-out prediction (``efficiency``: default, the shipped one;
+    ``step_cv``: the spread of one GPU's step, default scaling.STEP_CV)."""
     from dlperf.analysis.api import predict_on
     from dlperf.analysis.scaling import ScaleConfig, scale_out
     from dlperf.hardware.interconnect import get_interconnect
@@ -98,7 +97,7 @@ def score(captured: list[tuple], efficiency=None) -> list[dict]:
                             decode_img_per_s_per_core=row["decode_img_s_per_core"],
                             loader_workers_per_gpu=row["loader_workers_per_gpu"],
                             overlap=row.get("overlap") != "false",
-                            bn_group=row["bn_group"])
+                            bn_group=row["bn_group"], step_cv=step_cv)
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU
         per_sample = row["image_size"] if cfg.tokens else 1
@@ -111,7 +110,8 @@ def score(captured: list[tuple], efficiency=None) -> list[dict]:
                     "measured_efficiency": measured_eff,
                     "efficiency_ratio": (r["scaling_efficiency"] / measured_eff
                                          if measured_eff else None),
-                    "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"]})
+                    "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"],
+                    "straggler_s": r["straggler_s"]})
     return out
 
 

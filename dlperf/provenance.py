@@ -4,9 +4,11 @@ git commit), and benchmark result files that carry it with their config."""
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from dlperf.hardware.probe import cpu_name
@@ -78,3 +80,14 @@ def save_result(path: str | Path, name: str, config: dict, results: dict) -> Pat
     """A benchmark's result file: its name, the environment, its config and its results."""
     return write_json_atomic(path, {"benchmark": name, "environment": environment(),
                                     "config": config, "results": results})
+
+
+def load_sibling(script: str | Path, name: str):
+    """The module ``name`` from the folder of ``script`` (a benchmark's own ``__file__``).
+    benchmarks/ is a folder of scripts, not a package: a script run as ``python
+    benchmarks/x.py``, or loaded by the tests from its path, imports its siblings this way."""
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)

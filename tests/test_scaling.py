@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import pytest
 import torch
 
-from dlperf.analysis.scaling import (ScaleConfig, allreduce_s, ddp_buckets, fsdp_traffic,
-                                     reduce_scatter_s, ring_allreduce_s, scale_out,
-                                     scaling_curve, serial_overlap, tree_allreduce_s)
+from dlperf.analysis.scaling import (STEP_CV, ScaleConfig, allreduce_s, ddp_buckets,
+                                     expected_max_normal, fsdp_traffic, reduce_scatter_s,
+                                     ring_allreduce_s, scale_out, scaling_curve, serial_overlap,
+                                     tree_allreduce_s)
 from dlperf.errors import DlperfError
 from dlperf.hardware.interconnect import PRESETS, Interconnect, get_interconnect
 
@@ -186,6 +188,15 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     assert data["config"]["network"]["name"] == "ib-ndr"
     assert data["at_requested_scale"]["nodes"] == 2
     assert [row["gpus"] for row in data["curve"]][:4] == [1, 2, 4, 8]
+    # the wait for the slowest GPU is in the line and in the JSON (default spread: STEP_CV)
+    assert "waiting for the slowest GPU (step spread 1.0%)" in " ".join(out.split())
+    assert data["at_requested_scale"]["step_cv"] == STEP_CV
+    assert data["at_requested_scale"]["straggler_s"] > 0
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--step-cv", "0.02"], capsys)
+    assert code == 2 and "add --gpus N" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--step-cv",
+                              "0.9"], capsys)
+    assert code == 2 and "--step-cv 0.9" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["analyze", "resnet18", "--gpus", "8"], capsys)
     assert code == 2 and "--gpus needs --train" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--decode",
@@ -431,13 +442,14 @@ def test_grad_accumulation_and_sharded_optimizer_in_the_step():
     assert one["per_gpu_samples_per_s"] == pytest.approx(4 * 64 / (4 * micro + tl.optimizer_s))
     assert one["scaling_efficiency"] == pytest.approx(1.0)
     # DDP: the all-reduce once per optimizer step (no_sync on the first three)
-    ddp1 = scale_out(analysis, params, ScaleConfig(gpus=8), node, net)
-    ddp4 = scale_out(analysis, params, ScaleConfig(gpus=8, grad_accum=4), node, net)
+    # (step_cv=0: no wait for the slowest GPU, so the step adds up by hand)
+    ddp1 = scale_out(analysis, params, ScaleConfig(gpus=8, step_cv=0.0), node, net)
+    ddp4 = scale_out(analysis, params, ScaleConfig(gpus=8, grad_accum=4, step_cv=0.0), node, net)
     assert ddp4["exposed_comm_s"] == pytest.approx(ddp1["exposed_comm_s"])
     assert ddp4["step_s"] == pytest.approx(4 * micro + tl.optimizer_s + ddp1["exposed_comm_s"])
     # FSDP: each GPU updates its 1/8 shard; its collectives run on every micro-batch
-    fsdp = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp", grad_accum=4),
-                     node, net)
+    fsdp = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp", grad_accum=4,
+                                                   step_cv=0.0), node, net)
     assert fsdp["communication"]["optimizer_s"] == pytest.approx(tl.optimizer_s / 8)
     per_micro = max(0.0, fsdp["communication"]["comm_s"] - micro)
     assert fsdp["step_s"] == pytest.approx(4 * (micro + per_micro) + tl.optimizer_s / 8)
@@ -513,3 +525,60 @@ def test_no_overlap_and_batch_norm_groups_add_to_the_exposed_time():
     assert one["communication"]["bn_sync_s"] == 0.0
     with pytest.raises(DlperfError, match="--bn-group 16"):
         ScaleConfig(gpus=16, bn_group=16)
+
+
+def test_expected_maximum_of_normals_against_closed_forms_and_sampling():
+    # closed forms: E[max of 2] = 1/sqrt(pi), E[max of 3] = 3 / (2 sqrt(pi)); tabulated (Harter,
+    # 1961): 1.16296 for 5, 1.53875 for 10
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max_normal(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-6)
+    assert expected_max_normal(5) == pytest.approx(1.16296, abs=1e-5)
+    assert expected_max_normal(10) == pytest.approx(1.53875, abs=1e-5)
+    # independently, by sampling: the mean maximum of 8 and of 512 normals over 100,000 draws
+    # (standard error ~0.002)
+    g = torch.Generator().manual_seed(0)
+    for n in (8, 512):
+        sampled = torch.randn(100_000, n, generator=g).amax(dim=1).mean().item()
+        assert expected_max_normal(n) == pytest.approx(sampled, abs=0.01)
+    values = [expected_max_normal(n) for n in (2, 8, 64, 4096)]
+    assert values == sorted(values) and 3.5 < values[-1] < 3.7  # grows like sqrt(2 ln n)
+
+
+def test_every_synchronous_step_waits_for_the_slowest_gpu():
+    analysis, params = _resnet18_on_h100()
+    nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    one = scale_out(analysis, params, ScaleConfig(gpus=1, step_cv=0.02), nvlink, ndr)
+    assert one["straggler_s"] == 0.0 and one["scaling_efficiency"] == 1.0
+    # 8 GPUs, each step spread 2%: the step waits 0.02 x 1.4236 of one GPU's step for the
+    # slowest, on top of the exposed communication
+    still = scale_out(analysis, params, ScaleConfig(gpus=8, step_cv=0.0), nvlink, ndr)
+    spread = scale_out(analysis, params, ScaleConfig(gpus=8, step_cv=0.02), nvlink, ndr)
+    assert still["straggler_s"] == 0.0
+    assert spread["straggler_s"] == pytest.approx(one["single_gpu_step_s"] * 0.02 * 1.42360,
+                                                  rel=1e-4)
+    assert spread["step_s"] == pytest.approx(still["step_s"] + spread["straggler_s"])
+    assert spread["exposed_comm_s"] == pytest.approx(still["exposed_comm_s"])
+    # the default is the fitted spread; the loss grows with the GPU count
+    default = scale_out(analysis, params, ScaleConfig(gpus=8), nvlink, ndr)
+    assert default["step_cv"] == STEP_CV
+    curve = scaling_curve(analysis, params, ScaleConfig(gpus=1, step_cv=0.02), nvlink, ndr)
+    waits = [c["straggler_s"] for c in curve]
+    assert waits == sorted(waits) and waits[0] == 0.0
+    with pytest.raises(DlperfError, match="--step-cv 0.7"):
+        ScaleConfig(gpus=8, step_cv=0.7)
+
+
+def test_the_shipped_step_spread_is_the_fitted_one():
+    # benchmarks/fit_straggler.py's saved fit: the grid's best cv is STEP_CV, every source held
+    # out picks a cv within a grid step or two of it, and the fit improves the clean rows'
+    # scaling and relative scaling in-sample and held out by source
+    from conftest import ROOT
+
+    saved = json.loads((ROOT / "benchmarks/results/straggler-fit.json").read_text())["results"]
+    assert saved["fitted_cv"] == STEP_CV
+    clean = saved["clean"]
+    assert all(abs(h["cv"] - STEP_CV) <= 0.005 for h in clean["held_out_by_source"].values())
+    assert clean["median_abs_error"] < clean["median_abs_error_cv0"]
+    assert clean["held_out_median_abs_error"] < clean["median_abs_error_cv0"]
+    assert saved["flagged"]["median_abs_error"] < saved["flagged"]["median_abs_error_cv0"]

@@ -206,7 +206,10 @@ def _scaling_section(scale_out: dict) -> str:
     here = scale_out["at_requested_scale"]
     return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs: {here['per_gpu_samples_per_s']:,.0f} "
             f"samples/s per GPU, {here['total_samples_per_s']:,.0f} in all, "
-            f"{here['scaling_efficiency']:.1%} of one GPU; limited by "
+            f"{here['scaling_efficiency']:.1%} of one GPU; "
+            f"{here['exposed_comm_s'] * 1e3:.2f} ms of communication exposed and "
+            f"{here.get('straggler_s', 0.0) * 1e3:.2f} ms waiting for the slowest GPU per step "
+            f"(step spread {here.get('step_cv', 0.0):.1%}); limited by "
             f"{html.escape(here['limited_by'])}. Red points: a limit other than compute.</p>"
             + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out))
 

@@ -159,20 +159,24 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         f"{here['scaling_efficiency']:.1%} of one GPU{above}; communication "
         f"{seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}, "
-        f"{seconds(here['exposed_comm_s'])} exposed; limited by {here['limited_by']}"
+        f"{seconds(here['exposed_comm_s'])} exposed"
+        + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
+           f"{here['step_cv']:.1%})" if here.get("straggler_s") else "")
+        + f"; limited by {here['limited_by']}"
         + (f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}"
            + (" [bold red](does not fit)[/]" if here["memory_per_gpu"].get("fits") is False
               else "") if here.get("memory_per_gpu") else "") + ".")
     table = Table(title="Scaling, same per-GPU batch", title_justify="left", header_style="bold")
     per = "tokens/s" if tokens_per_sample else "/s"
     for col in ("GPUs", "nodes", f"per GPU {per}", f"total {per}", "efficiency", "exposed comm",
-                "limit"):
+                "slowest GPU", "limit"):
         table.add_column(col, justify="left" if col == "limit" else "right")
     for row in curve:
         table.add_row(f"{row['gpus']:,}", f"{row['nodes']:,}",
                       rate(row["per_gpu_samples_per_s"] * scale),
                       rate(row["total_samples_per_s"] * scale), f"{row['scaling_efficiency']:.1%}",
-                      seconds(row["exposed_comm_s"]), row["limited_by"])
+                      seconds(row["exposed_comm_s"]), seconds(row.get("straggler_s", 0.0)),
+                      row["limited_by"])
     console.print(table)
     if record:
         text, warn = record

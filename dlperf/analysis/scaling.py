@@ -26,6 +26,16 @@ behind compute up to the compute time; weights, gradients and optimizer state ta
 memory per GPU, and the optimizer step updates 1/n of the parameters. SHARD_GRAD_OP (ZeRO-2)
 gathers once per micro-batch and keeps the parameters until the backward has used them. With
 gradient accumulation DDP all-reduces once per optimizer step, FSDP on every micro-batch.
+
+Stragglers: data parallel training is synchronous, so every step lasts as long as the slowest
+GPU's. GPUs of one SKU do not run at one speed (their power management clocks each chip to its
+own silicon: Sinha et al., SC'22, arXiv 2208.11035; docs/design.md), and each step's host
+work jitters. With each GPU's step time spread with coefficient of variation ``cv`` around the
+predicted one, the step on N GPUs is the expected maximum of N draws: t (1 + cv e(N)), e(N) the
+expected maximum of N standard normals (``expected_max_normal``: 0 for one GPU, 0.56 for two,
+1.42 for eight, 3.4 for 4,096). ``STEP_CV`` is fitted to the published table
+(benchmarks/fit_straggler.py); it is what turns "~99% on one node" into the 95-98% that
+NVIDIA's own scaling tables show, and what grows the loss with the GPU count across nodes.
 """
 
 from __future__ import annotations
@@ -36,7 +46,37 @@ from dataclasses import dataclass
 from dlperf.errors import DlperfError
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
+# the spread (coefficient of variation) of one GPU's step time around the predicted one: see
+# the module docstring; fitted by benchmarks/fit_straggler.py to the clean rows of
+# benchmarks/validation/published_scaling.csv (results/straggler-fit.json, held out by source)
+STEP_CV = 0.01
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+# x on [-10, 10] for the expected maximum's integral (step 0.002: exact to ~1e-9 for any n a
+# cluster has; the integrand is smooth and vanishes at both ends)
+_GRID = [i / 500 for i in range(-5000, 5001)]
+_PHI = [math.exp(-x * x / 2) / math.sqrt(2 * math.pi) for x in _GRID]
+_LOG_CDF = [math.log(0.5 * math.erfc(-x / math.sqrt(2))) for x in _GRID]
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of ``n`` independent standard normals] = integral of x n phi(x) Phi(x)^(n-1) dx,
+    by the trapezoid rule on _GRID (closed forms to check it: 1/sqrt(pi) for n = 2,
+    3/(2 sqrt(pi)) for n = 3). Pure Python: three floats a point, computed once."""
+    if n <= 1:
+        return 0.0
+    h = _GRID[1] - _GRID[0]
+    total = 0.0
+    for x, phi, log_cdf in zip(_GRID, _PHI, _LOG_CDF):
+        total += x * n * phi * math.exp((n - 1) * log_cdf)
+    return total * h  # the end points' weights (h/2) do not matter: the integrand is ~0 there
+
+
+def straggler_s(gpu_step_s: float, gpus: int, cv: float) -> float:
+    """What a synchronous step of ``gpu_step_s`` on one GPU waits, on ``gpus`` GPUs, for the
+    slowest of them (module docstring)."""
+    return gpu_step_s * cv * expected_max_normal(gpus)
 
 
 def ring_allreduce_s(nbytes: float, n: int, bus_bw: float, latency_s: float) -> float:
@@ -268,8 +308,14 @@ class ScaleConfig:
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
     # the backward, one small all-reduce each inside the node, on the step's critical path
     bn_group: int = 1
+    # the spread of one GPU's step time (coefficient of variation; None: STEP_CV, the fitted
+    # one); the step waits for the slowest GPU (straggler_s)
+    step_cv: float | None = None
 
     def __post_init__(self):
+        if self.step_cv is not None and not 0 <= self.step_cv < 0.5:
+            raise DlperfError(f"--step-cv {self.step_cv}: the spread of one GPU's step time is "
+                              "a fraction from 0 to 0.5 (0.01: 1%)")
         if self.gpus < 1 or self.gpus_per_node < 1:
             raise DlperfError("--gpus and --gpus-per-node must be at least 1")
         if self.grad_accum < 1:
@@ -350,7 +396,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     bn_sync = accum * bn_sync_s(analysis.predictions, min(cfg.bn_group, cfg.gpus), node)
     comm["bn_sync_s"] = bn_sync
     exposed += bn_sync
-    step_s = accum * micro_s + exposed + optimizer_s  # one optimizer step
+    cv = STEP_CV if cfg.step_cv is None else cfg.step_cv
+    wait = straggler_s(accum * micro_s + optimizer_s, cfg.gpus, cv)
+    comm["straggler_s"] = wait
+    step_s = accum * micro_s + exposed + optimizer_s + wait  # one optimizer step
     batch = analysis.batch_size * accum
     gpu_rate = batch / step_s
     def host_rate_for(gpus_in_node: int) -> float:
@@ -375,7 +424,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
             "step_s": batch / per_gpu, "single_gpu_step_s": accum * micro_s + tl.optimizer_s,
             "grad_accum": accum,
-            "exposed_comm_s": exposed, "input_bound": host_rate < gpu_rate,
+            "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
+            "input_bound": host_rate < gpu_rate,
             "host_img_per_s": None if math.isinf(host_rate) else host_rate,
             "limited_by": limit, "communication": comm}
 

@@ -95,6 +95,10 @@ def add_parser(sub) -> None:
     s.add_argument("--bn-group", type=positive_int, default=1,
                    help="GPUs of a node that share each batch norm's statistics (synchronised "
                         "batch norm in groups) [1]")
+    s.add_argument("--step-cv", type=float, default=None, metavar="FRACTION",
+                   help="the spread of one GPU's step time (coefficient of variation): every "
+                        "synchronous step waits for the slowest GPU [0.01, fitted to the "
+                        "published multi-GPU runs]")
     s.add_argument("--decode", choices=("gpu", "cpu", "synthetic"), default="gpu",
                    help="where JPEGs are decoded: on the GPU (DALI/nvJPEG), on host cores "
                         "(needs --data-cores and --decode-rate), or synthetic data [gpu]")
@@ -180,6 +184,8 @@ def run(args) -> int:
                                                          args.loader_workers)):
         raise DlperfError("--data-cores, --decode-rate and --loader-workers describe the input "
                           "side of the scale-out: add --gpus N (and --decode cpu)")
+    if args.gpus is None and args.step_cv is not None:
+        raise DlperfError("--step-cv is the spread of one GPU's step among many: add --gpus N")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
@@ -239,7 +245,8 @@ def _scale_out(args, analysis, model, console) -> dict:
                       decode=args.decode, data_cores_per_gpu=args.data_cores,
                       decode_img_per_s_per_core=args.decode_rate,
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
-                      overlap=not args.no_overlap, bn_group=args.bn_group)
+                      overlap=not args.no_overlap, bn_group=args.bn_group,
+                      step_cv=args.step_cv)
     # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
     grad_bytes = 2 if analysis.config.precision == "half" else 4
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]

@@ -58,6 +58,10 @@ PRESETS = {i.name: i for i in (
     # NCCL build rings over all six.
     _nv("nvlink2-dgx1", "NVLink 2, DGX-1 hybrid cube mesh (V100)", 150.0,
         "V100 datasheet: 300 GB/s NVLink, both directions"),
+    # The DGX-2 wires each V100's six NVLink 2 links to its NVSwitch fabric: 16 GPUs, any pair
+    # at the full per-GPU rate.
+    _nv("nvlink2-dgx2", "NVLink 2 + NVSwitch, DGX-2 (16x V100)", 150.0,
+        "V100 datasheet: 300 GB/s NVLink, both directions; DGX-2: all six links to NVSwitch"),
     Interconnect("nvlink3-a100", "NVLink 3 + NVSwitch (8x A100 SXM)", 208e9, 2e-6, "node",
                  "measured: all_reduce_perf busbw 208 GB/s on 8 A100 SXM4 (NVIDIA/nccl-tests#178; "
                  "~200 GB/s in nccl-tests#149)"),

@@ -235,7 +235,7 @@ def describe_scale_out(spec, record: dict | None = None) -> tuple[str, bool] | N
         s = record["across_nodes"]
         parts.append(f"across nodes, {s['rows']} runs of {s['gpus_low']:,}-{s['gpus_high']:,} "
                      f"GPUs against their rate on 8: {s['low']:.2f}-{s['high']:.2f}x, median "
-                     f"{s['median']:.2f}x (dlperf models the communication, not what these "
-                     f"runs lost beyond it)")
+                     f"{s['median']:.2f}x (dlperf models the communication and the wait "
+                     f"for the slowest GPU, not what these runs lost beyond them)")
         warn = warn or abs(s["median"] - 1) > SYSTEMATIC
     return "Track record, scale-out: " + "; ".join(parts) + ".", warn
