@@ -122,6 +122,11 @@ def test_scale_out_names_what_limits_each_scale():
                                                   decode_img_per_s_per_core=300), nvlink, ndr)
     assert cpu["input_bound"] and cpu["per_gpu_samples_per_s"] == pytest.approx(600.0)
     assert cpu["limited_by"].startswith("input")
+    # the ways out: the GPUs' own rate (a decode on the GPU), or the cores that would keep up
+    gpu_rate = eight["per_gpu_samples_per_s"]
+    assert cpu["gpu_decode_samples_per_s"] == pytest.approx(gpu_rate)
+    assert cpu["host_cores_needed_per_gpu"] == pytest.approx(gpu_rate / 300)
+    assert "gpu_decode_samples_per_s" not in eight
     # 25 GbE shared by a node's 8 GPUs, 64 nodes: communication dominates
     slow = scale_out(analysis, params, ScaleConfig(gpus=512), nvlink, PRESETS["ethernet-25g"])
     assert slow["limited_by"] == "communication" and slow["scaling_efficiency"] < 0.8
@@ -192,6 +197,13 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     assert "waiting for the slowest GPU (step spread 1.0%)" in " ".join(out.split())
     assert data["at_requested_scale"]["step_cv"] == STEP_CV
     assert data["at_requested_scale"]["straggler_s"] > 0
+    # a host decode of 1 core x 100 img/s cannot feed an H100: the line says what would
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "64", "--gpus",
+                              "8", "--decode", "cpu", "--data-cores", "1", "--decode-rate",
+                              "100"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "limited by input (host JPEG decode) (decoding on the GPUs" in text
+    assert "cores per GPU at this rate" in text
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--step-cv", "0.02"], capsys)
     assert code == 2 and "add --gpus N" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--step-cv",

@@ -163,6 +163,11 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here.get("straggler_s") else "")
         + f"; limited by {here['limited_by']}"
+        + (f" (decoding on the GPUs, --decode gpu, would lift it to "
+           f"{rate(here['gpu_decode_samples_per_s'] * scale)} {unit} per GPU before the "
+           f"decode's own GPU time; on the host it needs "
+           f"{here['host_cores_needed_per_gpu']:.1f} cores per GPU at this rate)"
+           if here.get("input_bound") else "")
         + (f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}"
            + (" [bold red](does not fit)[/]" if here["memory_per_gpu"].get("fits") is False
               else "") if here.get("memory_per_gpu") else "") + ".")

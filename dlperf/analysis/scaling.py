@@ -408,6 +408,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
 
     host_rate = host_rate_for(min(cfg.gpus, cfg.gpus_per_node))
     per_gpu = min(gpu_rate, host_rate)
+    # the ways out of a host decode: the GPUs' own rate, which a decode on the GPU (DALI,
+    # nvJPEG) would feed (its own GPU time not counted), or the host cores per GPU that would
+    # keep up at the same per-core rate
+    alternatives = ({"gpu_decode_samples_per_s": gpu_rate,
+                     "host_cores_needed_per_gpu": gpu_rate / cfg.decode_img_per_s_per_core}
+                    if cfg.decode == "cpu" else {})
     if host_rate < gpu_rate:
         limit = "input (host JPEG decode)"
     elif exposed > 0.05 * step_s:
@@ -426,7 +432,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
             "input_bound": host_rate < gpu_rate,
-            "host_img_per_s": None if math.isinf(host_rate) else host_rate,
+            "host_img_per_s": None if math.isinf(host_rate) else host_rate, **alternatives,
             "limited_by": limit, "communication": comm}
 
 
