@@ -137,6 +137,23 @@ def test_a_relu_read_by_a_pool_keeps_a_streaming_apply():
     assert ("bn", "native_batch_norm") not in forward
 
 
+def test_the_forks_gradients_accumulate_in_the_convolution():
+    # two blocks in a row: the second's input feeds its conv1 and its identity shortcut, so the
+    # backward sums two gradients of T bytes into one: eager PyTorch with an add kernel (2 T
+    # read, T written), NVIDIA's MXNet stack in the convolution's output (beta = 1, ADDTO: one
+    # read of the other gradient, T, no kernel of its own); the same for a downsampling block,
+    # whose two gradients are both convolutions'
+    def backward_adds(costs):
+        return [(c.bytes, c.kernels) for c in costs if c.op in ("add", "add_")
+                and c.phase != "forward"]
+
+    for second in (Block(), Block(downsample=True)):
+        model = nn.Sequential(Block(), second)
+        assert backward_adds(_costs(model, "none")) == [(3 * T, 1)]
+        assert backward_adds(_costs(model, "bn-act")) == [(T, 0)]
+        assert backward_adds(_costs(model, "conv-bn")) == [(T, 0)]
+
+
 def test_resnet50_sites_and_a_faster_step():
     from dlperf.analysis.api import analyze
 
@@ -151,6 +168,10 @@ def test_resnet50_sites_and_a_faster_step():
             # in the dual pass, 16 dual/plain block-end passes, the stem's apply before the pool
             assert ops.count("bn_finalize") == 36 and ops.count("bn_add_relu") == 16
             assert ops.count("bn_relu") == 1 and "native_batch_norm" not in ops
+        backward_adds = [p for p in a.predictions if p.cost.op in ("add", "add_")
+                         and p.cost.phase != "forward" and p.cost.kernels]
+        # 16 forks: every bottleneck's input feeds its conv1 and its shortcut
+        assert len(backward_adds) == (16 if level == "none" else 0)
         if level != "none":
             assert "relu_" not in ops and "threshold_backward" not in ops
         assert ops.count("native_batch_norm_backward") == 53  # every level keeps them

@@ -17,7 +17,13 @@ configs that choose a network; Paddle's ``resnet_unit`` op ports the same cuDNN 
             the addend inside the batch norm's kernel. In the backward the ReLU's gradient is
             taken inside the batch norm's (from a bit mask), so ``threshold_backward`` is gone;
             after an add, the fused backward also writes the addend's gradient (cuDNN's
-            ``CUDNN_FUSED_DACTIVATION_FORK_DBATCHNORM``): one write of that tensor.
+            ``CUDNN_FUSED_DACTIVATION_FORK_DBATCHNORM``): one write of that tensor. The fork's
+            two gradients (the next block's first convolution's and its shortcut's) are not
+            summed by an add kernel: the convolution's data gradient accumulates into the
+            buffer that holds the other (cuDNN's ``beta = 1``; MXNet's
+            ``MXNET_EXEC_ENABLE_ADDTO=1``, set by NVIDIA's MXNet ResNet-50 images and
+            DeepLearningExamples' runner), one more read of that tensor. Eager PyTorch's
+            autograd sums them with an add kernel: ``none`` keeps it.
 ``conv-bn`` on top of that, a batch norm fed by a convolution takes its statistics from the
             convolution's epilogue (``CUDNN_FUSED_SCALE_BIAS_ACTIVATION_CONV_BNSTATS``; MXNet's
             ``NormConvolution``), and where every kernel that reads its (ReLU'd) output in the
@@ -204,16 +210,25 @@ def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[C
             if dual_cost is not None:
                 new[dual.bn.index] = _finalize(dual_cost, dual.bn)
     # the backward: ReLU's gradient inside the batch norm's
+    writer: dict[int, OpRecord] = {}  # storage -> the last record that wrote it
     for r in records:
-        if r.op != "threshold_backward" or len(r.inputs) < 2:
-            continue
-        s = relu_outputs.get(r.inputs[1].key)
+        matched = r.op == "threshold_backward" and len(r.inputs) >= 2
+        s = relu_outputs.get(r.inputs[1].key) if matched else None
         c = by_record.get(r.index)
-        if s is None or c is None:
-            continue
-        if s.add is None:
-            new[r.index] = _gone(c)
-        else:  # the fork: the addend's gradient written once by the fused backward
-            new[r.index] = dataclasses.replace(c, bytes=c.output_bytes, kernels=0,
-                                               variant="fused")
+        if s is not None and c is not None:
+            if s.add is None:
+                new[r.index] = _gone(c)
+            else:  # the fork: the addend's gradient written once by the fused backward
+                new[r.index] = dataclasses.replace(c, bytes=c.output_bytes, kernels=0,
+                                                   variant="fused")
+        if (r.op in ADD and r.phase != "forward" and len(r.inputs) == 2 and c is not None
+                and any(getattr(writer.get(t.key), "op", None) == "convolution_backward"
+                        for t in r.inputs)):
+            # a fork's gradient sum, one of them a convolution's data gradient: accumulated
+            # by that convolution (beta = 1, module docstring), one read of the other buffer
+            new[r.index] = dataclasses.replace(c, bytes=r.inputs[1].nbytes, output_bytes=0,
+                                               kernels=0, variant="fused")
+        if not r.is_view:
+            for t in r.outputs:
+                writer[t.key] = r
     return [new.get(c.records[0], c) if len(c.records) == 1 else c for c in costs]
