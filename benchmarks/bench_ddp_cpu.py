@@ -8,9 +8,13 @@ measured, against the scale-out model's prediction.
    DistributedDataParallel (the same per-process batch); medians on rank 0.
 4. Prediction: the measured two-process step without DDP plus the exposed communication that
    ``analysis/scaling.py`` predicts from DDP's buckets and the measured interconnect (on a CPU
-   not overlapped with the backward: the cores compute both), plus DDP's bucket copies; the
-   analyzer's backward timeline is scaled to the measured single step, so what is tested is
-   the communication model, not the CPU's compute prediction.
+   not overlapped with the backward: the cores compute both), plus DDP's bucket copies, plus
+   the wait for the slower process (``scaling.straggler_s``: under DDP each step's all-reduce
+   waits for both, which the barrier-aligned run without DDP does not time) at the spread of
+   the two processes' own step times, measured in the run without DDP (steps start together,
+   so the spread of each step's difference is the spread the model takes); the analyzer's
+   backward timeline is scaled to the measured single step, so what is tested is the
+   communication and straggler model, not the CPU's compute prediction.
 
 Run: python benchmarks/bench_ddp_cpu.py [OUT.json]  (about a minute on 2 cores)
 """
@@ -64,8 +68,7 @@ def _worker(rank: int, port: int, ddp: bool, queue):
     x = torch.randn(BATCH, 3, SIZE, SIZE, generator=g)
     y = torch.randint(0, CLASSES, (BATCH,), generator=g)
     times = _time_steps(model, opt, x, y, barrier=dist.barrier)
-    if rank == 0:
-        queue.put(times)
+    queue.put((rank, times))
     dist.destroy_process_group()
 
 
@@ -73,8 +76,8 @@ def main(argv: list[str]) -> int:
     import torch.multiprocessing as mp
 
     import dlperf
-    from dlperf.analysis.scaling import (Timeline, ddp_copy_s, ddp_exposed_s, ring_allreduce_s,
-                                         timeline)
+    from dlperf.analysis.scaling import (STEP_CV, Timeline, ddp_copy_s, ddp_exposed_s,
+                                         ring_allreduce_s, straggler_s, timeline)
     from dlperf.hardware.comm_probe import _free_port, probe_comm
     from dlperf.hardware.probe import cached_cpu_probe
     from dlperf.provenance import save_result
@@ -90,20 +93,27 @@ def main(argv: list[str]) -> int:
     single = statistics.median(_time_steps(model, opt, x, y))
     ctx = mp.get_context("spawn")
 
-    def two_processes(ddp: bool) -> float:
+    def two_processes(ddp: bool) -> list[list[float]]:
+        """Each rank's step times."""
         queue = ctx.SimpleQueue()
         port = _free_port()
         procs = [ctx.Process(target=_worker, args=(r, port, ddp, queue)) for r in range(2)]
         for p in procs:
             p.start()
+        results = dict(queue.get() for _ in procs)
         for p in procs:
             p.join(timeout=600)
-        return statistics.median(queue.get())
+        return [results[0], results[1]]
 
     # the same two processes without DDP: both cores busy, as under DDP, and each step
     # barrier-aligned, so the difference is DDP's own cost
-    concurrent = two_processes(ddp=False)
-    ddp = two_processes(ddp=True)
+    alone = two_processes(ddp=False)
+    concurrent = statistics.median(alone[0])
+    ddp = statistics.median(two_processes(ddp=True)[0])
+    # the spread of one process's step: two draws of sd s differ by sd s sqrt(2)
+    spread = statistics.stdev(a - b for a, b in zip(*alone)) / 2**0.5 / statistics.fmean(
+        alone[0] + alone[1])
+    slower = statistics.fmean(max(a, b) for a, b in zip(*alone)) - statistics.fmean(alone[0])
     spec = cached_cpu_probe(quick=True)[0]
     analysis = dlperf.analyze(_model(), (BATCH, 3, SIZE, SIZE), device=spec, dtype="fp32",
                               train=True)
@@ -119,13 +129,18 @@ def main(argv: list[str]) -> int:
     copies = ddp_copy_s(sum(b for _, b in params), analysis)
     with_overlap = ddp_exposed_s(scaled, params,
                                  lambda b: ring_allreduce_s(b, 2, ic.bus_bandwidth, ic.latency_s))
-    predicted = concurrent + d["exposed_s"] + copies
+    wait = straggler_s(concurrent, 2, spread)
+    predicted = concurrent + d["exposed_s"] + copies + wait
     result = {"interconnect": ic.to_dict(), "comm_measurements": comm,
+              "step_spread_measured": spread, "predicted_straggler_s": wait,
+              "measured_wait_for_slower_s": slower,
+              "predicted_straggler_at_gpu_spread_s": straggler_s(concurrent, 2, STEP_CV),
+              "two_processes_without_ddp_step_times_s": alone,
               "single_process_step_s": single, "ddp_step_s": ddp,
               "predicted_ddp_step_s": predicted, "predicted_exposed_comm_s": d["exposed_s"],
               "predicted_comm_s": d["comm_s"], "buckets": d["buckets"],
               "predicted_bucket_copy_s": copies,
-              "predicted_if_overlapped_s": concurrent + with_overlap["exposed_s"] + copies,
+              "predicted_if_overlapped_s": concurrent + with_overlap["exposed_s"] + copies + wait,
               "two_processes_without_ddp_step_s": concurrent,
               "bucket_bytes": d["bucket_bytes"],
               "measured_ddp_cost_s": ddp - concurrent, "error": predicted / ddp - 1}
@@ -133,8 +148,10 @@ def main(argv: list[str]) -> int:
           f"{concurrent * 1e3:.0f} ms; DDP x2 {ddp * 1e3:.0f} ms measured, "
           f"{predicted * 1e3:.0f} ms predicted ({predicted / ddp - 1:+.0%}; all-reduce "
           f"{d['comm_s'] * 1e3:.0f} ms in {d['buckets']} buckets, not overlapped on a CPU; "
-          f"bucket copies {copies * 1e3:.0f} ms; overlapped as on a GPU it would be "
-          f"{(concurrent + with_overlap['exposed_s'] + copies) * 1e3:.0f} ms)")
+          f"bucket copies {copies * 1e3:.0f} ms; the slower process {wait * 1e3:.0f} ms at the "
+          f"measured spread {spread:.1%} (waited {slower * 1e3:.0f} ms in the run without DDP); "
+          f"overlapped as on a GPU it would be "
+          f"{(concurrent + with_overlap['exposed_s'] + copies + wait) * 1e3:.0f} ms)")
     save_result(out, "ddp-cpu", {"model": "resnet18", "batch_per_process": BATCH,
                                  "image_size": SIZE, "classes": CLASSES, "warmup": WARMUP,
                                  "steps": STEPS, "threads_per_process": 1, "backend": "gloo"},
