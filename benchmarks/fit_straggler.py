@@ -10,8 +10,8 @@ rows of benchmarks/validation/published_scaling.csv:
 
 Both are free of the single-GPU model's error (it cancels). Held out by source: for each source
 the cv fitted to the other sources scores that source's rows. The flagged rows (assumed
-networks, fused stacks, assumed decode rates) are not fitted; their relative scaling at the
-fitted cv is reported beside cv = 0 as an out-of-sample check.
+networks, fused stacks, assumed decode rates) are not fitted; their scaling and relative
+scaling at the fitted cv are reported beside cv = 0 as an out-of-sample check.
 
 Usage: python benchmarks/fit_straggler.py [OUT.json]
 (default benchmarks/results/straggler-fit.json; ~5 minutes: one capture per row, then the
