@@ -487,6 +487,18 @@ def test_comm_timer_measures_exposed_and_busy_time_from_bucket_marks():
     assert timer.take()["comm_exposed_ms"] == 0.0
     assert timer.summary() == {"comm_exposed_ms_median": pytest.approx(1.0),
                                "comm_steps_measured": 2}
+    # across ranks: this rank exposed 5 ms, the others 2 and 3.5 (their backward ended later).
+    # The least exposed is the communication alone, this rank waited 5 - 2 = 3 ms for the
+    # slowest, and the ranks' sample spread is stdev(5, 2, 3.5) = 1.5 ms
+    got = timer.across_ranks({"comm_exposed_ms": 5.0}, [5.0, 2.0, 3.5])
+    assert got["comm_exposed_min_ms"] == 2.0 and got["comm_wait_ms"] == 3.0
+    assert got["rank_spread_ms"] == pytest.approx(1.5)
+    s = timer.summary()
+    assert s["comm_wait_ms_median"] == 3.0 and s["rank_spread_ms_median"] == pytest.approx(1.5)
+    # one process gathers only its own
+    from dlperf.train.distributed import DistInfo, all_gather_floats
+
+    assert all_gather_floats([1.5, 2.0], DistInfo()) == [[1.5, 2.0]]
 
 
 def test_shard_grad_op_gathers_once_and_keeps_the_parameters():

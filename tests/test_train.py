@@ -355,8 +355,15 @@ def test_one_process_and_two_process_gloo_agree(toy, tmp_path):
                          and "running_" not in k)
     assert steps and all(e["comm_bytes"] == grad_bytes for e in steps), steps[:1]
     assert all(0 <= e["comm_exposed_ms"] <= e["comm_busy_ms"] + 1e-6 for e in steps)
+    # both ranks' exposed times gathered: the least is the communication alone, the rest of
+    # this rank's is its wait for the slower one, and their spread is the ranks' step spread
+    assert all(0 <= e["comm_exposed_min_ms"] <= e["comm_exposed_ms"] + 1e-9 for e in steps)
+    assert all(e["comm_wait_ms"] == pytest.approx(e["comm_exposed_ms"] - e["comm_exposed_min_ms"])
+               and e["rank_spread_ms"] >= 0 for e in steps)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["comm_steps_measured"] == len(steps) and summary["comm_exposed_ms_median"] >= 0
+    assert summary["step_cv_measured"] is None or summary["step_cv_measured"] >= 0
+    assert "rank_spread_ms_median" in summary
     one_steps = [json.loads(line) for line in (tmp_path / "one" / "log.jsonl").read_text()
                  .splitlines()]
     assert not any("comm_bytes" in e for e in one_steps)  # one process: nothing to measure

@@ -81,6 +81,10 @@ def run(args) -> int:
         parts.append(f"exposed all-reduce {summary['comm_exposed_ms_median']:.1f} ms per step "
                      f"(median of {summary['comm_steps_measured']} logged steps; "
                      "`dlperf analyze --gpus N` predicts it)")
+        if summary.get("step_cv_measured") is not None:
+            parts.append(f"of which {summary['comm_wait_ms_median']:.1f} ms waiting for the "
+                         f"slowest rank; the ranks' steps spread "
+                         f"{summary['step_cv_measured']:.1%} (`--step-cv` for `dlperf analyze`)")
     if summary["eval"]:
         parts.append(f"top-1 {summary['eval']['top1']:.2%}, top-5 {summary['eval']['top5']:.2%}")
     if summary["skipped_steps"]:

@@ -11,6 +11,13 @@ completed. Per step:
 * exposed = last completion - last ready (never below 0): the wait the step pays;
 * busy = the union of [ready, completed] intervals: how long the network was in use.
 
+Across ranks (``across_ranks``, on the logged steps): the last all-reduce ends at about the same
+instant on every rank, so a rank whose backward finished earlier exposes more. The least
+exposed rank's figure is the communication alone (the slowest rank's: what ``dlperf analyze
+--gpus`` predicts as exposed), each rank's excess over it is its wait for the slowest
+(``analysis/scaling.py``'s ``straggler_s``), and the spread of the ranks' exposed times is the
+spread of their steps: over the compute step, the ``--step-cv`` a user can pass back.
+
 On a GPU the instants are CUDA events on the current stream (the completion callback runs with
 that stream synchronised to NCCL's, so its event completes after the all-reduce); they are read
 only where the trainer synchronises anyway (its logging steps), never adding a sync. On a CPU
@@ -33,6 +40,9 @@ class CommTimer:
         self.cuda = device.type == "cuda"
         self.marks: list[tuple] = []  # (ready, done, bytes) of the current step
         self.exposed_ms: list[float] = []  # every read step, for the summary
+        self.wait_ms: list[float] = []  # this rank's wait for the slowest, per read step
+        self.alone_ms: list[float] = []  # the least exposed rank's exposed time
+        self.spread_ms: list[float] = []  # the sample spread of the ranks' exposed times
 
     def _mark(self):
         if self.cuda:
@@ -79,6 +89,18 @@ class CommTimer:
         return {"comm_exposed_ms": exposed, "comm_busy_ms": busy, "comm_buckets": len(marks),
                 "comm_bytes": sum(b for _, _, b in marks)}
 
+    def across_ranks(self, figures: dict, exposed_by_rank: list[float]) -> dict:
+        """``figures`` (``take``'s) with what every rank's exposed time says (module
+        docstring)."""
+        alone = min(exposed_by_rank)
+        spread = statistics.stdev(exposed_by_rank) if len(exposed_by_rank) > 1 else 0.0
+        wait = figures["comm_exposed_ms"] - alone
+        self.wait_ms.append(wait)
+        self.alone_ms.append(alone)
+        self.spread_ms.append(spread)
+        return {**figures, "comm_exposed_min_ms": alone, "comm_wait_ms": wait,
+                "rank_spread_ms": spread}
+
     def discard(self) -> None:
         """Forget the current step's marks (a step not read: they are not synchronised)."""
         self.marks = []
@@ -86,5 +108,10 @@ class CommTimer:
     def summary(self) -> dict:
         if not self.exposed_ms:
             return {}
-        return {"comm_exposed_ms_median": statistics.median(self.exposed_ms),
-                "comm_steps_measured": len(self.exposed_ms)}
+        out = {"comm_exposed_ms_median": statistics.median(self.exposed_ms),
+               "comm_steps_measured": len(self.exposed_ms)}
+        if self.spread_ms:
+            out.update(comm_exposed_min_ms_median=statistics.median(self.alone_ms),
+                       comm_wait_ms_median=statistics.median(self.wait_ms),
+                       rank_spread_ms_median=statistics.median(self.spread_ms))
+        return out

@@ -70,6 +70,16 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     return t.tolist()
 
 
+def all_gather_floats(values: list[float], info: DistInfo) -> list[list[float]]:
+    """Every rank's ``values``, one list per rank in rank order (one process: ``[values]``)."""
+    if not info.enabled:
+        return [list(values)]
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    out = [torch.empty_like(t) for _ in range(info.world_size)]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
 def any_rank_on_device(flag: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """A 0-dim bool tensor, true when it is true on any rank; a device collective, no host
     sync with NCCL (the non-finite guard's decision, so every rank skips the same steps)."""

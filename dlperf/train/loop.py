@@ -197,6 +197,9 @@ class Trainer:
             state.guard.check(state.step)  # deferred mode: counters read where we sync anyway
             last_loss = float(loss_sum)
             comm = (self.comm.take() if self.comm is not None else None) or {}
+            if comm:  # every rank logs the same steps, so every rank gathers here
+                exposed = D.all_gather_floats([comm["comm_exposed_ms"]], self.info)
+                comm = self.comm.across_ranks(comm, [e[0] for e in exposed])
             self.log.event("step", step=state.step, epoch=epoch, loss=last_loss, lr=lr_now,
                            grad_norm=float(grad_norm), img_per_s=self.tput.img_per_s,
                            data_wait=self.tput.data_wait_share, skipped=state.guard.skipped,
@@ -252,6 +255,19 @@ class Trainer:
             return True
         return False
 
+    def _comm_summary(self) -> dict:
+        """The measured communication's medians and, from the ranks' spread over the mean
+        compute step (its wall time less the data wait and the exposed all-reduce), the
+        step spread that `dlperf analyze --gpus N --step-cv` takes."""
+        out = self.comm.summary() if self.comm is not None else {}
+        tput = self.tput
+        if "rank_spread_ms_median" in out and tput.laps:
+            compute_ms = (1e3 * (tput.wall - tput.data_wait) / tput.laps
+                          - out["comm_exposed_ms_median"])
+            out["step_cv_measured"] = (out["rank_spread_ms_median"] / compute_ms
+                                       if compute_ms > 0 else None)
+        return out
+
     def _summary(self, mfu: bool) -> dict:
         cfg, state, tput = self.cfg, self.state, self.tput
         summary = {"steps": state.step, "epochs": cfg.epochs, **tput.summary(),
@@ -261,6 +277,6 @@ class Trainer:
                    "resumed_from": state.resumed_from, "data_source": source_kind(state.loader),
                    "eval": self.last_eval, "best_top1": state.best,
                    "time_to_target_s": self.time_to_target,
-                   **(self.comm.summary() if self.comm is not None else {}),
+                   **self._comm_summary(),
                    "wall_s": time.perf_counter() - self.run_start}
         return finish_summary(summary, cfg, self.info, self.image_size, self.out, self.log, mfu)

@@ -79,6 +79,7 @@ class Throughput:
         self.images = 0
         self.wall = 0.0
         self.data_wait = 0.0
+        self.laps = 0  # steps in ``wall`` (the first is kept apart)
         self.first_step_s: float | None = None  # warm-up (and compilation), reported apart
         self._last = time.perf_counter()
 
@@ -86,6 +87,7 @@ class Throughput:
         self.images += images
         self.wall += wall
         self.data_wait += data_wait
+        self.laps += 1
 
     def start_epoch(self) -> None:
         """Time from here (the time between epochs, evaluation and checkpoints, is not
