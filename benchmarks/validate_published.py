@@ -76,9 +76,9 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
         # the batch-norm stack (analysis/fusion.py) and CUDA graphs: optional columns
         fusion = row.get("fusion") or "none"
         graphs = row.get("cuda_graphs") == "true"
-        key = (row["model"], not _before_sdpa(row), checkpointing, policy, row["image_size"],
-               row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion)
         fused = not _before_sdpa(row)
+        key = (row["model"], fused, checkpointing, policy, row["image_size"],
+               row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion)
         # a GPT preset is built for the row's sequence length (its learned positions)
         gpt = gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS \
             else None

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from dlperf.analysis.api import AnalysisConfig
-from dlperf.analysis.roofline import predict, wide_depthwise_wgrad
+from dlperf.analysis.roofline import CONV_CLASSES, predict, wide_depthwise_wgrad
 from dlperf.hardware.efficiency import CLASS_FALLBACK, MEASURED, MEMORY_CLASSES, Efficiency
 from dlperf.hardware.specs import DeviceSpec
 
@@ -473,7 +473,7 @@ def kernel_row(cost, spec: DeviceSpec, measured_s: float, case: str, pass_: str,
             "math_s": raw.math_time_s, "memory_s": raw.memory_time_s,
             "kernels": raw.kernels, "measured_s": measured_s,
             "memory_class": raw.memory_class, "depthwise_wide": wide_depthwise_wgrad(cost),
-            "conv": raw.math_class in ("cuda-core-conv", "tensor-conv", "grouped-conv"),
+            "conv": raw.math_class in CONV_CLASSES,
             "attention": raw.math_class in ("attention", "cuda-core-attention"),
             "gemm": (g.m, g.n, g.k) if g is not None and raw.math_class not in ("none",)
             and raw.memory_class != "depthwise" else None}

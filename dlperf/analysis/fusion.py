@@ -74,24 +74,30 @@ class Site:
     bn_readers: tuple[int, ...] = ()  # the forward records that read the batch norm's output
 
 
-def _forward_dataflow(records: list[OpRecord]) -> tuple[dict, dict]:
-    """(producer, readers) per forward record: the record that last wrote each input's storage,
-    and the later forward records that read each record's output before it was overwritten.
-    In-place ops (``relu_``, ``add_``) write the storage they read, so a chain of them on one
-    tensor is a chain of producers."""
-    writer: dict[int, int] = {}
+def _dataflow(records: list[OpRecord]) -> tuple[dict, dict]:
+    """(producer, readers): for each (record, input position) the record that last wrote that
+    storage (for a forward record, the last forward record), and for each forward record the
+    later forward records that read its output before it was overwritten. In-place ops
+    (``relu_``, ``add_``) write the storage they read, so a chain of them on one tensor is a
+    chain of producers."""
+    writer: dict[int, int] = {}  # storage -> the last record that wrote it
+    forward_writer: dict[int, int] = {}  # ... the last forward record
     producer: dict[tuple[int, int], int] = {}  # (record, input position) -> record
     readers: dict[int, list[int]] = {}
     for r in records:
-        if r.phase != "forward" or r.is_view:
+        if r.is_view:
             continue
+        forward = r.phase == "forward"
         for pos, t in enumerate(r.inputs):
-            w = writer.get(t.key)
+            w = (forward_writer if forward else writer).get(t.key)
             if w is not None:
                 producer[(r.index, pos)] = w
-                readers.setdefault(w, []).append(r.index)
+                if forward:
+                    readers.setdefault(w, []).append(r.index)
         for t in r.outputs:
             writer[t.key] = r.index
+            if forward:
+                forward_writer[t.key] = r.index
     return producer, readers
 
 
@@ -106,10 +112,11 @@ def _claims(bn: OpRecord, add: OpRecord, producer: dict, by_index: dict) -> bool
     return first is None or by_index[first].op not in BN_FORWARD
 
 
-def find_sites(records: list[OpRecord]) -> list[Site]:
-    """Every training-mode batch norm with the ReLU (and residual add) that follow it."""
+def find_sites(records: list[OpRecord], flow: tuple[dict, dict] | None = None) -> list[Site]:
+    """Every training-mode batch norm with the ReLU (and residual add) that follow it
+    (``flow``: ``_dataflow(records)``, when the caller has it)."""
     by_index = {r.index: r for r in records}
-    producer, readers = _forward_dataflow(records)
+    producer, readers = flow or _dataflow(records)
 
     def only_reader(index: int) -> OpRecord | None:
         found = readers.get(index, [])
@@ -169,7 +176,10 @@ def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[C
     check_fusion(level)
     if level == "none":
         return list(costs)
-    sites = find_sites(records)
+    flow = _dataflow(records)
+    producer = flow[0]
+    by_index = {r.index: r for r in records}
+    sites = find_sites(records, flow)
     # which batch norms feed an add as its addend, by the addend's storage: a conv-fed batch norm
     # read only by that add is applied inside the dual kernel
     bn_by_output = {s.bn.outputs[0].key: s for s in sites if s.relu is None and s.add is None}
@@ -209,26 +219,23 @@ def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[C
             dual_cost = by_record.get(dual.bn.index)
             if dual_cost is not None:
                 new[dual.bn.index] = _finalize(dual_cost, dual.bn)
-    # the backward: ReLU's gradient inside the batch norm's
-    writer: dict[int, OpRecord] = {}  # storage -> the last record that wrote it
+    # the backward: ReLU's gradient inside the batch norm's, and the forks' gradient sums
     for r in records:
-        matched = r.op == "threshold_backward" and len(r.inputs) >= 2
-        s = relu_outputs.get(r.inputs[1].key) if matched else None
         c = by_record.get(r.index)
-        if s is not None and c is not None:
-            if s.add is None:
-                new[r.index] = _gone(c)
-            else:  # the fork: the addend's gradient written once by the fused backward
-                new[r.index] = dataclasses.replace(c, bytes=c.output_bytes, kernels=0,
-                                                   variant="fused")
-        if (r.op in ADD and r.phase != "forward" and len(r.inputs) == 2 and c is not None
-                and any(getattr(writer.get(t.key), "op", None) == "convolution_backward"
-                        for t in r.inputs)):
+        if c is None or r.phase == "forward":
+            continue
+        s = (relu_outputs.get(r.inputs[1].key)
+             if r.op == "threshold_backward" and len(r.inputs) >= 2 else None)
+        if s is not None and s.add is None:
+            new[r.index] = _gone(c)
+        elif s is not None:  # the fork: the addend's gradient written once by the fused backward
+            new[r.index] = dataclasses.replace(c, bytes=c.output_bytes, kernels=0,
+                                               variant="fused")
+        elif r.op in ADD and len(r.inputs) == 2 and any(
+                by_index[producer[(r.index, pos)]].op == "convolution_backward"
+                for pos in (0, 1) if (r.index, pos) in producer):
             # a fork's gradient sum, one of them a convolution's data gradient: accumulated
             # by that convolution (beta = 1, module docstring), one read of the other buffer
             new[r.index] = dataclasses.replace(c, bytes=r.inputs[1].nbytes, output_bytes=0,
                                                kernels=0, variant="fused")
-        if not r.is_view:
-            for t in r.outputs:
-                writer[t.key] = r
     return [new.get(c.records[0], c) if len(c.records) == 1 else c for c in costs]

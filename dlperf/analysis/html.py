@@ -208,13 +208,13 @@ def _scaling_section(scale_out: dict) -> str:
             f"samples/s per GPU, {here['total_samples_per_s']:,.0f} in all, "
             f"{here['scaling_efficiency']:.1%} of one GPU; "
             f"{here['exposed_comm_s'] * 1e3:.2f} ms of communication exposed and "
-            f"{here.get('straggler_s', 0.0) * 1e3:.2f} ms waiting for the slowest GPU per step "
-            f"(step spread {here.get('step_cv', 0.0):.1%}); limited by "
+            f"{here['straggler_s'] * 1e3:.2f} ms waiting for the slowest GPU per step "
+            f"(step spread {here['step_cv']:.1%}); limited by "
             f"{html.escape(here['limited_by'])}"
             + (f" (a decode on the GPUs would lift it to "
                f"{here['gpu_decode_samples_per_s']:,.0f} samples/s per GPU; on the host it "
                f"needs {here['host_cores_needed_per_gpu']:.1f} cores per GPU)"
-               if here.get("input_bound") else "")
+               if here["input_bound"] else "")
             + ". Red points: a limit other than compute.</p>"
             + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out))
 

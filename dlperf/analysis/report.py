@@ -161,13 +161,13 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}, "
         f"{seconds(here['exposed_comm_s'])} exposed"
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
-           f"{here['step_cv']:.1%})" if here.get("straggler_s") else "")
+           f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
         + f"; limited by {here['limited_by']}"
         + (f" (decoding on the GPUs, --decode gpu, would lift it to "
            f"{rate(here['gpu_decode_samples_per_s'] * scale)} {unit} per GPU before the "
            f"decode's own GPU time; on the host it needs "
            f"{here['host_cores_needed_per_gpu']:.1f} cores per GPU at this rate)"
-           if here.get("input_bound") else "")
+           if here["input_bound"] else "")
         + (f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}"
            + (" [bold red](does not fit)[/]" if here["memory_per_gpu"].get("fits") is False
               else "") if here.get("memory_per_gpu") else "") + ".")
@@ -180,7 +180,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         table.add_row(f"{row['gpus']:,}", f"{row['nodes']:,}",
                       rate(row["per_gpu_samples_per_s"] * scale),
                       rate(row["total_samples_per_s"] * scale), f"{row['scaling_efficiency']:.1%}",
-                      seconds(row["exposed_comm_s"]), seconds(row.get("straggler_s", 0.0)),
+                      seconds(row["exposed_comm_s"]), seconds(row["straggler_s"]),
                       row["limited_by"])
     console.print(table)
     if record:

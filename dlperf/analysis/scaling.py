@@ -399,7 +399,6 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     exposed += bn_sync
     cv = STEP_CV if cfg.step_cv is None else cfg.step_cv
     wait = straggler_s(accum * micro_s + optimizer_s, cfg.gpus, cv)
-    comm["straggler_s"] = wait
     step_s = accum * micro_s + exposed + optimizer_s + wait  # one optimizer step
     batch = analysis.batch_size * accum
     gpu_rate = batch / step_s
