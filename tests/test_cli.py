@@ -302,6 +302,10 @@ def test_compare_devices_from_one_capture(tmp_path, capsys):
     # should see how far each one's predictions have landed)
     assert "track record" in out
     assert rows[0]["track_record"]["device"]["rows"] >= 20  # V100: NVIDIA, Lambda, skb rows
+    # the efficiency model's line names the Winograd share (FITTED.winograd, 0.378), and the
+    # JSON carries it with the other constants
+    assert "cuDNN's Winograd: 38% of its math time" in " ".join(out.split())
+    assert json.loads(path.read_text())["model_constants"]["winograd"] == 0.378
     code, _, err = _run(["analyze", "resnet18", "--device", "h100-sxm,h200", "--measure"], capsys)
     assert code == 2 and "--measure needs a single --device" in err
 

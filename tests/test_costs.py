@@ -321,3 +321,22 @@ def test_cross_entropy_over_a_vocabulary_moves_what_cuda_kernels_move():
     assert bwd.bytes == n * c * 4 + n * 8 + n * 4 and bwd.kernels == 2
     assert by_op["_log_softmax"].bytes == 2 * n * c * 4
     assert not uncounted
+
+
+def test_winograd_shape_is_3x3_unit_stride_dilation_one_group_in_every_pass():
+    # cuDNN's Winograd algorithms take 3x3 filters at stride 1 and dilation 1 in one group:
+    # the 3x3 convolution's forward, data gradient and weight gradient are marked; a 1x1, a
+    # strided 3x3, a dilated 3x3, a grouped 3x3 and a 5x5 are not
+    with torch.device("meta"):
+        layers = {"3x3": nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                  "1x1": nn.Conv2d(16, 16, 1, bias=False),
+                  "3x3 s2": nn.Conv2d(16, 16, 3, stride=2, padding=1, bias=False),
+                  "3x3 d2": nn.Conv2d(16, 16, 3, padding=2, dilation=2, bias=False),
+                  "3x3 g4": nn.Conv2d(16, 16, 3, padding=1, groups=4, bias=False),
+                  "5x5": nn.Conv2d(16, 16, 5, padding=2, bias=False)}
+    for name, layer in layers.items():
+        x = torch.empty(2, 16, 12, 12, device="meta", requires_grad=True)
+        costs, _ = _costs(nn.Sequential(layer), x)
+        marks = {c.phase: c.winograd for c in costs if c.kind == "gemm"}
+        assert set(marks) == {"forward", "dgrad", "wgrad"}, name
+        assert set(marks.values()) == {name == "3x3"}, name

@@ -47,20 +47,21 @@ def test_two_pass_norms_move_more_than_the_guides_minimum_but_keep_its_columns()
 
 def test_sm_term_makes_h200_faster_than_h100_by_less_than_its_dram():
     # Each byte costs the DRAM's time and the SMs' time in series (float64, by hand):
-    # H100: 1 / (1/(0.959 x 3.35e12) + 1/(132 x 1.98e9 x 15.1 = 3.9465e12)) = 1.7710e12 B/s;
-    # H200: 1 / (1/(0.959 x 4.8e12) + 1/3.9465e12) = 2.1249e12 B/s: 1.20x the H100 for 1.43x
+    # H100: 1 / (1/(0.954 x 3.35e12) + 1/(132 x 1.98e9 x 15.1 = 3.9465e12)) = 1.7659e12 B/s;
+    # H200: 1 / (1/(0.954 x 4.8e12) + 1/3.9465e12) = 2.1197e12 B/s: 1.20x the H100 for 1.43x
     # the DRAM (measured on ResNet-50 and BERT, whole steps: 1.08-1.21x).
     h100, h200, v100 = (get_device(n) for n in ("h100-sxm", "h200", "v100-sxm2"))
     sm = 132 * 1980e6 * 15.1
-    assert FITTED.bandwidth(h100) == pytest.approx(1 / (1 / (0.959 * 3.35e12) + 1 / sm),
+    assert FITTED.bandwidth(h100) == pytest.approx(1 / (1 / (0.954 * 3.35e12) + 1 / sm),
                                                    rel=1e-9)
-    assert FITTED.bandwidth(h100) == pytest.approx(1.7710e12, rel=1e-3)
+    assert FITTED.bandwidth(h100) == pytest.approx(1.7659e12, rel=1e-3)
     assert FITTED.bandwidth(h200) / FITTED.bandwidth(h100) == pytest.approx(1.20, abs=0.01)
-    # V100: 80 x 1530 MHz x 15.1 = 1.848e12 of SM term -> 1 / (1/(0.959 x 0.9e12) + 1/1.848e12)
-    v100_bw = 1 / (1 / (0.959 * 900e9) + 1 / (80 * 1530e6 * 15.1))
+    # V100: 80 x 1530 MHz x 15.1 = 1.848e12 of SM term -> 1 / (1/(0.954 x 0.9e12) + 1/1.848e12)
+    # = 586 GB/s
+    v100_bw = 1 / (1 / (0.954 * 900e9) + 1 / (80 * 1530e6 * 15.1))
     assert FITTED.bandwidth(v100) == pytest.approx(v100_bw, rel=1e-9)
-    # Depthwise convolutions reach 41.4% of that.
-    assert FITTED.bandwidth(v100, "depthwise") == pytest.approx(0.414 * v100_bw, rel=1e-9)
+    # Depthwise convolutions reach 42.6% of that.
+    assert FITTED.bandwidth(v100, "depthwise") == pytest.approx(0.426 * v100_bw, rel=1e-9)
     # CPUs (no Tensor Cores) are never capped by the GPU's SM model.
     cpu = DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
                      peak={"fp32": 1e11}, tensor_cores=False, measured=True)
@@ -283,11 +284,17 @@ def test_fit_evaluator_is_the_shipped_model():
                  flag="clean", source="s"),
             dict(id="b", model="mobilenet_v3_small", image_size=64, batch=4, device="v100-sxm2",
                  precision="fp32", layout="nhwc", optimizer="adamw", measured_img_s=1.0,
+                 flag="clean", source="s"),
+            # FP32 NCHW 3x3 convolutions: the Winograd share
+            dict(id="c", model="resnet18", image_size=64, batch=8, device="v100-sxm2",
+                 precision="fp32", layout="nchw", optimizer="sgd", measured_img_s=1.0,
                  flag="clean", source="s")]
     captured = vp.capture_rows(rows)
     params = dict(tensor_gemm=0.6, tensor_conv=0.7, grouped_conv=0.4, cuda_core=0.9,
-                  memory=0.8, sm_bytes_per_clock=5.0, depthwise=0.3, launch_s=7e-6)
+                  memory=0.8, sm_bytes_per_clock=5.0, depthwise=0.3, launch_s=7e-6,
+                  winograd=0.55)
     terms = fit.Terms(captured, host_s=12e-6)
+    assert terms.winograd.any()  # row c's 3x3 convolutions
     eff = replace(FITTED, **params, host_s=12e-6)
     predicted = [r["predicted_img_s"] for r in vp.predict_rows(rows, captured=captured,
                                                                  efficiency=eff)]
@@ -782,3 +789,35 @@ def test_sweep_fit_evaluator_is_roofline_predict_on_cpu_kernels():
     assert any(r["conv"] for r in rows) and any(r["attention"] for r in rows)
     assert any(r["depthwise_wide"] for r in rows)
     assert list(KernelTerms(rows).times(params)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_winograd_shortens_fp32_nchw_3x3_convolutions_only():
+    # FP32 on a V100's CUDA cores: the 3x3 stride-1 convolution in NCHW keeps FITTED.winograd
+    # of the math time it has in NHWC (same FLOPs, same implicit-GEMM tile model); the 1x1
+    # beside it, the same 3x3 in NHWC and the same 3x3 on fp16 Tensor Cores are untouched
+    import dlperf
+    from torch import nn
+
+    assert 0.25 <= FITTED.winograd < 1.0
+    model = nn.Sequential(nn.Conv2d(64, 64, 1, bias=False),  # the input has no gradient
+                          nn.Conv2d(64, 64, 3, padding=1, bias=False))
+
+    def math_times(dtype, channels_last, efficiency=None):
+        a = dlperf.analyze(model, (32, 64, 56, 56), device="v100-sxm2", dtype=dtype, train=True,
+                           channels_last=channels_last)
+        return {(p.cost.module, p.cost.phase): p.math_time_s for p in a.predictions
+                if p.cost.kind == "gemm"}
+
+    nchw, nhwc = math_times("fp32", False), math_times("fp32", True)
+    for phase in ("forward", "dgrad", "wgrad"):
+        assert nchw[("1", phase)] == pytest.approx(FITTED.winograd * nhwc[("1", phase)])
+    for phase in ("forward", "wgrad"):
+        assert nchw[("0", phase)] == pytest.approx(nhwc[("0", phase)])
+    half_nchw, half_nhwc = math_times("fp16", False), math_times("fp16", True)
+    assert half_nchw == pytest.approx(half_nhwc)  # Tensor Cores: implicit GEMM either way
+
+
+def test_measured_profiles_run_no_winograd():
+    # a CPU's convolutions (oneDNN) run direct or GEMM-based kernels: a measured profile
+    # keeps the full math time
+    assert MEASURED.winograd == 1.0

@@ -143,3 +143,20 @@ def test_nchw_transposes_by_gpu_generation(device, forward_bytes, tensors):
     wgrad = passes["wgrad"]
     assert wgrad.transpose_time_s == pytest.approx(2 * (12_845_056 + 3_211_264) / bw, rel=1e-9)
     assert wgrad.kernels - wgrad.cost.kernels == 2
+
+
+def test_fp32_channels_last_names_the_winograd_it_loses():
+    # FP32 on a V100's CUDA cores: cuDNN's Winograd algorithms take NCHW only, so the NHWC
+    # step is slower by the 3x3 convolutions' lost Winograd share (the skb rows measured 310
+    # img/s NHWC against 374 NCHW); the finding names that difference, NCHW has none
+    nchw = dlperf.analyze("resnet18", (32, 3, 112, 112), device="v100-sxm2", dtype="fp32",
+                          train=True)
+    nhwc = dlperf.analyze("resnet18", (32, 3, 112, 112), device="v100-sxm2", dtype="fp32",
+                          train=True, channels_last=True)
+    finding = _rules(nhwc)["winograd-layout"]
+    assert "winograd-layout" not in _rules(nchw) and "channels-last" not in _rules(nhwc)
+    assert "NCHW" in finding.message and "layer1.0.conv1" in finding.layers
+    t_nchw = nchw.totals()["predicted_time_s"]
+    t_nhwc = nhwc.totals()["predicted_time_s"]
+    assert t_nhwc > t_nchw
+    assert t_nhwc - t_nchw == pytest.approx(finding.saving_s, rel=0.02)

@@ -206,7 +206,8 @@ def identity(efficiency: Efficiency) -> Efficiency:
     """Every fitted fraction at 1, no ramp, 1 s per kernel: a prediction then holds raw terms."""
     return replace(efficiency, tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0,
                    cuda_core=1.0, cuda_core_conv=None, memory=1.0, sm_bytes_per_clock=None,
-                   conv_backward=1.0, depthwise_backward=1.0, depthwise_wgrad_wide=None,
+                   winograd=1.0, conv_backward=1.0, depthwise_backward=1.0,
+                   depthwise_wgrad_wide=None,
                    depthwise=1.0, reduction=1.0,
                    norm=1.0, reduction_backward=1.0, transcendental=1.0, window=1.0,
                    gemm_m0=0.0, gemm_n0=0.0, gemm_k0=0.0, conv_m0=None, conv_n0=None,

@@ -114,6 +114,10 @@ class Cost:
     # the GEMM dims built from batch and pixels; (name, size) pairs. None: check M, N and K.
     align_dims: tuple[tuple[str, int], ...] | None = None
     groups: int = 1
+    # convolutions: the shape cuDNN's Winograd algorithms take (a 2-D 3x3 filter, unit stride
+    # and dilation, one group); whether they run also depends on the layout and the unit
+    # (roofline.predict, hardware/efficiency.py ``winograd``)
+    winograd: bool = False
     # a kernel that is other code under the same op name: "tanh" for the tanh-approximated
     # GELU (hardware/efficiency.py, ``gelu_tanh``); "" otherwise
     variant: str = ""
@@ -183,6 +187,15 @@ def _conv_geometry(x: TensorMeta, w: TensorMeta, y: TensorMeta, transposed: bool
     return n, y.shape[1], x.shape[1], _prod(y.shape[2:]), _prod(x.shape[2:]), rs
 
 
+def _winograd_shape(w: TensorMeta, stride, dilation, transposed: bool, groups: int) -> bool:
+    """Whether a convolution has the shape of cuDNN's Winograd algorithms (WINOGRAD and
+    WINOGRAD_NONFUSED, forward, data and filter gradients): a 2-D 3x3 filter, stride 1 and
+    dilation 1, one group (docs/design.md, "Winograd")."""
+    return (len(w.shape) == 4 and tuple(w.shape[2:]) == (3, 3) and not transposed
+            and groups == 1 and all(int(s) == 1 for s in stride)
+            and all(int(d) == 1 for d in dilation))
+
+
 def _common(r: OpRecord) -> dict:
     return {"module": r.module, "module_type": r.module_type, "records": (r.index,)}
 
@@ -202,7 +215,8 @@ def _conv_costs(r: OpRecord) -> list[Cost]:
         n, c, k, ins, outs, rs = _conv_geometry(x, w, y, transposed, groups)
         shapes = conv_gemms(n, c, k, ins, outs, rs, groups)
         shape = shapes["dgrad" if transposed else "forward"]
-        conv = dict(align_dims=(("c_in", c // groups), ("c_out", k // groups)), groups=groups)
+        conv = dict(align_dims=(("c_in", c // groups), ("c_out", k // groups)), groups=groups,
+                    winograd=_winograd_shape(w, r.args[3], r.args[5], transposed, groups))
         return [Cost(op="convolution", phase="forward", kind="gemm", **conv,
                      flops=conv_flops(n, c, k, outs, rs, groups),
                      bytes=_bytes(r.inputs) + _bytes(r.outputs), dtype=x.dtype, gemm=shape,
@@ -216,7 +230,8 @@ def _conv_costs(r: OpRecord) -> list[Cost]:
     shapes = conv_gemms(n, c, k, ins, outs, rs, groups)
     flops = conv_flops(n, c, k, outs, rs, groups)
     nhwc = _nhwc(x, gy)
-    conv = dict(align_dims=(("c_in", c // groups), ("c_out", k // groups)), groups=groups)
+    conv = dict(align_dims=(("c_in", c // groups), ("c_out", k // groups)), groups=groups,
+                winograd=_winograd_shape(w, r.args[4], r.args[6], transposed, groups))
     outputs = iter(r.outputs)
     costs = []
     if mask[0]:

@@ -119,11 +119,14 @@ def _notes(analysis, console) -> None:
                   f"{'; ' if ratios else ''}fp32 (CUDA cores) {ratio:.1f} FLOP/B.")
     eff = analysis.efficiency
     if eff is not None and not spec.measured:
+        winograd = (f" (an NCHW 3x3 convolution under cuDNN's Winograd: {eff.winograd:.0%} of "
+                    "its math time)" if eff.winograd < 1 else "")
         console.print(
             f"[dim]Efficiency model ({eff.source or 'hardware/efficiency.py'}): GEMMs "
             f"{eff.tensor_gemm:.0%} and convolutions {eff.tensor_conv:.0%} of Tensor Core peak "
             f"after tile/wave losses, fused attention "
-            f"{eff.math('attention'):.0%}, FP32 {eff.cuda_core:.0%}; memory "
+            f"{eff.math('attention'):.0%}, FP32 {eff.cuda_core:.0%}"
+            f"{winograd}; memory "
             f"{eff.bandwidth(spec) / 1e9:,.0f} GB/s achieved of {spec.mem_bandwidth / 1e9:,.0f} "
             f"(depthwise {eff.depthwise:.0%} of that); {eff.launch_s * 1e6:.2g} us GPU and "
             f"{eff.host_s * 1e6:.2g} us CPU per kernel.[/]")

@@ -110,6 +110,13 @@ def wide_depthwise_wgrad(cost: Cost) -> bool:
     return c_in == 1 and cost.gemm.n > 9
 
 
+def winograd_runs(cost: Cost) -> bool:
+    """Whether cuDNN may run ``cost``, a convolution pass on the CUDA cores, with a Winograd
+    algorithm: the shape they take (``Cost.winograd``: 3x3, stride 1, dilation 1, one group) in
+    NCHW, the only layout they take (hardware/efficiency.py, ``winograd``)."""
+    return cost.winograd and cost.nhwc is False
+
+
 def writes_nchw_from_epilogue(spec: DeviceSpec) -> bool:
     """Whether cuDNN's Tensor Core convolutions on ``spec`` write an NCHW output directly (sm80
     and later: the GPUs with TF32 Tensor Cores), so that only their inputs are transposed."""
@@ -175,6 +182,8 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     else:
         math_class = "cuda-core" if cost.flops else "none"
     efficiency *= eff.math(math_class)
+    if math_class == "cuda-core-conv" and winograd_runs(cost):
+        efficiency /= eff.winograd
     if is_conv and cost.phase != "forward" and math_class in CONV_CLASSES:
         efficiency *= eff.conv_backward
     if memory_class == "depthwise" and cost.phase != "forward":

@@ -146,6 +146,22 @@ def _channels_last(analysis, step_s) -> list[Finding]:
                 f"({extra / step_s:.1%}) of the step. Use model.to(memory_format="
                 "torch.channels_last) and channels_last inputs (NHWC end to end, as the record "
                 "ResNet-50 does).", extra, tuple(sorted({p.cost.module for p in nchw}))))
+    # FP32 3x3 convolutions in NHWC: cuDNN's Winograd algorithms take NCHW only
+    # (hardware/efficiency.py, ``winograd``), so channels_last costs them in FP32
+    winograd = analysis.model_constants.winograd
+    lost = [p for p in analysis.predictions
+            if p.math_class == "cuda-core-conv" and p.cost.winograd and p.cost.nhwc]
+    if lost and winograd < 1:
+        extra = sum(p.time_s - (max(p.math_time_s * winograd, p.memory_time_s)
+                                + p.transpose_time_s + p.launch_time_s) for p in lost)
+        if extra / step_s >= MIN_SHARE:
+            out.append(Finding(
+                "winograd-layout",
+                f"{len(lost)} FP32 3x3 convolution passes run in channels_last, where cuDNN has "
+                f"no Winograd algorithm: in NCHW they would take ~{extra * 1e3:.3g} ms "
+                f"({extra / step_s:.1%}) less. In FP32 keep NCHW; channels_last pays off with "
+                "mixed precision (Tensor Cores want NHWC).", extra,
+                tuple(sorted({p.cost.module for p in lost}))))
     if transposes:
         t = sum(p.time_s for p in transposes)
         if t / step_s >= MIN_SHARE:

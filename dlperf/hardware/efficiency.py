@@ -27,6 +27,19 @@ quantization of ``gemm.py``, which stays separate):
   CPU), when they reach a different share than GEMMs: a CPU's GEMMs (MKL/OpenBLAS sgemm) keep
   more of the peak than its convolutions (oneDNN direct and im2col kernels). None: as
   ``cuda_core`` (the published GPU table does not separate them).
+* ``winograd``: the share of its implicit-GEMM math time an FP32 convolution keeps when cuDNN
+  runs it with a Winograd algorithm, which computes a 3x3 convolution from fewer multiplies
+  (F(2x2, 3x3) needs 2.25x fewer, F(4x4, 3x3) 4x fewer, Lavin and Gray, arXiv 1509.09308)
+  at the cost of the input, filter and output transforms. It applies to convolutions on the
+  CUDA cores (FP32 without TF32 Tensor Cores) whose shape the algorithms take (a 3x3 filter,
+  stride 1, dilation 1, one group: ``Cost.winograd``) in NCHW: cuDNN's Winograd kernels take
+  packed NCHW tensors, and an NHWC FP32 convolution runs an implicit GEMM. The published
+  table shows it: on the same V100 the same PyTorch ResNet-50 trains at 374 img/s in NCHW
+  FP32 and 310 in NHWC FP32; without the term DeepLearningExamples' FP32 ResNet-50 on a
+  V100 (dense 3x3 convolutions) was predicted at 0.83-0.86x its measured speed, while its
+  ResNeXt-101 and SE-ResNeXt-101 (grouped 3x3 convolutions, which the algorithms do not
+  take) came out at 0.94-1.01x (docs/design.md, "Winograd"). 1.0 (no Winograd) for measured profiles: a CPU's
+  convolutions (oneDNN) run direct or GEMM-based kernels by default.
 * ``conv_backward``: the share of its convolution fraction a backward convolution (dgrad and
   wgrad, one ``convolution_backward`` kernel) reaches, relative to the forward one. 1.0 for the
   presets (the published table's steps always hold twice the forward FLOPs in backward, so it
@@ -174,6 +187,7 @@ class Efficiency:
     cuda_core_conv: float | None = None  # None: as cuda_core
     attention: float | None = None  # None: as tensor_gemm
     cuda_core_attention: float | None = None  # None: as cuda_core
+    winograd: float = 1.0  # FP32 NCHW 3x3 convolutions' share of their math time (Winograd)
     conv_backward: float = 1.0  # backward convolutions' share of the forward's fraction
     depthwise_backward: float = 1.0  # depthwise backward's share of cuda_core (its math)
     depthwise_wgrad_wide: float | None = None  # None: as depthwise_backward
@@ -326,31 +340,34 @@ def memory_class_of(op: str, variant: str = "") -> str:
 
 # Fitted by benchmarks/fit_efficiency.py to every clean row of the published table (see the
 # module docstring and benchmarks/results/efficiency-fit.json for the held-out errors).
-FITTED = Efficiency(tensor_gemm=0.776, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.860,
-                    memory=0.959, sm_bytes_per_clock=15.1, depthwise=0.414, launch_s=0.5e-6,
-                    host_s=10e-6, attention=0.344,
+FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.804,
+                    memory=0.954, sm_bytes_per_clock=15.1, depthwise=0.426, launch_s=0.5e-6,
+                    host_s=10e-6, attention=0.351, winograd=0.378,
                     source="benchmarks/results/efficiency-fit.json, attention-fit.json")
 # Reading the fit (175 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
-# and FP32; refitted on 2026-12-01 when the NCHW transposes on Ampere and later lost their
-# output half, analysis/roofline.py): the convolution classes sit at their bound of 1.0, i.e.
-# after the tile model's own losses (tile, wave, and the per-tile intrinsic efficiency of
-# gemm.py, 0.70-1.00) cuDNN's convolutions lose nothing more; cuBLAS GEMMs keep 77.6%. Memory:
-# the DRAM term is 95.9% of the datasheet and the SM term 15.1 B per SM per clock, so a
-# streaming kernel achieves 1.77 TB/s on an H100 (3.35 datasheet; SM term 3.95), 2.13 TB/s on
-# an H200 (1.20x the H100 from 1.43x the DRAM), 1.06 TB/s on an A100 80 GB, 0.59 TB/s on a
-# V100 (65% of its 900 GB/s), 2.82 TB/s on a B200. launch_s sits at its lower bound (0.5 us):
-# the table's large-batch rows cannot see a per-kernel GPU gap; steps of many small kernels
-# are bounded by host_s instead, which is not fitted (no row is host-bound): 10 us is our
-# estimate of an eager PyTorch op's CPU cost (Python, dispatcher, autocast, cudaLaunchKernel)
-# on a server CPU. In-sample 6.6% over the clean rows, held out by source 8.5% (the fit before
-# the transpose change, on the same rows: 8.0% and 10.5%).
+# and FP32; refitted on 2026-12-02 when FP32 3x3 convolutions in NCHW got cuDNN's Winograd
+# algorithms, ``winograd``): the convolution classes sit at their bound of 1.0, i.e. after the
+# tile model's own losses (tile, wave, and the per-tile intrinsic efficiency of gemm.py,
+# 0.70-1.00) cuDNN's convolutions lose nothing more; cuBLAS GEMMs keep 77.9%, FP32 on the CUDA
+# cores 80.4%, and a Winograd convolution 37.8% of its implicit-GEMM math time (2.6x faster,
+# between F(2x2, 3x3)'s 2.25x and F(4x4, 3x3)'s 4x fewer multiplies; the folds that leave one
+# source out give 0.34-0.49). Memory: the DRAM term is 95.4% of the datasheet and the SM term
+# 15.1 B per SM per clock, so a streaming kernel achieves 1.77 TB/s on an H100 (3.35
+# datasheet; SM term 3.95), 2.12 TB/s on an H200 (1.20x the H100 from 1.43x the DRAM), 1.05
+# TB/s on an A100 80 GB, 0.59 TB/s on a V100 (65% of its 900 GB/s), 2.82 TB/s on a B200.
+# launch_s sits at its lower bound (0.5 us): the table's large-batch rows cannot see a
+# per-kernel GPU gap; steps of many small kernels are bounded by host_s instead, which is not
+# fitted (no row is host-bound): 10 us is our estimate of an eager PyTorch op's CPU cost
+# (Python, dispatcher, autocast, cudaLaunchKernel) on a server CPU. In-sample 6.0% over the
+# clean rows, held out by source 8.0% (the fit before the Winograd term, on the same rows:
+# 6.6% and 8.5%).
 
-# attention (0.344 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
+# attention (0.351 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
 # MPT decoders on 8 A100s at 512 to 65,536 tokens (the published table has no fused attention),
-# with everything else as above; each model size held out in turn gives 0.341-0.345, and the 58
-# rows' median error falls from 12.5% to 6.0% held out (those of 8,192 tokens and more, where
-# attention dominates, from 49% to 2.8%). As a GEMM (0.776) dlperf predicted a 65,536-token step
-# ~2x too fast. 0.344 is what flash attention reached in that stack (2023); the
+# with everything else as above; each model size held out in turn gives 0.349-0.353, and the 58
+# rows' median error falls from 11.6% to 6.5% held out (those of 8,192 tokens and more, where
+# attention dominates, from 48% to 3.1%). As a GEMM (0.779) dlperf predicted a 65,536-token step
+# ~2x too fast. 0.351 is what flash attention reached in that stack (2023); the
 # FlashAttention-2 paper (arXiv 2307.08691) reports 25-40% of the A100's peak for FlashAttention
 # and 50-73% (forward) for FlashAttention-2, so on a stack with FlashAttention-2 attention-heavy
 # steps may run faster than predicted: a device file's "efficiency": {"attention": ...} sets it.
@@ -366,7 +383,7 @@ NULLABLE = tuple(f.name for f in fields(Efficiency) if f.default is None)
 # The dtypes a kernel's math can have (``Cost.dtype``), what ``by_dtype`` may name.
 KERNEL_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_core_conv",
-             "attention", "cuda_core_attention", "conv_backward", "depthwise_backward",
+             "attention", "cuda_core_attention", "winograd", "conv_backward", "depthwise_backward",
              "depthwise_wgrad_wide",
              "memory", "depthwise", "reduction", "norm", "reduction_backward",
              "channel_norm", "channel_norm_backward",
