@@ -28,10 +28,10 @@ DEFAULT_OUT = ROOT / "benchmarks/results/mlperf-fusion-ablation.json"
 
 
 def ladder(row: dict) -> list[tuple[str, dict]]:
-    eager = {**row, "precision": "amp", "fusion": "none", "cuda_graphs": "false",
-             "overlap": "true", "bn_group": 1}
-    half = {**eager, "precision": row["precision"], "cuda_graphs": row.get("cuda_graphs")}
-    overlap = {**half, "overlap": row.get("overlap"), "bn_group": row["bn_group"]}
+    eager = {**row, "precision": "amp", "fusion": "none", "cuda_graphs": False,
+             "overlap": True, "bn_group": 1}
+    half = {**eager, "precision": row["precision"], "cuda_graphs": row["cuda_graphs"]}
+    overlap = {**half, "overlap": row["overlap"], "bn_group": row["bn_group"]}
     bn_act = {**overlap, "fusion": "bn-act" if row["fusion"] != "none" else "none"}
     return [("eager", eager), ("half", half), ("overlap", overlap), ("bn-act", bn_act),
             ("config", row)]

@@ -59,6 +59,18 @@ def _unfuse_attention(model) -> None:
             module.fused_attn = False
 
 
+def csv_bool(value, default: bool) -> bool:
+    """A true/false column of the tables: blank or absent is ``default``; a row that
+    validate_scaling.read_rows already parsed holds a bool."""
+    if isinstance(value, bool):
+        return value
+    if not value:
+        return default
+    if value not in ("true", "false"):
+        raise ValueError(f"expected true, false or blank, not {value!r}")
+    return value == "true"
+
+
 def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
     precision, layout, optimizer), shared by every device that row shape appears on."""
@@ -75,7 +87,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
         policy = row.get("checkpoint_policy") or "full"
         # the batch-norm stack (analysis/fusion.py) and CUDA graphs: optional columns
         fusion = row.get("fusion") or "none"
-        graphs = row.get("cuda_graphs") == "true"
+        graphs = csv_bool(row.get("cuda_graphs"), False)
         fused = not _before_sdpa(row)
         key = (row["model"], fused, checkpointing, policy, row["image_size"],
                row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion)

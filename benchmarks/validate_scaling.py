@@ -28,6 +28,9 @@ OPTIONAL_INTS = ("loader_workers_per_gpu",)  # blank: unknown
 
 def read_rows(path: Path) -> list[dict]:
     from dlperf.analysis.fusion import FUSIONS
+    from dlperf.provenance import load_sibling
+
+    vp = load_sibling(__file__, "validate_published")
 
     text = "".join(line for line in path.read_text().splitlines(keepends=True)
                    if not line.startswith("#"))
@@ -49,9 +52,12 @@ def read_rows(path: Path) -> list[dict]:
         row["fusion"] = row.get("fusion") or "none"
         if row["fusion"] not in FUSIONS:
             raise SystemExit(f"{path}: {row['id']}: fusion must be one of {', '.join(FUSIONS)}")
-        for key in ("cuda_graphs", "overlap"):
-            if (row.get(key) or "") not in ("", "true", "false"):
-                raise SystemExit(f"{path}: {row['id']}: {key} must be true, false or blank")
+        for key, default in (("cuda_graphs", False), ("overlap", True)):
+            try:
+                row[key] = vp.csv_bool(row.get(key), default)
+            except ValueError:
+                raise SystemExit(f"{path}: {row['id']}: {key} must be true, false or blank "
+                                 f"(blank: {str(default).lower()})") from None
         row["bn_group"] = int(row.get("bn_group") or 1)
     return rows
 
@@ -96,7 +102,7 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) 
                             decode=row["decode"], data_cores_per_gpu=row["data_cores_per_gpu"],
                             decode_img_per_s_per_core=row["decode_img_s_per_core"],
                             loader_workers_per_gpu=row["loader_workers_per_gpu"],
-                            overlap=row.get("overlap") != "false",
+                            overlap=row["overlap"],
                             bn_group=row["bn_group"], step_cv=step_cv)
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU

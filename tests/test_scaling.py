@@ -4,6 +4,7 @@ input side, by hand."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 
@@ -378,6 +379,38 @@ def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     assert mpt and all(0.5 < r["per_gpu_ratio"] < 2 for r in mpt)
     assert all(r["measured_efficiency"] for r in scored["rows"] if r["measured_single"])
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"  # the scatter, drawn
+
+
+def test_scaling_table_flags_parse_to_bools_with_their_defaults(tmp_path):
+    # cuda_graphs and overlap are optional true/false columns: blank means no graphs and DDP's
+    # overlap; the parsed rows hold bools (what validate_published and the ablation read), and
+    # anything else stops the script with the row named
+    from conftest import ROOT, load_benchmark
+
+    vs = load_benchmark("validate_scaling")
+    table = ROOT / "benchmarks/validation/published_scaling.csv"
+    lines = [line for line in table.read_text().splitlines(keepends=True)
+             if not line.startswith("#")]
+    header, row = lines[0], lines[1]
+    columns = header.strip().split(",")
+    assert {"cuda_graphs", "overlap"} <= set(columns)
+
+    def with_flags(graphs: str, overlap: str) -> str:
+        values = next(csv.reader([row]))
+        values[columns.index("cuda_graphs")] = graphs
+        values[columns.index("overlap")] = overlap
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerow(values)
+        return out.getvalue()
+
+    path = tmp_path / "t.csv"
+    path.write_text(header + with_flags("", "") + with_flags("true", "false"))
+    blank, set_ = vs.read_rows(path)
+    assert (blank["cuda_graphs"], blank["overlap"]) == (False, True)
+    assert (set_["cuda_graphs"], set_["overlap"]) == (True, False)
+    path.write_text(header + with_flags("yes", ""))
+    with pytest.raises(SystemExit, match=r"t\.csv: .*cuda_graphs must be true, false or blank"):
+        vs.read_rows(path)
 
 
 def test_memory_per_gpu_under_ddp_and_fsdp():

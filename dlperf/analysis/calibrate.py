@@ -215,6 +215,10 @@ def identity(efficiency: Efficiency) -> Efficiency:
                    host_s=0.0)
 
 
+# the sweep's raw terms (kernel_row): one identity model for every timed kernel
+_RAW = identity(MEASURED)
+
+
 def nelder_mead(f, x0, step: float = 0.8, iters: int = 3000, tol: float = 1e-10):
     """Plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
     x0 = np.asarray(x0, dtype=float)
@@ -465,7 +469,7 @@ def kernel_row(cost, spec: DeviceSpec, measured_s: float, case: str, pass_: str,
                dtype: str) -> dict:
     """One timed kernel of the sweep as ``fit_kernels`` reads it: its raw terms on ``spec``
     (the identity model: every fraction 1, no ramp, no fixed cost) and its measured time."""
-    raw = predict(cost, spec, efficiency=identity(MEASURED))
+    raw = predict(cost, spec, efficiency=_RAW)
     g = cost.gemm
     # the measured kernels (aten records) this row's time came from: a convolution_backward
     # is one record costed as dgrad + wgrad, and the fit compares their sum with it
