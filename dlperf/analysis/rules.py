@@ -125,7 +125,7 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
         out.append(Finding(
             "mixed-precision",
             "If FP32 must stay, at least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True, "
-            "torch.backends.cudnn.allow_tf32 = True): predicted step "
+            "and keep torch.backends.cudnn.allow_tf32 = True, PyTorch's default): predicted step "
             f"{tf32_total * 1e3:.3g} ms.", step_s - tf32_total))
     return out
 

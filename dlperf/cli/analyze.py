@@ -26,7 +26,11 @@ def add_parser(sub) -> None:
                    help="samples per step [256 for image models, 8 for gpt]")
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
                    help="bf16/fp16: mixed precision as torch.autocast runs it; fp32: no autocast")
-    a.add_argument("--tf32", action="store_true", help="with --dtype fp32: GEMMs on TF32 Tensor Cores")
+    a.add_argument("--tf32", action="store_true",
+                   help="with --dtype fp32: GEMMs and convolutions on TF32 Tensor Cores (Ampere "
+                        "and later). Without it the step is strict FP32 on the CUDA cores; note "
+                        "that PyTorch runs cuDNN convolutions in TF32 by default "
+                        "(torch.backends.cudnn.allow_tf32 is True, matmuls' flag is not)")
     a.add_argument("--precision", choices=("mixed", "half"), default="mixed",
                    help="with --dtype fp16/bf16: mixed = torch.autocast (fp32 weights, per-op "
                         "casts, softmax/norms in fp32); half = the model cast to the dtype "
