@@ -462,6 +462,50 @@ def test_fsdp_across_nodes_puts_only_the_nodes_share_on_each_nic():
     assert sharded_collective_s(16e9, 1, 8, node, net) == 0.0
 
 
+def _kernels(*runs):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(cost=SimpleNamespace(phase=phase, module=module), time_s=t)
+            for phase, module, t in runs]
+
+
+# a root (embedding "wte", head "head") around two blocks: forward 1 + 2 + 2 + 1 s, backward
+# 2 + 4 + 4 + 2 s (the head's backward first, the embedding's last), 18 s of compute
+_STEP = _kernels(("forward", "wte", 1.0), ("forward", "blocks.0.mlp", 2.0),
+                 ("forward", "blocks.1.mlp", 2.0), ("forward", "head", 1.0),
+                 ("dgrad", "head", 2.0), ("dgrad", "blocks.1.mlp", 2.0),
+                 ("wgrad", "blocks.1.mlp", 2.0), ("dgrad", "blocks.0.mlp", 4.0),
+                 ("wgrad", "wte", 2.0), ("optimizer", "", 3.0))
+_UNITS = {"": 10, "blocks.0": 10, "blocks.1": 10}
+
+
+def test_fsdp_pipeline_hides_what_prefetch_can_and_exposes_the_ends():
+    from dlperf.analysis.scaling import fsdp_pipeline_s
+
+    # gathers of 1 s, reduce-scatters of 1.5 s. Forward: root gathered 0-1, wte 1-2 (block 0
+    # gathered 1-2), block 0 2-4 (block 1 gathered 2-3), block 1 4-6, head 6-7. Backward:
+    # block 1 gathered 7-8 beside the head's 7-9; block 1 9-13 (block 0 gathered 9-10), its
+    # reduce-scatter 13-14.5; block 0 13-17, reduce-scatter 17-18.5; wte 17-19, the root's
+    # reduce-scatter 19-20.5: 20.5 s for 18 of compute, 2.5 exposed (the root's gather and the
+    # last reduce-scatter); SHARD_GRAD_OP the same here (its gathers were hidden anyway)
+    full = fsdp_pipeline_s(_STEP, _UNITS, lambda u: 1.0, lambda u: 1.5)
+    assert full == {"compute_s": 18.0, "end_s": 20.5, "exposed_s": 2.5}
+    assert fsdp_pipeline_s(_STEP, _UNITS, lambda u: 1.0, lambda u: 1.5,
+                           regather=False)["exposed_s"] == 2.5
+    # gathers of 5 s: forward root 0-5, wte 5-6 (block 0 gathered 5-10), block 0 10-12
+    # (block 1 10-15), block 1 15-17, head 17-18. Full sharding: block 1 again 18-23 beside
+    # the head's 18-20, block 1 23-27 (block 0 23-28), its reduce-scatter 28-29.5; block 0
+    # 28-32, reduce-scatter 32-33.5; wte 32-34, the root's 34-35.5: 17.5 s exposed.
+    # SHARD_GRAD_OP keeps the parameters: backward 18-30 unstalled, reduce-scatters 24-25.5,
+    # 28-29.5 and 30-31.5: 13.5 s exposed
+    slow = fsdp_pipeline_s(_STEP, _UNITS, lambda u: 5.0, lambda u: 1.5)
+    assert slow["end_s"] == 35.5 and slow["exposed_s"] == 17.5
+    grad_op = fsdp_pipeline_s(_STEP, _UNITS, lambda u: 5.0, lambda u: 1.5, regather=False)
+    assert grad_op["end_s"] == 31.5 and grad_op["exposed_s"] == 13.5
+    # no communication: nothing exposed
+    assert fsdp_pipeline_s(_STEP, _UNITS, lambda u: 0.0, lambda u: 0.0)["exposed_s"] == 0.0
+
+
 def test_fsdp_units_are_the_blocks_of_a_module_list():
     from dlperf.analysis.scaling import fsdp_units
     from dlperf.models.gpt import GPT, gpt_config
@@ -496,8 +540,19 @@ def test_grad_accumulation_and_sharded_optimizer_in_the_step():
     fsdp = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp", grad_accum=4,
                                                    step_cv=0.0), node, net)
     assert fsdp["communication"]["optimizer_s"] == pytest.approx(tl.optimizer_s / 8)
-    per_micro = max(0.0, fsdp["communication"]["comm_s"] - micro)
-    assert fsdp["step_s"] == pytest.approx(4 * (micro + per_micro) + tl.optimizer_s / 8)
+    # (exposed on each micro-batch: the unit-by-unit pipeline of fsdp_pipeline_s)
+    from dlperf.analysis.scaling import fsdp_pipeline_s, sharded_collective_s, unit_bytes
+
+    grads = unit_bytes(params)
+
+    def coll(nbytes):
+        return sharded_collective_s(nbytes, 8, 8, node, net)
+
+    pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: coll(grads[u] / 2),
+                           lambda u: coll(grads[u]))
+    assert pipe["exposed_s"] > 0  # the root's first all-gather and the last reduce-scatter
+    assert fsdp["exposed_comm_s"] == pytest.approx(4 * pipe["exposed_s"])
+    assert fsdp["step_s"] == pytest.approx(4 * (micro + pipe["exposed_s"]) + tl.optimizer_s / 8)
     with pytest.raises(DlperfError, match="--grad-accum"):
         ScaleConfig(gpus=8, grad_accum=0)
 

@@ -21,8 +21,10 @@ needs, so they are all exposed.
 FSDP (full sharding): each wrapped unit's parameters are all-gathered in the forward and again
 in the backward (in the autocast dtype under bf16/fp16, as FSDP's mixed-precision policy does),
 and its gradients reduce-scattered in fp32, one collective per unit; across nodes each GPU's NIC
-carries only its node's 1/g share, as for the all-reduce; with prefetch the traffic hides
-behind compute up to the compute time; weights, gradients and optimizer state take 1/n of their
+carries only its node's 1/g share, as for the all-reduce; the collectives run on one stream
+beside the compute, unit by unit, with FSDP's prefetch of one unit (``fsdp_pipeline_s``): what
+a unit's compute cannot hide stalls the next one, and the root's first all-gather and the
+last reduce-scatter are always exposed; weights, gradients and optimizer state take 1/n of their
 memory per GPU, and the optimizer step updates 1/n of the parameters. SHARD_GRAD_OP (ZeRO-2)
 gathers once per micro-batch and keeps the parameters until the backward has used them. With
 gradient accumulation DDP all-reduces once per optimizer step, FSDP on every micro-batch.
@@ -140,6 +142,101 @@ def fsdp_units(params: list[tuple[str, int]]) -> int:
     from dlperf.analysis.capture import block_path
 
     return max(len({block_path(name.rpartition(".")[0]) for name, _ in params}), 1)
+
+
+def unit_bytes(params: list[tuple[str, int]]) -> dict[str, int]:
+    """Bytes of ``params`` [(name, bytes)] per FSDP unit (``fsdp_units``): block path -> bytes,
+    "" for the root."""
+    from dlperf.analysis.capture import block_path
+
+    out: dict[str, int] = {}
+    for name, nbytes in params:
+        unit = block_path(name.rpartition(".")[0])
+        out[unit] = out.get(unit, 0) + nbytes
+    return out
+
+
+def _segments(predictions, units) -> tuple[list, list]:
+    """The forward's and the backward's kernels in issue order as (FSDP unit, seconds) runs:
+    each kernel belongs to the block its module is in when that block holds parameters, else
+    the root. The backward starts at the first gradient kernel and holds what runs after it
+    (an activation-checkpointed block's recomputed forward too); the optimizer is apart."""
+    steps = [p for p in predictions if p.cost.phase != "optimizer"]
+    first = next((i for i, p in enumerate(steps) if p.cost.phase in ("dgrad", "wgrad")),
+                 len(steps))
+    return _runs(steps[:first], units), _runs(steps[first:], units)
+
+
+def _runs(predictions, units) -> list[tuple[str, float]]:
+    from dlperf.analysis.capture import block_path
+
+    runs: list[list] = []
+    for p in predictions:
+        unit = block_path(p.cost.module)
+        unit = unit if unit in units else ""
+        if runs and runs[-1][0] == unit:
+            runs[-1][1] += p.time_s
+        else:
+            runs.append([unit, p.time_s])
+    return [(u, t) for u, t in runs]
+
+
+def fsdp_pipeline_s(predictions, units: dict[str, int], gather_s, reduce_s,
+                    regather: bool = True) -> dict:
+    """One micro-batch's forward and backward under FSDP, unit by unit, with the collectives
+    on one communication stream beside the compute (FSDP's default prefetch of one unit):
+
+    * forward: the root's all-gather first, at the step's start; unit k+1's all-gather is
+      issued when unit k's compute starts (it runs once the stream is free); a unit's compute
+      starts once its parameters are gathered and the compute before it has ended;
+    * backward (``regather``: full sharding; SHARD_GRAD_OP keeps the forward's parameters):
+      each unit but the root is gathered again, the next one's all-gather issued when a
+      unit's backward starts (BACKWARD_PRE); a unit's reduce-scatter is issued when its last
+      backward kernel ends (its gradients are then complete), the root's at the backward's end.
+
+    ``units``: unit -> parameter bytes (``unit_bytes``, gathered dtype); ``gather_s(unit)`` and
+    ``reduce_s(unit)`` the collectives' seconds. Returns the compute seconds, the micro-batch's
+    end with the communication, and the exposed difference: at least the root's first
+    all-gather and the last reduce-scatter, which nothing can hide."""
+    stream = {"free": 0.0}
+
+    def issue(at: float, seconds: float) -> float:
+        stream["free"] = max(stream["free"], at) + seconds
+        return stream["free"]
+
+    t = 0.0
+    forward, backward = _segments(predictions, units)
+    order = list(dict.fromkeys([""] + [u for u, _ in forward]))  # gathering order, root first
+    gathered = {"": issue(0.0, gather_s(""))}
+    started: set[str] = set()
+    for unit, seconds in forward:
+        start = max(t, gathered[unit])
+        if unit not in started:
+            started.add(unit)
+            k = order.index(unit) + 1
+            if k < len(order) and order[k] not in gathered:  # prefetch the next unit
+                gathered[order[k]] = issue(start, gather_s(order[k]))
+        t = start + seconds
+    compute = sum(s for _, s in forward)
+    last = {u: i for i, (u, _) in enumerate(backward)}
+    border = list(dict.fromkeys(u for u, _ in backward if u))  # units to gather again
+    ready = {u: 0.0 for u in units} if not regather else {"": 0.0}
+    if regather and border:
+        ready[border[0]] = issue(t, gather_s(border[0]))
+    seen: set[str] = set()
+    for i, (unit, seconds) in enumerate(backward):
+        start = max(t, ready.get(unit, 0.0))
+        if regather and unit and unit not in seen:
+            seen.add(unit)
+            k = border.index(unit) + 1
+            if k < len(border) and border[k] not in ready:
+                ready[border[k]] = issue(start, gather_s(border[k]))
+        t = start + seconds
+        if last[unit] == i:
+            issue(t, reduce_s(unit))
+    compute += sum(s for _, s in backward)
+    end = max(t, stream["free"])
+    return {"compute_s": compute, "end_s": end, "exposed_s": max(0.0, end - compute)}
 
 
 def ddp_buckets(params: list[tuple[str, int]], cap: int = DDP_BUCKET_BYTES,
@@ -387,11 +484,19 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # (2 bytes), gradients reduced in fp32.
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
         traffic = fsdp_traffic(gathered, grad_bytes, cfg.gpus, gathers)
-        units = fsdp_units(params)
-        comm_s = sum(sharded_collective_s(b, cfg.gpus, cfg.gpus_per_node, node, network, units)
-                     for b in (*[gathered] * gathers, grad_bytes))
-        traffic["units"] = units
-        exposed = accum * max(0.0, comm_s - micro_s)  # on every micro-batch
+        grads = unit_bytes(params)  # fp32 (or the model's) gradient bytes per unit
+        ratio = gathered / grad_bytes if grad_bytes else 0.0
+
+        def collective(nbytes: float) -> float:
+            return sharded_collective_s(nbytes, cfg.gpus, cfg.gpus_per_node, node, network)
+
+        comm_s = sum(gathers * collective(b * ratio) + collective(b) for b in grads.values())
+        pipe = fsdp_pipeline_s(analysis.predictions, grads,
+                               lambda u: collective(grads.get(u, 0) * ratio),
+                               lambda u: collective(grads.get(u, 0)),
+                               regather=gathers == 2)
+        traffic["units"] = len(grads)
+        exposed = accum * pipe["exposed_s"]  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
     comm["optimizer_s"] = optimizer_s
     bn_sync = accum * bn_sync_s(analysis.predictions, min(cfg.bn_group, cfg.gpus), node)
