@@ -139,9 +139,7 @@ def fsdp_units(params: list[tuple[str, int]]) -> int:
     """How many units FSDP wraps the model in, as per-block auto-wrapping does (torchtitan's
     and Composer's transformer blocks, a ResNet's bottlenecks): one per indexed child of a
     module list (``blocks.3``, ``layer1.0``), plus the root holding everything else."""
-    from dlperf.analysis.capture import block_path
-
-    return max(len({block_path(name.rpartition(".")[0]) for name, _ in params}), 1)
+    return max(len(unit_bytes(params)), 1)
 
 
 def unit_bytes(params: list[tuple[str, int]]) -> dict[str, int]:
@@ -194,8 +192,8 @@ def fsdp_pipeline_s(predictions, units: dict[str, int], gather_s, reduce_s,
       unit's backward starts (BACKWARD_PRE); a unit's reduce-scatter is issued when its last
       backward kernel ends (its gradients are then complete), the root's at the backward's end.
 
-    ``units``: unit -> parameter bytes (``unit_bytes``, gathered dtype); ``gather_s(unit)`` and
-    ``reduce_s(unit)`` the collectives' seconds. Returns the compute seconds, the micro-batch's
+    ``units``: the FSDP units (``unit_bytes``' keys: block paths, "" for the root);
+    ``gather_s(unit)`` and ``reduce_s(unit)`` their collectives' seconds. Returns the compute seconds, the micro-batch's
     end with the communication, and the exposed difference: at least the root's first
     all-gather and the last reduce-scatter, which nothing can hide."""
     stream = {"free": 0.0}
