@@ -75,7 +75,7 @@ class Terms:
                 # scale-out table (fit_attention.py); this table's models have none
                 cls = "tensor-gemm" if cls == "attention" else cls
                 math_cls.append(MATH_CLASSES.index(cls) if cls in MATH_CLASSES else -1)
-                wino.append(p.math_class == "cuda-core-conv" and winograd_runs(p.cost))
+                wino.append(winograd_runs(p.cost, p.math_class))
                 mem_s.append(p.memory_time_s)
                 dw.append(p.memory_class == "depthwise")
                 trans_s.append(p.transpose_time_s)

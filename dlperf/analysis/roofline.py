@@ -110,11 +110,12 @@ def wide_depthwise_wgrad(cost: Cost) -> bool:
     return c_in == 1 and cost.gemm.n > 9
 
 
-def winograd_runs(cost: Cost) -> bool:
-    """Whether cuDNN may run ``cost``, a convolution pass on the CUDA cores, with a Winograd
-    algorithm: the shape they take (``Cost.winograd``: 3x3, stride 1, dilation 1, one group) in
-    NCHW, the only layout they take (hardware/efficiency.py, ``winograd``)."""
-    return cost.winograd and cost.nhwc is False
+def winograd_runs(cost: Cost, math_class: str) -> bool:
+    """Whether cuDNN may run ``cost`` with a Winograd algorithm: a convolution pass on the
+    CUDA cores (``math_class``) of the shape they take (``Cost.winograd``: 3x3, stride 1,
+    dilation 1, one group) in NCHW, the only layout they take (hardware/efficiency.py,
+    ``winograd``)."""
+    return math_class == "cuda-core-conv" and cost.winograd and cost.nhwc is False
 
 
 def writes_nchw_from_epilogue(spec: DeviceSpec) -> bool:
@@ -182,7 +183,7 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     else:
         math_class = "cuda-core" if cost.flops else "none"
     efficiency *= eff.math(math_class)
-    if math_class == "cuda-core-conv" and winograd_runs(cost):
+    if winograd_runs(cost, math_class):
         efficiency /= eff.winograd
     if is_conv and cost.phase != "forward" and math_class in CONV_CLASSES:
         efficiency *= eff.conv_backward

@@ -152,8 +152,8 @@ def _channels_last(analysis, step_s) -> list[Finding]:
     lost = [p for p in analysis.predictions
             if p.math_class == "cuda-core-conv" and p.cost.winograd and p.cost.nhwc]
     if lost and winograd < 1:
-        extra = sum(p.time_s - (max(p.math_time_s * winograd, p.memory_time_s)
-                                + p.transpose_time_s + p.launch_time_s) for p in lost)
+        extra = sum(p.time_s - dataclasses.replace(p, math_time_s=p.math_time_s * winograd).time_s
+                    for p in lost)
         if extra / step_s >= MIN_SHARE:
             out.append(Finding(
                 "winograd-layout",

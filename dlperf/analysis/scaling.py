@@ -179,8 +179,40 @@ def _runs(predictions, units) -> list[tuple[str, float]]:
     return [(u, t) for u, t in runs]
 
 
-def fsdp_pipeline_s(predictions, units: dict[str, int], gather_s, reduce_s,
-                    regather: bool = True) -> dict:
+class _Stream:
+    """One communication stream: collectives run one after another, each from when it is
+    issued or the previous one ends, whichever is later."""
+
+    def __init__(self):
+        self.free = 0.0
+
+    def issue(self, at: float, seconds: float) -> float:
+        self.free = max(self.free, at) + seconds
+        return self.free
+
+
+def _walk(runs, t: float, ready: dict, order: list, gather_s, stream: _Stream,
+          done=None) -> float:
+    """Compute ``runs`` [(unit, seconds)] from ``t``: each run starts once the one before it
+    has ended and its unit is gathered (``ready``: unit -> when; absent: already there); a
+    unit of ``order`` starting for the first time issues the next one's all-gather (FSDP's
+    prefetch of one unit). ``done(i, unit, end)`` after each run. Returns the end."""
+    following = dict(zip(order, order[1:]))
+    started: set[str] = set()
+    for i, (unit, seconds) in enumerate(runs):
+        start = max(t, ready.get(unit, 0.0))
+        if unit in following and unit not in started:
+            started.add(unit)
+            nxt = following[unit]
+            if nxt not in ready:
+                ready[nxt] = stream.issue(start, gather_s(nxt))
+        t = start + seconds
+        if done is not None:
+            done(i, unit, t)
+    return t
+
+
+def fsdp_pipeline_s(predictions, units, gather_s, reduce_s, regather: bool = True) -> dict:
     """One micro-batch's forward and backward under FSDP, unit by unit, with the collectives
     on one communication stream beside the compute (FSDP's default prefetch of one unit):
 
@@ -193,47 +225,24 @@ def fsdp_pipeline_s(predictions, units: dict[str, int], gather_s, reduce_s,
       backward kernel ends (its gradients are then complete), the root's at the backward's end.
 
     ``units``: the FSDP units (``unit_bytes``' keys: block paths, "" for the root);
-    ``gather_s(unit)`` and ``reduce_s(unit)`` their collectives' seconds. Returns the compute seconds, the micro-batch's
-    end with the communication, and the exposed difference: at least the root's first
-    all-gather and the last reduce-scatter, which nothing can hide."""
-    stream = {"free": 0.0}
-
-    def issue(at: float, seconds: float) -> float:
-        stream["free"] = max(stream["free"], at) + seconds
-        return stream["free"]
-
-    t = 0.0
+    ``gather_s(unit)`` and ``reduce_s(unit)`` their collectives' seconds. Returns the compute
+    seconds, the micro-batch's end with the communication, and the exposed difference: at
+    least the root's first all-gather and the last reduce-scatter, which nothing can hide."""
+    stream = _Stream()
     forward, backward = _segments(predictions, units)
     order = list(dict.fromkeys([""] + [u for u, _ in forward]))  # gathering order, root first
-    gathered = {"": issue(0.0, gather_s(""))}
-    started: set[str] = set()
-    for unit, seconds in forward:
-        start = max(t, gathered[unit])
-        if unit not in started:
-            started.add(unit)
-            k = order.index(unit) + 1
-            if k < len(order) and order[k] not in gathered:  # prefetch the next unit
-                gathered[order[k]] = issue(start, gather_s(order[k]))
-        t = start + seconds
-    compute = sum(s for _, s in forward)
+    t = _walk(forward, 0.0, {"": stream.issue(0.0, gather_s(""))}, order, gather_s, stream)
     last = {u: i for i, (u, _) in enumerate(backward)}
-    border = list(dict.fromkeys(u for u, _ in backward if u))  # units to gather again
-    ready = {u: 0.0 for u in units} if not regather else {"": 0.0}
-    if regather and border:
-        ready[border[0]] = issue(t, gather_s(border[0]))
-    seen: set[str] = set()
-    for i, (unit, seconds) in enumerate(backward):
-        start = max(t, ready.get(unit, 0.0))
-        if regather and unit and unit not in seen:
-            seen.add(unit)
-            k = border.index(unit) + 1
-            if k < len(border) and border[k] not in ready:
-                ready[border[k]] = issue(start, gather_s(border[k]))
-        t = start + seconds
+
+    def reduce_when_complete(i: int, unit: str, end: float) -> None:
         if last[unit] == i:
-            issue(t, reduce_s(unit))
-    compute += sum(s for _, s in backward)
-    end = max(t, stream["free"])
+            stream.issue(end, reduce_s(unit))
+
+    again = list(dict.fromkeys(u for u, _ in backward if u)) if regather else []
+    ready = {again[0]: stream.issue(t, gather_s(again[0]))} if again else {}
+    t = _walk(backward, t, ready, again, gather_s, stream, reduce_when_complete)
+    compute = sum(s for _, s in forward) + sum(s for _, s in backward)
+    end = max(t, stream.free)
     return {"compute_s": compute, "end_s": end, "exposed_s": max(0.0, end - compute)}
 
 
@@ -488,11 +497,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         def collective(nbytes: float) -> float:
             return sharded_collective_s(nbytes, cfg.gpus, cfg.gpus_per_node, node, network)
 
-        comm_s = sum(gathers * collective(b * ratio) + collective(b) for b in grads.values())
-        pipe = fsdp_pipeline_s(analysis.predictions, grads,
-                               lambda u: collective(grads.get(u, 0) * ratio),
-                               lambda u: collective(grads.get(u, 0)),
-                               regather=gathers == 2)
+        gather = {u: collective(b * ratio) for u, b in grads.items()}
+        reduce = {u: collective(b) for u, b in grads.items()}
+        comm_s = sum(gathers * gather[u] + reduce[u] for u in grads)
+        pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: gather.get(u, 0.0),
+                               lambda u: reduce.get(u, 0.0), regather=gathers == 2)
         traffic["units"] = len(grads)
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
