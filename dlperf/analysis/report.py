@@ -161,8 +161,10 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         f"GPU, {rate(here['total_samples_per_s'] * scale)} in all, "
         f"{here['scaling_efficiency']:.1%} of one GPU{above}; communication "
         f"{seconds(comm.get('comm_s', 0.0))} per "
-        f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}, "
-        f"{seconds(here['exposed_comm_s'])} exposed"
+        f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}"
+        + (f" (NCCL: {comm['nccl']} for the largest "
+           f"{'bucket' if comm['strategy'] == 'ddp' else 'unit'})" if comm.get("nccl") else "")
+        + f", {seconds(here['exposed_comm_s'])} exposed"
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
         + f"; limited by {here['limited_by']}"

@@ -110,12 +110,17 @@ def wide_depthwise_wgrad(cost: Cost) -> bool:
     return c_in == 1 and cost.gemm.n > 9
 
 
+def winograd_shape(cost: Cost, math_class: str) -> bool:
+    """Whether ``cost`` is a convolution pass cuDNN's Winograd algorithms take, layout aside:
+    on the CUDA cores (``math_class``), of their shape (``Cost.winograd``: 3x3, stride 1,
+    dilation 1, one group)."""
+    return math_class == "cuda-core-conv" and bool(cost.winograd)
+
+
 def winograd_runs(cost: Cost, math_class: str) -> bool:
-    """Whether cuDNN may run ``cost`` with a Winograd algorithm: a convolution pass on the
-    CUDA cores (``math_class``) of the shape they take (``Cost.winograd``: 3x3, stride 1,
-    dilation 1, one group) in NCHW, the only layout they take (hardware/efficiency.py,
-    ``winograd``)."""
-    return math_class == "cuda-core-conv" and cost.winograd and cost.nhwc is False
+    """Whether cuDNN may run ``cost`` with a Winograd algorithm: ``winograd_shape`` in NCHW, the
+    only layout they take (hardware/efficiency.py, ``winograd``)."""
+    return winograd_shape(cost, math_class) and cost.nhwc is False
 
 
 def writes_nchw_from_epilogue(spec: DeviceSpec) -> bool:

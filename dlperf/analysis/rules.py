@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from dlperf.analysis.gemm import GemmShape, alignment_elements
-from dlperf.analysis.roofline import Prediction, predict, step_time
+from dlperf.analysis.roofline import Prediction, predict, step_time, winograd_shape
 from dlperf.units import gib
 
 # A finding is shown when it saves at least this share of the step (or is a correctness-of-setup
@@ -150,7 +150,7 @@ def _channels_last(analysis, step_s) -> list[Finding]:
     # (hardware/efficiency.py, ``winograd``), so channels_last costs them in FP32
     winograd = analysis.model_constants.winograd
     lost = [p for p in analysis.predictions
-            if p.math_class == "cuda-core-conv" and p.cost.winograd and p.cost.nhwc]
+            if winograd_shape(p.cost, p.math_class) and p.cost.nhwc]
     if lost and winograd < 1:
         extra = sum(p.time_s - dataclasses.replace(p, math_time_s=p.math_time_s * winograd).time_s
                     for p in lost)

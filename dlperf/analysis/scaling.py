@@ -1,11 +1,16 @@
 """Scale-out: one GPU's predicted step, on N GPUs in M nodes (issue #14). Pure functions.
 
-Communication, in NCCL's terms (bus bandwidth B per GPU, latency a per step):
+Communication over NCCL is timed as NCCL's own tuner times it (analysis/nccl.py): for each
+collective the fastest of its algorithms (one flat ring over all ranks; for an all-reduce a
+tree, chains inside the nodes and a double binary tree between them) and protocols (LL,
+LL128, Simple), with the tuner's latencies and the interconnects' bus bandwidths (across nodes
+the smaller of NVLink's and the node's NICs together). Over a transport that is not NCCL's
+(gloo, whose latency and bandwidth `dlperf probe --comm` measures), in bus bandwidth B per GPU
+and latency a per step:
 
 * ring all-reduce of S bytes over n GPUs: 2(n-1) a + S x 2(n-1)/n / B (nccl-tests' busbw
   definition; reduce-scatter then all-gather, each moving S (n-1)/n per GPU);
-* tree all-reduce: the same bandwidth term, 2 ceil(log2 n) a of latency (NCCL's double binary
-  tree: what wins across many nodes for small messages);
+* tree all-reduce: the same bandwidth term, 2 ceil(log2 n) a of latency;
 * reduce-scatter and all-gather: (n-1) a + S (n-1)/n / B each;
 * across nodes, hierarchically: reduce-scatter inside the node, an all-reduce of the node's
   1/g share between the nodes (ring or tree, the faster), all-gather inside the node.
@@ -104,9 +109,35 @@ def reduce_scatter_s(nbytes: float, n: int, bus_bw: float, latency_s: float) -> 
 all_gather_s = reduce_scatter_s
 
 
-def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network) -> float:
-    """All-reduce of ``nbytes`` on ``gpus`` GPUs, ``gpus_per_node`` to a node: inside one node a
-    ring over ``node``; across nodes hierarchically (see the module docstring)."""
+def _nccl(coll: str, nbytes: float, gpus: int, gpus_per_node: int, node, network, gen: int):
+    """NCCL's tuner's time for ``coll`` (analysis/nccl.py), or None where the transport is not
+    NCCL's (an interconnect without NCCL hardware: gloo, as `dlperf probe --comm` measures)."""
+    from dlperf.analysis import nccl
+
+    nodes = math.ceil(gpus / min(gpus, gpus_per_node))
+    if not node.nccl or (nodes > 1 and not network.nccl):
+        return None
+    return nccl.collective(coll, nbytes, gpus, gpus_per_node, node.bus_bandwidth,
+                           "nvlink" if node.nccl == "nvlink" else "pci",
+                           network.bus_bandwidth if network is not None else None, gen)
+
+
+def _nccl_name(coll: str, nbytes: float, cfg, node, network, gen: int) -> str | None:
+    """"algorithm/protocol" NCCL picks for ``coll`` of ``nbytes`` at ``cfg``'s scale (what the
+    report names beside the communication time), None over a transport that is not NCCL's."""
+    choice = _nccl(coll, nbytes, cfg.gpus, cfg.gpus_per_node, node, network, gen)
+    return f"{choice.algorithm}/{choice.protocol}" if choice and nbytes > 0 else None
+
+
+def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network, gen: int = 1
+                ) -> float:
+    """All-reduce of ``nbytes`` on ``gpus`` GPUs, ``gpus_per_node`` to a node: NCCL's choice of
+    algorithm and protocol as its tuner times them (analysis/nccl.py; ``gen``: the GPUs'
+    generation, nccl.generation); over a transport that is not NCCL's, a plain ring inside one
+    node, and across nodes hierarchically (see the module docstring)."""
+    choice = _nccl("allreduce", nbytes, gpus, gpus_per_node, node, network, gen)
+    if choice is not None:
+        return choice.seconds
     g = min(gpus, gpus_per_node)
     nodes = math.ceil(gpus / g)
     if nodes == 1:
@@ -119,14 +150,16 @@ def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network) -> 
 
 
 def sharded_collective_s(nbytes: float, gpus: int, gpus_per_node: int, node, network,
-                         calls: int = 1) -> float:
+                         calls: int = 1, gen: int = 1) -> float:
     """All-gather (or reduce-scatter) of an ``nbytes`` buffer over ``gpus`` GPUs, split into
-    ``calls`` collectives of equal size (FSDP issues one per wrapped unit): inside one node a
-    ring over ``node``; across nodes NCCL's rings enter each node once per rail, so each GPU's
-    NIC carries only its node's 1/g share: a collective over the node (``node``) plus one of
-    the 1/g share between the nodes (``network``)."""
+    ``calls`` collectives of equal size (FSDP issues one per wrapped unit): NCCL's flat ring
+    (or PAT, one GPU per node) as its tuner times it (analysis/nccl.py); over a transport that
+    is not NCCL's, a ring inside the node plus one of the node's 1/g share between the nodes."""
     if gpus <= 1 or nbytes <= 0:
         return 0.0
+    choice = _nccl("allgather", nbytes / calls, gpus, gpus_per_node, node, network, gen)
+    if choice is not None:
+        return calls * choice.seconds
     g = min(gpus, gpus_per_node)
     nodes = math.ceil(gpus / g)
     inside = reduce_scatter_s(nbytes / calls, g, node.bus_bandwidth, node.latency_s)
@@ -463,7 +496,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     batch) on ``cfg.gpus`` GPUs: the communication the strategy adds and how much of it the
     backward hides, the input side, and what limits the step. ``params``: [(name, gradient
     bytes)] in registration order."""
+    from dlperf.analysis.nccl import generation
+
     tl = timeline(analysis.predictions)
+    gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = analysis.totals()["predicted_time_s"]
     micro_s = single_s - tl.optimizer_s  # forward and backward of one micro-batch
     accum = cfg.grad_accum
@@ -481,10 +517,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         on_cpu = not analysis.device.tensor_cores
         overlap = cfg.overlap and not on_cpu
         d = ddp_exposed_s(tl, params, lambda b: allreduce_s(b, cfg.gpus, cfg.gpus_per_node,
-                                                            node, network), overlap=overlap)
+                                                            node, network, gen),
+                          overlap=overlap)
         copies = ddp_copy_s(grad_bytes, analysis)
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
-        comm.update(d, bucket_copy_s=copies, overlap=overlap)
+        comm.update(d, bucket_copy_s=copies, overlap=overlap,
+                    nccl=_nccl_name("allreduce", max(d["bucket_bytes"]), cfg, node, network, gen))
     else:  # FSDP: per unit, gathers in forward and backward, one reduce-scatter; prefetch
         # hides them behind the compute. Mixed precision as torchtitan, Composer's DEFAULT and
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
@@ -495,7 +533,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         ratio = gathered / grad_bytes if grad_bytes else 0.0
 
         def collective(nbytes: float) -> float:
-            return sharded_collective_s(nbytes, cfg.gpus, cfg.gpus_per_node, node, network)
+            return sharded_collective_s(nbytes, cfg.gpus, cfg.gpus_per_node, node, network,
+                                        gen=gen)
 
         gather = {u: collective(b * ratio) for u, b in grads.items()}
         reduce = {u: collective(b) for u, b in grads.items()}
@@ -503,6 +542,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: gather.get(u, 0.0),
                                lambda u: reduce.get(u, 0.0), regather=gathers == 2)
         traffic["units"] = len(grads)
+        traffic["nccl"] = _nccl_name("allgather", max(grads.values(), default=0) * ratio, cfg,
+                                     node, network, gen)
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
     comm["optimizer_s"] = optimizer_s

@@ -28,12 +28,15 @@ def run(args) -> int:
     if args.interconnects and not args.json:
         table = Table(title="Interconnect presets (NCCL all-reduce bus bandwidth per GPU)",
                       title_justify="left", header_style="bold")
-        for col in ("name", "interconnect", "scope", "busbw GB/s", "latency µs", "source"):
-            table.add_column(col, justify="right" if col in ("busbw GB/s", "latency µs")
-                             else "left", overflow="fold")
+        for col in ("name", "interconnect", "scope", "busbw GB/s", "latency", "source"):
+            table.add_column(col, justify="right" if col == "busbw GB/s" else "left",
+                             overflow="fold")
         for ic in interconnect.PRESETS.values():
+            # over NCCL the latency is its tuner's (analysis/nccl.py), per algorithm and protocol
+            latency = (f"NCCL's tuner ({ic.nccl})" if ic.nccl
+                       else f"{ic.latency_s * 1e6:g} µs a step")
             table.add_row(ic.name, ic.display_name, ic.scope, f"{ic.bus_bandwidth / 1e9:,.0f}",
-                          f"{ic.latency_s * 1e6:g}", ic.source)
+                          latency, ic.source)
         new_console().print(table)
         return 0
     if args.json:

@@ -10,9 +10,13 @@ Where a measurement was published it is used and cited; otherwise the figure is 
 line rate times NCCL's protocol efficiency on NVLink, 370 of 450 GB/s = 0.82 (NCCL's author,
 NVIDIA/nccl-tests#212), or for InfiniBand/Ethernet 0.92 of the line rate (an estimate, marked
 as one). Network presets are per GPU: a node with one NIC per GPU gives each GPU a whole NIC;
-the DGX-1's four EDR NICs for eight GPUs give each half of one. The latency per ring step
-(2 us inside a node, 6-30 us across the network) is an estimate, not yet checked against
-published small-message timings; it matters only for small buckets on many nodes.
+the DGX-1's four EDR NICs for eight GPUs give each half of one.
+
+Over NCCL (every preset: ``nccl`` names the hardware), a collective's latency is NCCL's own
+tuner's, per algorithm, protocol and hardware (analysis/nccl.py). ``latency_s`` (2 us inside a
+node, 6-30 us across the network, estimates) times what is not NCCL's: a synchronised batch
+norm's statistics exchange (MXNet's NVSHMEM/peer-memory groups), and an interconnect file
+without ``nccl`` (gloo, measured by `dlperf probe --comm`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ class Interconnect:
     latency_s: float  # seconds per step of a ring (a hop's fixed cost)
     scope: str  # "node": between the GPUs of one node; "network": between nodes, per GPU
     source: str
+    # the hardware NCCL's tuner prices a step on (analysis/nccl.py): "nvlink", "pci" (inside a
+    # node) or "net"; "" for a transport that is not NCCL's (gloo: `dlperf probe --comm`),
+    # timed as a plain ring at ``latency_s`` a step
+    nccl: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -43,14 +51,14 @@ class Interconnect:
 def _nv(name, display, line_rate_gbs, source, latency_s=2e-6):
     return Interconnect(name, display, line_rate_gbs * 1e9 * NVLINK_PROTOCOL, latency_s, "node",
                         f"{line_rate_gbs:g} GB/s per direction x {NVLINK_PROTOCOL:.2f} "
-                        f"(NVLink protocol efficiency, nccl-tests#212); {source}")
+                        f"(NVLink protocol efficiency, nccl-tests#212); {source}", "nvlink")
 
 
-def _net(name, display, gbit_per_nic, nics_per_gpu, source, latency_s=6e-6):
+def _net(name, display, gbit_per_nic, nics_per_gpu, source, latency_s=6e-6, nccl="net"):
     per_gpu = gbit_per_nic / 8 * 1e9 * nics_per_gpu * NETWORK_PROTOCOL
     return Interconnect(name, display, per_gpu, latency_s, "network",
                         f"{gbit_per_nic:g} Gb/s per NIC x {nics_per_gpu:g} NIC per GPU x "
-                        f"{NETWORK_PROTOCOL} (estimated NCCL efficiency); {source}")
+                        f"{NETWORK_PROTOCOL} (estimated NCCL efficiency); {source}", nccl)
 
 
 PRESETS = {i.name: i for i in (
@@ -64,25 +72,25 @@ PRESETS = {i.name: i for i in (
         "V100 datasheet: 300 GB/s NVLink, both directions; DGX-2: all six links to NVSwitch"),
     Interconnect("nvlink3-a100", "NVLink 3 + NVSwitch (8x A100 SXM)", 208e9, 2e-6, "node",
                  "measured: all_reduce_perf busbw 208 GB/s on 8 A100 SXM4 (NVIDIA/nccl-tests#178; "
-                 "~200 GB/s in nccl-tests#149)"),
+                 "~200 GB/s in nccl-tests#149)", "nvlink"),
     Interconnect("nvlink4-h100", "NVLink 4 + NVSwitch (8x H100 SXM), ring", 370e9, 2e-6, "node",
                  "NCCL's author: 450 GB/s line rate, ~370 GB/s effective busbw with "
-                 "NCCL_ALGO=Ring; ~480 GB/s with NVLink SHARP (NVIDIA/nccl-tests#212)"),
+                 "NCCL_ALGO=Ring; ~480 GB/s with NVLink SHARP (NVIDIA/nccl-tests#212)", "nvlink"),
     Interconnect("nvlink4-h100-nvls", "NVLink 4 + NVSwitch SHARP (8x H100 SXM)", 480e9, 2e-6,
                  "node", "NCCL's author: peak all-reduce busbw ~480 GB/s on 8 H100 with NVLink "
-                 "SHARP, large messages (NVIDIA/nccl-tests#212)"),
+                 "SHARP, large messages (NVIDIA/nccl-tests#212)", "nvlink"),
     Interconnect("nvlink4-h200", "NVLink 4 + NVSwitch (8x H200)", 475e9, 2e-6, "node",
                  "measured: all_reduce_perf peak busbw 475 GB/s on 8 H200, NCCL 2.20 "
-                 "(NVIDIA/nccl-tests#272)"),
+                 "(NVIDIA/nccl-tests#272)", "nvlink"),
     _nv("nvlink5-b200", "NVLink 5 + NVSwitch (8x B200)", 900.0,
         "B200 datasheet: 1.8 TB/s NVLink, both directions"),
     _net("pcie3", "PCIe Gen3 x16 (through the host)", 126.0, 1,
-         "PCIe 3.0 x16: 15.75 GB/s per direction"),
+         "PCIe 3.0 x16: 15.75 GB/s per direction", nccl="pci"),
     _net("pcie4", "PCIe Gen4 x16 (through the host)", 252.0, 1,
-         "PCIe 4.0 x16: 31.5 GB/s per direction"),
+         "PCIe 4.0 x16: 31.5 GB/s per direction", nccl="pci"),
     Interconnect("pcie5", "PCIe Gen5, 8 GPUs through the host", 28e9, 10e-6, "node",
                  "measured: all_reduce_perf busbw 28 GB/s on 8 PCIe Gen5 GPUs; bounded by the "
-                 "host's memory, as NCCL's author explains (NVIDIA/nccl#1639)"),
+                 "host's memory, as NCCL's author explains (NVIDIA/nccl#1639)", "pci"),
     _net("ib-edr-dgx1", "InfiniBand EDR, 4 NICs for 8 GPUs (DGX-1)", 100.0, 0.5,
          "EDR 100 Gb/s; the DGX-1 has 4 EDR ports for 8 GPUs"),
     _net("ib-hdr", "InfiniBand HDR, one NIC per GPU", 200.0, 1, "HDR 200 Gb/s (DGX A100)"),
@@ -137,10 +145,12 @@ def get_interconnect(name: str) -> Interconnect:
         except (ValueError, TypeError) as exc:
             raise DlperfError(f"{path}: not an interconnect file ({exc}); give name, "
                               "display_name, bus_bandwidth (B/s), latency_s, scope (node or "
-                              "network) and source") from None
-        if ic.bus_bandwidth <= 0 or ic.latency_s < 0 or ic.scope not in ("node", "network"):
-            raise DlperfError(f"{path}: bus_bandwidth must be positive, latency_s >= 0 and "
-                              "scope node or network")
+                              "network), source and, for NCCL, nccl (nvlink, pci or net)"
+                              ) from None
+        if (ic.bus_bandwidth <= 0 or ic.latency_s < 0 or ic.scope not in ("node", "network")
+                or ic.nccl not in ("", "nvlink", "pci", "net")):
+            raise DlperfError(f"{path}: bus_bandwidth must be positive, latency_s >= 0, "
+                              "scope node or network, and nccl nvlink, pci, net or absent")
         return ic
     raise DlperfError(f"unknown interconnect {name!r}{close_matches(name, list(PRESETS))}; "
                       f"choose one of {', '.join(PRESETS)} or a .json file")

@@ -1,0 +1,76 @@
+"""NCCL's tuner model (analysis/nccl.py), by hand from src/graph/tuning.cc's constants."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlperf.analysis.nccl import collective, generation
+
+
+def test_one_node_large_all_reduce_is_a_simple_ring():
+    # 1 GB over 8 H100s at 370 GB/s busbw. Ring Simple: 370 x 8/14 = 211.43 GB/s of algorithm
+    # bandwidth, 1e9 B / 211.43e3 = 4,729.7 us; latency 8.4 + 14 steps x 3.4 = 56.0 us:
+    # 4,785.7 us. LL128 (0.92 x the bandwidth, 14 + 14 x 1.9 us) is 5,181.6 us; the tree
+    # (0.92 / 2 of the bus bandwidth) 5,875 us.
+    c = collective("allreduce", 1e9, 8, 8, 370e9, "nvlink", None, gen=2)
+    assert (c.algorithm, c.protocol) == ("ring", "Simple")
+    assert c.seconds == pytest.approx(4785.7e-6, rel=1e-4)
+    # the bus bandwidth read back (nccl-tests: algbw x 2(n-1)/n), less the latency: 370 GB/s
+    assert 1e9 / (c.seconds - 56e-6) * 14 / 8 == pytest.approx(370e9, rel=1e-6)
+
+
+def test_one_node_small_all_reduce_takes_the_low_latency_protocol():
+    # 1 MB: ring LL moves half the bytes per transfer (min(Hopper's 141 GB/s, 370/2) x 8/14 =
+    # 80.57 GB/s: 12.41 us) at 6.6 + 14 x 0.6 = 15.0 us of latency: 27.41 us, against 45.7 us
+    # for LL128 and 60.7 us for Simple
+    c = collective("allreduce", 1e6, 8, 8, 370e9, "nvlink", None, gen=2)
+    assert (c.algorithm, c.protocol) == ("ring", "LL")
+    assert c.seconds == pytest.approx(27.41e-6, rel=1e-3)
+
+
+def test_across_many_nodes_the_tree_wins_and_the_nics_bound_the_bandwidth():
+    # 51 MB (ResNet-50's fp16 gradients) over 3,584 H100s, 448 nodes of 8, NDR at 46 GB/s a
+    # GPU: bus bandwidth min(370, 8 x 46 = 368) = 368 GB/s. Tree LL128: 368 x 0.92 x 120/128
+    # / 2 = 158.7 GB/s, x 0.9 (NCCL's correction at 2^19 x 64 B) = 142.8 GB/s: 357.1 us;
+    # latency 14 + 2 (7 x 1.25 + floor(log2 448) = 8 x 8.5) = 167.5 us: 524.6 us. A flat ring
+    # would pay 2 x 3,583 steps of latency.
+    c = collective("allreduce", 51e6, 3584, 8, 370e9, "nvlink", 46e9, gen=2)
+    assert (c.algorithm, c.protocol) == ("tree", "LL128")
+    assert c.seconds == pytest.approx(524.6e-6, rel=1e-3)
+
+
+def test_two_dgx1_nodes_ring_at_their_four_nics():
+    # 16 V100s in 2 DGX-1s (NVLink 123.3 GB/s; 4 EDR NICs for 8 GPUs: 5.75 GB/s a GPU): bus
+    # bandwidth min(123.3, 8 x 5.75 = 46) = 46 GB/s (nccl-tests#29: 48 GB/s measured). 1 GB,
+    # ring Simple: 46 x 16/30 = 24.53 GB/s, 40,761 us; latency (8.4 + 28 x max(3.4, 3 x 1) +
+    # 2 x 14) x 1.9 (Volta's ring plateau) = 250.0 us: 41,011 us
+    c = collective("allreduce", 1e9, 16, 8, 123.3e9, "nvlink", 5.75e9, gen=0)
+    assert (c.algorithm, c.protocol) == ("ring", "Simple")
+    assert c.seconds == pytest.approx(41011e-6, rel=1e-4)
+
+
+def test_one_gpu_per_node_all_gathers_take_pat():
+    # 64 KB gathered over 64 nodes of one GPU: PAT 8 + floor(log2 64) x 14 / 3.5 + 64 x 2.8 =
+    # 211.2 us + 65,536 / (0.75 x 46e3) = 1.90 us: 213.1 us; the ring's 63 network steps cost
+    # 6.6 + 63 x 5 = 321.6 us even with LL
+    c = collective("allgather", 65536, 64, 1, 370e9, "nvlink", 46e9, gen=2)
+    assert (c.algorithm, c.protocol) == ("pat", "Simple")
+    assert c.seconds == pytest.approx(213.1e-6, rel=1e-3)
+    # a reduce-scatter of 8 GPUs in one node: a ring, (n-1)/n of the bytes at the bus bandwidth
+    rs = collective("reducescatter", 8e9, 8, 8, 370e9, "nvlink", None, gen=2)
+    assert rs.algorithm == "ring"
+    assert rs.seconds == pytest.approx(8e9 * 7 / 8 / 370e9 + (8.4 + 7 * 3.4) * 1e-6, rel=1e-4)
+
+
+def test_pcie_hosts_get_no_ll128_and_one_gpu_nothing():
+    # through the host NCCL turns LL128 off; whatever size, the protocol is LL or Simple
+    for nbytes in (1e3, 1e6, 1e8, 1e10):
+        assert collective("allreduce", nbytes, 8, 8, 28e9, "pci", None, gen=1).protocol != "LL128"
+    assert collective("allreduce", 1e9, 1, 8, 370e9, "nvlink").seconds == 0.0
+    with pytest.raises(ValueError):
+        collective("broadcast", 1e9, 8, 8, 370e9, "nvlink")
+
+
+def test_generations_follow_the_device_presets():
+    assert [generation(d) for d in ("v100-sxm2", "t4", "a100-80gb", "rtx4090", "l40s",
+                                    "h100-sxm", "h200", "b200")] == [0, 0, 1, 1, 1, 2, 2, 3]
