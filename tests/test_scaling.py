@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from dlperf.analysis.scaling import (STEP_CV, ScaleConfig, allreduce_s, ddp_buckets,
+from dlperf.analysis.scaling import (CURVE, STEP_CV, ScaleConfig, allreduce_s, ddp_buckets,
                                      expected_max_normal, fsdp_traffic, reduce_scatter_s,
                                      ring_allreduce_s, scale_out, scaling_curve, serial_overlap,
                                      tree_allreduce_s)
@@ -144,6 +144,8 @@ def test_scale_out_names_what_limits_each_scale():
     curve = scaling_curve(analysis, params, ScaleConfig(gpus=1), nvlink, PRESETS["ethernet-25g"])
     per_gpu = [c["per_gpu_samples_per_s"] for c in curve]
     assert [c["gpus"] for c in curve][-1] == 4096
+    # the curve works out the step's shape once (one_step) and gets what each scale alone gets
+    assert curve[CURVE.index(512)] == slow
     assert all(a >= b * 0.999 for a, b in zip(per_gpu, per_gpu[1:]))  # never faster per GPU
 
 

@@ -245,7 +245,8 @@ def _walk(runs, t: float, ready: dict, order: list, gather_s, stream: _Stream,
     return t
 
 
-def fsdp_pipeline_s(predictions, units, gather_s, reduce_s, regather: bool = True) -> dict:
+def fsdp_pipeline_s(predictions, units, gather_s, reduce_s, regather: bool = True,
+                    segments: tuple | None = None) -> dict:
     """One micro-batch's forward and backward under FSDP, unit by unit, with the collectives
     on one communication stream beside the compute (FSDP's default prefetch of one unit):
 
@@ -258,11 +259,12 @@ def fsdp_pipeline_s(predictions, units, gather_s, reduce_s, regather: bool = Tru
       backward kernel ends (its gradients are then complete), the root's at the backward's end.
 
     ``units``: the FSDP units (``unit_bytes``' keys: block paths, "" for the root);
-    ``gather_s(unit)`` and ``reduce_s(unit)`` their collectives' seconds. Returns the compute
+    ``gather_s(unit)`` and ``reduce_s(unit)`` their collectives' seconds; ``segments``:
+    ``_segments(predictions, units)`` when the caller has them already. Returns the compute
     seconds, the micro-batch's end with the communication, and the exposed difference: at
     least the root's first all-gather and the last reduce-scatter, which nothing can hide."""
     stream = _Stream()
-    forward, backward = _segments(predictions, units)
+    forward, backward = segments or _segments(predictions, units)
     order = list(dict.fromkeys([""] + [u for u, _ in forward]))  # gathering order, root first
     t = _walk(forward, 0.0, {"": stream.issue(0.0, gather_s(""))}, order, gather_s, stream)
     last = {u: i for i, (u, _) in enumerate(backward)}
@@ -491,16 +493,37 @@ class ScaleConfig:
                    self.data_cores_per_gpu * self.gpus_per_node / gpus_in_node)
 
 
-def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, network) -> dict:
+@dataclass(frozen=True)
+class OneStep:
+    """What ``scale_out`` reads of the one-GPU step that no GPU count changes, worked out once
+    for a whole curve (``one_step``): the step's timeline and predicted seconds, the FSDP
+    units' gradient bytes and the step's kernels run by run per unit."""
+
+    timeline: Timeline
+    single_s: float
+    units: dict  # unit_bytes(params)
+    segments: tuple  # _segments(predictions, units)
+
+
+def one_step(analysis, params: list[tuple[str, int]]) -> OneStep:
+    units = unit_bytes(params)
+    return OneStep(timeline(analysis.predictions), analysis.totals()["predicted_time_s"], units,
+                   _segments(analysis.predictions, units))
+
+
+def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, network,
+              step: OneStep | None = None) -> dict:
     """Per-GPU and total throughput of ``analysis`` (one GPU's predicted training step, per-GPU
     batch) on ``cfg.gpus`` GPUs: the communication the strategy adds and how much of it the
     backward hides, the input side, and what limits the step. ``params``: [(name, gradient
-    bytes)] in registration order."""
+    bytes)] in registration order; ``step``: ``one_step(analysis, params)``, when the caller
+    runs several scales."""
     from dlperf.analysis.nccl import generation
 
-    tl = timeline(analysis.predictions)
+    step = step or one_step(analysis, params)
+    tl = step.timeline
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
-    single_s = analysis.totals()["predicted_time_s"]
+    single_s = step.single_s
     micro_s = single_s - tl.optimizer_s  # forward and backward of one micro-batch
     accum = cfg.grad_accum
     grad_bytes = sum(b for _, b in params)
@@ -529,7 +552,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # (2 bytes), gradients reduced in fp32.
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
         traffic = fsdp_traffic(gathered, grad_bytes, cfg.gpus, gathers)
-        grads = unit_bytes(params)  # fp32 (or the model's) gradient bytes per unit
+        grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0
 
         def collective(nbytes: float) -> float:
@@ -540,7 +563,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         reduce = {u: collective(b) for u, b in grads.items()}
         comm_s = sum(gathers * gather[u] + reduce[u] for u in grads)
         pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: gather.get(u, 0.0),
-                               lambda u: reduce.get(u, 0.0), regather=gathers == 2)
+                               lambda u: reduce.get(u, 0.0), regather=gathers == 2,
+                               segments=step.segments)
         traffic["units"] = len(grads)
         traffic["nccl"] = _nccl_name("allgather", max(grads.values(), default=0) * ratio, cfg,
                                      node, network, gen)
@@ -592,8 +616,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
 CURVE = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def scaling_curve(analysis, params, cfg: ScaleConfig, node, network) -> list[dict]:
-    """``scale_out`` from 1 to 4,096 GPUs (the same per-GPU batch), reusing one analysis."""
+def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
+                  step: OneStep | None = None) -> list[dict]:
+    """``scale_out`` from 1 to 4,096 GPUs (the same per-GPU batch), reusing one analysis and
+    what of its step no GPU count changes (``one_step``)."""
     from dataclasses import replace
 
-    return [scale_out(analysis, params, replace(cfg, gpus=n), node, network) for n in CURVE]
+    step = step or one_step(analysis, params)
+    return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
+            for n in CURVE]
