@@ -7,14 +7,19 @@ takes each run's steady rate (the median over its epochs after the first two, wh
 DALI's cache warm-up and the first evaluation) and the median over the system's runs, and
 saves them with the files they came from.
 
+MLPerf v0.5's logs (2018: NVIDIA's MXNet 18.11 on DGX-1 and DGX-2, the record blog's era) log no
+rate; each epoch's start is a timestamped ``train_epoch`` line, so an epoch's rate is the
+training set (``preproc_num_train_examples``) over the time to the next epoch's start, for the
+epochs with no evaluation in between (``parse_log_v05``).
+
 The rows of benchmarks/validation/published_scaling.csv whose source is ``mlperf-training-v3.1``
-(or ``-v2.0``) come from this file (per GPU = the median / GPUs); their batch per GPU, nodes and network from
-the configs named in SYSTEMS.
+(or ``-v2.0``, ``-v0.5``) come from this file (per GPU = the median / GPUs); their batch per
+GPU, nodes and network from the configs named in SYSTEMS.
 
 Usage: python benchmarks/mlperf_throughput.py GIT_DIR [REPOSITORY] [OUT.json]
-(GIT_DIR: a clone of REPOSITORY, mlcommons/training_results_v3.1 (the default) or _v2.0, bare
-or not: the logs are read with ``git show``, so no work tree is needed). Writes
-benchmarks/results/mlperf-throughput.json (v3.1) or mlperf-throughput-v2.0.json.
+(GIT_DIR: a clone of REPOSITORY, mlcommons/training_results_v3.1 (the default), _v2.0 or
+_v0.5, bare or not: the logs are read with ``git show``, so no work tree is needed). Writes
+benchmarks/results/mlperf-throughput.json (v3.1) or mlperf-throughput-v2.0.json (-v0.5.json).
 """
 
 from __future__ import annotations
@@ -47,7 +52,24 @@ SYSTEMS = {
         # NVIDIA/results/dgxa100_n527_ngc22.04_mxnet/resnet/result_0.txt an epoch lasts 27-38
         # ms between epoch_start and epoch_stop, and imgs_sec reads 3 to 56 million, not a rate
     },
+    "mlcommons/training_results_v0.5": {
+        "dgx1_ngc18.11_mxnet": (8, "config_DGX1.sh"),
+        "dgx1_multi_ngc18.11_mxnet": (640, "config_DGX1_multi.sh"),
+        "dgx2_ngc18.11_mxnet": (16, "config_DGX2.sh"),
+        # the DGX-2H's 450 W V100s (higher clocks) have no preset: read for comparison only,
+        # not rows of the published table
+        "dgx2h_ngc18.11_mxnet": (16, "config_DGX2.sh"),
+        "dgx2h_multi_ngc18.11_mxnet": (512, "config_DGX2_multi.sh"),
+    },
 }
+# where a repository keeps NVIDIA's result logs and configs
+LAYOUT = {
+    "mlcommons/training_results_v0.5": (
+        "v0.5.0/nvidia/submission/results/{system}/resnet/result_{i}.txt",
+        "v0.5.0/nvidia/submission/code/image_classification/mxnet/{config}"),
+}
+DEFAULT_LAYOUT = ("NVIDIA/results/{system}/resnet/result_{i}.txt",
+                  "NVIDIA/benchmarks/resnet/implementations/mxnet/{config}")
 # v3.1's logs name the epoch's rate "throughput", v2.0's "imgs_sec"
 _THROUGHPUT = re.compile(
     r'"key": "tracked_stats", "value": \{"(?:throughput|imgs_sec)": ([0-9.eE+]+)\}')
@@ -59,6 +81,26 @@ def parse_log(text: str) -> dict:
     batch = _BATCH.search(text)
     return {"throughput": [float(x) for x in _THROUGHPUT.findall(text)],
             "global_batch": int(batch.group(1)) if batch else None}
+
+
+# v0.5: ":::MLPv0.5.0 resnet <unix seconds> (<file:line>) <key>[: <value>]"
+_V05 = re.compile(r"^:::MLPv0\.5\.0 \S+ ([0-9.]+) \([^)]*\) (\w+)(?:: (.*))?$")
+
+
+def parse_log_v05(text: str, gpus: int) -> dict:
+    """A v0.5 log's epoch rates (images/s, all GPUs; epochs followed by an evaluation left out,
+    since their span holds it) and its global batch (``input_batch_size`` is per GPU)."""
+    events = [(float(m.group(1)), m.group(2), m.group(3)) for m in map(_V05.match,
+                                                                       text.splitlines()) if m]
+    values = {key: value for _, key, value in events if value is not None}
+    if "preproc_num_train_examples" not in values or "input_batch_size" not in values:
+        raise ValueError("no preproc_num_train_examples or input_batch_size: not a v0.5 "
+                         "ResNet-50 log")
+    images = int(values["preproc_num_train_examples"])
+    marks = [(t, key) for t, key, _ in events if key in ("train_epoch", "eval_start", "run_stop")]
+    rates = [images / (b - a) for (a, ka), (b, kb) in zip(marks, marks[1:])
+             if ka == kb == "train_epoch" and b > a]
+    return {"throughput": rates, "global_batch": int(values["input_batch_size"]) * gpus}
 
 
 def steady_rate(throughput: list[float]) -> float:
@@ -78,20 +120,20 @@ def collect(git_dir: Path, repository: str) -> dict:
     commit = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
                             capture_output=True, text=True, check=True).stdout.strip()
     systems = {}
+    results, configs = LAYOUT.get(repository, DEFAULT_LAYOUT)
     for system, (gpus, config) in SYSTEMS[repository].items():
         runs = []
         for i in range(RUNS):
-            path = f"NVIDIA/results/{system}/resnet/result_{i}.txt"
+            path = results.format(system=system, i=i)
             text = _show(git_dir, path)
             if text is None:
                 continue
-            log = parse_log(text)
+            log = parse_log_v05(text, gpus) if repository.endswith("v0.5") else parse_log(text)
             runs.append({"file": path, "global_batch": log["global_batch"],
                          "epochs": len(log["throughput"]),
                          "steady_img_s": steady_rate(log["throughput"])})
         rate = statistics.median(r["steady_img_s"] for r in runs)
-        systems[system] = {"gpus": gpus, "config": f"NVIDIA/benchmarks/resnet/implementations/"
-                                                   f"mxnet/{config}",
+        systems[system] = {"gpus": gpus, "config": configs.format(config=config),
                            "global_batch": runs[0]["global_batch"],
                            "batch_per_gpu": runs[0]["global_batch"] // gpus,
                            "img_s": rate, "img_s_per_gpu": rate / gpus, "runs": runs}

@@ -23,3 +23,27 @@ def test_parse_log_and_steady_rate():
     assert mod.steady_rate(log["throughput"]) == 317500.0
     with pytest.raises(ValueError, match="too few"):
         mod.steady_rate(rates[:2])
+
+
+def test_v05_logs_give_epoch_rates_from_their_timestamps():
+    mod = load_benchmark("mlperf_throughput")
+
+    def line(t, key, value=None):
+        return (f":::MLPv0.5.0 resnet {t} (/workspace/mlperf_log_utils.py:49) {key}"
+                + ("" if value is None else f": {value}"))
+
+    # 1,200 images an epoch, 26 a GPU on 8 GPUs. Epochs start at 0, 2, 3 (then an evaluation
+    # from 4.5 to 5), 5 and 6.5; the run stops at 7.5. Rates: 1,200 / 2 = 600 and 1,200 / 1 =
+    # 1,200; epoch 3's span holds the evaluation (left out), then 1,200 / 1.5 = 800; the last
+    # epoch ends at run_stop, not at an epoch start (left out)
+    text = "\n".join([line(0.0, "input_batch_size", 26),
+                      line(0.0, "preproc_num_train_examples", 1200),
+                      line(0.0, "train_epoch", 0), line(2.0, "train_epoch", 1),
+                      line(3.0, "train_epoch", 2), line(4.5, "eval_start"),
+                      line(4.9, "eval_accuracy", '{"epoch": 2, "value": 0.25}'),
+                      line(5.0, "eval_stop"), line(5.0, "train_epoch", 3),
+                      line(6.5, "train_epoch", 4), line(7.5, "run_stop")])
+    log = mod.parse_log_v05(text, gpus=8)
+    assert log == {"throughput": [600.0, 1200.0, 800.0], "global_batch": 208}
+    with pytest.raises(ValueError, match="not a v0.5"):
+        mod.parse_log_v05(line(0.0, "train_epoch", 0), gpus=8)
