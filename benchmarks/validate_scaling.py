@@ -59,6 +59,9 @@ def read_rows(path: Path) -> list[dict]:
                 raise SystemExit(f"{path}: {row['id']}: {key} must be true, false or blank "
                                  f"(blank: {str(default).lower()})") from None
         row["bn_group"] = int(row.get("bn_group") or 1)
+        # NCCL_ALGO / NCCL_PROTO of the run, when its NCCL lacked some (blank: all of today's)
+        for key in ("nccl_algo", "nccl_proto"):
+            row[key] = row.get(key) or None
     return rows
 
 
@@ -103,7 +106,8 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) 
                             decode_img_per_s_per_core=row["decode_img_s_per_core"],
                             loader_workers_per_gpu=row["loader_workers_per_gpu"],
                             overlap=row["overlap"],
-                            bn_group=row["bn_group"], step_cv=step_cv)
+                            bn_group=row["bn_group"], step_cv=step_cv,
+                            nccl_algo=row["nccl_algo"], nccl_proto=row["nccl_proto"])
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU
         per_sample = row["image_size"] if cfg.tokens else 1

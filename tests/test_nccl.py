@@ -74,3 +74,30 @@ def test_pcie_hosts_get_no_ll128_and_one_gpu_nothing():
 def test_generations_follow_the_device_presets():
     assert [generation(d) for d in ("v100-sxm2", "t4", "a100-80gb", "rtx4090", "l40s",
                                     "h100-sxm", "h200", "b200")] == [0, 0, 1, 1, 1, 2, 2, 3]
+
+
+def test_nccl_algo_and_proto_restrict_the_choice_as_the_environment_does():
+    from dlperf.analysis.nccl import ALGORITHMS, PROTOCOLS, parse_list
+
+    assert parse_list("Ring", ALGORITHMS, "--nccl-algo") == {"ring"}
+    assert parse_list("^tree", ALGORITHMS, "--nccl-algo") == {"ring", "pat"}
+    assert parse_list("ll,SIMPLE", PROTOCOLS, "--nccl-proto") == {"LL", "Simple"}
+    with pytest.raises(ValueError, match="does not time NCCL's collnetchain"):
+        parse_list("COLLNETCHAIN", ALGORITHMS, "--nccl-algo")
+    with pytest.raises(ValueError, match="unknown 'rings'"):
+        parse_list("rings", ALGORITHMS, "--nccl-algo")
+    # 2018's NCCL 2.3 (rings only, no LL128) on 80 DGX-1s: ResNet-50's 51.1 MB of fp16
+    # gradients over 640 V100s at min(123.3, 8 x 5.75) = 46 GB/s. Ring LL: min(20.4, 46 / 2)
+    # x 640/1278 = 10.22 GB/s, 5,003.3 us; latency 6.6 + 1,120 x max(0.6, 1.0) + 158 x 2.7 =
+    # 1,553.2 us: 6,556.5 us. Today's NCCL takes a tree (LL128): under 3 ms.
+    b = 25557032 * 2
+    old = collective("allreduce", b, 640, 8, 123.3e9, "nvlink", 5.75e9, gen=0,
+                     algorithms=frozenset({"ring"}), protocols=frozenset({"LL", "Simple"}))
+    assert (old.algorithm, old.protocol) == ("ring", "LL")
+    assert old.seconds == pytest.approx(6556.5e-6, rel=1e-3)
+    new = collective("allreduce", b, 640, 8, 123.3e9, "nvlink", 5.75e9, gen=0)
+    assert new.algorithm == "tree" and new.seconds < 3e-3
+    # tree alone has no all-gather: NCCL fails such a call, and so does the model
+    with pytest.raises(ValueError, match="no way to run allgather"):
+        collective("allgather", 1e9, 16, 8, 370e9, "nvlink", 46e9, gen=2,
+                   algorithms=frozenset({"tree"}))

@@ -180,6 +180,11 @@ def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
         ScaleConfig(gpus=8, decode="cpu")
     with pytest.raises(DlperfError, match="ddp, fsdp or fsdp-grad-op"):
         ScaleConfig(gpus=8, strategy="zero3")
+    with pytest.raises(DlperfError, match="--nccl-algo 'rings'"):
+        ScaleConfig(gpus=8, nccl_algo="rings")
+    with pytest.raises(DlperfError, match="--nccl-proto 'LL256'"):
+        ScaleConfig(gpus=8, nccl_proto="LL256")
+    assert ScaleConfig(gpus=8, nccl_algo="^tree").algorithms == {"ring", "pat"}
     path = tmp_path / "my-ib.json"
     path.write_text(json.dumps({"name": "mine", "display_name": "my IB", "bus_bandwidth": 4e10,
                                 "latency_s": 4e-6, "scope": "network", "source": "measured"}))
@@ -661,10 +666,13 @@ def test_no_overlap_and_batch_norm_groups_add_to_the_exposed_time():
     nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
     base = scale_out(analysis, params, ScaleConfig(gpus=16), nvlink, ndr)
     late = scale_out(analysis, params, ScaleConfig(gpus=16, overlap=False), nvlink, ndr)
-    # no overlap (Horovod after the backward): every bucket's all-reduce is exposed, and so
-    # are DDP's bucket copies
+    # no overlap (Horovod after the backward): ResNet-18's 46.8 MB of gradients in one 64 MiB
+    # fusion buffer (DDP's overlap uses three buckets), its all-reduce exposed whole, and so
+    # are the copies into and out of it
     comm = late["communication"]
     assert comm["overlap"] is False
+    assert comm["buckets"] == 1 and base["communication"]["buckets"] == 3
+    assert comm["bucket_bytes"] == [sum(b for _, b in params)]
     assert late["exposed_comm_s"] == pytest.approx(comm["comm_s"] + comm["bucket_copy_s"])
     assert late["exposed_comm_s"] > base["exposed_comm_s"]
     assert late["per_gpu_samples_per_s"] < base["per_gpu_samples_per_s"]
@@ -678,6 +686,22 @@ def test_no_overlap_and_batch_norm_groups_add_to_the_exposed_time():
     assert one["communication"]["bn_sync_s"] == 0.0
     with pytest.raises(DlperfError, match="--bn-group 16"):
         ScaleConfig(gpus=16, bn_group=16)
+
+
+def test_nccl_algo_and_proto_reach_every_collective_of_the_step():
+    analysis, params = _resnet18_on_h100()
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    free = scale_out(analysis, params, ScaleConfig(gpus=512), node, net)
+    assert free["communication"]["nccl"] == "tree/LL128"  # NCCL's own pick at 64 nodes
+    # NCCL_ALGO=Ring NCCL_PROTO=Simple: a flat ring of 1,022 steps, slower than the tree
+    ring = scale_out(analysis, params, ScaleConfig(gpus=512, nccl_algo="Ring",
+                                                   nccl_proto="Simple"), node, net)
+    assert ring["communication"]["nccl"] == "ring/Simple"
+    assert ring["communication"]["comm_s"] > free["communication"]["comm_s"]
+    # FSDP's all-gathers have no tree: NCCL_ALGO=Tree fails them, with the flag named
+    with pytest.raises(DlperfError, match="--nccl-algo.*no way to run allgather"):
+        scale_out(analysis, params, ScaleConfig(gpus=16, strategy="fsdp", nccl_algo="tree"),
+                  node, net)
 
 
 def test_expected_maximum_of_normals_against_closed_forms_and_sampling():

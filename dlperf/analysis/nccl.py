@@ -31,6 +31,9 @@ node's NICs together (g GPUs x the network's per-GPU bandwidth): nccl-tests on D
 EDR NICs reach 48 GB/s (NCCL's author, NVIDIA/nccl-tests#29: 4 x 12.5 GB/s), and 3 nodes of
 8 A100 with four HDR NICs 85-96 GB/s of 100 (NVIDIA/nccl-tests#119).
 
+NCCL_ALGO and NCCL_PROTO narrow the choice as they narrow NCCL's (``parse_list``: "Ring,Tree",
+"^LL128"); what they leave a collective nothing to run with fails, as in NCCL.
+
 Not modelled: NCCL's per-channel bandwidth ceilings (with the 16 channels NCCL builds on an
 NVLink node they sit above every preset's bandwidth), NVLink SHARP and CollNet/SHARP in-network
 reductions (the ``nvlink4-h100-nvls`` preset stands for the first), and a tuner plugin.
@@ -70,6 +73,9 @@ NET_OVERHEAD_US = 1.0  # getNetOverhead: Intel hosts and unknown ones (AMD: 2.0)
 # the channels NCCL builds (an assumption: only where Simple's ring plateau starts depends on it)
 CHANNELS = 16
 COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+ALGORITHMS = ("ring", "tree", "pat")
+# NCCL's other algorithms, which dlperf does not time (in-network and NVLink SHARP reductions)
+NOT_MODELLED = ("collnetdirect", "collnetchain", "collnet", "nvls", "nvlstree")
 
 # GPU generation (tuning.cc's compute-capability index) by device preset name
 _GENERATIONS = ((r"^b\d00|blackwell", 3), (r"^h\d00|^gh200|hopper", 2),
@@ -96,13 +102,34 @@ class Choice:
     protocol: str
 
 
+def parse_list(text: str, known: tuple[str, ...], flag: str) -> frozenset:
+    """The names NCCL_ALGO- or NCCL_PROTO-style ``text`` allows of ``known``: "Ring,Tree"
+    allows those, "^Tree" all but those (case does not matter). ``flag`` names the option in
+    errors."""
+    exclude = text.startswith("^")
+    names = [n.strip().lower() for n in text.lstrip("^").split(",") if n.strip()]
+    lookup = {k.lower(): k for k in known}
+    for n in names:
+        if n in NOT_MODELLED:
+            raise ValueError(f"{flag} {text!r}: dlperf does not time NCCL's {n} (in-network "
+                             f"or NVLink SHARP reductions); it times {', '.join(known)}")
+        if n not in lookup:
+            raise ValueError(f"{flag} {text!r}: unknown {n!r}; choose from {', '.join(known)}, "
+                             "comma-separated, or ^ before the ones to leave out")
+    if not names:
+        raise ValueError(f"{flag} {text!r}: name at least one of {', '.join(known)}")
+    chosen = {lookup[n] for n in names}
+    return frozenset(set(known) - chosen if exclude else chosen)
+
+
 def _log2i(n: float) -> int:
     return int(math.floor(math.log2(n))) if n >= 1 else -1
 
 
 def _times(coll: str, nbytes: float, ranks: int, nodes: int, bus_gbs: float, intra: str,
-           gen: int):
-    """(us, algorithm, protocol) for every pair NCCL would consider."""
+           gen: int, algorithms=None, protocols=None):
+    """(us, algorithm, protocol) for every pair NCCL would consider (of ``algorithms`` and
+    ``protocols`` when given: what NCCL_ALGO and NCCL_PROTO allow)."""
     ppn = ranks / nodes
     llmax = LL_MAX_GBS[gen][0] if nodes == 1 else LL_MAX_GBS[0][min(nodes, 3) - 1]
     steps = 2 * (ranks - 1) if coll == "allreduce" else ranks - 1
@@ -111,7 +138,11 @@ def _times(coll: str, nbytes: float, ranks: int, nodes: int, bus_gbs: float, int
     if coll != "allreduce" and nodes == ranks:
         algos.append("pat")  # PAT: one GPU per node only
     for algo in algos:
+        if algorithms is not None and algo not in algorithms:
+            continue
         for p, proto in enumerate(PROTOCOLS):
+            if protocols is not None and proto not in protocols:
+                continue
             if p == _LL128 and intra != "nvlink":
                 continue
             if algo == "pat" and p != _SIMPLE:
@@ -153,12 +184,16 @@ def _times(coll: str, nbytes: float, ranks: int, nodes: int, bus_gbs: float, int
 
 
 def collective(coll: str, nbytes: float, ranks: int, ranks_per_node: int, node_bus_bw: float,
-               node_hw: str, net_bus_bw: float | None = None, gen: int = 1) -> Choice:
+               node_hw: str, net_bus_bw: float | None = None, gen: int = 1,
+               algorithms: frozenset | None = None, protocols: frozenset | None = None
+               ) -> Choice:
     """``coll`` (all-reduce, all-gather or reduce-scatter) of an ``nbytes`` buffer (the whole
     buffer, as NCCL counts it: the gathered one for an all-gather) over ``ranks`` GPUs,
     ``ranks_per_node`` to a node whose GPUs talk over ``node_hw`` ("nvlink" or "pci") at
     ``node_bus_bw`` B/s, the nodes over a network of ``net_bus_bw`` B/s per GPU; ``gen``: the
-    GPUs' generation (``generation``). What NCCL's tuner predicts for its fastest choice."""
+    GPUs' generation (``generation``); ``algorithms``, ``protocols``: what NCCL_ALGO and
+    NCCL_PROTO leave it (``parse_list``; None: all). What NCCL's tuner predicts for its fastest
+    choice. ValueError when they leave ``coll`` nothing, as NCCL then fails the call."""
     if coll not in COLLECTIVES:
         raise ValueError(f"unknown collective {coll!r}")
     if ranks <= 1 or nbytes <= 0:
@@ -166,5 +201,11 @@ def collective(coll: str, nbytes: float, ranks: int, ranks_per_node: int, node_b
     g = min(ranks, ranks_per_node)
     nodes = math.ceil(ranks / g)
     bus = node_bus_bw if nodes == 1 else min(node_bus_bw, g * net_bus_bw)
-    us, algo, proto = min(_times(coll, nbytes, ranks, nodes, bus / 1e9, node_hw, gen))
+    options = list(_times(coll, nbytes, ranks, nodes, bus / 1e9, node_hw, gen, algorithms,
+                          protocols))
+    if not options:
+        raise ValueError(f"NCCL_ALGO {sorted(algorithms or ALGORITHMS)} and NCCL_PROTO "
+                         f"{sorted(protocols or PROTOCOLS)} leave NCCL no way to run {coll} on "
+                         f"{ranks} GPUs (NCCL fails such a call); allow ring")
+    us, algo, proto = min(options)
     return Choice(us * 1e-6, algo, proto)

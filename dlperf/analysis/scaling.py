@@ -56,6 +56,9 @@ from dlperf.errors import DlperfError
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+# Horovod's fusion buffer: HOROVOD_FUSION_THRESHOLD's default, 64 MiB (NVIDIA's MLPerf MXNet
+# configs set it to 67108864 too): gradients ready together go in one all-reduce of up to this
+HOROVOD_FUSION_BYTES = 64 * 2**20
 # the spread (coefficient of variation) of one GPU's step time around the predicted one: see
 # the module docstring; fitted by benchmarks/fit_straggler.py to the clean rows of
 # benchmarks/validation/published_scaling.csv (results/straggler-fit.json, held out by source)
@@ -109,33 +112,43 @@ def reduce_scatter_s(nbytes: float, n: int, bus_bw: float, latency_s: float) -> 
 all_gather_s = reduce_scatter_s
 
 
-def _nccl(coll: str, nbytes: float, gpus: int, gpus_per_node: int, node, network, gen: int):
-    """NCCL's tuner's time for ``coll`` (analysis/nccl.py), or None where the transport is not
-    NCCL's (an interconnect without NCCL hardware: gloo, as `dlperf probe --comm` measures)."""
+def _nccl(coll: str, nbytes: float, gpus: int, gpus_per_node: int, node, network, gen: int,
+          algorithms=None, protocols=None):
+    """NCCL's tuner's time for ``coll`` (analysis/nccl.py) among the ``algorithms`` and
+    ``protocols`` NCCL_ALGO and NCCL_PROTO allow (None: all), or None where the transport is
+    not NCCL's (an interconnect without NCCL hardware: gloo, as `dlperf probe --comm`
+    measures)."""
     from dlperf.analysis import nccl
 
     nodes = math.ceil(gpus / min(gpus, gpus_per_node))
     if not node.nccl or (nodes > 1 and not network.nccl):
         return None
-    return nccl.collective(coll, nbytes, gpus, gpus_per_node, node.bus_bandwidth,
-                           "nvlink" if node.nccl == "nvlink" else "pci",
-                           network.bus_bandwidth if network is not None else None, gen)
+    try:
+        return nccl.collective(coll, nbytes, gpus, gpus_per_node, node.bus_bandwidth,
+                               "nvlink" if node.nccl == "nvlink" else "pci",
+                               network.bus_bandwidth if network is not None else None, gen,
+                               algorithms, protocols)
+    except ValueError as exc:
+        raise DlperfError(f"--nccl-algo/--nccl-proto: {exc}") from None
 
 
 def _nccl_name(coll: str, nbytes: float, cfg, node, network, gen: int) -> str | None:
     """"algorithm/protocol" NCCL picks for ``coll`` of ``nbytes`` at ``cfg``'s scale (what the
     report names beside the communication time), None over a transport that is not NCCL's."""
-    choice = _nccl(coll, nbytes, cfg.gpus, cfg.gpus_per_node, node, network, gen)
+    choice = _nccl(coll, nbytes, cfg.gpus, cfg.gpus_per_node, node, network, gen,
+                   cfg.algorithms, cfg.protocols)
     return f"{choice.algorithm}/{choice.protocol}" if choice and nbytes > 0 else None
 
 
-def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network, gen: int = 1
-                ) -> float:
+def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network, gen: int = 1,
+                algorithms=None, protocols=None) -> float:
     """All-reduce of ``nbytes`` on ``gpus`` GPUs, ``gpus_per_node`` to a node: NCCL's choice of
     algorithm and protocol as its tuner times them (analysis/nccl.py; ``gen``: the GPUs'
     generation, nccl.generation); over a transport that is not NCCL's, a plain ring inside one
-    node, and across nodes hierarchically (see the module docstring)."""
-    choice = _nccl("allreduce", nbytes, gpus, gpus_per_node, node, network, gen)
+    node, and across nodes hierarchically (see the module docstring). ``algorithms``,
+    ``protocols``: what NCCL_ALGO and NCCL_PROTO allow (None: all)."""
+    choice = _nccl("allreduce", nbytes, gpus, gpus_per_node, node, network, gen, algorithms,
+                   protocols)
     if choice is not None:
         return choice.seconds
     g = min(gpus, gpus_per_node)
@@ -150,14 +163,16 @@ def allreduce_s(nbytes: float, gpus: int, gpus_per_node: int, node, network, gen
 
 
 def sharded_collective_s(nbytes: float, gpus: int, gpus_per_node: int, node, network,
-                         calls: int = 1, gen: int = 1) -> float:
+                         calls: int = 1, gen: int = 1, algorithms=None, protocols=None
+                         ) -> float:
     """All-gather (or reduce-scatter) of an ``nbytes`` buffer over ``gpus`` GPUs, split into
     ``calls`` collectives of equal size (FSDP issues one per wrapped unit): NCCL's flat ring
     (or PAT, one GPU per node) as its tuner times it (analysis/nccl.py); over a transport that
     is not NCCL's, a ring inside the node plus one of the node's 1/g share between the nodes."""
     if gpus <= 1 or nbytes <= 0:
         return 0.0
-    choice = _nccl("allgather", nbytes / calls, gpus, gpus_per_node, node, network, gen)
+    choice = _nccl("allgather", nbytes / calls, gpus, gpus_per_node, node, network, gen,
+                   algorithms, protocols)
     if choice is not None:
         return calls * choice.seconds
     g = min(gpus, gpus_per_node)
@@ -336,14 +351,15 @@ def timeline(predictions) -> Timeline:
     return Timeline(backward_end, t, optimizer, ready)
 
 
-def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bool = True
-                  ) -> dict:
+def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bool = True,
+                  caps: tuple[int, int] = (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)) -> dict:
     """DDP's buckets over ``tl``: ``comm(nbytes) -> seconds`` all-reduces one bucket.
     A parameter's gradient is ready when its module's last backward kernel ends (the end of
     the backward if the capture has none for it). ``overlap=False``: the all-reduces cannot
     run beside the backward (a CPU whose cores compute both, as gloo on one core per process
-    does: benchmarks/README.md), so they all start after it."""
-    buckets = ddp_buckets(params)
+    does: benchmarks/README.md), so they all start after it. ``caps``: (a bucket's, the
+    first's) bytes; Horovod's fusion buffers are (HOROVOD_FUSION_BYTES,) * 2."""
+    buckets = ddp_buckets(params, *caps)
     ready = [max(tl.grad_ready_s.get(name.rpartition(".")[0], tl.backward_end_s)
                  if overlap else tl.backward_end_s for name in names) for names, _ in buckets]
     comm_s = [comm(nbytes) for _, nbytes in buckets]
@@ -441,8 +457,8 @@ class ScaleConfig:
     # FSDP gathers and reduce-scatters on every micro-batch (its default; Composer's too)
     grad_accum: int = 1
     # DDP: the gradients' all-reduce runs beside the backward (torch DDP's buckets); False: it
-    # starts after the backward (Horovod with one fused buffer, as NVIDIA's multi-node MLPerf
-    # ResNet-50 configs run it: "Default is no NCCL and BWD overlap")
+    # starts after the backward, in Horovod's 64 MiB fusion buffers (one for ResNet-50), as
+    # NVIDIA's multi-node MLPerf ResNet-50 configs run it: "Default is no NCCL and BWD overlap"
     overlap: bool = True
     # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
@@ -451,8 +467,15 @@ class ScaleConfig:
     # the spread of one GPU's step time (coefficient of variation; None: STEP_CV, the fitted
     # one); the step waits for the slowest GPU (straggler_s)
     step_cv: float | None = None
+    # NCCL_ALGO and NCCL_PROTO as the job sets them ("Ring", "^Tree", "LL,Simple"; None: NCCL's
+    # own choice among all): the collectives are timed among what they allow
+    nccl_algo: str | None = None
+    nccl_proto: str | None = None
 
     def __post_init__(self):
+        for text, flag in ((self.nccl_algo, "--nccl-algo"), (self.nccl_proto, "--nccl-proto")):
+            if text is not None:
+                self._allowed(text, flag)
         if self.step_cv is not None and not 0 <= self.step_cv < 0.5:
             raise DlperfError(f"--step-cv {self.step_cv}: the spread of one GPU's step time is "
                               "a fraction from 0 to 0.5 (0.01: 1%)")
@@ -476,6 +499,27 @@ class ScaleConfig:
                 self.decode != "cpu" or self.loader_workers_per_gpu < 1):
             raise DlperfError("--loader-workers needs --decode cpu and a count of at least 1 "
                               "(the data loader's worker processes per GPU)")
+
+    @staticmethod
+    def _allowed(text: str, flag: str) -> frozenset:
+        from dlperf.analysis import nccl
+
+        known = nccl.ALGORITHMS if flag == "--nccl-algo" else nccl.PROTOCOLS
+        try:
+            return nccl.parse_list(text, known, flag)
+        except ValueError as exc:
+            raise DlperfError(str(exc)) from None
+
+    @property
+    def algorithms(self) -> frozenset | None:
+        """The NCCL algorithms ``nccl_algo`` allows (None: all)."""
+        return None if self.nccl_algo is None else self._allowed(self.nccl_algo, "--nccl-algo")
+
+    @property
+    def protocols(self) -> frozenset | None:
+        """The NCCL protocols ``nccl_proto`` allows (None: all)."""
+        return (None if self.nccl_proto is None
+                else self._allowed(self.nccl_proto, "--nccl-proto"))
 
     @property
     def nodes(self) -> int:
@@ -539,9 +583,13 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     elif cfg.strategy == "ddp":
         on_cpu = not analysis.device.tensor_cores
         overlap = cfg.overlap and not on_cpu
-        d = ddp_exposed_s(tl, params, lambda b: allreduce_s(b, cfg.gpus, cfg.gpus_per_node,
-                                                            node, network, gen),
-                          overlap=overlap)
+        # --no-overlap is Horovod's way: after the backward every gradient is ready at once,
+        # so they go in fusion buffers of up to 64 MiB, not in DDP's 25 MiB buckets
+        caps = ((HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
+                else (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES))
+        d = ddp_exposed_s(tl, params, lambda b: allreduce_s(
+            b, cfg.gpus, cfg.gpus_per_node, node, network, gen, cfg.algorithms, cfg.protocols),
+            overlap=overlap, caps=caps)
         copies = ddp_copy_s(grad_bytes, analysis)
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
         comm.update(d, bucket_copy_s=copies, overlap=overlap,
@@ -557,7 +605,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
 
         def collective(nbytes: float) -> float:
             return sharded_collective_s(nbytes, cfg.gpus, cfg.gpus_per_node, node, network,
-                                        gen=gen)
+                                        gen=gen, algorithms=cfg.algorithms,
+                                        protocols=cfg.protocols)
 
         gather = {u: collective(b * ratio) for u, b in grads.items()}
         reduce = {u: collective(b) for u, b in grads.items()}

@@ -94,11 +94,18 @@ def add_parser(sub) -> None:
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
     s.add_argument("--no-overlap", action="store_true",
-                   help="DDP: all-reduce the gradients after the backward instead of beside it "
-                        "(Horovod with one fused buffer)")
+                   help="DDP: all-reduce the gradients after the backward instead of beside it, "
+                        "in Horovod's 64 MiB fusion buffers (one for ResNet-50)")
     s.add_argument("--bn-group", type=positive_int, default=1,
                    help="GPUs of a node that share each batch norm's statistics (synchronised "
                         "batch norm in groups) [1]")
+    s.add_argument("--nccl-algo", default=None, metavar="LIST",
+                   help="NCCL_ALGO as the job sets it: ring, tree, pat, comma-separated, or ^ "
+                        "before the ones left out (^tree); the collectives are timed among "
+                        "those [NCCL's own choice]")
+    s.add_argument("--nccl-proto", default=None, metavar="LIST",
+                   help="NCCL_PROTO as the job sets it: LL, LL128, Simple, or ^ before the ones "
+                        "left out [NCCL's own choice]")
     s.add_argument("--step-cv", type=float, default=None, metavar="FRACTION",
                    help="the spread of one GPU's step time (coefficient of variation): every "
                         "synchronous step waits for the slowest GPU [0.01, fitted to the "
@@ -190,6 +197,9 @@ def run(args) -> int:
                           "side of the scale-out: add --gpus N (and --decode cpu)")
     if args.gpus is None and args.step_cv is not None:
         raise DlperfError("--step-cv is the spread of one GPU's step among many: add --gpus N")
+    if args.gpus is None and (args.nccl_algo or args.nccl_proto):
+        raise DlperfError("--nccl-algo and --nccl-proto shape the collectives of the "
+                          "scale-out: add --gpus N")
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
@@ -250,7 +260,8 @@ def _scale_out(args, analysis, model, console) -> dict:
                       decode_img_per_s_per_core=args.decode_rate,
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
                       overlap=not args.no_overlap, bn_group=args.bn_group,
-                      step_cv=args.step_cv)
+                      step_cv=args.step_cv, nccl_algo=args.nccl_algo,
+                      nccl_proto=args.nccl_proto)
     # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
     grad_bytes = 2 if analysis.config.precision == "half" else 4
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]
