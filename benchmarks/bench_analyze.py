@@ -77,7 +77,7 @@ def main() -> int:
     print(f"resnet50 b{batch} train: cold {cold:.2f} s, warm {warm:.2f} s "
           f"(flop_counter FLOPs only: warm {fc_warm:.2f} s)")
     # issue #14: `--gpus` reuses the analysis; its curve (1..4,096 GPUs) may add <= 10%
-    from dlperf.analysis.scaling import ScaleConfig, one_step, scale_out, scaling_curve
+    from dlperf.analysis.scaling import ScaleConfig, scale_out_and_curve
     from dlperf.hardware.interconnect import PRESETS
 
     with torch.device("meta"):
@@ -85,9 +85,8 @@ def main() -> int:
     params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
     node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
     scale_cfg = ScaleConfig(gpus=64)
-    def scale(an, ps, c):  # what `analyze --gpus` runs: one step's shape, the scale, the curve
-        step = one_step(an, ps)
-        return scale_out(an, ps, c, node, net, step), scaling_curve(an, ps, c, node, net, step)
+    def scale(an, ps, c):  # what `analyze --gpus` runs
+        return scale_out_and_curve(an, ps, c, node, net)
 
     _, _, scale_warm, _ = timed(lambda: scale(analysis, params, scale_cfg))
     resnet.update(scale_out_warm_median_s=scale_warm, scale_out_over_analysis=scale_warm / warm,

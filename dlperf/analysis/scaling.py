@@ -47,6 +47,7 @@ NVIDIA's own scaling tables show, and what grows the loss with the GPU count acr
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -473,9 +474,7 @@ class ScaleConfig:
     nccl_proto: str | None = None
 
     def __post_init__(self):
-        for text, flag in ((self.nccl_algo, "--nccl-algo"), (self.nccl_proto, "--nccl-proto")):
-            if text is not None:
-                self._allowed(text, flag)
+        self.algorithms, self.protocols  # parsed (and checked) once, then kept
         if self.step_cv is not None and not 0 <= self.step_cv < 0.5:
             raise DlperfError(f"--step-cv {self.step_cv}: the spread of one GPU's step time is "
                               "a fraction from 0 to 0.5 (0.01: 1%)")
@@ -501,25 +500,31 @@ class ScaleConfig:
                               "(the data loader's worker processes per GPU)")
 
     @staticmethod
-    def _allowed(text: str, flag: str) -> frozenset:
+    def _allowed(text: str | None, known: tuple[str, ...], flag: str) -> frozenset | None:
         from dlperf.analysis import nccl
 
-        known = nccl.ALGORITHMS if flag == "--nccl-algo" else nccl.PROTOCOLS
+        if text is None:
+            return None
         try:
             return nccl.parse_list(text, known, flag)
         except ValueError as exc:
             raise DlperfError(str(exc)) from None
 
-    @property
+    # cached: every collective of every scale asks (a frozen dataclass's cached_property
+    # writes the instance's __dict__, not a field)
+    @functools.cached_property
     def algorithms(self) -> frozenset | None:
         """The NCCL algorithms ``nccl_algo`` allows (None: all)."""
-        return None if self.nccl_algo is None else self._allowed(self.nccl_algo, "--nccl-algo")
+        from dlperf.analysis.nccl import ALGORITHMS
 
-    @property
+        return self._allowed(self.nccl_algo, ALGORITHMS, "--nccl-algo")
+
+    @functools.cached_property
     def protocols(self) -> frozenset | None:
         """The NCCL protocols ``nccl_proto`` allows (None: all)."""
-        return (None if self.nccl_proto is None
-                else self._allowed(self.nccl_proto, "--nccl-proto"))
+        from dlperf.analysis.nccl import PROTOCOLS
+
+        return self._allowed(self.nccl_proto, PROTOCOLS, "--nccl-proto")
 
     @property
     def nodes(self) -> int:
@@ -674,3 +679,12 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
             for n in CURVE]
+
+
+def scale_out_and_curve(analysis, params, cfg: ScaleConfig, node, network
+                        ) -> tuple[dict, list[dict]]:
+    """What `analyze --gpus` shows: ``scale_out`` at ``cfg``'s scale and the curve, sharing one
+    ``one_step``."""
+    step = one_step(analysis, params)
+    return (scale_out(analysis, params, cfg, node, network, step),
+            scaling_curve(analysis, params, cfg, node, network, step))

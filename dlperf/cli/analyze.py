@@ -233,7 +233,7 @@ def _scale_out(args, analysis, model, console) -> dict:
     """--gpus: the scaling curve of this analysis (one capture, reused), and the requested
     scale's row."""
     from dlperf.analysis.report import render_scaling
-    from dlperf.analysis.scaling import ScaleConfig, one_step, scale_out, scaling_curve
+    from dlperf.analysis.scaling import ScaleConfig, scale_out_and_curve
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
     from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
                                               load_scale_out)
@@ -265,9 +265,7 @@ def _scale_out(args, analysis, model, console) -> dict:
     # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
     grad_bytes = 2 if analysis.config.precision == "half" else 4
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]
-    step = one_step(analysis, params)  # what no GPU count changes, once for every scale
-    here = scale_out(analysis, params, cfg, node, network, step)
-    curve = scaling_curve(analysis, params, cfg, node, network, step)
+    here, curve = scale_out_and_curve(analysis, params, cfg, node, network)
     tokens = analysis.config.input_shape[1] if analysis.config.tokens else None
     # what published multi-GPU runs say about these predictions (hardware/track_record.py)
     line = describe_scale_out(analysis.device)
