@@ -204,6 +204,29 @@ def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
         get_interconnect(str(path))
     with pytest.raises(DlperfError, match="did you mean"):
         get_interconnect("nvlink4-h10")
+    # what Python's json lets through and would crash or poison the prediction: a quoted
+    # number (a TypeError before), NaN and Infinity (a "nan µs" line before), true (1 B/s)
+    good = {"name": "mine", "display_name": "my IB", "bus_bandwidth": 4e10, "latency_s": 4e-6,
+            "scope": "network", "source": "measured"}
+    for key, bad, says in (("bus_bandwidth", "4e10", "bus_bandwidth must be a positive"),
+                           ("bus_bandwidth", float("nan"), "got nan"),
+                           ("bus_bandwidth", float("inf"), "got inf"),
+                           ("bus_bandwidth", True, "got True"),
+                           ("bus_bandwidth", 0, "got 0"),
+                           ("latency_s", float("nan"), "latency_s must be a number >= 0"),
+                           ("latency_s", -1e-6, "latency_s must be a number >= 0"),
+                           ("name", ["x"], "name must be a string"),
+                           ("scope", "rack", "scope must be node or network")):
+        path.write_text(json.dumps({**good, key: bad}))
+        with pytest.raises(DlperfError, match=f"my-ib.json: .*{says}"):
+            get_interconnect(str(path))
+    # a rate or core count that is nan, infinite or negative printed a negative or nan
+    # throughput; the API refuses it as the command line does
+    for field in ("data_cores_per_gpu", "decode_img_per_s_per_core"):
+        for bad in (float("nan"), float("inf"), -5.0, True):
+            args = {"data_cores_per_gpu": 4.0, "decode_img_per_s_per_core": 215.0, field: bad}
+            with pytest.raises(DlperfError, match="positive finite number"):
+                ScaleConfig(gpus=8, decode="cpu", **args)
     for ic in PRESETS.values():  # every preset says where its figure comes from
         assert ic.source and ic.bus_bandwidth > 1e8 and ic.scope in ("node", "network")
         # and is NCCL's: NVLink or PCIe inside a node, a NIC between nodes
@@ -247,6 +270,21 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     assert code == 2 and "--data-cores" in err
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--loader-workers", "8"], capsys)
     assert code == 2 and "add --gpus N" in err and len(err.strip().splitlines()) == 1
+    for flag, bad in (("--decode-rate", "nan"), ("--decode-rate", "-5"), ("--data-cores", "inf"),
+                      ("--data-cores", "four")):
+        cores, rate = ("4", bad) if flag == "--decode-rate" else (bad, "215")
+        code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--decode",
+                                  "cpu", "--data-cores", cores, "--decode-rate", rate], capsys)
+        assert code == 2 and f"argument {flag}: expected a positive number" in err, (flag, bad)
+        assert len(err.strip().splitlines()) == 1 and "samples/s" not in out
+    # a bad interconnect file stops the command before the model is traced
+    bad = tmp_path / "bad-ic.json"
+    bad.write_text(json.dumps({"name": "x", "display_name": "x", "bus_bandwidth": "1e9",
+                               "latency_s": 1e-6, "scope": "node", "source": "s"}))
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--interconnect",
+                              str(bad)], capsys)
+    assert code == 2 and "bad-ic.json: bus_bandwidth must be a positive number" in err
+    assert "Time split" not in out  # the single-GPU report was never printed
     code, out, err = run_cli(["devices", "--interconnects"], capsys)
     assert code == 0 and "nvlink4-h200" in out and "nccl-tests#272" in out
 

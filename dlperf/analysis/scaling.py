@@ -436,6 +436,11 @@ STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op")
 DECODES = ("gpu", "cpu", "synthetic")
 
 
+def _real(value) -> bool:
+    """An int or float that is not a bool (JSON's true would otherwise pass as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class ScaleConfig:
     """How the job is spread: ``gpus`` in nodes of ``gpus_per_node``, data parallel by DDP or
@@ -493,6 +498,11 @@ class ScaleConfig:
             raise DlperfError("--decode cpu needs --data-cores (host cores per GPU) and "
                               "--decode-rate (images/s one core decodes; `dlperf bench data` "
                               "measures it)")
+        # nan, inf or a negative rate would print a negative or nan throughput, not an error
+        for flag, value in (("--data-cores", self.data_cores_per_gpu),
+                            ("--decode-rate", self.decode_img_per_s_per_core)):
+            if value is not None and not (_real(value) and 0 < value < math.inf):
+                raise DlperfError(f"{flag} {value!r}: give a positive finite number")
 
         if self.loader_workers_per_gpu is not None and (
                 self.decode != "cpu" or self.loader_workers_per_gpu < 1):

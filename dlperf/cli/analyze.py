@@ -3,7 +3,8 @@ with --measure, measured beside predicted."""
 
 from __future__ import annotations
 
-from dlperf.cli.common import batch_size_arg, new_console, output_file, positive_int
+from dlperf.cli.common import (batch_size_arg, new_console, output_file, positive_float,
+                               positive_int)
 from dlperf.errors import DlperfError
 
 
@@ -113,14 +114,14 @@ def add_parser(sub) -> None:
     s.add_argument("--decode", choices=("gpu", "cpu", "synthetic"), default="gpu",
                    help="where JPEGs are decoded: on the GPU (DALI/nvJPEG), on host cores "
                         "(needs --data-cores and --decode-rate), or synthetic data [gpu]")
-    s.add_argument("--data-cores", type=float, default=None,
+    s.add_argument("--data-cores", type=positive_float, default=None,
                    help="host cores decoding for each GPU (with --decode cpu): the node's "
                         "cores / --gpus-per-node")
     s.add_argument("--loader-workers", type=positive_int, default=None,
                    help="the data loader's worker processes per GPU (with --decode cpu): a GPU "
                         "then decodes on min(workers, the node's cores / the GPUs sharing "
                         "them), so one GPU alone on a host decodes faster than eight sharing it")
-    s.add_argument("--decode-rate", type=float, default=None,
+    s.add_argument("--decode-rate", type=positive_float, default=None,
                    help="images/s one host core decodes and augments (with --decode cpu; "
                         "`dlperf bench data` measures it on a machine)")
     g = a.add_argument_group("gpt and its presets (gpt2 .. gpt2-xl, mpt-125m .. mpt-70b): "
@@ -200,6 +201,7 @@ def run(args) -> int:
     if args.gpus is None and (args.nccl_algo or args.nccl_proto):
         raise DlperfError("--nccl-algo and --nccl-proto shape the collectives of the "
                           "scale-out: add --gpus N")
+    scale_setup = _scale_setup(args, spec.name, console) if args.gpus else None
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
@@ -211,7 +213,7 @@ def run(args) -> int:
                                for s in specs[1:]]
         result["comparison"] = render_comparison(others, console)
     if args.gpus:
-        result["scale_out"] = _scale_out(args, analysis, model, console)
+        result["scale_out"] = _scale_out(args, analysis, model, console, scale_setup)
     if args.measure:
         result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
     if args.json:
@@ -229,20 +231,16 @@ def run(args) -> int:
     return 0
 
 
-def _scale_out(args, analysis, model, console) -> dict:
-    """--gpus: the scaling curve of this analysis (one capture, reused), and the requested
-    scale's row."""
-    from dlperf.analysis.report import render_scaling
-    from dlperf.analysis.scaling import ScaleConfig, scale_out_and_curve
+def _scale_setup(args, device: str, console):
+    """--gpus: the interconnects and the ScaleConfig, checked before the capture, so that a
+    mistyped interconnect file or flag stops the command before the model is traced."""
+    from dlperf.analysis.scaling import ScaleConfig
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
-    from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
-                                              load_scale_out)
 
-    if not analysis.config.train:
+    if not args.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
     names = [n.strip() for n in args.interconnect.split(",")]
     if names == ["auto"]:
-        device = analysis.device.name
         auto = auto_interconnects(device)
         if auto is None:
             raise DlperfError(f"--interconnect auto knows no system for {device}; name one, "
@@ -262,6 +260,18 @@ def _scale_out(args, analysis, model, console) -> dict:
                       overlap=not args.no_overlap, bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto)
+    return cfg, node, network
+
+
+def _scale_out(args, analysis, model, console, setup) -> dict:
+    """--gpus: the scaling curve of this analysis (one capture, reused), and the requested
+    scale's row; ``setup``: what ``_scale_setup`` checked before the capture."""
+    from dlperf.analysis.report import render_scaling
+    from dlperf.analysis.scaling import scale_out_and_curve
+    from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
+                                              load_scale_out)
+
+    cfg, node, network = setup
     # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
     grad_bytes = 2 if analysis.config.precision == "half" else 4
     params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]

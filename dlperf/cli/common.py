@@ -4,6 +4,7 @@ the conventions for output files (`--json PATH`, `--out`, results in benchmarks/
 from __future__ import annotations
 
 import argparse
+import math
 
 from dlperf.errors import DlperfError
 
@@ -31,6 +32,18 @@ def batch_size_arg(text: str) -> int:
     value = int_at_least(text, 1, "a positive integer")
     if value > 1 << 24:  # tensor sizes overflow long before; no GPU holds such a batch
         raise argparse.ArgumentTypeError(f"expected at most {1 << 24:,}, got {value:,}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0 (a rate, a core count): float() alone lets nan, inf and
+    negatives through, and each of them turns a prediction into nonsense without an error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
 
 

@@ -22,6 +22,7 @@ without ``nccl`` (gloo, measured by `dlperf probe --comm`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -130,6 +131,23 @@ def auto_interconnects(device: str) -> tuple[str, str, bool] | None:
     return None
 
 
+def _check_file_fields(ic: Interconnect, path: Path) -> None:
+    """Refuse what would turn into a nan, negative or crashing prediction: Python's json reads
+    NaN and Infinity, a quoted number stays a string, and true is an int to Python."""
+    for key in ("name", "display_name", "scope", "source", "nccl"):
+        if not isinstance(getattr(ic, key), str):
+            raise DlperfError(f"{path}: {key} must be a string, got {getattr(ic, key)!r}")
+    for key, low in (("bus_bandwidth", 0.0), ("latency_s", None)):
+        value = getattr(ic, key)
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value) or value < 0 or (low is not None and value <= low)):
+            what = "a positive number (B/s)" if low is not None else "a number >= 0 (seconds)"
+            raise DlperfError(f"{path}: {key} must be {what}, got {value!r}")
+    if ic.scope not in ("node", "network") or ic.nccl not in ("", "nvlink", "pci", "net"):
+        raise DlperfError(f"{path}: scope must be node or network, and nccl nvlink, pci, net or "
+                          f"absent (got scope {ic.scope!r}, nccl {ic.nccl!r})")
+
+
 def get_interconnect(name: str) -> Interconnect:
     """A preset by name, or a JSON file: the fields of Interconnect (bus_bandwidth in B/s), or
     what `dlperf probe --comm` writes."""
@@ -142,15 +160,12 @@ def get_interconnect(name: str) -> Interconnect:
             if isinstance(data, dict) and "interconnect" in data:  # `dlperf probe --comm`
                 data = data["interconnect"]
             ic = Interconnect(**data)
-        except (ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError) as exc:
             raise DlperfError(f"{path}: not an interconnect file ({exc}); give name, "
                               "display_name, bus_bandwidth (B/s), latency_s, scope (node or "
                               "network), source and, for NCCL, nccl (nvlink, pci or net)"
                               ) from None
-        if (ic.bus_bandwidth <= 0 or ic.latency_s < 0 or ic.scope not in ("node", "network")
-                or ic.nccl not in ("", "nvlink", "pci", "net")):
-            raise DlperfError(f"{path}: bus_bandwidth must be positive, latency_s >= 0, "
-                              "scope node or network, and nccl nvlink, pci, net or absent")
+        _check_file_fields(ic, path)
         return ic
     raise DlperfError(f"unknown interconnect {name!r}{close_matches(name, list(PRESETS))}; "
                       f"choose one of {', '.join(PRESETS)} or a .json file")
