@@ -43,6 +43,10 @@ expected maximum of N standard normals (``expected_max_normal``: 0 for one GPU, 
 1.42 for eight, 3.63 for 4,096). ``STEP_CV`` is fitted to the published table
 (benchmarks/fit_straggler.py); it is what turns "~99% on one node" into the 95-98% that
 NVIDIA's own scaling tables show, and what grows the loss with the GPU count across nodes.
+Where the host's JPEG decode sets the pace, each rank's step is its loader's time for a batch
+and the step waits for the slowest loader the same way: batch / host rate x (1 + cv e(N)).
+``benchmarks/bench_input_side_cpu.py`` checks the input side on real decoding and real
+synchronisation (sleeping "GPUs"; results/input-side-cpu.json).
 """
 
 from __future__ import annotations
@@ -334,6 +338,21 @@ class Timeline:
     optimizer_s: float
     grad_ready_s: dict  # module path -> seconds
 
+    def param_ready_s(self, name: str) -> float:
+        """When the gradient of parameter ``name`` ("a.b.weight") exists: its module's last
+        backward kernel, or, where its module runs none, the nearest enclosing module's that
+        does. A parameter can belong to a module whose forward never runs: nn.MultiheadAttention
+        keeps ``out_proj`` as a Linear but multiplies by its weight in its own functional
+        forward, so those kernels are the attention module's; a model-level parameter (ViT's
+        class token) is the root's (path ""). The end of the backward when no module has one."""
+        path = name.rpartition(".")[0]
+        while True:
+            if path in self.grad_ready_s:
+                return self.grad_ready_s[path]
+            if not path:
+                return self.backward_end_s
+            path = path.rpartition(".")[0]
+
 
 def timeline(predictions) -> Timeline:
     """The step's kernels in issue order (the capture's order), each taking its predicted time."""
@@ -355,14 +374,14 @@ def timeline(predictions) -> Timeline:
 def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bool = True,
                   caps: tuple[int, int] = (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)) -> dict:
     """DDP's buckets over ``tl``: ``comm(nbytes) -> seconds`` all-reduces one bucket.
-    A parameter's gradient is ready when its module's last backward kernel ends (the end of
-    the backward if the capture has none for it). ``overlap=False``: the all-reduces cannot
+    A parameter's gradient is ready when its module's last backward kernel ends (or its
+    nearest enclosing module's, ``Timeline.param_ready_s``). ``overlap=False``: the all-reduces cannot
     run beside the backward (a CPU whose cores compute both, as gloo on one core per process
     does: benchmarks/README.md), so they all start after it. ``caps``: (a bucket's, the
     first's) bytes; Horovod's fusion buffers are (HOROVOD_FUSION_BYTES,) * 2."""
     buckets = ddp_buckets(params, *caps)
-    ready = [max(tl.grad_ready_s.get(name.rpartition(".")[0], tl.backward_end_s)
-                 if overlap else tl.backward_end_s for name in names) for names, _ in buckets]
+    ready = [max(tl.param_ready_s(name) if overlap else tl.backward_end_s for name in names)
+             for names, _ in buckets]
     comm_s = [comm(nbytes) for _, nbytes in buckets]
     end, exposed = serial_overlap(ready, comm_s, tl.backward_end_s)
     return {"buckets": len(buckets), "comm_s": sum(comm_s), "comm_end_s": end,
@@ -540,6 +559,13 @@ class ScaleConfig:
     def nodes(self) -> int:
         return math.ceil(self.gpus / self.gpus_per_node)
 
+    def host_img_per_s(self, gpus_in_node: int) -> float:
+        """Images/s the host decodes for each GPU when ``gpus_in_node`` GPUs share a node (inf
+        for a decode on the GPU or synthetic data): the GPU takes min(its own rate, this)."""
+        if self.decode != "cpu":
+            return math.inf
+        return self.decode_parallelism(gpus_in_node) * self.decode_img_per_s_per_core
+
     def decode_parallelism(self, gpus_in_node: int) -> float:
         """Host cores decoding for each GPU when ``gpus_in_node`` GPUs share a node. Without a
         worker count the loader is taken as sized to the GPU's share of the host
@@ -639,29 +665,32 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     comm["bn_sync_s"] = bn_sync
     exposed += bn_sync
     cv = STEP_CV if cfg.step_cv is None else cfg.step_cv
-    wait = straggler_s(accum * micro_s + optimizer_s, cfg.gpus, cv)
-    step_s = accum * micro_s + exposed + optimizer_s + wait  # one optimizer step
     batch = analysis.batch_size * accum
+    gpu_wait = straggler_s(accum * micro_s + optimizer_s, cfg.gpus, cv)
+    step_s = accum * micro_s + exposed + optimizer_s + gpu_wait  # one optimizer step
     gpu_rate = batch / step_s
-    def host_rate_for(gpus_in_node: int) -> float:
-        return (cfg.decode_parallelism(gpus_in_node) * cfg.decode_img_per_s_per_core
-                if cfg.decode == "cpu" else math.inf)
-
-    host_rate = host_rate_for(min(cfg.gpus, cfg.gpus_per_node))
-    per_gpu = min(gpu_rate, host_rate)
+    host_rate = cfg.host_img_per_s(min(cfg.gpus, cfg.gpus_per_node))
+    # Where the host's decode sets the pace, each rank's step is its loader's time for a batch,
+    # and the synchronous step still waits for the slowest rank: the same spread applies to
+    # that time (one rank alone waits for nobody: the host rate itself)
+    input_s = batch / host_rate
+    input_wait = straggler_s(input_s, cfg.gpus, cv)
+    input_bound = input_s + input_wait > step_s
+    per_gpu = batch / (input_s + input_wait) if input_bound else gpu_rate
+    wait = input_wait if input_bound else gpu_wait
     # the ways out of a host decode: the GPUs' own rate, which a decode on the GPU (DALI,
     # nvJPEG) would feed (its own GPU time not counted), or the host cores per GPU that would
     # keep up at the same per-core rate
     alternatives = ({"gpu_decode_samples_per_s": gpu_rate,
                      "host_cores_needed_per_gpu": gpu_rate / cfg.decode_img_per_s_per_core}
                     if cfg.decode == "cpu" else {})
-    if host_rate < gpu_rate:
+    if input_bound:
         limit = "input (host JPEG decode)"
     elif exposed > 0.05 * step_s:
         limit = "communication"
     else:
         limit = "compute"
-    single_rate = min(batch / (accum * micro_s + tl.optimizer_s), host_rate_for(1))
+    single_rate = min(batch / (accum * micro_s + tl.optimizer_s), cfg.host_img_per_s(1))
     memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
@@ -672,7 +701,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "step_s": batch / per_gpu, "single_gpu_step_s": accum * micro_s + tl.optimizer_s,
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
-            "input_bound": host_rate < gpu_rate,
+            "input_bound": input_bound,
             "host_img_per_s": None if math.isinf(host_rate) else host_rate, **alternatives,
             "limited_by": limit, "communication": comm}
 
