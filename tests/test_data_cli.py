@@ -284,3 +284,25 @@ def test_ffcv_row_reads_every_sample_in_the_loader_layout(tmp_path):
     labels = torch.cat([labels for _, labels in batches])
     assert sorted(labels.tolist()) == [0] * 5 + [1] * 5
     assert 0 < _beton_payload_mb(beton) < beton.stat().st_size / 1e6  # pages are padded
+
+
+def test_names_with_brackets_print_as_written(tmp_path, capsys):
+    # rich reads "[...]" as markup: a folder named "x[" + "/" + "]y" crashed inspect, prepare
+    # and bench with a MarkupError ("closing tag '[/]' ... has nothing to close"), and
+    # "[exp1]" vanished from printed paths; every console now prints strings literally
+    root = make_folder(tmp_path / "runs[/]x", classes=2, per_class=3, size=(120, 160))
+    (root / "class00" / "trunc[bold].JPEG").write_bytes(
+        (root / "class00" / "img000.JPEG").read_bytes()[:600])
+    dst = tmp_path / "[exp1]" / "shards"
+    assert main(["data", "inspect", str(root)]) == 0
+    assert f"{root}: decode paths" in " ".join(capsys.readouterr().out.split())
+    assert main(["data", "prepare", str(root), str(dst)]) == 0
+    out = capsys.readouterr().out
+    assert f"to {dst}" in " ".join(out.split())  # "[exp1]" kept
+    assert "skipped" in out and "trunc[bold].JPEG" in out
+    assert main(["data", "verify", str(dst)]) == 0
+    assert "OK: 6 samples" in capsys.readouterr().out
+    # the benchmark compares pipelines on one set of images: a bad one stops it, named
+    code = main(["bench", "data", str(root), "--rounds", "1", "--out", str(tmp_path / "b.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "trunc[bold].JPEG: corrupt JPEG" in err[0]

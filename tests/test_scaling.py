@@ -319,6 +319,13 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
                               str(bad)], capsys)
     assert code == 2 and "bad-ic.json: bus_bandwidth must be a positive number" in err
     assert "Time split" not in out  # the single-GPU report was never printed
+    # a display name is the user's text: printed as written (rich markup crashed on "[/]")
+    bad.write_text(json.dumps({"name": "x", "display_name": "[/] my [bold]IB", "source": "s",
+                               "bus_bandwidth": 1e10, "latency_s": 1e-6, "scope": "network"}))
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "16", "--interconnect",
+                              f"nvlink4-h100,{bad}"], capsys)
+    assert code == 0, err
+    assert "then [/] my [bold]IB; DDP" in " ".join(out.split())
     code, out, err = run_cli(["devices", "--interconnects"], capsys)
     assert code == 0 and "nvlink4-h200" in out and "nccl-tests#272" in out
 

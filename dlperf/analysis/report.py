@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from dlperf.analysis.html import dtype_label
 from dlperf.hardware.track_record import describe as describe_record
+from dlperf.term import new_console, styled
 from dlperf.units import gib, seconds, si
 
 
@@ -19,11 +20,11 @@ def _gemm_text(c) -> str:
     return f"{text} x{g.batch}" if g.batch > 1 else text
 
 
-def _limit_text(p) -> str:
+def _limit_text(p) -> str | Text:
     """What sets the predicted time, shown only where it is not what ``bound`` suggests (a
     memory-bound kernel limited by its quantised math, or by launch cost)."""
     expected = {"compute": "math", "memory": "memory"}.get(p.bound)
-    return "" if p.limited_by == expected else f"[magenta]{p.limited_by}[/]"
+    return "" if p.limited_by == expected else Text(p.limited_by, style="magenta")
 
 
 def rate(value: float) -> str:
@@ -34,23 +35,20 @@ def rate(value: float) -> str:
 
 
 def render(analysis, console: Console | None = None, top: int = 25, macs: bool = False) -> None:
-    console = console or Console()
+    console = console or new_console()
     totals = analysis.totals()
     work = "MACs" if macs else "FLOPs"
     scale = 0.5 if macs else 1.0
     console.print(_kernel_table(analysis, top, macs))
     console.print(
-        f"[bold]Predicted step[/]: {seconds(totals['predicted_time_s'])} "
-        f"= [bold]{rate(totals['samples_per_s'])} samples/s[/]"
-        + (f" ([bold]{rate(totals['tokens_per_s'])} tokens/s[/])" if "tokens_per_s" in totals
-           else "")
+        styled("[bold]Predicted step[/]: {} = [bold]{} samples/s[/]",
+               seconds(totals["predicted_time_s"]), rate(totals["samples_per_s"]))
+        + (styled(" ([bold]{} tokens/s[/])", rate(totals["tokens_per_s"]))
+           if "tokens_per_s" in totals else "")
         + f" at batch {analysis.batch_size}; "
         f"{si(totals['flops'] * scale)}{work} ({'MACs' if macs else '2 FLOPs per multiply-add'}), "
         f"{si(totals['bytes'], 'B')} moved, {totals['kernels']} kernels.")
-    record = describe_record(analysis.device, analysis.config)
-    if record:
-        text, warn = record
-        console.print(f"[yellow]{escape(text)}[/]" if warn else f"[dim]{escape(text)}[/]")
+    _print_record(describe_record(analysis.device, analysis.config), console)
     phases = ", ".join(f"{k} {seconds(v)}" for k, v in totals["time_by_phase_s"].items())
     console.print(
         f"Time split: math-limited {seconds(totals['compute_time_s'])}, memory-limited "
@@ -88,8 +86,9 @@ def _kernel_table(analysis, top: int, macs: bool) -> Table:
     for p in ranked:
         c = p.cost
         aligned = "" if p.aligned is None else (
-            "yes" if p.aligned else "[red]no: " + ",".join(d.upper() for d in p.misaligned) + "[/]")
-        bound = "[yellow]memory[/]" if p.bound == "memory" else p.bound
+            "yes" if p.aligned else Text("no: " + ",".join(d.upper() for d in p.misaligned),
+                                         style="red"))
+        bound = Text("memory", style="yellow") if p.bound == "memory" else p.bound
         intensity = "inf" if p.intensity == float("inf") else f"{p.intensity:.3g}"
         table.add_row(c.module or "(model)", c.op, c.phase, _gemm_text(c),
                       si(c.flops * scale), si(c.bytes, "B"), intensity, bound,
@@ -108,9 +107,9 @@ def _notes(analysis, console) -> None:
     memory = analysis.memory_report()
     if memory and memory["total_bytes"]:
         cap = f" of {gib(memory['device_bytes'])}" if memory["device_bytes"] else ""
-        verdict = {True: "", False: " [bold red]does not fit[/]", None: ""}[memory["fits"]]
+        verdict = styled(" [bold red]does not fit[/]") if memory["fits"] is False else ""
         console.print(
-            f"Memory per device: ~{gib(memory['total_bytes'])}{cap}{verdict} (weights "
+            Text(f"Memory per device: ~{gib(memory['total_bytes'])}{cap}") + verdict + f" (weights "
             f"{gib(memory['weights_bytes'])}, gradients {gib(memory['gradients_bytes'])}, "
             f"optimizer state {gib(memory['optimizer_state_bytes'])}, activations saved for "
             f"the backward {gib(memory['activations_bytes'])}; workspaces and the allocator's "
@@ -122,22 +121,30 @@ def _notes(analysis, console) -> None:
         winograd = (f" (an NCHW 3x3 convolution under cuDNN's Winograd: {eff.winograd:.0%} of "
                     "its math time)" if eff.winograd < 1 else "")
         console.print(
-            f"[dim]Efficiency model ({eff.source or 'hardware/efficiency.py'}): GEMMs "
+            f"Efficiency model ({eff.source or 'hardware/efficiency.py'}): GEMMs "
             f"{eff.tensor_gemm:.0%} and convolutions {eff.tensor_conv:.0%} of Tensor Core peak "
             f"after tile/wave losses, fused attention "
             f"{eff.math('attention'):.0%}, FP32 {eff.cuda_core:.0%}"
             f"{winograd}; memory "
             f"{eff.bandwidth(spec) / 1e9:,.0f} GB/s achieved of {spec.mem_bandwidth / 1e9:,.0f} "
             f"(depthwise {eff.depthwise:.0%} of that); {eff.launch_s * 1e6:.2g} us GPU and "
-            f"{eff.host_s * 1e6:.2g} us CPU per kernel.[/]")
+            f"{eff.host_s * 1e6:.2g} us CPU per kernel.", style="dim")
     if analysis.uncounted:
         items = ", ".join(f"{op} x{n}" for op, n in sorted(analysis.uncounted.items()))
-        console.print(f"[yellow]Uncounted ops (no cost rule, not in the totals)[/]: {items}")
+        console.print(styled("[yellow]Uncounted ops (no cost rule, not in the totals)[/]: {}",
+                             items))
     if analysis.findings:
-        console.print("[bold]What the guide says to do[/]:")
+        console.print(styled("[bold]What the guide says to do[/]:"))
         for f in analysis.findings:
             gain = f" (saves ~{seconds(f.saving_s)} per step)" if f.saving_s > 0 else ""
-            console.print(f"  - {escape('[' + f.rule + ']')} {escape(f.message)}{gain}")
+            console.print(f"  - [{f.rule}] {f.message}{gain}")
+
+
+def _print_record(record: tuple[str, bool] | None, console) -> None:
+    """dlperf's published track record line: yellow where it is flagged systematic, else dim."""
+    if record:
+        text, warn = record
+        console.print(text, style="yellow" if warn else "dim")
 
 
 def render_scaling(here: dict, curve: list[dict], node, network, console,
@@ -155,7 +162,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     above = (" (above 100%: each GPU updates only its shard of the optimizer state)"
              if here["scaling_efficiency"] > 1.0 and comm["strategy"].startswith("fsdp") else "")
     console.print(
-        f"[bold]On {here['gpus']:,} GPUs[/] ({here['nodes']:,} node(s); {node.display_name}"
+        styled("[bold]On {} GPUs[/]", f"{here['gpus']:,}")
+        + f" ({here['nodes']:,} node(s); {node.display_name}"
         + (f", then {network.display_name}" if here["nodes"] > 1 else "") + f"; "
         f"{comm['strategy'].upper()}): {rate(here['per_gpu_samples_per_s'] * scale)} {unit} per "
         f"GPU, {rate(here['total_samples_per_s'] * scale)} in all, "
@@ -173,8 +181,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            f"decode's own GPU time; on the host it needs "
            f"{here['host_cores_needed_per_gpu']:.1f} cores per GPU at this rate)"
            if here["input_bound"] else "")
-        + (f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}"
-           + (" [bold red](does not fit)[/]" if here["memory_per_gpu"].get("fits") is False
+        + (Text(f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}")
+           + (styled(" [bold red](does not fit)[/]") if here["memory_per_gpu"].get("fits") is False
               else "") if here.get("memory_per_gpu") else "") + ".")
     table = Table(title="Scaling, same per-GPU batch", title_justify="left", header_style="bold")
     per = "tokens/s" if tokens_per_sample else "/s"
@@ -188,9 +196,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                       seconds(row["exposed_comm_s"]), seconds(row["straggler_s"]),
                       row["limited_by"])
     console.print(table)
-    if record:
-        text, warn = record
-        console.print(f"[yellow]{escape(text)}[/]" if warn else f"[dim]{escape(text)}[/]")
+    _print_record(record, console)
     if band:
         console.print(f"Read through that record, {here['scaling_efficiency']:.1%} of one GPU on "
                       f"{here['gpus']:,} GPUs is {band[0]:.1%}-{band[1]:.1%} (the middle half of "
@@ -199,7 +205,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
 
 def render_measurement(m, console: Console | None = None, top: int = 25) -> None:
     """Measured beside predicted, per kernel, largest measured first."""
-    console = console or Console()
+    console = console or new_console()
     t = m.totals()
     table = Table(title=f"Measured on {m.device} (median of {m.steps} steps) vs predicted for "
                         f"{m.analysis.device.display_name}", title_justify="left",
@@ -218,14 +224,14 @@ def render_measurement(m, console: Console | None = None, top: int = 25) -> None
     kinds = ", ".join(f"{k} {v['measured_s'] / v['predicted_s']:.2f}x"
                       for k, v in t["by_kind"].items() if v["predicted_s"] > 0)
     console.print(
-        f"[bold]Measured[/] {seconds(t['measured_s'])} in costed kernels (+{seconds(t['free_ops_s'])}"
+        styled("[bold]Measured[/]") + f" {seconds(t['measured_s'])} in costed kernels (+{seconds(t['free_ops_s'])}"
         f" in view/metadata ops) vs predicted {seconds(t['predicted_s'])}: "
         f"{t['measured_over_predicted']:.2f}x; by kind: {kinds}. Time-weighted median per-kernel "
         f"error {t['weighted_median_abs_error']:.0%}. Measured {t['measured_samples_per_s']:,.1f} "
         "samples/s (kernel time only).")
 
 
-def _record_cell(record: dict | None) -> str:
+def _record_cell(record: dict | None) -> str | Text:
     """The comparison table's track-record cell: the workload's class where it has 3 runs or
     more, else the device's; yellow where the whole line is flagged systematic."""
     if not record:
@@ -234,12 +240,12 @@ def _record_cell(record: dict | None) -> str:
     if not s:
         return "none published"
     cell = f"{s['rows']} runs, median {s['median']:.2f}x"
-    return f"[yellow]{cell}[/]" if record["systematic"] else cell
+    return Text(cell, style="yellow") if record["systematic"] else cell
 
 
 def render_comparison(analyses: list, console: Console | None = None) -> list[dict]:
     """One model, several devices: predicted step, throughput, what bounds it, the top fix."""
-    console = console or Console()
+    console = console or new_console()
     cfg = analyses[0].config
     table = Table(title=f"{cfg.model}, batch {analyses[0].batch_size}, {cfg.dtype}, "
                         f"{'train' if cfg.train else 'inference'}: the same kernels on each device",

@@ -151,14 +151,21 @@ def _dlperf(cfg: DataBenchConfig, data, threads: int, limits=None):
 
 
 def lossless_copy(src: str, dst: Path) -> Path:
-    """The corpus folder with every JPEG rewritten by ``lossless_restart`` (same pixels)."""
-    from dlperf.data.decode import lossless_restart
+    """The corpus folder with every JPEG rewritten by ``lossless_restart`` (same pixels). A file
+    that is not a whole JPEG stops the benchmark with its name: every pipeline must read the
+    same images, and some of them (torchvision's) have no way to skip one."""
+    from dlperf.data.decode import BadImage, lossless_restart
 
     for path in sorted(Path(src).rglob("*")):
         if path.is_file():
             target = dst / path.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(lossless_restart(path.read_bytes()))
+            try:
+                target.write_bytes(lossless_restart(path.read_bytes()))
+            except BadImage as exc:
+                raise DlperfError(f"{path}: {exc}; the benchmark times every pipeline on the "
+                                  "same images: remove it, or benchmark a `dlperf data "
+                                  "prepare` output, which skips such files") from None
     return dst
 
 

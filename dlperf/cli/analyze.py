@@ -247,9 +247,10 @@ def _scale_setup(args, device: str, console):
                               "e.g. --interconnect nvlink4-h100,ib-ndr")
         *names, assumed = auto
         if assumed:
-            console.print(f"[yellow]--interconnect auto: {device} is a PCIe card: {names[0]} "
+            console.print(f"--interconnect auto: {device} is a PCIe card: {names[0]} "
                           f"through the host inside a node, {names[1]} between nodes "
-                          "(assumed: name yours with --interconnect NODE,NETWORK)[/]")
+                          "(assumed: name yours with --interconnect NODE,NETWORK)",
+                          style="yellow")
     if len(names) == 1:
         names.append(names[0])
     node, network = (get_interconnect(n) for n in names[:2])

@@ -7,6 +7,7 @@ import argparse
 import math
 
 from dlperf.errors import DlperfError
+from dlperf.term import new_console, styled  # noqa: F401  (the commands' console)
 
 
 class Parser(argparse.ArgumentParser):
@@ -51,12 +52,6 @@ def nonnegative_int(text: str) -> int:
     return int_at_least(text, 0, "an integer >= 0")
 
 
-def new_console():
-    """Rich console; 160 columns when output is not a terminal (logs, CI) so tables stay legible."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 def write_result(path: str | None, result: dict, console) -> None:
@@ -95,7 +90,7 @@ def warn_native(console) -> None:
 
     line = warning()
     if line:
-        console.print(f"[yellow]warning:[/] {line}")
+        console.print(styled("[yellow]warning:[/] {}", line))
 
 
 def default_corpus():

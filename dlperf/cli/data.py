@@ -4,7 +4,7 @@ paths, and make the benchmark corpus or a toy dataset."""
 from __future__ import annotations
 
 from dlperf.cli.common import (Parser, new_console, nonnegative_int, output_file, positive_int,
-                               warn_native, write_result)
+                               styled, warn_native, write_result)
 from dlperf.errors import DlperfError
 
 
@@ -120,8 +120,8 @@ def _prepare(args, console) -> int:
                   "rewrite: random crops decode only the data under them).")
     for label, rows in (("[yellow]skipped[/]", summary["bad"]),
                         ("[cyan]changed[/]", summary["changed"])):
-        for name, reason in rows[:20]:
-            console.print(f"  {label} {name}: {reason}")
+        for name, reason in rows[:20]:  # file names are the user's: printed as written
+            console.print(styled(f"  {label} {{}}: {{}}", name, reason))
         if len(rows) > 20:
             console.print(f"  ... {len(rows) - 20} more in {args.dst}/prepare-report.json")
     write_result(args.json, summary, console)
@@ -174,9 +174,9 @@ def _verify(args, console) -> int:
         task = bar.add_task("verifying", total=n)
         result = verify(args.dst, progress=lambda: bar.advance(task), threads=args.threads)
     for note in result["notes"]:
-        console.print(f"  [yellow]note[/] {note}")
+        console.print(styled("  [yellow]note[/] {}", note))
     for where, problem in result["problems"][:20]:
-        console.print(f"  [red]problem[/] {where}: {problem}")
+        console.print(styled("  [red]problem[/] {}: {}", where, problem))
     if len(result["problems"]) > 20:
         console.print(f"  ... {len(result['problems']) - 20} more problems")
     ok = not result["problems"]

@@ -21,6 +21,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from rich.table import Table
+    from rich.text import Text
 
     from dlperf.hardware import interconnect
     from dlperf.hardware.specs import MATH_UNITS, PRESETS
@@ -70,7 +71,7 @@ def run(args) -> int:
         rec = load().get(spec.name, {}).get("all")
         record = "-" if not rec else f"{rec['rows']} runs, {rec['median']:.2f}x"
         if rec and abs(rec["median"] - 1) > SYSTEMATIC:
-            record = f"[yellow]{record}[/]"
+            record = Text(record, style="yellow")
         table.add_row(spec.name, spec.display_name, str(spec.sm_count),
                       f"{spec.mem_bandwidth / 1e9:,.0f}",
                       *(f"{spec.peak[u] / 1e12:,.1f}" if u in spec.peak else "-"

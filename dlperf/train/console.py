@@ -91,9 +91,9 @@ class Progress:
     def epoch_line(self, row: dict) -> None:
         if not self.enabled:
             return
-        from rich.console import Console
+        from dlperf.term import new_console
 
         acc = (f"  top-1 {row['top1']:.2%}  top-5 {row['top5']:.2%}" if "top1" in row else "")
-        (self.console or Console()).print(
+        (self.console or new_console()).print(
             f"epoch {row['epoch']}: loss {row['loss']:.4f}{acc}  {row['img_per_s']:,.0f} img/s  "
             f"data wait {row['data_wait']:.0%}  size {row['image_size']}")
