@@ -224,8 +224,8 @@ def render_measurement(m, console: Console | None = None, top: int = 25) -> None
     kinds = ", ".join(f"{k} {v['measured_s'] / v['predicted_s']:.2f}x"
                       for k, v in t["by_kind"].items() if v["predicted_s"] > 0)
     console.print(
-        styled("[bold]Measured[/]") + f" {seconds(t['measured_s'])} in costed kernels (+{seconds(t['free_ops_s'])}"
-        f" in view/metadata ops) vs predicted {seconds(t['predicted_s'])}: "
+        styled("[bold]Measured[/]") + f" {seconds(t['measured_s'])} in costed kernels "
+        f"(+{seconds(t['free_ops_s'])} in view/metadata ops) vs predicted {seconds(t['predicted_s'])}: "
         f"{t['measured_over_predicted']:.2f}x; by kind: {kinds}. Time-weighted median per-kernel "
         f"error {t['weighted_median_abs_error']:.0%}. Measured {t['measured_samples_per_s']:,.1f} "
         "samples/s (kernel time only).")

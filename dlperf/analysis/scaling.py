@@ -375,9 +375,9 @@ def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bo
                   caps: tuple[int, int] = (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)) -> dict:
     """DDP's buckets over ``tl``: ``comm(nbytes) -> seconds`` all-reduces one bucket.
     A parameter's gradient is ready when its module's last backward kernel ends (or its
-    nearest enclosing module's, ``Timeline.param_ready_s``). ``overlap=False``: the all-reduces cannot
-    run beside the backward (a CPU whose cores compute both, as gloo on one core per process
-    does: benchmarks/README.md), so they all start after it. ``caps``: (a bucket's, the
+    nearest enclosing module's, ``Timeline.param_ready_s``). ``overlap=False``: the all-reduces
+    cannot run beside the backward (a CPU whose cores compute both, as gloo on one core per
+    process does: benchmarks/README.md), so they all start after it. ``caps``: (a bucket's, the
     first's) bytes; Horovod's fusion buffers are (HOROVOD_FUSION_BYTES,) * 2."""
     buckets = ddp_buckets(params, *caps)
     ready = [max(tl.param_ready_s(name) if overlap else tl.backward_end_s for name in names)

@@ -52,8 +52,6 @@ def nonnegative_int(text: str) -> int:
     return int_at_least(text, 0, "an integer >= 0")
 
 
-
-
 def write_result(path: str | None, result: dict, console) -> None:
     """The `--json PATH` convention: every command that has a result writes it there."""
     if path is None:

@@ -137,11 +137,12 @@ def _check_file_fields(ic: Interconnect, path: Path) -> None:
     for key in ("name", "display_name", "scope", "source", "nccl"):
         if not isinstance(getattr(ic, key), str):
             raise DlperfError(f"{path}: {key} must be a string, got {getattr(ic, key)!r}")
-    for key, low in (("bus_bandwidth", 0.0), ("latency_s", None)):
+    for key, positive, what in (("bus_bandwidth", True, "a positive number (B/s)"),
+                                ("latency_s", False, "a number >= 0 (seconds)")):
         value = getattr(ic, key)
-        if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                or not math.isfinite(value) or value < 0 or (low is not None and value <= low)):
-            what = "a positive number (B/s)" if low is not None else "a number >= 0 (seconds)"
+        number = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value))
+        if not number or value < 0 or (positive and value == 0):
             raise DlperfError(f"{path}: {key} must be {what}, got {value!r}")
     if ic.scope not in ("node", "network") or ic.nccl not in ("", "nvlink", "pci", "net"):
         raise DlperfError(f"{path}: scope must be node or network, and nccl nvlink, pci, net or "
