@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from dlperf.analysis.report import render_scaling
 from dlperf.analysis.scaling import (CURVE, STEP_CV, ScaleConfig, Timeline, allreduce_s,
                                      ddp_buckets, expected_max_normal, fsdp_traffic,
                                      reduce_scatter_s, ring_allreduce_s, scale_out, scaling_curve,
@@ -207,6 +208,20 @@ def test_loader_workers_share_the_host_cores_among_the_gpus_in_a_node():
     # with no spread the host rate itself: the loaders' straggler is the only change
     flat = scale_out(analysis, params, dataclasses.replace(cfg, step_cv=0.0), nvlink, ndr)
     assert flat["per_gpu_samples_per_s"] == pytest.approx(1075.0)
+    # 8 GPUs x 8 workers on 40 cores: 64 / 40 = 1.6 workers a core, which the line flags (the
+    # training processes then wait for a core; not in the prediction); one GPU: 8 / 40 = 0.2
+    assert eight["loader_processes_per_core"] == pytest.approx(1.6)
+    assert one["loader_processes_per_core"] == pytest.approx(0.2)
+    assert plain.loader_processes_per_core(8) is None
+    from rich.console import Console
+
+    console = Console(width=400, markup=False)
+    with console.capture() as captured:
+        render_scaling(eight, [eight], nvlink, ndr, console)
+    assert "workers outnumber the node's cores 1.6 to 1" in captured.get()
+    with console.capture() as captured:
+        render_scaling(one, [one], nvlink, ndr, console)
+    assert "outnumber" not in captured.get()
 
 
 def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):

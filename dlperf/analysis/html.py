@@ -215,6 +215,9 @@ def _scaling_section(scale_out: dict) -> str:
                f"{here['gpu_decode_samples_per_s']:,.0f} samples/s per GPU; on the host it "
                f"needs {here['host_cores_needed_per_gpu']:.1f} cores per GPU)"
                if here["input_bound"] else "")
+            + (f". The loaders' workers outnumber the node's cores "
+               f"{here['loader_processes_per_core']:.1f} to 1, which this prediction does not "
+               "charge" if (here.get("loader_processes_per_core") or 0) > 1 else "")
             + ". Red points: a limit other than compute.</p>"
             + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out))
 

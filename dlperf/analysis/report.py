@@ -184,6 +184,13 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         + (Text(f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}")
            + (styled(" [bold red](does not fit)[/]") if here["memory_per_gpu"].get("fits") is False
               else "") if here.get("memory_per_gpu") else "") + ".")
+    crowded = here.get("loader_processes_per_core")
+    if crowded and crowded > 1:
+        console.print(f"The loaders' workers outnumber the node's cores {crowded:.1f} to 1: the "
+                      "training processes wait for a core every step, which this prediction "
+                      "does not charge (5-10% a step measured with 2 decode threads a core, "
+                      "benchmarks/README.md); fewer --loader-workers or decoding on the GPU "
+                      "avoids it.", style="yellow")
     table = Table(title="Scaling, same per-GPU batch", title_justify="left", header_style="bold")
     per = "tokens/s" if tokens_per_sample else "/s"
     for col in ("GPUs", "nodes", f"per GPU {per}", f"total {per}", "efficiency", "exposed comm",

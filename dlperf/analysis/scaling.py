@@ -566,6 +566,17 @@ class ScaleConfig:
             return math.inf
         return self.decode_parallelism(gpus_in_node) * self.decode_img_per_s_per_core
 
+    def loader_processes_per_core(self, gpus_in_node: int) -> float | None:
+        """The node's loader workers over its cores when ``gpus_in_node`` GPUs run (None
+        without a worker count). Above 1 the workers outnumber the cores and the training
+        processes compete with them for a core every step, which the prediction does not
+        charge: benchmarks/bench_input_side_cpu.py measured 5-10% per step on 2 cores with
+        twice as many decode threads (results/input-side-cpu.json)."""
+        if not self.loader_workers_per_gpu:
+            return None
+        return (self.loader_workers_per_gpu * gpus_in_node
+                / (self.data_cores_per_gpu * self.gpus_per_node))
+
     def decode_parallelism(self, gpus_in_node: int) -> float:
         """Host cores decoding for each GPU when ``gpus_in_node`` GPUs share a node. Without a
         worker count the loader is taken as sized to the GPU's share of the host
@@ -702,6 +713,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
             "input_bound": input_bound,
+            "loader_processes_per_core": cfg.loader_processes_per_core(
+                min(cfg.gpus, cfg.gpus_per_node)),
             "host_img_per_s": None if math.isinf(host_rate) else host_rate, **alternatives,
             "limited_by": limit, "communication": comm}
 
