@@ -658,6 +658,49 @@ def test_fsdp_units_are_the_blocks_of_a_module_list():
     assert fsdp_units([("weight", 1), ("bias", 1)]) == 1
 
 
+def test_blocks_are_numbered_series_of_siblings_whatever_their_names():
+    # torchvision's ViT names its layers encoder_layer_0 .. _11 in a Sequential: the first
+    # bare number in a path is inside each layer's MLP (mlp.0, mlp.3), so before, FSDP's units
+    # were 24 lone Linear layers and the root held every attention and norm (34.5% of the
+    # parameters), and checkpointing replayed only those Linears
+    import torchvision
+
+    from dlperf.analysis.capture import block_path, block_paths
+    from dlperf.analysis.scaling import unit_bytes
+
+    with torch.device("meta"):
+        vit = torchvision.models.vit_b_16()
+        resnet = torchvision.models.resnet50()
+        densenet = torchvision.models.densenet121()
+    blocks = block_paths(n for n, _ in vit.named_parameters())
+    assert blocks == {f"encoder.layers.encoder_layer_{i}" for i in range(12)}
+    assert block_path("encoder.layers.encoder_layer_3.self_attention", blocks) == \
+        "encoder.layers.encoder_layer_3"
+    assert block_path("encoder.ln", blocks) == "" and block_path("", blocks) == ""
+    units = unit_bytes([(n, p.numel()) for n, p in vit.named_parameters()])
+    # the root: conv_proj 590,592 + class token 768 + position embedding 151,296 + final
+    # LayerNorm 1,536 + head 769,000 = 1,513,192 of 86,567,656
+    assert len(units) == 13 and units[""] == 1_513_192
+    # ResNet's root mixes conv1, bn1, layer1 .. layer4 and fc: no series there; its blocks
+    # are the 16 bottlenecks (as before); DenseNet's are its 58 dense layers, named
+    # denselayer1 .. denselayerN inside each dense block (before: one unit, the root)
+    assert block_paths(n for n, _ in resnet.named_parameters()) == {
+        f"layer{s}.{i}" for s, n in zip((1, 2, 3, 4), (3, 4, 6, 3)) for i in range(n)}
+    dense = block_paths(n for n, _ in densenet.named_parameters())
+    assert len(dense) == 6 + 12 + 24 + 16 and "features.denseblock4.denselayer16" in dense
+    # one item of a module list is a block; one named layer alone is not a series
+    assert block_paths(["blocks.0.w"]) == {"blocks.0"}
+    assert block_paths(["head_1.w", "conv.w"]) == frozenset()
+    # and ViT checkpoints and shards by those layers end to end
+    import dlperf
+
+    analysis = dlperf.analyze(vit, (8, 3, 224, 224), device="h100-sxm", dtype="bf16",
+                              train=True, activation_checkpointing=True)
+    recomputed = {block_path(p.cost.module, blocks) for p in analysis.predictions
+                  if p.cost.phase == "recompute"}
+    assert recomputed == blocks
+
+
 def test_grad_accumulation_and_sharded_optimizer_in_the_step():
     analysis, params = _resnet18_on_h100()
     tl = timeline(analysis.predictions)

@@ -286,10 +286,11 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                                     config.optimizer, element_bytes=2 if half else 4))
     activations = cap.saved_bytes
     if config.train and config.activation_checkpointing:
-        blocks = {b for b in map(capture_mod.block_path, cap.module_types) if b}
+        blocks = capture_mod.block_paths(n for n, _ in model.named_parameters())
         if not blocks:
-            raise DlperfError(f"--activation-checkpointing: {config.model!r} has no blocks (the "
-                              "indexed children of a module list, e.g. blocks.0) to checkpoint")
+            raise DlperfError(f"--activation-checkpointing: {config.model!r} has no blocks (a "
+                              "numbered series of children, e.g. a module list's blocks.0, "
+                              "blocks.1, ...) to checkpoint")
         costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy)
         activations = checkpointed_activations(cap, blocks) + kept_bytes(
             costs, blocks, config.checkpoint_policy)
@@ -317,7 +318,7 @@ def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
 def _block_forwards(costs: list, blocks: set[str]) -> dict[str, list]:
     forward: dict[str, list] = {}
     for c in costs:
-        block = capture_mod.block_path(c.module)
+        block = capture_mod.block_path(c.module, blocks)
         if c.phase == "forward" and block in blocks:
             forward.setdefault(block, []).append(c)
     return forward
@@ -341,7 +342,7 @@ def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int],
                          ] if needed else []
     out, done = [], set()
     for c in costs:
-        block = capture_mod.block_path(c.module)
+        block = capture_mod.block_path(c.module, blocks)
         if c.phase in ("dgrad", "wgrad") and block in replay and block not in done:
             out.extend(replay[block])
             done.add(block)
@@ -365,7 +366,7 @@ def checkpointed_activations(cap, blocks: set[str]) -> int:
     inside: dict[str, int] = {}
     outside = 0
     for module, nbytes in cap.saved_by_module.items():
-        block = capture_mod.block_path(module)
+        block = capture_mod.block_path(module, blocks)
         if block in blocks:
             inside[block] = inside.get(block, 0) + nbytes
         else:

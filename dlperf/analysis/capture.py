@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -155,13 +156,53 @@ def _meta(t: torch.Tensor) -> TensorMeta:
                       key)
 
 
-def block_path(module: str) -> str:
-    """The block a module path belongs to: the path up to its first index (``blocks.3`` for
-    ``blocks.3.attn.qkv``, ``layer1.0`` for ``layer1.0.conv1``), the unit activation
-    checkpointing and FSDP's per-block wrapping act on; "" outside any indexed child."""
+_NUMBERED = re.compile(r"(.*?)(\d+)")
+
+
+def block_paths(param_names) -> frozenset[str]:
+    """The blocks of a model, from its parameters' names: the outermost modules that are
+    members of a numbered series of siblings, i.e. every child of their parent that holds
+    parameters is named with one stem and a number (two at least, unless the names are bare
+    numbers: a module list of one block is a series). A module list or Sequential's items
+    (``blocks.3``, ``layer1.0``, ``features.5``) are such a series, and so are named layers
+    (torchvision's ViT: ``encoder.layers.encoder_layer_0`` .. ``_11``; DenseNet's
+    ``denselayer1`` .. ``6``). These are the units activation checkpointing and FSDP's
+    per-block wrapping act on. A parent whose children mix names (ResNet's conv1, bn1,
+    layer1 .. layer4, fc) holds no series, so its blocks are found further in (layer1.0)."""
+    children: dict[str, set[str]] = {}
+    paths = set()
+    for name in param_names:
+        parts = name.split(".")[:-1]  # the module path; the last part names the tensor
+        paths.add(tuple(parts))
+        for i, part in enumerate(parts):
+            children.setdefault(".".join(parts[:i]), set()).add(part)
+
+    def series(parent: str) -> bool:
+        kids = children.get(parent, ())
+        stems = {m.group(1) if m else None
+                 for m in (_NUMBERED.fullmatch(k) for k in kids)}
+        # a module list's items are blocks even alone (a one-layer model); named layers need
+        # a second to be a series
+        return len(stems) == 1 and None not in stems and (len(kids) >= 2 or "" in stems)
+
+    out = set()
+    for parts in paths:
+        for i in range(len(parts)):
+            if series(".".join(parts[:i])):
+                out.add(".".join(parts[:i + 1]))
+                break
+    return frozenset(out)
+
+
+def block_path(module: str, blocks) -> str:
+    """The block (one of ``blocks``: ``block_paths``) that module path ``module`` is in, ""
+    outside every block."""
     parts = module.split(".")
-    index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
-    return ".".join(parts[:index + 1]) if index is not None else ""
+    for i in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        if prefix in blocks:
+            return prefix
+    return ""
 
 
 def _tensors(obj) -> list[torch.Tensor]:
@@ -495,10 +536,12 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
                         result.saved_sizes[k] = v
                 # (saved inside the record's own block: a block's output that the next block
                 # saves is that block's checkpointed input, not something to recompute)
+                blocks = block_paths(n for n, _ in model.named_parameters())
                 result.saved_outputs = {
                     r.index for r in result.records
                     if any(o.key in state.saved and o.key not in param_keys
-                           and block_path(state.saved_owner[o.key]) == block_path(r.module)
+                           and block_path(state.saved_owner[o.key], blocks)
+                           == block_path(r.module, blocks)
                            for o in r.outputs)}
                 if train:
                     state.stack.append("loss")

@@ -190,19 +190,21 @@ def sharded_collective_s(nbytes: float, gpus: int, gpus_per_node: int, node, net
 
 def fsdp_units(params: list[tuple[str, int]]) -> int:
     """How many units FSDP wraps the model in, as per-block auto-wrapping does (torchtitan's
-    and Composer's transformer blocks, a ResNet's bottlenecks): one per indexed child of a
-    module list (``blocks.3``, ``layer1.0``), plus the root holding everything else."""
+    and Composer's transformer blocks, a ResNet's bottlenecks): one per block
+    (``capture.block_paths``: ``blocks.3``, ``layer1.0``, ViT's ``encoder_layer_3``), plus the
+    root holding everything else."""
     return max(len(unit_bytes(params)), 1)
 
 
 def unit_bytes(params: list[tuple[str, int]]) -> dict[str, int]:
     """Bytes of ``params`` [(name, bytes)] per FSDP unit (``fsdp_units``): block path -> bytes,
     "" for the root."""
-    from dlperf.analysis.capture import block_path
+    from dlperf.analysis.capture import block_path, block_paths
 
+    blocks = block_paths(name for name, _ in params)
     out: dict[str, int] = {}
     for name, nbytes in params:
-        unit = block_path(name.rpartition(".")[0])
+        unit = block_path(name.rpartition(".")[0], blocks)
         out[unit] = out.get(unit, 0) + nbytes
     return out
 
@@ -223,8 +225,7 @@ def _runs(predictions, units) -> list[tuple[str, float]]:
 
     runs: list[list] = []
     for p in predictions:
-        unit = block_path(p.cost.module)
-        unit = unit if unit in units else ""
+        unit = block_path(p.cost.module, units)  # "" (the root) outside every unit
         if runs and runs[-1][0] == unit:
             runs[-1][1] += p.time_s
         else:
