@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -15,8 +16,9 @@ import torch
 from dlperf.analysis.report import render_scaling
 from dlperf.analysis.scaling import (CURVE, STEP_CV, ScaleConfig, Timeline, allreduce_s,
                                      ddp_buckets, expected_max_normal, fsdp_traffic,
-                                     reduce_scatter_s, ring_allreduce_s, scale_out, scaling_curve,
-                                     serial_overlap, timeline, tree_allreduce_s)
+                                     rebuilt_buckets, reduce_scatter_s, ring_allreduce_s,
+                                     scale_out, scaling_curve, serial_overlap, timeline,
+                                     tree_allreduce_s)
 from dlperf.errors import DlperfError
 from dlperf.hardware.interconnect import PRESETS, Interconnect, get_interconnect
 
@@ -81,6 +83,70 @@ def test_ddp_buckets_match_torch_ddp_assignment():
     theirs = [[len(sizes) - 1 - i for i in bucket] for bucket in order]
     ours = ddp_buckets([(str(i), s) for i, s in enumerate(sizes)])
     assert [[int(n) for n in names] for names, _ in ours] == theirs
+
+
+_DDP_REBUILD = """
+import json, os, torch, torch.distributed as dist
+from torch import nn
+os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", os.environ["PORT"]
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(512, 300)  # registered first, runs last
+        self.trunk = nn.Sequential(*[nn.Linear(512, 512) for _ in range(6)])
+    def forward(self, x):
+        return self.head(self.trunk(x))
+ddp = nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=2)
+for _ in range(3):
+    ddp(torch.randn(4, 512)).sum().backward()
+print(json.dumps(ddp._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]))
+"""
+
+
+def test_ddp_trains_with_buckets_rebuilt_in_the_order_gradients_come():
+    # After its first iteration DDP rebuilds its buckets in the order the backward produced
+    # the gradients. A head registered before the trunk it follows: the initial assignment
+    # (reverse registration) would put the head's gradients in the last bucket, ready only at
+    # the end of the backward; DDP itself (run here on one gloo process, read from its own
+    # logging data) puts them first, and so does dlperf's timeline
+    import subprocess
+    import sys
+
+    from torch import nn
+
+    import dlperf
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(512, 300)
+            self.trunk = nn.Sequential(*[nn.Linear(512, 512) for _ in range(6)])
+
+        def forward(self, x):
+            return self.head(self.trunk(x))
+
+    model = Net()
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    analysis = dlperf.analyze(model, (4, 512), device="h100-sxm", dtype="fp32", train=True)
+    ours = rebuilt_buckets(timeline(analysis.predictions), params, 2 * MiB, 2 * MiB)
+    index = {name: i for i, (name, _) in enumerate(params)}
+    ours = [[index[n] for n in names] for names, _ in ours]
+    # head.bias (1,200 B), head.weight (614,400), then each trunk layer's bias and weight
+    # (2,048 + 1,048,576): the bucket closes at >= 2 MiB after trunk.4 (2,716,848 B)
+    assert ours == [[1, 0, 13, 12, 11, 10], [9, 8, 7, 6], [5, 4, 3, 2]]
+    assert [[index[n] for n in names] for names, _ in ddp_buckets(params, 2 * MiB, 2 * MiB)
+            ][-1][-2:] == [1, 0]  # the initial assignment: the head last
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("this torch build has no gloo backend to run DDP on")
+    env = {**os.environ, "PORT": str(29500 + os.getpid() % 1000)}
+    run = subprocess.run([sys.executable, "-c", _DDP_REBUILD], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = [[int(i) for i in bucket.split()]
+              for bucket in json.loads(run.stdout.strip().splitlines()[-1]).split(",")]
+    assert theirs == ours
 
 
 def test_buckets_overlap_the_backward_on_one_stream():

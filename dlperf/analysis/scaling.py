@@ -15,8 +15,9 @@ and latency a per step:
 * across nodes, hierarchically: reduce-scatter inside the node, an all-reduce of the node's
   1/g share between the nodes (ring or tree, the faster), all-gather inside the node.
 
-DDP (PyTorch DistributedDataParallel): gradients go into buckets in reverse parameter order
-(25 MiB each, the first 1 MiB; DDP's defaults); a bucket's all-reduce starts when the backward
+DDP (PyTorch DistributedDataParallel): gradients go into buckets in the order the backward
+produces them, as DDP rebuilds its buckets after the first iteration (25 MiB each, the first
+1 MiB; DDP's defaults); a bucket's all-reduce starts when the backward
 has produced its last gradient and the one before it has finished (one communication stream);
 what is left after the last backward kernel is the exposed time the step pays, plus DDP's
 copies of the gradients into and out of the buckets. On a GPU the all-reduces run beside the
@@ -304,11 +305,32 @@ def fsdp_pipeline_s(predictions, units, gather_s, reduce_s, regather: bool = Tru
 
 def ddp_buckets(params: list[tuple[str, int]], cap: int = DDP_BUCKET_BYTES,
                 first_cap: int = DDP_FIRST_BUCKET_BYTES) -> list[tuple[list[str], int]]:
-    """DDP's buckets: ``params`` [(name, gradient bytes)] in registration order, filled in
-    reverse (the backward produces the last layers' gradients first); a bucket closes once it
+    """DDP's initial buckets: ``params`` [(name, gradient bytes)] in registration order, filled
+    in reverse (the backward produces the last layers' gradients first); a bucket closes once
+    it holds at least its cap (the first ``first_cap``, the rest ``cap``)."""
+    return fill_buckets(list(reversed(params)), cap, first_cap)
+
+
+def rebuilt_buckets(tl: "Timeline", params: list[tuple[str, int]],
+                    cap: int = DDP_BUCKET_BYTES, first_cap: int = DDP_FIRST_BUCKET_BYTES
+                    ) -> list[tuple[list[str], int]]:
+    """The buckets DDP trains with: after the first iteration its reducer rebuilds them in the
+    order the backward produced the gradients (torch/nn/parallel/distributed.py: "bucket
+    rebuild bucketizes parameters based on its real execution order in backward graph"; with
+    find_unused_parameters=False the first iteration runs one bucket), with the same caps.
+    The order is ``tl``'s ready times, ties (one module's tensors) in reverse registration
+    order. It is the reverse registration order wherever a model registers its layers in the
+    order it runs them, and not where it does not (a head registered before the trunk)."""
+    return fill_buckets(sorted(reversed(params), key=lambda p: tl.param_ready_s(p[0])),
+                        cap, first_cap)
+
+
+def fill_buckets(ordered: list[tuple[str, int]], cap: int, first_cap: int
+                 ) -> list[tuple[list[str], int]]:
+    """Buckets of ``ordered`` [(name, bytes)], taken in that order; a bucket closes once it
     holds at least its cap (the first ``first_cap``, the rest ``cap``)."""
     buckets, names, size = [], [], 0
-    for name, nbytes in reversed(params):
+    for name, nbytes in ordered:
         names.append(name)
         size += nbytes
         if size >= (first_cap if not buckets else cap):
@@ -374,13 +396,14 @@ def timeline(predictions) -> Timeline:
 
 def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bool = True,
                   caps: tuple[int, int] = (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)) -> dict:
-    """DDP's buckets over ``tl``: ``comm(nbytes) -> seconds`` all-reduces one bucket.
+    """DDP's buckets (``rebuilt_buckets``) over ``tl``: ``comm(nbytes) -> seconds``
+    all-reduces one bucket.
     A parameter's gradient is ready when its module's last backward kernel ends (or its
     nearest enclosing module's, ``Timeline.param_ready_s``). ``overlap=False``: the all-reduces
     cannot run beside the backward (a CPU whose cores compute both, as gloo on one core per
     process does: benchmarks/README.md), so they all start after it. ``caps``: (a bucket's, the
     first's) bytes; Horovod's fusion buffers are (HOROVOD_FUSION_BYTES,) * 2."""
-    buckets = ddp_buckets(params, *caps)
+    buckets = rebuilt_buckets(tl, params, *caps)
     ready = [max(tl.param_ready_s(name) if overlap else tl.backward_end_s for name in names)
              for names, _ in buckets]
     comm_s = [comm(nbytes) for _, nbytes in buckets]
