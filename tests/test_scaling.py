@@ -607,16 +607,28 @@ def test_memory_per_gpu_under_ddp_and_fsdp():
     from dlperf.analysis.scaling import memory_per_gpu
 
     # one GPU: weights 4 GB, gradients 4 GB, optimizer state 4 GB (SGD momentum), activations
-    # 10 GB = 22 GB. Two modules of 3 GB and 1 GB of fp32 gradients.
+    # 10 GB = 22 GB. fp32 gradients: two blocks of 1.5 GB (two modules each) and 0.5 GB, and
+    # 0.5 GB outside them (an embedding: the root unit).
     memory = {"weights_bytes": 4e9, "gradients_bytes": 4e9, "optimizer_state_bytes": 4e9,
               "activations_bytes": 10e9, "total_bytes": 22e9}
-    params = [("a.weight", int(3e9)), ("b.weight", int(1e9))]
+    params = [("embed.weight", int(0.5e9)), ("blocks.0.attn.weight", int(1e9)),
+              ("blocks.0.mlp.weight", int(0.5e9)), ("blocks.1.attn.weight", int(0.3e9)),
+              ("blocks.1.mlp.weight", int(0.2e9)), ("blocks.2.attn.weight", int(1.5e9))]
     # DDP on 8: everything, plus buckets holding a second copy of the 4 GB of gradients
     assert memory_per_gpu(memory, params, "ddp", 8)["total_bytes"] == pytest.approx(26e9)
     assert memory_per_gpu(memory, params, "ddp", 1)["total_bytes"] == pytest.approx(22e9)
-    # FSDP on 8: 12 GB of state / 8 = 1.5 GB, 10 GB of activations, 2 x the 3 GB module
+    # FSDP on 8: 12 GB of state / 8 = 1.5 GB, 10 GB of activations, and gathered: the root
+    # 0.5 GB + 2 x the largest block 1.5 GB = 3.5 GB (before: 2 x the largest *module*,
+    # blocks.2.attn, the same 3 GB here only because that block has one module)
     fsdp = memory_per_gpu(memory, params, "fsdp", 8)
-    assert fsdp["total_bytes"] == pytest.approx(1.5e9 + 10e9 + 6e9)
+    assert fsdp["gathered_bytes"] == pytest.approx(3.5e9)
+    assert fsdp["total_bytes"] == pytest.approx(1.5e9 + 10e9 + 3.5e9)
+    # gathered in bf16 under mixed precision (the whole model's 4 GB of fp32 is 2 GB): half
+    assert memory_per_gpu(memory, params, "fsdp", 8, 2e9)["gathered_bytes"] == \
+        pytest.approx(1.75e9)
+    # no blocks: the whole model is the root unit, gathered once
+    flat = [("a.weight", int(3e9)), ("b.weight", int(1e9))]
+    assert memory_per_gpu(memory, flat, "fsdp", 8)["gathered_bytes"] == pytest.approx(4e9)
     assert memory_per_gpu(None, params, "fsdp", 8) is None
 
 

@@ -449,10 +449,14 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
                    gpus: int, gathered_bytes: float | None = None) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default). FSDP: the
-    weights, gradients and optimizer state sharded 1/n, all the activations, plus the largest
-    module's parameters gathered whole (prefetch keeps the next one too: x 2). FSDP's
-    SHARD_GRAD_OP (ZeRO-2): the same shards, but every parameter stays gathered from the
-    forward to the backward (``gathered_bytes``: the whole model in the gathered dtype)."""
+    weights, gradients and optimizer state sharded 1/n, all the activations, plus what is
+    gathered whole at the peak: FSDP gathers a unit (``unit_bytes``) at a time, the root unit
+    (embeddings, output head, everything outside the blocks) stays gathered from the start
+    of the forward to the end of the backward (its forward encloses every block's), and beside
+    it the block being computed and the one prefetched: root + 2 x the largest block, in the
+    gathered dtype (``gathered_bytes``: the whole model in it; bf16 under mixed precision).
+    FSDP's SHARD_GRAD_OP (ZeRO-2): the same shards, but every parameter stays gathered from
+    the forward to the backward."""
     if memory is None:
         return None
     grads = sum(b for _, b in params)
@@ -464,11 +468,10 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
         gathered = gathered_bytes if gathered_bytes is not None else grads
         return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
                 "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
-    modules: dict[str, int] = {}
-    for name, nbytes in params:
-        module = name.rpartition(".")[0]
-        modules[module] = modules.get(module, 0) + nbytes
-    gathered = 2 * max(modules.values(), default=0)
+    ratio = gathered_bytes / grads if gathered_bytes is not None and grads else 1.0
+    units = unit_bytes(params)
+    blocks = [b for unit, b in units.items() if unit]
+    gathered = ratio * (units.get("", 0) + 2 * max(blocks, default=0))
     return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
             "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
 
