@@ -901,6 +901,34 @@ def test_no_overlap_and_batch_norm_groups_add_to_the_exposed_time():
         ScaleConfig(gpus=16, bn_group=16)
 
 
+def test_bucket_cap_sizes_ddp_s_all_reduces():
+    # ResNet-18's 46.8 MB (11,689,512 fp32 gradients) by DDP's bucket_cap_mb: 100 MiB holds
+    # them all, so the one all-reduce waits for the end of the backward and is exposed whole;
+    # 5 MiB (given, the first bucket is 5 MiB too) gives more, smaller buckets than the
+    # default's 3 (1 MiB first, then 25 MiB)
+    analysis, params = _resnet18_on_h100()
+    nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    total = sum(b for _, b in params)
+    assert total == 11_689_512 * 4
+    one = scale_out(analysis, params, ScaleConfig(gpus=8, bucket_cap_mb=100), nvlink, ndr)
+    comm = one["communication"]
+    assert comm["bucket_bytes"] == [total]
+    from dlperf.analysis.nccl import collective
+
+    assert comm["exposed_s"] == pytest.approx(
+        collective("allreduce", total, 8, 8, 370e9, "nvlink", None, gen=2).seconds)
+    small = scale_out(analysis, params, ScaleConfig(gpus=8, bucket_cap_mb=5), nvlink, ndr)
+    sizes = small["communication"]["bucket_bytes"]
+    assert sum(sizes) == total and len(sizes) > 3
+    assert all(b >= 5 * MiB for b in sizes[:-1])  # each closes once it holds 5 MiB
+    # the default is DDP's: 1 MiB, then 25 MiB
+    assert scale_out(analysis, params, ScaleConfig(gpus=8), nvlink, ndr)[
+        "communication"]["buckets"] == 3
+    with pytest.raises(DlperfError, match="--bucket-cap-mb sizes DDP's"):
+        ScaleConfig(gpus=8, strategy="fsdp", bucket_cap_mb=25)
+    with pytest.raises(DlperfError, match="positive number of MiB"):
+        ScaleConfig(gpus=8, bucket_cap_mb=float("nan"))
+
 def test_nccl_algo_and_proto_reach_every_collective_of_the_step():
     analysis, params = _resnet18_on_h100()
     node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]

@@ -512,6 +512,10 @@ class ScaleConfig:
     # starts after the backward, in Horovod's 64 MiB fusion buffers (one for ResNet-50), as
     # NVIDIA's multi-node MLPerf ResNet-50 configs run it: "Default is no NCCL and BWD overlap"
     overlap: bool = True
+    # DDP's bucket_cap_mb (MiB; None: its default, 25 MiB buckets after a 1 MiB first one;
+    # any value given, the default included, makes the first bucket that size too, as
+    # torch's _BucketCapacityConfig does), or with overlap=False Horovod's fusion threshold
+    bucket_cap_mb: float | None = None
     # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
     # the backward, one small all-reduce each inside the node, on the step's critical path
@@ -536,6 +540,13 @@ class ScaleConfig:
         if not 1 <= self.bn_group <= self.gpus_per_node:
             raise DlperfError(f"--bn-group {self.bn_group}: batch-norm groups are GPUs of one "
                               f"node, 1 to {self.gpus_per_node}")
+        if self.bucket_cap_mb is not None and not (
+                _real(self.bucket_cap_mb) and 0 < self.bucket_cap_mb < math.inf):
+            raise DlperfError(f"--bucket-cap-mb {self.bucket_cap_mb!r}: give a positive number "
+                              "of MiB (DDP's bucket_cap_mb)")
+        if self.bucket_cap_mb is not None and self.strategy != "ddp":
+            raise DlperfError("--bucket-cap-mb sizes DDP's gradient buckets; FSDP communicates "
+                              "one collective per unit")
         if self.strategy not in STRATEGIES:
             raise DlperfError(f"--strategy {self.strategy!r}: choose ddp, fsdp or fsdp-grad-op")
         if self.decode not in DECODES:
@@ -664,7 +675,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         overlap = cfg.overlap and not on_cpu
         # --no-overlap is Horovod's way: after the backward every gradient is ready at once,
         # so they go in fusion buffers of up to 64 MiB, not in DDP's 25 MiB buckets
-        caps = ((HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
+        caps = ((int(cfg.bucket_cap_mb * 2**20),) * 2 if cfg.bucket_cap_mb is not None
+                else (HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
                 else (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES))
         d = ddp_exposed_s(tl, params, lambda b: allreduce_s(
             b, cfg.gpus, cfg.gpus_per_node, node, network, gen, cfg.algorithms, cfg.protocols),
