@@ -468,6 +468,32 @@ def test_comm_probe_measures_again_when_a_busy_host_bends_the_line(monkeypatch):
         comm_probe.probe_comm(quick=True, backend="gloo")
 
 
+def test_comm_probe_spawns_no_more_processes_than_the_host_can_time(capsys):
+    # --world 100000 started 100,000 Pythons with torch loaded (it hung this machine); the
+    # probe now refuses more processes than cores (gloo) or GPUs (NCCL), in one line
+    import os
+
+    from conftest import run_cli
+
+    from dlperf.hardware import comm_probe
+
+    most = comm_probe.max_world()
+    assert most == max(2, os.cpu_count() or 1, torch.cuda.device_count())
+    with pytest.raises(DlperfError, match=f"--world {most + 1}: .* at most {most} processes"):
+        comm_probe.probe_comm(world=most + 1, quick=True)
+    code, out, err = run_cli(["probe", "--comm", "--world", "100000"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "at most" in err
+
+
+@pytest.mark.slow
+def test_comm_probe_processes_that_fail_are_reported_not_waited_for():
+    # both ranks fail at once (a backend torch does not have): one line naming the exit codes
+    from dlperf.hardware import comm_probe
+
+    with pytest.raises(DlperfError, match="all-reduce processes failed \\(exit codes"):
+        comm_probe._measure(2, comm_probe.QUICK_SIZES, 1, "no-such-backend")
+
+
 @pytest.mark.slow
 def test_probe_comm_measures_gloo_and_analyze_uses_the_file(tmp_path, capsys):
     from conftest import run_cli

@@ -29,6 +29,7 @@ QUICK_SIZES = (2**12, 2**16, 2**20, 2**22)
 # 1 MiB faster than 64 KiB, a negative slope): the quick set ends at 4 MiB, where the
 # bandwidth term dominates, and a fit that does not grow with size is measured again.
 ATTEMPTS = 3
+TIMEOUT_S = 600  # for all of one measurement's processes together
 
 
 def _free_port() -> int:
@@ -92,12 +93,28 @@ def _measure(world: int, sizes, repeats: int, backend: str) -> list[float]:
              for r in range(world)]
     for p in procs:
         p.start()
+    # one deadline for all: a rank that dies leaves the others waiting in the rendezvous, so
+    # whoever is still running at the deadline is stopped, never left behind
+    deadline = time.monotonic() + TIMEOUT_S
     for p in procs:
-        p.join(timeout=600)
-    if any(p.exitcode != 0 for p in procs) or queue.empty():
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+        p.join(timeout=10)
+    if hung or any(p.exitcode != 0 for p in procs) or queue.empty():
+        stopped = f"; {len(hung)} still running after {TIMEOUT_S} s, stopped" if hung else ""
         raise DlperfError(f"the {backend} all-reduce processes failed (exit codes "
-                          f"{[p.exitcode for p in procs]}); is port {port} free on 127.0.0.1?")
+                          f"{[p.exitcode for p in procs]}{stopped}); is port {port} free on "
+                          "127.0.0.1?")
     return queue.get()
+
+
+def max_world() -> int:
+    """The most processes worth timing here: one per core (gloo) or per GPU (NCCL). More
+    processes than cores time the cores' contention, not the link, and each one is a Python
+    with torch loaded (hundreds of MB): --world 100000 would take the machine down."""
+    return max(2, os.cpu_count() or 1, torch.cuda.device_count())
 
 
 def probe_comm(world: int = 2, quick: bool = False, repeats: int = 7, backend: str = "auto"
@@ -105,6 +122,10 @@ def probe_comm(world: int = 2, quick: bool = False, repeats: int = 7, backend: s
     """Measure and fit; returns (the fitted Interconnect, the measurements)."""
     if world < 2:
         raise DlperfError("--comm needs at least 2 processes (--world 2 or more)")
+    if world > max_world():
+        raise DlperfError(f"--world {world}: this host has {os.cpu_count()} cores and "
+                          f"{torch.cuda.device_count()} GPUs; time at most {max_world()} "
+                          "processes (one per core, or per GPU with NCCL)")
     if backend == "auto":
         backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
     sizes = QUICK_SIZES if quick else SIZES
