@@ -266,6 +266,11 @@ def test_config_file_overrides_and_errors(tmp_path, capsys):
     f.write_text("epoks = 2\n")
     with pytest.raises(DlperfError, match="unknown setting 'epoks' .did you mean: epochs"):
         load_config_file(f)
+    # "lr" is the learning rate a user types first; the setting is lr_per_256
+    f.write_text("lr = 0.1\n")
+    with pytest.raises(DlperfError, match="unknown setting 'lr' .did you mean: lr_per_256.*"
+                                          "--show-config"):
+        load_config_file(f)
     assert main(["train", "--recipe", "tiny", "batch_size=ten"]) == 2
     assert "batch_size='ten': expected int" in capsys.readouterr().err
     assert main(["train", "--recipe", "tiny", "data=/no/such/folder"]) == 2

@@ -290,7 +290,12 @@ def apply_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
     for key, value in overrides.items():
         key = key.replace("-", "_")
         if key not in fields:
-            raise DlperfError(f"unknown setting {key!r}{close_matches(key, sorted(fields))}")
+            # "lr" is too short for difflib to find lr_per_256: names that extend it count too
+            longer = sorted(f for f in fields if f.startswith(key + "_"))
+            near = close_matches(key, sorted(fields)) or (
+                f" (did you mean: {', '.join(longer)}?)" if longer else "")
+            raise DlperfError(f"unknown setting {key!r}{near}; `dlperf train --show-config` "
+                              "lists every setting with its value")
         values[key] = _coerce(key, value, hints[key])
     return dataclasses.replace(cfg, **values)
 
