@@ -950,8 +950,21 @@ def test_bucket_cap_sizes_ddp_s_all_reduces():
     # the default is DDP's: 1 MiB, then 25 MiB
     assert scale_out(analysis, params, ScaleConfig(gpus=8), nvlink, ndr)[
         "communication"]["buckets"] == 3
-    with pytest.raises(DlperfError, match="--bucket-cap-mb sizes DDP's"):
+    with pytest.raises(DlperfError, match="--bucket-cap-mb and --grad-as-bucket-view shape"):
         ScaleConfig(gpus=8, strategy="fsdp", bucket_cap_mb=25)
+    with pytest.raises(DlperfError, match="--grad-as-bucket-view shape DDP's"):
+        ScaleConfig(gpus=8, strategy="fsdp", bucket_view=True)
+    # gradient_as_bucket_view: no copies in and out of the buckets (4 x 46.8 MB of traffic at
+    # the H100's streaming bandwidth in the default), and no second copy of the gradients
+    base = scale_out(analysis, params, ScaleConfig(gpus=8), nvlink, ndr)
+    view = scale_out(analysis, params, ScaleConfig(gpus=8, bucket_view=True), nvlink, ndr)
+    assert view["communication"]["bucket_copy_s"] == 0.0
+    assert base["communication"]["bucket_copy_s"] == pytest.approx(
+        4 * total / analysis.efficiency.bandwidth(analysis.device))
+    assert view["exposed_comm_s"] == pytest.approx(
+        base["exposed_comm_s"] - base["communication"]["bucket_copy_s"])
+    assert base["memory_per_gpu"]["total_bytes"] - view["memory_per_gpu"]["total_bytes"] == \
+        pytest.approx(total)
     with pytest.raises(DlperfError, match="positive number of MiB"):
         ScaleConfig(gpus=8, bucket_cap_mb=float("nan"))
 

@@ -446,9 +446,11 @@ def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int, gathers: int = 2
 
 
 def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy: str,
-                   gpus: int, gathered_bytes: float | None = None) -> dict | None:
+                   gpus: int, gathered_bytes: float | None = None,
+                   bucket_view: bool = False) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
-    plus its gradient buckets (a second copy of the gradients, torch's default). FSDP: the
+    plus its gradient buckets (a second copy of the gradients, torch's default; none with
+    ``bucket_view``, DDP's gradient_as_bucket_view: the gradients live in the buckets). FSDP: the
     weights, gradients and optimizer state sharded 1/n, all the activations, plus what is
     gathered whole at the peak: FSDP gathers a unit (``unit_bytes``) at a time, the root unit
     (embeddings, output head, everything outside the blocks) stays gathered from the start
@@ -462,7 +464,7 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     grads = sum(b for _, b in params)
     states = memory["weights_bytes"] + memory["gradients_bytes"] + memory["optimizer_state_bytes"]
     if strategy == "ddp" or gpus == 1:
-        extra = grads if gpus > 1 else 0
+        extra = grads if gpus > 1 and not bucket_view else 0
         return {"total_bytes": memory["total_bytes"] + extra, "ddp_bucket_bytes": extra}
     if strategy == "fsdp-grad-op":
         gathered = gathered_bytes if gathered_bytes is not None else grads
@@ -516,6 +518,9 @@ class ScaleConfig:
     # any value given, the default included, makes the first bucket that size too, as
     # torch's _BucketCapacityConfig does), or with overlap=False Horovod's fusion threshold
     bucket_cap_mb: float | None = None
+    # DDP's gradient_as_bucket_view: the gradients are views into the buckets, so DDP neither
+    # copies them in and out (``ddp_copy_s``) nor holds a second copy of them
+    bucket_view: bool = False
     # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
     # the backward, one small all-reduce each inside the node, on the step's critical path
@@ -544,9 +549,9 @@ class ScaleConfig:
                 _real(self.bucket_cap_mb) and 0 < self.bucket_cap_mb < math.inf):
             raise DlperfError(f"--bucket-cap-mb {self.bucket_cap_mb!r}: give a positive number "
                               "of MiB (DDP's bucket_cap_mb)")
-        if self.bucket_cap_mb is not None and self.strategy != "ddp":
-            raise DlperfError("--bucket-cap-mb sizes DDP's gradient buckets; FSDP communicates "
-                              "one collective per unit")
+        if (self.bucket_cap_mb is not None or self.bucket_view) and self.strategy != "ddp":
+            raise DlperfError("--bucket-cap-mb and --grad-as-bucket-view shape DDP's gradient "
+                              "buckets; FSDP communicates one collective per unit")
         if self.strategy not in STRATEGIES:
             raise DlperfError(f"--strategy {self.strategy!r}: choose ddp, fsdp or fsdp-grad-op")
         if self.decode not in DECODES:
@@ -681,7 +686,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         d = ddp_exposed_s(tl, params, lambda b: allreduce_s(
             b, cfg.gpus, cfg.gpus_per_node, node, network, gen, cfg.algorithms, cfg.protocols),
             overlap=overlap, caps=caps)
-        copies = ddp_copy_s(grad_bytes, analysis)
+        # gradient_as_bucket_view: the gradients are views of the buckets, nothing is copied
+        copies = 0.0 if cfg.bucket_view else ddp_copy_s(grad_bytes, analysis)
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
         comm.update(d, bucket_copy_s=copies, overlap=overlap,
                     nccl=_nccl_name("allreduce", max(d["bucket_bytes"]), cfg, node, network, gen))
@@ -741,7 +747,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     else:
         limit = "compute"
     single_rate = min(batch / (accum * micro_s + tl.optimizer_s), cfg.host_img_per_s(1))
-    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered)
+    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered,
+                            bucket_view=cfg.bucket_view)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,

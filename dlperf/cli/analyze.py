@@ -102,6 +102,9 @@ def add_parser(sub) -> None:
                         "(given, the first bucket is that size too, as in torch); with "
                         "--no-overlap, Horovod's fusion threshold [DDP: 25, first 1; "
                         "--no-overlap: 64]")
+    s.add_argument("--grad-as-bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view=True: gradients live in the buckets, so "
+                        "they are neither copied in and out nor held twice")
     s.add_argument("--bn-group", type=positive_int, default=1,
                    help="GPUs of a node that share each batch norm's statistics (synchronised "
                         "batch norm in groups) [1]")
@@ -203,10 +206,10 @@ def run(args) -> int:
                           "side of the scale-out: add --gpus N (and --decode cpu)")
     if args.gpus is None and args.step_cv is not None:
         raise DlperfError("--step-cv is the spread of one GPU's step among many: add --gpus N")
-    if args.gpus is None and (args.nccl_algo or args.nccl_proto
+    if args.gpus is None and (args.nccl_algo or args.nccl_proto or args.grad_as_bucket_view
                               or args.bucket_cap_mb is not None):
-        raise DlperfError("--nccl-algo, --nccl-proto and --bucket-cap-mb shape the collectives "
-                          "of the scale-out: add --gpus N")
+        raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb and --grad-as-bucket-view "
+                          "shape the collectives of the scale-out: add --gpus N")
     scale_setup = _scale_setup(args, spec.name, console) if args.gpus else None
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
@@ -265,6 +268,7 @@ def _scale_setup(args, device: str, console):
                       decode_img_per_s_per_core=args.decode_rate,
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
                       overlap=not args.no_overlap, bucket_cap_mb=args.bucket_cap_mb,
+                      bucket_view=args.grad_as_bucket_view,
                       bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto)
