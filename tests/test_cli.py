@@ -200,6 +200,21 @@ def test_bad_input_gives_one_line_and_exit_2(argv, needle, capsys):
     assert needle in lines[0] and "Traceback" not in err
 
 
+def test_training_a_model_with_nothing_to_train_says_so(tmp_path, capsys):
+    # autograd's "element 0 of tensors does not require grad" read as a bad --input-shape
+    path = tmp_path / "frozen.py"
+    path.write_text("import torch\n"
+                    "def make():\n"
+                    "    m = torch.nn.Linear(8, 8)\n"
+                    "    m.requires_grad_(False)\n"
+                    "    return m\n")
+    code, out, err = _run(["analyze", f"{path}:make", "--input-shape", "8", "--train"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "has no trainable parameters" in err and "input shape" not in err
+    code, out, err = _run(["analyze", f"{path}:make", "--input-shape", "8"], capsys)
+    assert code == 0, err  # its forward is still analysed
+
+
 def test_a_comparison_with_a_device_lacking_the_dtype_stops_before_any_output(capsys):
     code, out, err = _run(["analyze", "resnet50", "--device", "h200,v100-sxm2", "--dtype", "bf16",
                            "--batch-size", "8"], capsys)

@@ -254,6 +254,11 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           "cast to)")
     if half is not None and input_dtype.is_floating_point:
         input_dtype = half  # model.half() is fed half inputs
+    if config.train and not any(p.requires_grad for p in model.parameters()):
+        # (the backward would fail with autograd's "does not require grad", which reads as a
+        # bad input shape)
+        raise DlperfError(f"--train: model {config.model!r} has no trainable parameters "
+                          "(requires_grad); analyze its forward without --train")
     inputs = _meta_inputs(config.input_shape, input_dtype, config.channels_last)
     start = time.perf_counter()
     forward, params = _meta_forward(model, config.channels_last, half)
