@@ -215,6 +215,19 @@ def test_training_a_model_with_nothing_to_train_says_so(tmp_path, capsys):
     assert code == 0, err  # its forward is still analysed
 
 
+def test_a_model_file_that_exits_on_import_gets_a_hint_not_a_silent_exit(tmp_path, capsys):
+    # a training script that parses its arguments at import raised SystemExit through dlperf:
+    # exit status 2 (argparse's) or 3 and no word from dlperf
+    path = tmp_path / "script.py"
+    path.write_text("raise SystemExit(3)\n")
+    code, out, err = _run(["analyze", f"{path}:make", "--input-shape", "8"], capsys)
+    assert code == 2 and "exited while dlperf imported it (SystemExit 3)" in err
+    assert "__main__" in err
+    path.write_text("def make():\n    raise SystemExit('no')\n")
+    code, out, err = _run(["analyze", f"{path}:make", "--input-shape", "8"], capsys)
+    assert code == 2 and "the factory exited (SystemExit no)" in err
+
+
 def test_a_comparison_with_a_device_lacking_the_dtype_stops_before_any_output(capsys):
     code, out, err = _run(["analyze", "resnet50", "--device", "h200,v100-sxm2", "--dtype", "bf16",
                            "--batch-size", "8"], capsys)

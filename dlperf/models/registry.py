@@ -77,6 +77,10 @@ def _load_factory(target: str, real: bool = False) -> torch.nn.Module:
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:  # a script's argparse or exit() at import: not a crash, a hint
+        raise DlperfError(f"{path}: the file exited while dlperf imported it (SystemExit "
+                          f"{exc.code}); put the script's own code under `if __name__ == "
+                          "\"__main__\":` so that importing it only defines the model") from None
     except Exception as exc:
         raise DlperfError(f"{path}: importing the model file failed: "
                           f"{type(exc).__name__}: {exc}") from None
@@ -86,6 +90,9 @@ def _load_factory(target: str, real: bool = False) -> torch.nn.Module:
         raise DlperfError(f"{path}: no callable {factory_name!r}{close_matches(factory_name, names)}")
     try:
         model = _construct(factory, real)
+    except SystemExit as exc:
+        raise DlperfError(f"{target}: the factory exited (SystemExit {exc.code}) instead of "
+                          "returning a model") from None
     except Exception as exc:
         raise DlperfError(f"{target}: the factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
