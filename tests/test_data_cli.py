@@ -306,3 +306,27 @@ def test_names_with_brackets_print_as_written(tmp_path, capsys):
     code = main(["bench", "data", str(root), "--rounds", "1", "--out", str(tmp_path / "b.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "trunc[bold].JPEG: corrupt JPEG" in err[0]
+
+
+def test_the_restart_marker_copy_takes_the_images_the_readers_take(tmp_path):
+    # bench data's restart-marker copy of a corpus: JPEGs rewritten, other images copied as
+    # they are, other files (a README) left out as the folder readers leave them out; a
+    # damaged JPEG stops it, named (it raised a BadImage traceback; a README did too)
+    from dlperf.bench.data import lossless_copy
+    from dlperf.data.decode import image_header
+    from dlperf.errors import DlperfError
+
+    root = make_folder(tmp_path / "c", classes=1, per_class=2, size=(64, 80))
+    (root / "README.md").write_text("not an image")
+    png = png_bytes(smooth_rgb(20, 30))
+    (root / "class00" / "x.png").write_bytes(png)
+    out = lossless_copy(str(root), tmp_path / "restart")
+    assert not (out / "README.md").exists()
+    assert (out / "class00" / "x.png").read_bytes() == png
+    jpeg = (out / "class00" / "img000.JPEG").read_bytes()
+    assert jpeg[:2] == b"\xff\xd8" and image_header(jpeg)[:2] == image_header(
+        (root / "class00" / "img000.JPEG").read_bytes())[:2]
+    whole = (root / "class00" / "img001.JPEG").read_bytes()
+    (root / "class00" / "cut.JPEG").write_bytes(whole[:300])
+    with pytest.raises(DlperfError, match="cut.JPEG: .*remove it"):
+        lossless_copy(str(root), tmp_path / "restart2")

@@ -151,17 +151,20 @@ def _dlperf(cfg: DataBenchConfig, data, threads: int, limits=None):
 
 
 def lossless_copy(src: str, dst: Path) -> Path:
-    """The corpus folder with every JPEG rewritten by ``lossless_restart`` (same pixels). A file
-    that is not a whole JPEG stops the benchmark with its name: every pipeline must read the
-    same images, and some of them (torchvision's) have no way to skip one."""
+    """The corpus folder with every JPEG rewritten by ``lossless_restart`` (same pixels), the
+    other images copied as they are and other files (a README) left out, as the folder
+    readers leave them out. A damaged JPEG stops the benchmark with its name: every pipeline
+    must read the same images, and some of them (torchvision's) have no way to skip one."""
     from dlperf.data.decode import BadImage, lossless_restart
+    from dlperf.data.sources import IMAGE_EXTENSIONS
 
     for path in sorted(Path(src).rglob("*")):
-        if path.is_file():
+        if path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS:
             target = dst / path.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
+            data = path.read_bytes()
             try:
-                target.write_bytes(lossless_restart(path.read_bytes()))
+                target.write_bytes(lossless_restart(data) if data[:2] == b"\xff\xd8" else data)
             except BadImage as exc:
                 raise DlperfError(f"{path}: {exc}; the benchmark times every pipeline on the "
                                   "same images: remove it, or benchmark a `dlperf data "
