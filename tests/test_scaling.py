@@ -1039,3 +1039,35 @@ def test_the_shipped_step_spread_is_the_fitted_one():
     assert clean["median_abs_error"] < clean["median_abs_error_cv0"]
     assert clean["held_out_median_abs_error"] < clean["median_abs_error_cv0"]
     assert saved["flagged"]["median_abs_error"] < saved["flagged"]["median_abs_error_cv0"]
+
+
+@pytest.mark.slow
+def test_the_input_side_benchmark_runs_and_predicts_as_the_model_does(tmp_path):
+    # benchmarks/bench_input_side_cpu.py --quick on a generated corpus: real decoding in 1 and
+    # 2 barrier-synchronised processes; every row's prediction is the model's own
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from imagegen import make_folder
+
+    corpus = make_folder(tmp_path / "c", classes=2, per_class=40, size=(120, 160))
+    out = tmp_path / "input.json"
+    script = ROOT / "benchmarks" / "bench_input_side_cpu.py"
+    run = subprocess.run([sys.executable, str(script), str(corpus), str(out), "--quick"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = data["results"]["rows"]
+    assert [(r["ranks"], r["gpu_demand"]) for r in rows] == [(1, 0.5), (1, 2.0), (2, 0.5),
+                                                              (2, 2.0)]
+    for r in rows:
+        assert r["img_per_s_per_rank"] > 0
+        slower = 32 / min(r["gpu_img_per_s"], r["host_img_per_s_predicted"])
+        wait = slower * STEP_CV * expected_max_normal(r["ranks"])
+        assert r["predicted_img_per_s"] == pytest.approx(32 / (slower + wait))
+    # a corpus with less than one batch per rank is refused, not spun on forever
+    small = make_folder(tmp_path / "s", classes=1, per_class=5, size=(64, 64))
+    run = subprocess.run([sys.executable, str(script), str(small), str(out), "--quick"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "needs at least 64" in run.stderr
