@@ -7,10 +7,18 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import math
 
 
 class DlperfError(Exception):
     """A user mistake (bad flag, unknown model, unreadable file), reported as one line."""
+
+
+def finite_number(value) -> bool:
+    """A finite int or float from a user's file or flag: not a bool (JSON's true is 1 to
+    Python), a string ("4e10"), NaN or Infinity (Python's json reads both)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def close_matches(word: str, choices, n: int = 4) -> str:

@@ -291,7 +291,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                                     config.optimizer, element_bytes=2 if half else 4))
     activations = cap.saved_bytes
     if config.train and config.activation_checkpointing:
-        blocks = capture_mod.block_paths(n for n, _ in model.named_parameters())
+        blocks = cap.blocks
         if not blocks:
             raise DlperfError(f"--activation-checkpointing: {config.model!r} has no blocks (a "
                               "numbered series of children, e.g. a module list's blocks.0, "

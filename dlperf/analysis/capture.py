@@ -138,6 +138,8 @@ class Capture:
     # Forward records whose output autograd saved: where a checkpointed block's recompute can
     # stop (torch.utils.checkpoint stops once the backward's tensors exist again)
     saved_outputs: set = field(default_factory=set)
+    # The model's blocks (``block_paths``): what checkpointing replays, worked out once here
+    blocks: frozenset = frozenset()
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -536,7 +538,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
                         result.saved_sizes[k] = v
                 # (saved inside the record's own block: a block's output that the next block
                 # saves is that block's checkpointed input, not something to recompute)
-                blocks = block_paths(n for n, _ in model.named_parameters())
+                blocks = result.blocks = block_paths(n for n, _ in model.named_parameters())
                 result.saved_outputs = {
                     r.index for r in result.records
                     if any(o.key in state.saved and o.key not in param_keys

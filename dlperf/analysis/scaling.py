@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlperf.errors import DlperfError
+from dlperf.errors import DlperfError, finite_number
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -447,7 +447,7 @@ def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int, gathers: int = 2
 
 def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy: str,
                    gpus: int, gathered_bytes: float | None = None,
-                   bucket_view: bool = False) -> dict | None:
+                   bucket_view: bool = False, units: dict | None = None) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default; none with
     ``bucket_view``, DDP's gradient_as_bucket_view: the gradients live in the buckets). FSDP: the
@@ -471,7 +471,7 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
         return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
                 "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
     ratio = gathered_bytes / grads if gathered_bytes is not None and grads else 1.0
-    units = unit_bytes(params)
+    units = unit_bytes(params) if units is None else units  # (``one_step`` has them)
     blocks = [b for unit, b in units.items() if unit]
     gathered = ratio * (units.get("", 0) + 2 * max(blocks, default=0))
     return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
@@ -482,11 +482,6 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
 # gathered once in the forward and kept until the backward has used them
 STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op")
 DECODES = ("gpu", "cpu", "synthetic")
-
-
-def _real(value) -> bool:
-    """An int or float that is not a bool (JSON's true would otherwise pass as 1)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -546,7 +541,7 @@ class ScaleConfig:
             raise DlperfError(f"--bn-group {self.bn_group}: batch-norm groups are GPUs of one "
                               f"node, 1 to {self.gpus_per_node}")
         if self.bucket_cap_mb is not None and not (
-                _real(self.bucket_cap_mb) and 0 < self.bucket_cap_mb < math.inf):
+                finite_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
             raise DlperfError(f"--bucket-cap-mb {self.bucket_cap_mb!r}: give a positive number "
                               "of MiB (DDP's bucket_cap_mb)")
         if (self.bucket_cap_mb is not None or self.bucket_view) and self.strategy != "ddp":
@@ -563,7 +558,7 @@ class ScaleConfig:
         # nan, inf or a negative rate would print a negative or nan throughput, not an error
         for flag, value in (("--data-cores", self.data_cores_per_gpu),
                             ("--decode-rate", self.decode_img_per_s_per_core)):
-            if value is not None and not (_real(value) and 0 < value < math.inf):
+            if value is not None and not (finite_number(value) and value > 0):
                 raise DlperfError(f"{flag} {value!r}: give a positive finite number")
 
         if self.loader_workers_per_gpu is not None and (
@@ -748,7 +743,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "compute"
     single_rate = min(batch / (accum * micro_s + tl.optimizer_s), cfg.host_img_per_s(1))
     memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered,
-                            bucket_view=cfg.bucket_view)
+                            bucket_view=cfg.bucket_view, units=step.units)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,

@@ -22,11 +22,10 @@ without ``nccl`` (gloo, measured by `dlperf probe --comm`).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dlperf.errors import DlperfError, close_matches
+from dlperf.errors import DlperfError, close_matches, finite_number
 
 NVLINK_PROTOCOL = 370 / 450  # nccl-tests#212: effective NVLink4 bandwidth over line rate
 NETWORK_PROTOCOL = 0.92  # estimate: NCCL over RDMA NICs reaches ~90-95% of line rate
@@ -140,9 +139,7 @@ def _check_file_fields(ic: Interconnect, path: Path) -> None:
     for key, positive, what in (("bus_bandwidth", True, "a positive number (B/s)"),
                                 ("latency_s", False, "a number >= 0 (seconds)")):
         value = getattr(ic, key)
-        number = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value))
-        if not number or value < 0 or (positive and value == 0):
+        if not finite_number(value) or value < 0 or (positive and value == 0):
             raise DlperfError(f"{path}: {key} must be {what}, got {value!r}")
     if ic.scope not in ("node", "network") or ic.nccl not in ("", "nvlink", "pci", "net"):
         raise DlperfError(f"{path}: scope must be node or network, and nccl nvlink, pci, net or "

@@ -17,7 +17,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from dlperf.errors import DlperfError, close_matches
+from dlperf.errors import DlperfError, close_matches, finite_number
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -92,8 +92,7 @@ class DeviceSpec:
                               "FLOP/s (what non-Tensor-Core math runs at)")
         for key in ("sm_count", "mem_bandwidth"):
             value = data[key]
-            if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or not math.isfinite(value) or value <= 0):
+            if not finite_number(value) or value <= 0:
                 raise DlperfError(f"{origin}: {key} must be a positive number, got {value!r}")
         if not isinstance(data["sm_count"], int) and not float(data["sm_count"]).is_integer():
             raise DlperfError(f"{origin}: sm_count must be a whole number, got {data['sm_count']!r}")
@@ -106,8 +105,7 @@ class DeviceSpec:
             value = data.get(key)
             if value is None:
                 continue
-            if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or not math.isfinite(value) or value < low):
+            if not finite_number(value) or value < low:
                 raise DlperfError(f"{origin}: {key} must be a number >= {low:g} ({what}), got "
                                   f"{value!r}")
         for key in ("tc_alignment_bytes", "tc_best_alignment_bytes"):
