@@ -109,13 +109,17 @@ class Terms:
         mem_t = self.mem_s / (stream * np.where(self.dw, params["depthwise"], 1.0))
         kernel_t = (np.maximum(math_t, mem_t) + self.trans_s / stream
                     + self.kernels * params["launch_s"])
-        # roofline.step_time per row: max over i of (CPU issue time of i + GPU time from i on)
+        # roofline.step_time per row, unrolled: the GPU's whole time, or for some entry i the
+        # CPU's issue time before it, entry i waiting for its first kernel's issue (h + d) or
+        # its last's (n h + d / n, n equal kernels), and the GPU time after it
         out = np.empty(len(self.rows))
+        h = self.host_s
         for i, (a, b) in enumerate(self.bounds):
-            d = kernel_t[a:b]
-            issued = np.cumsum(self.kernels[a:b]) * self.host_s
+            d, n = kernel_t[a:b], self.kernels[a:b]
+            before = (np.cumsum(n) - n) * h
             remaining = np.cumsum(d[::-1])[::-1]
-            out[i] = max(float(remaining[0]), float(np.max(issued + remaining)))
+            first = np.where(n > 0, np.maximum(h + d, n * h + d / np.maximum(n, 1)), d)
+            out[i] = max(float(remaining[0]), float(np.max(before + first + remaining - d)))
         return out
 
     def ratios(self, params: dict) -> np.ndarray:

@@ -27,6 +27,7 @@ OPTIONAL_INTS = ("loader_workers_per_gpu",)  # blank: unknown
 
 
 def read_rows(path: Path) -> list[dict]:
+    from dlperf.analysis.costs import OPTIMIZER_IMPLS
     from dlperf.analysis.fusion import FUSIONS
     from dlperf.provenance import load_sibling
 
@@ -59,6 +60,11 @@ def read_rows(path: Path) -> list[dict]:
                 raise SystemExit(f"{path}: {row['id']}: {key} must be true, false or blank "
                                  f"(blank: {str(default).lower()})") from None
         row["bn_group"] = int(row.get("bn_group") or 1)
+        # torch.optim's implementation where the run's software is known (blank: fused)
+        row["optimizer_impl"] = row.get("optimizer_impl") or "fused"
+        if row["optimizer_impl"] not in OPTIMIZER_IMPLS:
+            raise SystemExit(f"{path}: {row['id']}: optimizer_impl must be one of "
+                             f"{', '.join(OPTIMIZER_IMPLS)} or blank (fused)")
         # NCCL_ALGO / NCCL_PROTO of the run, when its NCCL lacked some (blank: all of today's)
         for key in ("nccl_algo", "nccl_proto"):
             row[key] = row.get(key) or None

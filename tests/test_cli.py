@@ -189,6 +189,10 @@ def test_gpt_presets_are_the_published_models_to_the_parameter(capsys):
     (["analyze", "resnet50", "--layers", "3"], "--layers: only for gpt and its presets"),
     (["analyze", "mpt-8b"], "unknown model 'mpt-8b' (did you mean: mpt-7b"),
     (["analyze", "gpt", "--activation-checkpointing"], "--activation-checkpointing needs --train"),
+    (["analyze", "resnet18", "--optimizer-impl", "for-loop"], "--optimizer-impl describes the"),
+    (["analyze", "resnet18", "--train", "--optimizer", "none", "--optimizer-impl", "foreach"],
+     "it needs --train and an optimizer"),
+    (["analyze", "resnet18", "--train", "--optimizer-impl", "apex"], "invalid choice: 'apex'"),
     (["analyze", "gpt", "--train", "--grad-accum", "4"], "--grad-accum applies to the scale-out"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])

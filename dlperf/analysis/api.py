@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dlperf.analysis import capture as capture_mod
-from dlperf.analysis.costs import OPTIMIZER_BYTES_PER_PARAM, all_costs, optimizer_cost
+from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
+                                   optimizer_cost, scaled_optimizer)
 from dlperf.analysis.fusion import check_fusion, fuse_costs
 from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.dtypes import MIXED, autocast_dtype
@@ -38,6 +39,9 @@ class AnalysisConfig:
     channels_last: bool = False
     device: str = "h100-sxm"
     optimizer: str = "sgd"  # sgd | adamw | none: the parameter update counted in a train step
+    # how torch.optim runs it (costs.OPTIMIZER_IMPLS): "fused" (fused=True), "foreach" (torch's
+    # default on CUDA since 2.0) or "for-loop" (foreach=False; every release before 2.0)
+    optimizer_impl: str = "fused"
     tokens: bool = False  # integer token-id input [batch, seq_len]: report tokens/s too
     # recompute each block's forward in the backward (torch.utils.checkpoint per block, as
     # FSDP trainers wrap them): more math, activations only at block boundaries
@@ -96,7 +100,8 @@ class Analysis:
         gpu_s = sum(p.time_s for p in preds)
         host_s = self.host_s
         # the CPU issuing the kernels can leave the GPU idle (roofline.step_time)
-        time_s = step_time([p.time_s for p in preds], [p.kernels for p in preds], host_s)
+        time_s = step_time([p.time_s for p in preds], [p.kernels for p in preds], host_s,
+                           [p.cost.host_sync for p in preds])
         mem = sum(p.time_s for p in preds if p.bound == "memory")
         by_phase: dict[str, float] = {}
         for p in preds:
@@ -242,6 +247,9 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         raise DlperfError(f"--dtype {config.dtype!r}: choose one of {', '.join(DTYPES)}")
     if config.optimizer not in (*OPTIMIZER_BYTES_PER_PARAM, "none"):
         raise DlperfError(f"--optimizer {config.optimizer!r}: choose sgd, adamw or none")
+    if config.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise DlperfError(f"--optimizer-impl {config.optimizer_impl!r}: choose "
+                          f"{', '.join(OPTIMIZER_IMPLS)}")
     if config.checkpoint_policy not in CHECKPOINT_POLICIES:
         raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
                           f"{' or '.join(CHECKPOINT_POLICIES)}")
@@ -287,8 +295,12 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     costs = fuse_costs(costs, cap.records, config.fusion)
     trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
     if config.train and config.optimizer != "none":
-        costs.append(optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
-                                    config.optimizer, element_bytes=2 if half else 4))
+        step = optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
+                              config.optimizer, element_bytes=2 if half else 4,
+                              impl=config.optimizer_impl)
+        # fp16 autocast training needs loss scaling: torch.amp.GradScaler's unscale, and for an
+        # unfused optimizer a host synchronisation before the step (costs.scaled_optimizer)
+        costs.extend(scaled_optimizer(step) if config.dtype == "fp16" and not half else [step])
     activations = cap.saved_bytes
     if config.train and config.activation_checkpointing:
         blocks = cap.blocks
@@ -453,7 +465,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
             input_dtype: torch.dtype | None = None, optimizer: str = "auto",
             precision: str = "mixed", activation_checkpointing: bool = False,
             checkpoint_policy: str = "full", fusion: str = "none",
-            cuda_graphs: bool = False) -> Analysis:
+            cuda_graphs: bool = False, optimizer_impl: str = "fused") -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -465,6 +477,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``checkpoint_policy``: "full" or "selective-op" (``kept_by_policy``).
     ``fusion``: the batch-norm stack, one of ``FUSIONS`` (analysis/fusion.py);
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
+    ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
     """
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -482,5 +495,5 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          precision=precision, tokens=tokens and len(example_input_shape) == 2,
                          activation_checkpointing=activation_checkpointing,
                          checkpoint_policy=checkpoint_policy, fusion=fusion,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, optimizer_impl=optimizer_impl)
     return analyze_model(model, cfg, spec, input_dtype)

@@ -19,6 +19,7 @@ One module of ~420 lines because it is one table: a rule per kind of op, each sm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -119,8 +120,14 @@ class Cost:
     # (roofline.predict, hardware/efficiency.py ``winograd``)
     winograd: bool = False
     # a kernel that is other code under the same op name: "tanh" for the tanh-approximated
-    # GELU (hardware/efficiency.py, ``gelu_tanh``); "" otherwise
+    # GELU (hardware/efficiency.py, ``gelu_tanh``); "foreach" or "for-loop" for an optimizer
+    # step that torch.optim does not fuse (``optimizer_cost``); "" otherwise
     variant: str = ""
+    # the CPU waits for the GPU to finish every kernel before this one ahead of issuing it
+    # (a host synchronisation: GradScaler's ``.item()`` on found_inf before an unfused
+    # optimizer step), so its issue time is not hidden behind earlier kernels
+    # (roofline.step_time)
+    host_sync: bool = False
 
     @property
     def intensity(self) -> float:
@@ -424,24 +431,82 @@ def all_costs(records: list[OpRecord], regions: dict | None = None
     return costs, uncounted
 
 
-# Optimizer step traffic per parameter, in bytes of fp32 state (the update is memory-bound):
+# Optimizer step traffic per parameter, in bytes of fp32 state (the update is memory-bound).
+# Fused (torch.optim's ``fused=True``, apex's FusedSGD/FusedAdam): one pass over each tensor.
 # SGD with momentum reads param, grad, momentum and writes param, momentum (5 x 4 B);
 # AdamW reads param, grad, exp_avg, exp_avg_sq and writes param and both moments (7 x 4 B).
 OPTIMIZER_BYTES_PER_PARAM = {"sgd": 20, "adamw": 28}
 OPTIMIZER_FLOPS_PER_PARAM = {"sgd": 4, "adamw": 12}
+# How torch.optim runs the update: ``fused=True``; ``foreach`` (torch's default on CUDA since
+# 2.0: one _foreach_* op per step of the formula over all tensors); ``for-loop``
+# (``foreach=False``, and every release before 2.0: the same ops, tensor by tensor).
+OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
+# The unfused formula, op by op, as torch/optim/sgd.py and adamw's _single_tensor_adam /
+# _multi_tensor_adam (torch 2.x; 1.x's for-loops are the same ops) run it; each op reads and
+# writes whole tensors (tensors touched, reads + writes):
+#   SGD, weight decay and momentum: g' = g + wd*p (3), buf *= m (2), buf += g' (3), p -= lr*buf (3)
+#   AdamW: p *= 1 - lr*wd (2), m.lerp_(g) (3), v *= b2 (2), v.addcmul_(g, g) (3), s = v.sqrt()
+#   (2), s /= bc2 (2), s += eps (2), p.addcdiv_(m, s) (4)
+# tests/test_optimizer_costs.py counts them by running torch's own optimizers.
+UNFUSED_OPS = {"sgd": 4, "adamw": 8}
+UNFUSED_BYTES_PER_PARAM = {"sgd": 11 * 4, "adamw": 20 * 4}
 # Fused/foreach optimizers process tensors in chunks (multi_tensor_apply): kernels per this many.
 TENSORS_PER_OPTIMIZER_KERNEL = 64
+# ... and at most this many elements per launch (multi_tensor_apply: 320 blocks of 65,536)
+ELEMENTS_PER_OPTIMIZER_KERNEL = 320 * 65536
+
+
+def multi_tensor_kernels(num_params: int, num_tensors: int) -> int:
+    """Launches of one multi_tensor_apply op (a fused optimizer step, a _foreach_* op, AMP's
+    unscale): a new launch every TENSORS_PER_OPTIMIZER_KERNEL tensors or
+    ELEMENTS_PER_OPTIMIZER_KERNEL elements, whichever comes first."""
+    return max(1, math.ceil(num_tensors / TENSORS_PER_OPTIMIZER_KERNEL),
+               math.ceil(num_params / ELEMENTS_PER_OPTIMIZER_KERNEL))
 
 
 def optimizer_cost(num_params: int, num_tensors: int, optimizer: str,
-                   element_bytes: int = 4) -> Cost:
-    """One training step's parameter update, as the fused multi-tensor kernels run it.
-    OPTIMIZER_BYTES_PER_PARAM is for fp32 parameters and state (SGD: read p, g, momentum and
-    write p, momentum: 5 x 4 B); a model cast to half (``element_bytes`` 2) moves half that."""
-    nbytes = OPTIMIZER_BYTES_PER_PARAM[optimizer] * num_params * element_bytes // 4
+                   element_bytes: int = 4, impl: str = "fused") -> Cost:
+    """One training step's parameter update as ``impl`` runs it (OPTIMIZER_IMPLS). The byte
+    tables are for fp32 parameters and state; a model cast to half (``element_bytes`` 2) moves
+    half that. Under fp16's GradScaler: ``scaled_optimizer``."""
+    if impl not in OPTIMIZER_IMPLS:
+        raise ValueError(f"optimizer implementation {impl!r}: use one of "
+                         f"{', '.join(OPTIMIZER_IMPLS)}")
+    per_param = (OPTIMIZER_BYTES_PER_PARAM if impl == "fused" else UNFUSED_BYTES_PER_PARAM)
+    nbytes = per_param[optimizer] * num_params * element_bytes // 4
+    launches = multi_tensor_kernels(num_params, num_tensors)
+    kernels = (launches if impl == "fused" else
+               UNFUSED_OPS[optimizer] * (launches if impl == "foreach" else max(1, num_tensors)))
+    written = (2 if optimizer == "sgd" else 3) if impl == "fused" else UNFUSED_OPS[optimizer]
+    touched = per_param[optimizer] // 4
     return Cost(module="(optimizer)", module_type=optimizer, op=f"{optimizer}_step",
                 phase="optimizer", kind="memory",
                 flops=OPTIMIZER_FLOPS_PER_PARAM[optimizer] * num_params,
                 bytes=nbytes, dtype="fp32" if element_bytes == 4 else "fp16",
-                kernels=max(1, math.ceil(num_tensors / TENSORS_PER_OPTIMIZER_KERNEL)),
-                output_bytes=nbytes * 2 // 5)
+                kernels=kernels, output_bytes=nbytes * written // touched,
+                variant="" if impl == "fused" else impl)
+
+
+def grad_scaler_cost(num_params: int, launches: int) -> Cost:
+    """torch.amp.GradScaler's work in an fp16 mixed-precision step (fp16 needs loss scaling;
+    bf16 does not): ``unscale_`` (or, for a fused optimizer, the inf check) multiplies every
+    fp32 gradient by 1/scale and flags infs, one multi-tensor pass (read and write: 8 B per
+    parameter), and ``update`` adjusts the scale (one tiny kernel). For an unfused optimizer
+    ``step`` then reads the inf flag with ``.item()`` before calling it (torch/amp/
+    grad_scaler.py ``_maybe_opt_step``): the optimizer step that follows carries
+    ``host_sync``. ``launches``: the unscale's, ``multi_tensor_kernels`` of the gradients."""
+    return Cost(module="(optimizer)", module_type="GradScaler", op="amp_unscale",
+                phase="optimizer", kind="memory", flops=num_params, bytes=8 * num_params,
+                dtype="fp32", kernels=launches + 1, output_bytes=4 * num_params)
+
+
+def scaled_optimizer(opt: Cost) -> tuple[Cost, Cost]:
+    """``opt`` (an ``optimizer_cost``) as an fp16 step runs it under GradScaler: the scaler's
+    unscale and update (``grad_scaler_cost``), then the step, which the CPU issues only after
+    reading the inf flag unless the optimizer is fused (it takes the flag on the GPU)."""
+    n = opt.flops // OPTIMIZER_FLOPS_PER_PARAM[opt.module_type]
+    impl = opt.variant or "fused"
+    launches = (opt.kernels if impl == "fused" else opt.kernels // UNFUSED_OPS[opt.module_type]
+                if impl == "foreach" else
+                multi_tensor_kernels(n, opt.kernels // UNFUSED_OPS[opt.module_type]))
+    return grad_scaler_cost(n, launches), dataclasses.replace(opt, host_sync=impl != "fused")

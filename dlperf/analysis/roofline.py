@@ -218,20 +218,29 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
         kernels=kernels)
 
 
-def step_time(kernel_times, kernel_counts, host_s: float) -> float:
+def step_time(kernel_times, kernel_counts, host_s: float, syncs=None) -> float:
     """Step time when a CPU issues the kernels, ``host_s`` each, into the GPU's launch queue.
 
     Kernel i can start once the GPU finished kernel i-1 and the CPU has issued it:
-    g_i = max(g_{i-1}, C_i) + d_i with C_i the CPU's cumulative issue time, so the step ends at
-    max over i of (C_i + the GPU time of kernels i..N). With host_s = 0 this is the plain sum;
-    when kernels are shorter than host_s the CPU is the bottleneck and the GPU idles.
+    g_i = max(g_{i-1}, C_i) + d_i with C_i the CPU's cumulative issue time. With host_s = 0
+    this is the plain sum; when kernels are shorter than host_s the CPU is the bottleneck and
+    the GPU idles. An entry of n kernels taking d in all (a convolution's several kernels, an
+    unfused optimizer's hundreds) is n equal kernels, each run as soon as it is issued: it ends
+    at the latest of g + d (the GPU busy throughout), C + host_s + d (waiting for the first)
+    and C + n host_s + d / n (waiting for the last), C being the issue time before it.
+    ``syncs`` (one flag per entry, optional): the CPU waits for the GPU to finish everything
+    before entry i ahead of issuing it (``Cost.host_sync``), so C restarts from g_{i-1}: the
+    queue is empty and the GPU idles while the CPU issues entry i's kernels.
     """
-    total = sum(kernel_times)
     if host_s <= 0:
-        return total
-    issued, remaining, end = 0.0, total, total
-    for d, n in zip(kernel_times, kernel_counts):
+        return sum(kernel_times)
+    issued = gpu = 0.0
+    for i, (d, n) in enumerate(zip(kernel_times, kernel_counts)):
+        if syncs is not None and syncs[i]:
+            issued = max(issued, gpu)
+        if n <= 0:  # fused into another kernel: no launch of its own
+            gpu = max(gpu, issued) + d
+            continue
+        gpu = max(gpu + d, issued + host_s + d, issued + n * host_s + d / n)
         issued += n * host_s
-        end = max(end, issued + remaining)
-        remaining -= d
-    return end
+    return gpu

@@ -22,6 +22,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from dlperf.analysis.costs import scaled_optimizer
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import Prediction, predict, step_time, winograd_shape
 from dlperf.units import gib
@@ -85,9 +86,17 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
     target = "bf16" if spec.peak_flops("bf16") else "fp16" if spec.peak_flops("fp16") else None
     if target is None:
         return []
-    times, counts = [], []
+    times, counts, syncs = [], [], []
     for p in analysis.predictions:
         c = p.cost
+        if target == "fp16" and c.phase == "optimizer" and c.op.endswith("_step"):
+            # fp16 needs GradScaler: its unscale, and for an unfused update a host
+            # synchronisation first (costs.scaled_optimizer)
+            scaler, c = scaled_optimizer(c)
+            new = predict(scaler, spec, tf32=False)
+            times.append(new.time_s)
+            counts.append(new.kernels)
+            syncs.append(False)
         # Autocast stores activations in 16 bits: GEMM traffic halves and the math moves to
         # Tensor Cores; ops outside its fp32 list (batch norm, pooling, activations, adds) run
         # in their input's 16-bit type. Layer/group norm, softmax and losses stay FP32, and so
@@ -100,14 +109,16 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
                 # (its CPU issue time counts where the step is host-bound)
                 times.append(analysis.efficiency.launch_s if analysis.efficiency else 0.0)
                 counts.append(1)
+                syncs.append(False)
             c = dataclasses.replace(c, dtype=target, bytes=c.bytes // 2,
                                     output_bytes=c.output_bytes // 2,
                                     activation_bytes=c.activation_bytes // 2)
         new = predict(c, spec, tf32=False)
         times.append(new.time_s)
         counts.append(new.kernels)
+        syncs.append(c.host_sync)
     host_s = analysis.host_s
-    new_total = step_time(times, counts, host_s)
+    new_total = step_time(times, counts, host_s, syncs)
     # what the GEMMs run on now: TF32 Tensor Cores with --tf32 (where the GPU has them)
     now = "tf32" if cfg.tf32 and spec.peak_flops("tf32") else "fp32"
     saving = step_s - new_total
@@ -121,7 +132,8 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
     out = [Finding("mixed-precision", msg, saving)] if saving / step_s >= MIN_SHARE else []
     if not cfg.tf32 and spec.peak_flops("tf32"):
         tf32 = [predict(p.cost, spec, tf32=True) for p in analysis.predictions]
-        tf32_total = step_time([p.time_s for p in tf32], [p.kernels for p in tf32], host_s)
+        tf32_total = step_time([p.time_s for p in tf32], [p.kernels for p in tf32], host_s,
+                               [p.cost.host_sync for p in tf32])
         out.append(Finding(
             "mixed-precision",
             "If FP32 must stay, at least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True, "

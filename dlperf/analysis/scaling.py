@@ -637,12 +637,23 @@ class OneStep:
     single_s: float
     units: dict  # unit_bytes(params)
     segments: tuple  # _segments(predictions, units)
+    # the optimizer's CPU issue time the GPU waits through, beyond the update's own GPU time
+    # (an unfused step after GradScaler's host synchronisation: costs.scaled_optimizer); it
+    # does not shrink when FSDP shards the update (the same launches, on smaller shards)
+    optimizer_host_s: float = 0.0
 
 
 def one_step(analysis, params: list[tuple[str, int]]) -> OneStep:
+    from dlperf.analysis.roofline import step_time
+
     units = unit_bytes(params)
-    return OneStep(timeline(analysis.predictions), analysis.totals()["predicted_time_s"], units,
-                   _segments(analysis.predictions, units))
+    tl = timeline(analysis.predictions)
+    single_s = analysis.totals()["predicted_time_s"]
+    before = [p for p in analysis.predictions if p.cost.phase != "optimizer"]
+    micro_s = step_time([p.time_s for p in before], [p.kernels for p in before],
+                        analysis.host_s, [p.cost.host_sync for p in before])
+    return OneStep(tl, single_s, units, _segments(analysis.predictions, units),
+                   max(0.0, single_s - micro_s - tl.optimizer_s))
 
 
 def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, network,
@@ -658,17 +669,20 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     tl = step.timeline
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = step.single_s
-    micro_s = single_s - tl.optimizer_s  # forward and backward of one micro-batch
+    opt_host_s = step.optimizer_host_s
+    single_opt_s = tl.optimizer_s + opt_host_s  # the update on one GPU, waits included
+    micro_s = single_s - single_opt_s  # forward and backward of one micro-batch
     accum = cfg.grad_accum
     grad_bytes = sum(b for _, b in params)
     comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
     # the parameters as FSDP gathers them: in the autocast dtype under bf16/fp16 (2 bytes)
     gathered = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
     # FSDP (either strategy) updates only this GPU's shard of the parameters; DDP all of them
-    optimizer_s = tl.optimizer_s / cfg.gpus if cfg.strategy != "ddp" else tl.optimizer_s
+    optimizer_s = (tl.optimizer_s / cfg.gpus if cfg.strategy != "ddp" else tl.optimizer_s) \
+        + opt_host_s
     if cfg.gpus == 1:
         exposed = 0.0
-        optimizer_s = tl.optimizer_s
+        optimizer_s = single_opt_s
         comm.update(comm_s=0.0, exposed_s=0.0)
     elif cfg.strategy == "ddp":
         on_cpu = not analysis.device.tensor_cores
@@ -741,7 +755,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "communication"
     else:
         limit = "compute"
-    single_rate = min(batch / (accum * micro_s + tl.optimizer_s), cfg.host_img_per_s(1))
+    single_rate = min(batch / (accum * micro_s + single_opt_s), cfg.host_img_per_s(1))
     memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered,
                             bucket_view=cfg.bucket_view, units=step.units)
     if memory is not None and analysis.device.memory_bytes:
@@ -750,7 +764,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
-            "step_s": batch / per_gpu, "single_gpu_step_s": accum * micro_s + tl.optimizer_s,
+            "step_s": batch / per_gpu, "single_gpu_step_s": accum * micro_s + single_opt_s,
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
             "input_bound": input_bound,

@@ -60,6 +60,12 @@ def add_parser(sub) -> None:
     a.add_argument("--optimizer", choices=("auto", "sgd", "adamw", "none"), default="auto",
                    help="parameter update counted in a --train step [auto: adamw for gpt and "
                         "token models, sgd otherwise]")
+    # costs.OPTIMIZER_IMPLS (spelt out here: the parser is built without importing torch)
+    a.add_argument("--optimizer-impl", choices=("fused", "foreach", "for-loop"), default="fused",
+                   help="how torch.optim runs the update: fused (fused=True), foreach (torch's "
+                        "default on CUDA since 2.0) or for-loop (foreach=False, and torch 1.x); "
+                        "with --dtype fp16 an unfused step waits for GradScaler's inf check, so "
+                        "its launches are not hidden [fused]")
     a.add_argument("--input-shape", help="per-sample shape without batch: C,H,W (3,224,224) or "
                                          "FEATURES for non-image models")
     a.add_argument("--input-dtype", choices=("float32", "int64"), default=None,
@@ -191,7 +197,11 @@ def run(args) -> int:
                                     else args.optimizer), precision=args.precision,
                          activation_checkpointing=args.activation_checkpointing is not None,
                          checkpoint_policy=args.activation_checkpointing or "full",
-                         fusion=args.fusion, cuda_graphs=args.cuda_graphs)
+                         fusion=args.fusion, cuda_graphs=args.cuda_graphs,
+                         optimizer_impl=args.optimizer_impl)
+    if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
+        raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
+                          "and an optimizer")
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
     if args.activation_checkpointing is not None and not args.train:
