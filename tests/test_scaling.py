@@ -257,8 +257,11 @@ def test_loader_workers_share_the_host_cores_among_the_gpus_in_a_node():
     plain = ScaleConfig(gpus=8, decode="cpu", data_cores_per_gpu=5,
                         decode_img_per_s_per_core=215)
     assert plain.decode_parallelism(1) == plain.decode_parallelism(8) == 5
-    with pytest.raises(DlperfError, match="--loader-workers needs --decode cpu"):
+    with pytest.raises(DlperfError, match="--loader-workers describes .* add --decode cpu"):
         ScaleConfig(gpus=8, loader_workers_per_gpu=8)
+    with pytest.raises(DlperfError, match="--loader-workers needs a count of at least 1"):
+        ScaleConfig(gpus=8, decode="cpu", data_cores_per_gpu=5, decode_img_per_s_per_core=215,
+                    loader_workers_per_gpu=0)
     # through scale_out: a ResNet-18 step on an H100 wants far more than either cap, so one GPU
     # runs at the 1,720 img/s of its 8 workers, eight GPUs at 1,075 each: 62.5% scaling, input
     analysis, params = _resnet18_on_h100()
@@ -293,6 +296,12 @@ def test_loader_workers_share_the_host_cores_among_the_gpus_in_a_node():
 def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
     with pytest.raises(DlperfError, match="--data-cores"):
         ScaleConfig(gpus=8, decode="cpu")
+    # the host's cores, rate or workers without --decode cpu were ignored in silence
+    with pytest.raises(DlperfError, match="--data-cores, --decode-rate describe a JPEG decode "
+                                          "on the host's cores: add --decode cpu"):
+        ScaleConfig(gpus=8, data_cores_per_gpu=5, decode_img_per_s_per_core=215)
+    with pytest.raises(DlperfError, match="--loader-workers describes .* --decode synthetic"):
+        ScaleConfig(gpus=8, decode="synthetic", loader_workers_per_gpu=8)
     with pytest.raises(DlperfError, match="ddp, fsdp or fsdp-grad-op"):
         ScaleConfig(gpus=8, strategy="zero3")
     with pytest.raises(DlperfError, match="--nccl-algo 'rings'"):

@@ -195,3 +195,41 @@ def test_efficiency_band_reads_a_prediction_through_the_middle_half_of_the_recor
     record = tr.build_scale_out(rows + a100)
     assert tr.efficiency_band(0.99, 1, "a100-80gb", record)[0] == pytest.approx(0.9)
     assert tr.efficiency_band(0.99, 1, "v100-sxm2", {}) is None
+
+
+def test_a_host_decode_is_read_through_the_runs_that_had_one():
+    # Clean runs (synthetic data, DALI): ratios 1.00-1.06. Runs whose host decoded the JPEGs,
+    # flagged for their assumed per-core rate: 1.10, 1.15, 1.18, 1.20 (measured 0.82-0.86):
+    # quartiles (inclusive) 1.1375 (1.137 once rounded: the float is 1.13749...) and 1.185
+    rows = [_scaling_row(efficiency_ratio=x, measured_efficiency=0.97)
+            for x in (1.0, 1.02, 1.04, 1.06)]
+    rows += [_scaling_row(efficiency_ratio=x, measured_efficiency=m, decode="cpu",
+                          flag="decode-rate-assumed", source="dle-convnets")
+             for x, m in ((1.10, 0.86), (1.15, 0.85), (1.18, 0.83), (1.20, 0.82))]
+    record = tr.build_scale_out(rows)
+    assert record["one_node"]["rows"] == 4  # the flagged rows stay out of the clean record
+    host = record["host_decode"]
+    assert (host["rows"], host["median"], host["q1"], host["q3"]) == (4, 1.165, 1.137, 1.185)
+    assert (host["measured_low"], host["measured_high"]) == (0.82, 0.86)
+    # a prediction of 0.98 with --decode cpu: 0.98 / 1.185 = 0.827 .. 0.98 / 1.137 = 0.862
+    low, high = tr.efficiency_band(0.98, 1, "v100-sxm2", record, host_decode=True)
+    assert (low, high) == (pytest.approx(0.98 / 1.185), pytest.approx(0.98 / 1.137))
+    # without it, the clean runs' band (1.015 .. 1.045)
+    assert tr.efficiency_band(0.98, 1, "v100-sxm2", record)[0] == pytest.approx(0.98 / 1.045)
+    text, warn = tr.describe_scale_out(PRESETS["v100-sxm2"], record, host_decode=True)
+    assert "with the host's CPU decoding the JPEGs, as here, 4 runs" in text and warn
+    assert "host's CPU" not in tr.describe_scale_out(PRESETS["v100-sxm2"], record)[0]
+
+
+def test_analyze_with_a_host_decode_prints_and_saves_that_record(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    code, out, err = _run(["analyze", "resnet50", "--device", "a100-80gb", "--batch-size", "64",
+                           "--dtype", "fp16", "--train", "--gpus", "8", "--decode", "cpu",
+                           "--data-cores", "16", "--decode-rate", "215", "--json", str(path)],
+                          capsys)
+    assert code == 0, err
+    assert "with the host's CPU decoding the JPEGs, as here" in " ".join(out.split())
+    saved = json.loads(path.read_text())["scale_out"]["track_record"]
+    assert saved["host_decode"] == tr.load_scale_out()["host_decode"]
+    band = tr.efficiency_band(saved_efficiency(path), 1, "a100-80gb", host_decode=True)
+    assert saved["efficiency_band"] == pytest.approx(list(band))

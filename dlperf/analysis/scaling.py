@@ -551,6 +551,16 @@ class ScaleConfig:
             raise DlperfError(f"--strategy {self.strategy!r}: choose ddp, fsdp or fsdp-grad-op")
         if self.decode not in DECODES:
             raise DlperfError(f"--decode {self.decode!r}: choose gpu, cpu or synthetic")
+        # a host's cores and rate given for a decode that does not run there would be ignored
+        # in silence (the step then says compute-bound): refuse them
+        given = [flag for flag, value in (("--data-cores", self.data_cores_per_gpu),
+                                          ("--decode-rate", self.decode_img_per_s_per_core),
+                                          ("--loader-workers", self.loader_workers_per_gpu))
+                 if value is not None]
+        if self.decode != "cpu" and given:
+            raise DlperfError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a "
+                              f"JPEG decode on the host's cores: add --decode cpu (with "
+                              f"--decode {self.decode} they would be ignored)")
         if self.decode == "cpu" and not (self.data_cores_per_gpu and self.decode_img_per_s_per_core):
             raise DlperfError("--decode cpu needs --data-cores (host cores per GPU) and "
                               "--decode-rate (images/s one core decodes; `dlperf bench data` "
@@ -561,10 +571,9 @@ class ScaleConfig:
             if value is not None and not (finite_number(value) and value > 0):
                 raise DlperfError(f"{flag} {value!r}: give a positive finite number")
 
-        if self.loader_workers_per_gpu is not None and (
-                self.decode != "cpu" or self.loader_workers_per_gpu < 1):
-            raise DlperfError("--loader-workers needs --decode cpu and a count of at least 1 "
-                              "(the data loader's worker processes per GPU)")
+        if self.loader_workers_per_gpu is not None and self.loader_workers_per_gpu < 1:
+            raise DlperfError("--loader-workers needs a count of at least 1 (the data "
+                              "loader's worker processes per GPU)")
 
     @staticmethod
     def _allowed(text: str | None, known: tuple[str, ...], flag: str) -> frozenset | None:

@@ -300,9 +300,12 @@ def _scale_out(args, analysis, model, console, setup) -> dict:
     here, curve = scale_out_and_curve(analysis, params, cfg, node, network)
     tokens = analysis.config.input_shape[1] if analysis.config.tokens else None
     # what published multi-GPU runs say about these predictions (hardware/track_record.py)
-    line = describe_scale_out(analysis.device)
+    # a host JPEG decode is read through the runs that had one (they lose what others do not)
+    host_decode = cfg.decode == "cpu"
+    line = describe_scale_out(analysis.device, host_decode=host_decode)
     band = None if line is None else efficiency_band(here["scaling_efficiency"], here["nodes"],
-                                                     analysis.device.name)
+                                                     analysis.device.name,
+                                                     host_decode=host_decode)
     render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line,
                    band=band)
     saved = load_scale_out()
@@ -310,6 +313,7 @@ def _scale_out(args, analysis, model, console, setup) -> dict:
         "text": line[0], "systematic": line[1], "one_node": saved.get("one_node"),
         "device": saved.get("by_device", {}).get(analysis.device.name),
         "across_nodes": saved.get("across_nodes"),
+        "host_decode": saved.get("host_decode") if host_decode else None,
         "efficiency_band": list(band) if band else None}
     return {"config": {**cfg.__dict__, "node": node.to_dict(), "network": network.to_dict()},
             "at_requested_scale": here, "curve": curve, "track_record": record}

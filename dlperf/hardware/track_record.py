@@ -134,18 +134,25 @@ def build_scale_out(scaling: list[dict]) -> dict:
       on rows spanning nodes, whatever their flag, as long as their step is predicted
       compute-bound: the flags of those rows (a network the source does not name, an HBM2e
       H100, an assumed decode rate) bear on the absolute rate, not on what is lost from one
-      node to many, which is what the ratio measures. ``flags`` lists them."""
+      node to many, which is what the ratio measures. ``flags`` lists them;
+    * ``host_decode``: as ``one_node``, on the runs whose JPEGs the host's CPU decoded
+      (``decode`` cpu), whatever their flag (every such row assumes a per-core rate no source
+      publishes): the record a prediction with ``--decode cpu`` is read through, since these
+      runs lose what the clean ones (synthetic data, DALI) do not."""
     one: list[tuple[float, float, str]] = []
     by_device: dict[str, list[tuple[float, float, str]]] = {}
+    host: list[tuple[float, float, str]] = []
     across: list[tuple[float, int, str]] = []
     flags: set[str] = set()
     for r in scaling:
         nodes = -(-r["gpus"] // r["gpus_per_node"])
-        if (r.get("flag") == "clean" and nodes == 1 and r["gpus"] > 1
-                and r.get("efficiency_ratio") is not None):
+        if nodes == 1 and r["gpus"] > 1 and r.get("efficiency_ratio") is not None:
             row = (r["efficiency_ratio"], r["measured_efficiency"], r["source"])
-            one.append(row)
-            by_device.setdefault(r["device"], []).append(row)
+            if r.get("flag") == "clean":
+                one.append(row)
+                by_device.setdefault(r["device"], []).append(row)
+            if r.get("decode") == "cpu":
+                host.append(row)
         if nodes > 1 and r.get("relative_ratio") is not None and r["limited_by"] == "compute":
             across.append((r["relative_ratio"], r["gpus"], r["source"]))
             if r.get("flag") != "clean":
@@ -161,6 +168,8 @@ def build_scale_out(scaling: list[dict]) -> dict:
     if one:
         out["one_node"] = one_node(one)
         out["by_device"] = {d: one_node(rows) for d, rows in sorted(by_device.items())}
+    if host:
+        out["host_decode"] = one_node(host)
     if across:
         out["across_nodes"] = {**_summary([x for x, _, _ in across], {s for _, _, s in across}),
                                **_quartiles([x for x, _, _ in across]),
@@ -184,15 +193,20 @@ BAND_MIN_RUNS = 4
 
 
 def efficiency_band(efficiency: float, nodes: int, device: str | None = None,
-                    record: dict | None = None) -> tuple[float, float] | None:
+                    record: dict | None = None,
+                    host_decode: bool = False) -> tuple[float, float] | None:
     """A predicted scaling efficiency read through the record: where the middle half of the
     published runs' predicted/measured ratios would put it (one node: ``device``'s own
-    one-node record when it has ``BAND_MIN_RUNS`` runs, else every GPU's; across nodes, that
-    and the across-node record's quartiles multiplied: what was lost on one node, then from
-    one node to many). None without a record."""
+    one-node record when it has ``BAND_MIN_RUNS`` runs, else every GPU's; ``host_decode``:
+    the runs fed by the host's JPEG decode instead, when there are that many; across nodes,
+    that and the across-node record's quartiles multiplied: what was lost on one node, then
+    from one node to many). None without a record."""
     record = load_scale_out() if record is None else record
     one = record.get("by_device", {}).get(device)
-    if not one or one["rows"] < BAND_MIN_RUNS:
+    host = record.get("host_decode") if host_decode else None
+    if host and host["rows"] >= BAND_MIN_RUNS:
+        one = host
+    elif not one or one["rows"] < BAND_MIN_RUNS:
         one = record.get("one_node")
     if not one:
         return None
@@ -211,10 +225,12 @@ def load_scale_out() -> dict:
         return {}
 
 
-def describe_scale_out(spec, record: dict | None = None) -> tuple[str, bool] | None:
+def describe_scale_out(spec, record: dict | None = None,
+                       host_decode: bool = False) -> tuple[str, bool] | None:
     """One line on dlperf's record on published multi-GPU runs, with this GPU's own where it
-    has one, and whether it is systematic enough to warn about (median off by more than
-    ``SYSTEMATIC``); None for a measured profile or when no run has been checked."""
+    has one (and, for ``host_decode``, the runs whose host decoded the JPEGs), and whether it
+    is systematic enough to warn about (median off by more than ``SYSTEMATIC``); None for a
+    measured profile or when no run has been checked."""
     record = load_scale_out() if record is None else record
     if spec.measured or not record:
         return None
@@ -237,5 +253,13 @@ def describe_scale_out(spec, record: dict | None = None) -> tuple[str, bool] | N
                      f"GPUs against their rate on 8: {s['low']:.2f}-{s['high']:.2f}x, median "
                      f"{s['median']:.2f}x (dlperf models the communication and the wait "
                      f"for the slowest GPU, not what these runs lost beyond them)")
+        warn = warn or abs(s["median"] - 1) > SYSTEMATIC
+    if host_decode and "host_decode" in record:
+        s = record["host_decode"]
+        parts.append(f"with the host's CPU decoding the JPEGs, as here, {s['rows']} runs "
+                     f"({', '.join(s['publishers'])}) measured {s['measured_low']:.1%}-"
+                     f"{s['measured_high']:.1%} of one GPU and dlperf's efficiency was "
+                     f"{s['low']:.2f}-{s['high']:.2f}x theirs, median {s['median']:.2f}x "
+                     "(each with a per-core decode rate assumed, not published)")
         warn = warn or abs(s["median"] - 1) > SYSTEMATIC
     return "Track record, scale-out: " + "; ".join(parts) + ".", warn
