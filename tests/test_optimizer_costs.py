@@ -194,3 +194,26 @@ def test_the_cli_s_choices_are_the_cost_model_s():
     action = next(a for sub in parser._subparsers._group_actions for p in sub.choices.values()
                   for a in p._actions if "--optimizer-impl" in a.option_strings)
     assert tuple(action.choices) == OPTIMIZER_IMPLS
+
+
+def test_the_fused_update_is_what_the_finding_compares_against():
+    import dlperf
+    from dlperf.analysis.costs import fused_optimizer
+
+    # the fused equivalent of an unfused update is the fused update itself
+    for opt in ("sgd", "adamw"):
+        for impl in ("foreach", "for-loop"):
+            for eb in (4, 2):
+                assert fused_optimizer(optimizer_cost(25_557_032, 161, opt, eb, impl)) == \
+                    optimizer_cost(25_557_032, 161, opt, eb)
+    # the finding's saving is the predicted step with the update fused, analysed on its own
+    shape = (256, 3, 224, 224)
+    loop, fused = (dlperf.analyze("resnet18", shape, device="a100-80gb", dtype="fp16",
+                                  train=True, channels_last=True, optimizer_impl=impl)
+                   for impl in ("for-loop", "fused"))
+    [finding] = [f for f in loop.findings if f.rule == "optimizer"]
+    assert finding.saving_s == pytest.approx(
+        loop.totals()["predicted_time_s"] - fused.totals()["predicted_time_s"], rel=1e-9)
+    assert "248 launches" in finding.message and "fused=True" in finding.message
+    assert "GradScaler" in finding.message
+    assert not [f for f in fused.findings if f.rule == "optimizer"]

@@ -500,13 +500,29 @@ def grad_scaler_cost(num_params: int, launches: int) -> Cost:
                 dtype="fp32", kernels=launches + 1, output_bytes=4 * num_params)
 
 
+def _update_shape(opt: Cost) -> tuple[int, int]:
+    """(parameters, launches of one multi-tensor pass over them) of an ``optimizer_cost``."""
+    n = opt.flops // OPTIMIZER_FLOPS_PER_PARAM[opt.module_type]
+    impl = opt.variant or "fused"
+    ops = UNFUSED_OPS[opt.module_type]
+    return n, (opt.kernels if impl == "fused" else opt.kernels // ops if impl == "foreach"
+               else multi_tensor_kernels(n, opt.kernels // ops))
+
+
 def scaled_optimizer(opt: Cost) -> tuple[Cost, Cost]:
     """``opt`` (an ``optimizer_cost``) as an fp16 step runs it under GradScaler: the scaler's
     unscale and update (``grad_scaler_cost``), then the step, which the CPU issues only after
     reading the inf flag unless the optimizer is fused (it takes the flag on the GPU)."""
-    n = opt.flops // OPTIMIZER_FLOPS_PER_PARAM[opt.module_type]
-    impl = opt.variant or "fused"
-    launches = (opt.kernels if impl == "fused" else opt.kernels // UNFUSED_OPS[opt.module_type]
-                if impl == "foreach" else
-                multi_tensor_kernels(n, opt.kernels // UNFUSED_OPS[opt.module_type]))
-    return grad_scaler_cost(n, launches), dataclasses.replace(opt, host_sync=impl != "fused")
+    n, launches = _update_shape(opt)
+    return grad_scaler_cost(n, launches), dataclasses.replace(opt, host_sync=bool(opt.variant))
+
+
+def fused_optimizer(opt: Cost) -> Cost:
+    """``opt`` as torch.optim's ``fused=True`` runs it: one pass over every tensor, a launch
+    per chunk, no host synchronisation (the fused kernels read GradScaler's flag themselves)."""
+    n, launches = _update_shape(opt)
+    element_bytes = 4 if opt.dtype == "fp32" else 2
+    nbytes = OPTIMIZER_BYTES_PER_PARAM[opt.module_type] * n * element_bytes // 4
+    return dataclasses.replace(opt, bytes=nbytes, kernels=launches, variant="", host_sync=False,
+                               output_bytes=nbytes * (2 if opt.module_type == "sgd" else 3)
+                               // (OPTIMIZER_BYTES_PER_PARAM[opt.module_type] // 4))

@@ -22,7 +22,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from dlperf.analysis.costs import scaled_optimizer
+from dlperf.analysis.costs import fused_optimizer, scaled_optimizer
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import Prediction, predict, step_time, winograd_shape
 from dlperf.units import gib
@@ -337,8 +337,43 @@ def _capacity(analysis, step_s) -> list[Finding]:
         + "; ".join(advice) + ". The predicted time assumes it fit.", 0.0)]
 
 
+# how an unfused update runs (Cost.variant of an optimizer step), in the finding's words
+HOW = {"for-loop": "tensor by tensor (foreach=False, or torch 1.x)",
+       "foreach": "as _foreach_ ops (torch's default)"}
+
+
+def _optimizer(analysis, step_s) -> list[Finding]:
+    """An unfused parameter update (``--optimizer-impl foreach`` or ``for-loop``) against the
+    same update fused: its extra traffic, its launches, and under fp16's GradScaler the wait
+    before them (costs.scaled_optimizer), all in the predicted step."""
+    preds = analysis.predictions
+    at = next((i for i, p in enumerate(preds) if p.cost.phase == "optimizer"
+               and p.cost.op.endswith("_step") and p.cost.variant), None)
+    if at is None:
+        return []
+    c = preds[at].cost
+    fused = fused_optimizer(c)
+    new = _repredict(analysis, fused)
+    times, counts = [p.time_s for p in preds], [p.kernels for p in preds]
+    syncs = [p.cost.host_sync for p in preds]
+    times[at], counts[at], syncs[at] = new.time_s, new.kernels, False
+    now = analysis.totals()["predicted_time_s"]
+    saving = now - step_time(times, counts, analysis.host_s, syncs)
+    if saving / now < MIN_SHARE:
+        return []
+    wait = (", each issued by the CPU after GradScaler's inf check (.item()) has waited for "
+            "the GPU, which then idles" if c.host_sync else "")
+    name = {"sgd": "SGD", "adamw": "AdamW"}[c.module_type]
+    return [Finding(
+        "optimizer",
+        f"The {name} update runs {HOW[c.variant]} ({c.kernels:,} launches{wait}): "
+        f"{saving * 1e3:.3g} ms ({saving / now:.1%}) of the step more than the fused update "
+        f"({new.kernels} launches, one pass over the state). Use torch.optim.{name}(..., "
+        "fused=True), as `dlperf train` does (fused_optimizer=true).", saving)]
+
+
 RULES = (_capacity, _mixed_precision, _channels_last, _fusion, _alignment, _quantization,
-         _launch)
+         _launch, _optimizer)
 
 
 def findings(analysis) -> list[Finding]:
