@@ -45,11 +45,14 @@ def test_device_scripts_are_valid_bash():
 def test_every_dlperf_command_in_the_device_run_parses(capsys):
     argvs = _commands()
     kinds = [a[0] for a in argvs]
-    # the run's priorities: issue #11 first (probe --sweep, three analyze --measure, bench gemm
-    # and conv), then the compiled training goal, the sync A/B, graphs, the real-JPEG run, the
+    # the run's priorities: the corpus for issue #14's host-issue benchmark (a script, not a
+    # dlperf command), then issue #11 (probe --sweep, three analyze --measure, bench gemm and
+    # conv), then the compiled training goal, the sync A/B, graphs, the real-JPEG run, the
     # ladder (if one disappears, the check should say so)
-    assert kinds[:6] == ["probe", "analyze", "analyze", "analyze", "bench", "bench"], kinds
-    assert "--sweep" in argvs[0] and [a[1] for a in argvs[4:6]] == ["gemm", "conv"]
+    assert kinds[:7] == ["data", "probe", "analyze", "analyze", "analyze", "bench", "bench"], kinds
+    assert "--sweep" in argvs[1] and [a[1] for a in argvs[5:7]] == ["gemm", "conv"]
+    text = SCRIPT.read_text()
+    assert text.index("bench_host_issue_gpu.py") < text.index("dlperf probe")
     assert kinds.count("train") == 5 and {"probe", "analyze", "bench"} <= set(kinds), kinds
     parser = build_parser()
     for argv in argvs:
@@ -92,3 +95,26 @@ def test_sync_audit_runs_on_cpu(tmp_path):
                    check=True, cwd=ROOT, capture_output=True)
     res = json.loads(out.read_text())["results"]
     assert res["audited"] is False and res["steps"] == 3 and res["total_syncs"] == 0
+
+
+@pytest.mark.slow
+def test_host_issue_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/bench_host_issue_gpu.py (issue #14, step 0 of the device run) end to end on
+    this CPU at a tiny size, busy processes decoding a corpus included; every field saved."""
+    corpus = make_folder(tmp_path / "c", classes=1, per_class=4, size=(64, 64))
+    out = tmp_path / "host.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_host_issue_gpu.py"),
+                    str(out), "--model", "resnet18", "--batch", "2", "--image", "32",
+                    "--steps", "2", "--warmup", "1", "--busy", "0,1", "--corpus", str(corpus)],
+                   check=True, cwd=ROOT, capture_output=True)
+    saved = json.loads(out.read_text())
+    res = saved["results"]
+    assert saved["benchmark"] == "host-issue-gpu" and "git_commit" in saved["environment"]
+    assert res["device"] == "cpu" and res["note"]
+    cases = [(r["impl"], r["busy_processes"]) for r in res["rows"]]
+    assert cases == [("fused", 0), ("foreach", 0), ("for-loop", 0), ("for-loop", 1)]
+    # resnet18: 62 parameter tensors, 4 launches each in the for-loop; fused: 1 launch
+    launches = {r["impl"]: r["predicted"]["update_launches"] for r in res["rows"]}
+    assert launches == {"fused": 1, "foreach": 4, "for-loop": 248}
+    assert all(r["median_s"] > 0 and r["steps"] == 2 for r in res["rows"])
+    assert set(res["derived"]["busy_stretch"]) == {"0", "1"}
