@@ -19,6 +19,7 @@ stretch exactly that part. This script measures both halves on one GPU:
 Each case is saved beside dlperf's prediction for it (the datasheet preset ``--device``).
 Usage: python benchmarks/bench_host_issue_gpu.py OUT.json [--model resnet50] [--batch 256]
        [--device h100-sxm] [--steps 20] [--warmup 5] [--busy 0,8,16,32] [--corpus DIR]
+       [--dispatch-only]   (the CPU's part of a launch alone: results/host-dispatch-cpu.json)
 On a machine without a GPU it runs on the CPU in bf16 without a scaler (a check of the script,
 not a measurement: the CPU runs each op as it is issued).
 """
@@ -110,6 +111,34 @@ def predicted(model_name: str, batch: int, impl: str, device: str, image: int = 
             "host_s": a.host_s}
 
 
+def cpu_dispatch(tensors: int = 161, rounds: int = 30, steps: int = 10) -> dict:
+    """The CPU's own part of a for-loop launch: ``SGD(foreach=False).step()`` over ``tensors``
+    one-element CPU tensors (ResNet-50 has 161), one thread, so the arithmetic is nil and what
+    is timed is Python and the dispatcher per op (4 per tensor). On a GPU machine the per-launch
+    time of the case above minus this is the CUDA launch itself."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.zeros(1)
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=False)
+        opt.step()  # the momentum buffers
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(steps):
+                opt.step()
+            times.append((time.perf_counter() - start) / steps)
+    finally:
+        torch.set_num_threads(threads)
+    step = statistics.median(times)
+    return {"tensors": tensors, "ops": 4 * tensors, "median_step_s": step,
+            "s_per_op": step / (4 * tensors), "rounds": rounds}
+
+
 def _summary(times: list[float]) -> dict:
     ordered = sorted(times)
     return {"median_s": statistics.median(ordered),
@@ -121,6 +150,8 @@ def run(args) -> dict:
     import torch
     from rich.progress import Progress
 
+    if args.dispatch_only:
+        return {"cpu_dispatch": cpu_dispatch()}
     cuda = torch.cuda.is_available()
     cores = os.cpu_count() or 1
     busy = ([int(b) for b in args.busy.split(",")] if args.busy
@@ -161,7 +192,7 @@ def run(args) -> dict:
                          for k in busy if ("for-loop", k) in by},
     }
     return {"device": "cuda" if cuda else "cpu", "cores": cores, "rows": rows,
-            "derived": derived,
+            "derived": derived, "cpu_dispatch": cpu_dispatch(),
             "note": None if cuda else "CPU check of the script: not a measurement"}
 
 
@@ -177,14 +208,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--busy", default=None, help="busy processes per case, e.g. 0,8,16,32 "
                                                 "[0, cores/2, cores, 2 x cores]")
     p.add_argument("--corpus", default=None, help="JPEG folder the busy processes decode")
+    p.add_argument("--dispatch-only", action="store_true",
+                   help="only the CPU's part of a for-loop launch (cpu_dispatch): a real "
+                        "measurement on a machine without a GPU")
     args = p.parse_args(argv)
     from dlperf.provenance import save_result
 
     results = run(args)
     save_result(args.out, "host-issue-gpu", {k: (str(v) if isinstance(v, Path) else v)
                                             for k, v in vars(args).items()}, results)
-    d = results["derived"]
-    if d["host_s_per_launch"] is not None:
+    c = results["cpu_dispatch"]
+    print(f"CPU per op of SGD(foreach=False).step(): {c['s_per_op'] * 1e6:.2f} µs")
+    d = results.get("derived", {})
+    if d.get("host_s_per_launch") is not None:
         print(f"host time per launch: {d['host_s_per_launch'] * 1e6:.1f} µs "
               f"(dlperf's host_s: {d['predicted_host_s'] * 1e6:.0f} µs); busy host stretch: "
               + ", ".join(f"{k}: {v:.3f}x" for k, v in d["busy_stretch"].items()))
