@@ -184,7 +184,18 @@ def test_scale_out_keeps_the_update_s_host_time_whole_when_fsdp_shards_it():
     # FSDP on 8 GPUs: each updates 1/8 of every tensor (GPU time / 8) with the same launches
     fsdp = scale_out(a, params, ScaleConfig(gpus=8, strategy="fsdp"), node, net, step)
     assert fsdp["communication"]["optimizer_s"] == pytest.approx(opt_gpu / 8 + step.optimizer_host_s)
+    assert fsdp["communication"]["optimizer_host_s"] == step.optimizer_host_s
     assert math.isfinite(fsdp["per_gpu_samples_per_s"])
+    # the requested scale's line says so where it is more than 1% of the step
+    from dlperf.analysis.report import render_scaling
+    from dlperf.term import new_console
+
+    ddp = scale_out(a, params, ScaleConfig(gpus=8), node, net, step)
+    assert step.optimizer_host_s > 0.01 * ddp["step_s"]
+    console = new_console()
+    with console.capture() as out:
+        render_scaling(ddp, [ddp], node, net, console)
+    assert "the update's launches after GradScaler's wait" in " ".join(out.get().split())
 
 
 def test_the_cli_s_choices_are_the_cost_model_s():

@@ -175,6 +175,9 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         + f", {seconds(here['exposed_comm_s'])} exposed"
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
+        + (f"; the update's launches after GradScaler's wait "
+           f"{seconds(comm['optimizer_host_s'])} a step, on one GPU as on many"
+           if comm.get("optimizer_host_s", 0.0) > 0.01 * here["step_s"] else "")
         + f"; limited by {here['limited_by']}"
         + (f" (decoding on the GPUs, --decode gpu, would lift it to "
            f"{rate(here['gpu_decode_samples_per_s'] * scale)} {unit} per GPU before the "

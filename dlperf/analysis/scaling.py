@@ -735,6 +735,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
     comm["optimizer_s"] = optimizer_s
+    # of which the CPU's issue of the update's launches with the GPU idle (after GradScaler's
+    # wait: costs.scaled_optimizer), on one GPU and on many alike
+    comm["optimizer_host_s"] = opt_host_s
     bn_sync = accum * bn_sync_s(analysis.predictions, min(cfg.bn_group, cfg.gpus), node)
     comm["bn_sync_s"] = bn_sync
     exposed += bn_sync
