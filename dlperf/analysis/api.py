@@ -250,6 +250,13 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     if config.optimizer_impl not in OPTIMIZER_IMPLS:
         raise DlperfError(f"--optimizer-impl {config.optimizer_impl!r}: choose "
                           f"{', '.join(OPTIMIZER_IMPLS)}")
+    if (config.cuda_graphs and config.train and config.optimizer != "none"
+            and config.optimizer_impl != "fused" and config.dtype == "fp16"
+            and config.precision == "mixed"):
+        raise DlperfError("--cuda-graphs with --dtype fp16 and an unfused optimizer: "
+                          "GradScaler reads its inf flag on the CPU (.item()) before such an "
+                          "update, which a CUDA graph cannot hold; use --optimizer-impl fused "
+                          "(the fused update reads the flag on the GPU)")
     if config.checkpoint_policy not in CHECKPOINT_POLICIES:
         raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
                           f"{' or '.join(CHECKPOINT_POLICIES)}")
