@@ -338,8 +338,8 @@ def _capacity(analysis, step_s) -> list[Finding]:
 
 
 # how an unfused update runs (Cost.variant of an optimizer step), in the finding's words
-HOW = {"for-loop": "tensor by tensor (foreach=False, or torch 1.x)",
-       "foreach": "as _foreach_ ops (torch's default)"}
+HOW = {"for-loop": "tensor by tensor, as foreach=False and torch 1.x run it",
+       "foreach": "as torch's default _foreach_ ops"}
 
 
 def _optimizer(analysis, step_s) -> list[Finding]:
