@@ -63,10 +63,10 @@ def add_parser(sub) -> None:
     # costs.OPTIMIZER_IMPLS (spelt out here: the parser is built without importing torch)
     a.add_argument("--optimizer-impl", choices=("fused", "foreach", "for-loop"), default="fused",
                    help="how torch.optim runs the update: fused (fused=True, as dlperf train "
-                        "runs it), foreach (torch's "
-                        "default on CUDA since 2.0) or for-loop (foreach=False, and torch 1.x); "
-                        "with --dtype fp16 an unfused step waits for GradScaler's inf check, so "
-                        "its launches are not hidden [fused]")
+                        "runs it), foreach (torch's default on CUDA since 2.0) or for-loop "
+                        "(foreach=False, and torch 1.x); with --dtype fp16 an unfused step "
+                        "waits for GradScaler's inf check, so its launches are not hidden "
+                        "[fused]")
     a.add_argument("--input-shape", help="per-sample shape without batch: C,H,W (3,224,224) or "
                                          "FEATURES for non-image models")
     a.add_argument("--input-dtype", choices=("float32", "int64"), default=None,
