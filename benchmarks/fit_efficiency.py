@@ -62,7 +62,7 @@ class Terms:
         unit = identity()
         self.host_s = host_s  # not fitted: no row of the table is host-bound
         math_s, math_cls, mem_s, dw, trans_s, kernels, row_of = [], [], [], [], [], [], []
-        wino = []
+        wino, syncs = [], []
         self.rows, self.batch, self.bw, self.sm_rate = [], [], [], []
         for i, (row, cfg, costs, uncounted, seconds) in enumerate(captured):
             spec = get_device(row["device"])
@@ -80,6 +80,7 @@ class Terms:
                 dw.append(p.memory_class == "depthwise")
                 trans_s.append(p.transpose_time_s)
                 kernels.append(p.launch_time_s)  # launch_s = 1: the kernel count
+                syncs.append(p.cost.host_sync)
                 row_of.append(i)
             self.rows.append(row)
             self.batch.append(cfg.input_shape[0])
@@ -90,6 +91,7 @@ class Terms:
         self.winograd = np.array(wino, dtype=bool)
         self.trans_s, self.kernels = np.array(trans_s), np.array(kernels)
         self.row_of = np.array(row_of)
+        self.syncs = np.array(syncs, dtype=bool)  # Cost.host_sync: roofline.step_time's syncs
         edges = np.searchsorted(self.row_of, np.arange(len(self.rows) + 1))
         self.bounds = list(zip(edges[:-1], edges[1:]))
         self.batch, self.bw = np.array(self.batch, float), np.array(self.bw)
@@ -98,6 +100,8 @@ class Terms:
 
     def step_time(self, params: dict) -> np.ndarray:
         """Predicted step seconds per row: the same arithmetic as roofline.predict."""
+        from dlperf.analysis.roofline import step_time as roofline_step_time
+
         math_eff = np.array([params[n] for n in ("tensor_gemm", "tensor_conv", "grouped_conv",
                                                   "cuda_core")] + [1.0])
         math_t = (self.math_s / math_eff[self.math_cls]
@@ -116,6 +120,9 @@ class Terms:
         h = self.host_s
         for i, (a, b) in enumerate(self.bounds):
             d, n = kernel_t[a:b], self.kernels[a:b]
+            if self.syncs[a:b].any():  # a host synchronisation: the loop itself, not unrolled
+                out[i] = roofline_step_time(d, n, h, self.syncs[a:b])
+                continue
             before = (np.cumsum(n) - n) * h
             remaining = np.cumsum(d[::-1])[::-1]
             first = np.where(n > 0, np.maximum(h + d, n * h + d / np.maximum(n, 1)), d)

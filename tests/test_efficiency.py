@@ -288,13 +288,18 @@ def test_fit_evaluator_is_the_shipped_model():
             # FP32 NCHW 3x3 convolutions: the Winograd share
             dict(id="c", model="resnet18", image_size=64, batch=8, device="v100-sxm2",
                  precision="fp32", layout="nchw", optimizer="sgd", measured_img_s=1.0,
-                 flag="clean", source="s")]
+                 flag="clean", source="s"),
+            # fp16 with a for-loop update: GradScaler's host synchronisation (Cost.host_sync)
+            dict(id="d", model="resnet18", image_size=64, batch=8, device="v100-sxm2",
+                 precision="amp", layout="nhwc", optimizer="sgd", measured_img_s=1.0,
+                 flag="clean", source="s", optimizer_impl="for-loop")]
     captured = vp.capture_rows(rows)
     params = dict(tensor_gemm=0.6, tensor_conv=0.7, grouped_conv=0.4, cuda_core=0.9,
                   memory=0.8, sm_bytes_per_clock=5.0, depthwise=0.3, launch_s=7e-6,
                   winograd=0.55)
     terms = fit.Terms(captured, host_s=12e-6)
     assert terms.winograd.any()  # row c's 3x3 convolutions
+    assert terms.syncs.any()  # row d's update after GradScaler's wait
     eff = replace(FITTED, **params, host_s=12e-6)
     predicted = [r["predicted_img_s"] for r in vp.predict_rows(rows, captured=captured,
                                                                  efficiency=eff)]
