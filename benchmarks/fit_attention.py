@@ -10,8 +10,14 @@ attention's fraction of the Tensor Core peak), with every other parameter as shi
 minimising the squared log error of per-GPU tokens/s over those rows; and reports the honest
 number too: each model size predicted by a fit that never saw it (leave one model out).
 
-Usage: python benchmarks/fit_attention.py [OUT.json]
-(default benchmarks/results/attention-fit.json; about 6 minutes on 2 cores)
+The same stack reaches a different fraction of the peak on another architecture (its kernels
+are written for Ampere's Tensor Core instructions, which a Hopper GPU runs at a fraction of its
+own peak), so each architecture gets its own fit from that table's rows on it: ``--device
+h100-sxm`` fits the H100 rows, whose value the Hopper presets carry (hardware/specs.py).
+
+Usage: python benchmarks/fit_attention.py [--device NAME] [OUT.json]
+(default: a100-80gb -> benchmarks/results/attention-fit.json; another device NAME ->
+benchmarks/results/attention-fit-NAME.json; about 6 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -23,8 +29,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "benchmarks/results/attention-fit.json"
 SOURCE, DEVICE = "llm-foundry-mpt", "a100-80gb"
+
+
+def default_out(device: str) -> Path:
+    suffix = "" if device == DEVICE else f"-{device}"
+    return ROOT / f"benchmarks/results/attention-fit{suffix}.json"
 BOUNDS, TOLERANCE = (0.10, 0.95), 0.002  # fraction of the Tensor Core peak
 
 
@@ -76,16 +86,30 @@ def main(argv: list[str]) -> int:
     from dlperf.hardware.efficiency import FITTED
     from dlperf.provenance import save_result
 
-    out_path = Path(argv[0]) if argv else DEFAULT_OUT
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Fit fused attention's efficiency to the "
+                                     "MPT rows of one device.")
+    parser.add_argument("--device", default=DEVICE, help="the rows' device preset "
+                        f"(default {DEVICE})")
+    parser.add_argument("out", nargs="?", type=Path, help="result JSON")
+    args = parser.parse_args(argv)
+    device = args.device
+    out_path = args.out or default_out(device)
     from dlperf.provenance import load_sibling
 
     vs = load_sibling(__file__, "validate_scaling")
     rows = [r for r in vs.read_rows(vs.DEFAULT_CSV)
-            if r["source"] == SOURCE and r["device"] == DEVICE]
+            if r["source"] == SOURCE and r["device"] == device]
+    if not rows:
+        raise SystemExit(f"--device {device}: no {SOURCE} rows on that device in "
+                         f"{vs.DEFAULT_CSV.name}")
     with Progress(transient=True) as bar:
         task = bar.add_task(f"capturing {len(rows)} decoder rows", total=None)
         captured = vs.capture(rows)
         bar.update(task, completed=1)
+    # every parameter as shipped but the one fitted (a preset's own attention is not applied:
+    # score() runs the base given here)
     base = dataclasses.replace(FITTED, attention=None)
     before = vs.score(captured, base)  # attention as a GEMM (the shipped model until now)
     attention, fitted = fit(captured, vs.score, base)
@@ -124,7 +148,7 @@ def main(argv: list[str]) -> int:
     print_summary(summary, ("before", "in_sample", "held_out_by_model"))
     print(f"attention = {attention} of the Tensor Core peak (as a GEMM: {FITTED.tensor_gemm}); "
           f"held-out folds {summary['held_out_attention_range']}")
-    save_result(out_path, "attention-fit", {"source": SOURCE, "device": DEVICE,
+    save_result(out_path, "attention-fit", {"source": SOURCE, "device": device,
                                             "bounds": BOUNDS, "tolerance": TOLERANCE},
                 {"summary": summary, "rows": table})
     print(f"Wrote {out_path}")

@@ -372,6 +372,20 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # and 50-73% (forward) for FlashAttention-2, so on a stack with FlashAttention-2 attention-heavy
 # steps may run faster than predicted: a device file's "efficiency": {"attention": ...} sets it.
 
+# Fused attention on Hopper (the H100, H200 and GH200 presets carry it: hardware/specs.py): 0.175
+# of the Tensor Core peak, fitted by ``benchmarks/fit_attention.py --device h100-sxm`` to the
+# 70 MPT rows on H100s of the same llm-foundry tables (512 to 65,536 tokens, 8 to 512 GPUs);
+# each model size held out gives 0.172-0.178, and the rows' median error falls from 21.5%
+# (1.22x too fast, 2.9x at 65,536 tokens) to 5.1% held out (results/attention-fit-h100-sxm.json).
+# The same stack ran its A100 rows at 0.351 of that peak: in FLOP/s the H100 is only 1.58x the
+# A100 (173 against 110 TFLOP/s) where its Tensor Core peak is 3.17x. The kernels are written
+# for Ampere's warp-level MMA instructions, which a Hopper SM runs at a fraction of the peak
+# its warpgroup MMA (wgmma) reaches: the FlashAttention-3 paper (arXiv 2407.08608) finds
+# FlashAttention-2 at 35% of the H100's peak in the forward, against 50-73% of the A100's in
+# the FlashAttention-2 paper. A stack with Hopper kernels (FlashAttention-3, cuDNN's fused
+# attention) runs faster: a device file's "efficiency": {"attention": ...} sets it.
+HOPPER_ATTENTION = 0.175
+
 # A measured profile (dlperf probe) already holds achieved rates: nothing left to discount.
 MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,
                       memory=1.0, source="measured by dlperf probe")
@@ -392,12 +406,16 @@ FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_co
 
 def efficiency_for(spec) -> Efficiency:
     """The efficiency model for ``spec``: measured profiles carry achieved rates; datasheet
-    presets use the fitted parameters; a spec's own ``efficiency`` entries override either."""
+    presets use the fitted parameters; a spec's own ``efficiency`` entries override either (the
+    Hopper presets' attention, a device file's table), and the source says which."""
     base = MEASURED if spec.measured else FITTED
     if spec.launch_overhead_s is not None:
         base = replace(base, launch_s=spec.launch_overhead_s)
     overrides = getattr(spec, "efficiency", None) or {}
-    return replace(base, **overrides) if overrides else base
+    if not overrides:
+        return base
+    own = f"{spec.name}'s own {', '.join(sorted(overrides))}"
+    return replace(base, **overrides, source=f"{base.source}; {own}" if base.source else own)
 
 
 def check_overrides(overrides, origin: str) -> dict:

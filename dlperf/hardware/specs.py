@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
+from dlperf.hardware.efficiency import HOPPER_ATTENTION
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -123,7 +124,7 @@ class DeviceSpec:
 
 
 def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None, mem_gb=None,
-          source="", notes="", tensor_cores=True, caveat="") -> DeviceSpec:
+          source="", notes="", tensor_cores=True, caveat="", efficiency=None) -> DeviceSpec:
     return DeviceSpec(
         name=name, display_name=display, sm_count=sms, boost_clock_mhz=clock,
         mem_bandwidth=bw_gbs * 1e9,
@@ -131,10 +132,15 @@ def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None,
         sparse_peak={k: v * T for k, v in (sparse_t or {}).items()},
         l2_bytes=int(l2_mb * 2**20) if l2_mb else None,
         memory_bytes=int(mem_gb * 2**30) if mem_gb else None,
-        source=source, notes=notes, tensor_cores=tensor_cores, caveat=caveat)
+        source=source, notes=notes, tensor_cores=tensor_cores, caveat=caveat,
+        efficiency=dict(efficiency or {}))
 
 
 _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+# What the efficiency model knows of Hopper GPUs beyond the fitted defaults: fused attention
+# (flash attention written for Ampere's MMA instructions) keeps half the fraction of the peak it
+# keeps on an A100 (hardware/efficiency.py, HOPPER_ATTENTION, and its fit).
+_HOPPER = {"attention": HOPPER_ATTENTION}
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
@@ -252,20 +258,20 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           source="https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"),
     _spec("h100-sxm", "NVIDIA H100-SXM5-80GB", 132, 1980, 3350,
           _GH100, _GH100_SPARSE,
-          l2_mb=50, mem_gb=80, source=_H100),
+          l2_mb=50, mem_gb=80, efficiency=_HOPPER, source=_H100),
     _spec("h100-pcie", "NVIDIA H100-PCIe-80GB", 114, 1755, 2000,
           {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0,
            "int8": 1513.0},
           {"tf32": 756.0, "fp16": 1513.0, "bf16": 1513.0, "fp8": 3026.0, "int8": 3026.0},
-          l2_mb=50, mem_gb=80, source=_H100),
+          l2_mb=50, mem_gb=80, efficiency=_HOPPER, source=_H100),
     _spec("h200", "NVIDIA H200-SXM-141GB", 132, 1980, 4800,
           _GH100, _GH100_SPARSE,
-          l2_mb=50, mem_gb=141,
+          l2_mb=50, mem_gb=141, efficiency=_HOPPER,
           source="https://www.nvidia.com/en-us/data-center/h200/",
           notes="Same GH100 compute as H100-SXM with HBM3e."),
     _spec("gh200", "NVIDIA GH200 (H100 96GB HBM3)", 132, 1980, 4000,
           _GH100, _GH100_SPARSE,
-          l2_mb=50, mem_gb=96,
+          l2_mb=50, mem_gb=96, efficiency=_HOPPER,
           source="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
           notes="The Grace Hopper superchip's GPU: the H100-SXM's GH100 compute with 96 GB of "
                 "HBM3 at 4 TB/s (a 144 GB HBM3e version has 4.9 TB/s); the module's 450-1000 W "
