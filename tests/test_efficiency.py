@@ -871,3 +871,12 @@ def test_measured_profiles_run_no_winograd():
     # a CPU's convolutions (oneDNN) run direct or GEMM-based kernels: a measured profile
     # keeps the full math time
     assert MEASURED.winograd == 1.0
+
+
+def test_fit_attention_takes_a_device_and_refuses_one_without_rows():
+    fit = load_benchmark("fit_attention")
+    assert fit.default_out("a100-80gb").name == "attention-fit.json"
+    assert fit.default_out("h100-sxm").name == "attention-fit-h100-sxm.json"
+    # no MPT row on a V100: one line naming the flag, before any capture
+    with pytest.raises(SystemExit, match="--device v100-sxm2: no llm-foundry-mpt rows"):
+        fit.main(["--device", "v100-sxm2"])
