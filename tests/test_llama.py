@@ -36,6 +36,14 @@ def test_llama_presets_are_the_published_models_to_the_parameter():
     assert _count(PRESETS["llama2-70b"]) == 68_976_648_192
     assert _count(PRESETS["llama3-70b"]) == 70_553_706_496
     assert PRESETS["llama2-13b"].ffn_hidden == 13824
+    # Llama 3.1 405B: hidden int(2 x 4 x 16,384 / 3) = 43,690, x 1.2 = 52,428, up to a multiple
+    # of 4,096: 53,248. Per layer: wq + wo 2 x 16,384^2 = 536,870,912, wk + wv 2 x 16,384 x
+    # 1,024 = 33,554,432, MLP 3 x 16,384 x 53,248 = 2,617,245,696, norms 32,768: 3,187,703,808;
+    # x 126 = 401,650,679,808, + 2 x 128,256 x 16,384 + 16,384 = 405,853,388,800
+    assert PRESETS["llama3-405b"].ffn_hidden == 53248
+    assert _count(PRESETS["llama3-405b"]) == 126 * (2 * 16384**2 + 2 * 16384 * 1024
+                                                    + 3 * 16384 * 53248 + 2 * 16384) \
+        + 2 * 128256 * 16384 + 16384 == 405_853_388_800
 
 
 def test_rope_matches_a_complex_multiply_in_float64():

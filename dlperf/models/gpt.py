@@ -208,7 +208,8 @@ class GPT(nn.Module):
 # * llama2-7b .. llama3-70b: Meta's Llama 2 (Touvron et al. 2023, Table 1 and the released
 #   params.json: dim, n_layers, n_heads, n_kv_heads, vocabulary 32,000, SwiGLU hidden
 #   multiple_of 256 / ffn_dim_multiplier) and Llama 3 / 3.1 (dim 4096/8192, 32/80 layers, 8 KV
-#   heads, vocabulary 128,256, hidden 14,336/28,672, rope theta 500,000) as torchtitan's
+#   heads, vocabulary 128,256, hidden 14,336/28,672, rope theta 500,000; Llama 3.1 405B: dim
+#   16,384, 126 layers, 128 heads, multiplier 1.2, hidden 53,248) as torchtitan's
 #   ModelArgs builds them: no biases, untied output layer; 6,738,415,616 parameters for
 #   llama2-7b and 8,030,261,248 for llama3-8b (tests/test_gpt.py derives both by hand).
 def _llama_hidden(d_model: int, multiple_of: int, multiplier: float | None) -> int:
@@ -251,6 +252,7 @@ PRESETS = {
     "llama2-70b": _llama(80, 8192, 64, 8, 32000, 4096, 4096, 1.3, 10000.0),
     "llama3-8b": _llama(32, 4096, 32, 8, 128256, 8192, 1024, 1.3, 500000.0),
     "llama3-70b": _llama(80, 8192, 64, 8, 128256, 8192, 4096, 1.3, 500000.0),
+    "llama3-405b": _llama(126, 16384, 128, 8, 128256, 8192, 4096, 1.2, 500000.0),
 }
 
 
