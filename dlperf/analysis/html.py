@@ -204,9 +204,13 @@ launch cost per kernel.</p>
 
 def _scaling_section(scale_out: dict) -> str:
     here = scale_out["at_requested_scale"]
-    return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs: {here['per_gpu_samples_per_s']:,.0f} "
+    tp = here["communication"].get("tensor_parallel")
+    reference = f"its {tp['tp']} ranks without their collectives" if tp else "one GPU"
+    return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs"
+            + (f" ({tp['tp']}-way tensor parallel in each node)" if tp else "")
+            + f": {here['per_gpu_samples_per_s']:,.0f} "
             f"samples/s per GPU, {here['total_samples_per_s']:,.0f} in all, "
-            f"{here['scaling_efficiency']:.1%} of one GPU; "
+            f"{here['scaling_efficiency']:.1%} of {reference}; "
             f"{here['exposed_comm_s'] * 1e3:.2f} ms of communication exposed and "
             f"{here['straggler_s'] * 1e3:.2f} ms waiting for the slowest GPU per step "
             f"(step spread {here['step_cv']:.1%}); limited by "

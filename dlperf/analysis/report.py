@@ -161,18 +161,27 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     unit = "tokens/s" if tokens_per_sample else "samples/s"
     above = (" (above 100%: each GPU updates only its shard of the optimizer state)"
              if here["scaling_efficiency"] > 1.0 and comm["strategy"].startswith("fsdp") else "")
+    tp = comm.get("tensor_parallel")
+    layout = (f"{tp['tp']}-way tensor parallel in the node, {comm['strategy'].upper()} over "
+              f"{here['gpus'] // tp['tp']:,} replicas" if tp else comm["strategy"].upper())
+    reference = f"its {tp['tp']} ranks without their collectives" if tp else "one GPU"
     console.print(
         styled("[bold]On {} GPUs[/]", f"{here['gpus']:,}")
         + f" ({here['nodes']:,} node(s); {node.display_name}"
         + (f", then {network.display_name}" if here["nodes"] > 1 else "") + f"; "
-        f"{comm['strategy'].upper()}): {rate(here['per_gpu_samples_per_s'] * scale)} {unit} per "
+        f"{layout}): {rate(here['per_gpu_samples_per_s'] * scale)} {unit} per "
         f"GPU, {rate(here['total_samples_per_s'] * scale)} in all, "
-        f"{here['scaling_efficiency']:.1%} of one GPU{above}; communication "
-        f"{seconds(comm.get('comm_s', 0.0))} per "
+        f"{here['scaling_efficiency']:.1%} of {reference}{above}; "
+        + (f"tensor-parallel all-gathers and reduce-scatters {tp['collectives_per_micro_batch']:,}"
+           f" of {gib(tp['bytes_each'])} per micro-batch"
+           + (f" (NCCL: {tp['nccl']})" if tp.get("nccl") else "")
+           + f", {seconds(tp['exposed_s'])} a step, none hidden; " if tp else "")
+        + ("data-parallel communication " if tp else "communication ")
+        + f"{seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}"
         + (f" (NCCL: {comm['nccl']} for the largest "
            f"{'bucket' if comm['strategy'] == 'ddp' else 'unit'})" if comm.get("nccl") else "")
-        + f", {seconds(here['exposed_comm_s'])} exposed"
+        + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp else ''}"
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
         + (f"; the update's launches after GradScaler's wait "

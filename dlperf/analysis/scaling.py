@@ -35,6 +35,20 @@ memory per GPU, and the optimizer step updates 1/n of the parameters. SHARD_GRAD
 gathers once per micro-batch and keeps the parameters until the backward has used them. With
 gradient accumulation DDP all-reduces once per optimizer step, FSDP on every micro-batch.
 
+Tensor parallelism (``tp`` > 1, the built-in decoders only: models/gpt.py builds one rank's
+shard, and its capture is the step each GPU computes), Megatron's scheme (Shoeybi et al., arXiv
+1909.08053, section 3): inside a node, ``tp`` GPUs split every block's heads and MLP and the
+vocabulary, with sequence parallelism between the split regions (as torchtitan always runs it,
+Megatron with --sequence-parallel: norms and residual adds on 1/tp of the tokens): before each
+of a block's two split regions (attention, MLP) an all-gather of the tokens, after it a
+reduce-scatter ([B, T, d_model] in the activations' dtype, the volume of one all-reduce
+between them), and in the backward the reverse; the vocabulary-parallel embedding adds a
+reduce-scatter, the output layer an all-gather (and the reverse in the backward); a recomputed
+forward (activation checkpointing) repeats the forward's. They sit between dependent kernels,
+so none is hidden (``tensor_parallel_collectives``). The data-parallel
+strategy then runs over the gpus / tp replicas, one GPU per replica in each of its tensor-parallel
+positions, gpus_per_node / tp of them in a node.
+
 Stragglers: data parallel training is synchronous, so every step lasts as long as the slowest
 GPU's. GPUs of one SKU do not run at one speed (their power management clocks each chip to its
 own silicon: Sinha et al., SC'22, arXiv 2208.11035; docs/design.md), and each step's host
@@ -481,6 +495,20 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
 # fsdp: full sharding (ZeRO-3); fsdp-grad-op: FSDP's SHARD_GRAD_OP (ZeRO-2), parameters
 # gathered once in the forward and kept until the backward has used them
 STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op")
+
+
+def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
+                                recompute: bool) -> tuple[tuple[str, int, int], ...]:
+    """The collectives one micro-batch of ``tokens`` (batch x sequence) makes among the
+    tensor-parallel ranks of a decoder of ``layers`` blocks, with sequence parallelism (see the
+    module docstring): (kind, count, bytes of the gathered tensor) for all-gathers and
+    reduce-scatters. Forward: 2 of each per block, a reduce-scatter after the embedding and an
+    all-gather before the output layer; the backward the same in reverse; a recomputed forward
+    2 of each per block again. Each gathered tensor is the residual stream, tokens x d_model in
+    the activations' dtype."""
+    nbytes = tokens * d_model * act_bytes
+    count = 2 * (2 * layers + 1) + (2 * layers if recompute else 0)
+    return (("allgather", count, nbytes), ("reducescatter", count, nbytes))
 DECODES = ("gpu", "cpu", "synthetic")
 
 
@@ -527,6 +555,10 @@ class ScaleConfig:
     # own choice among all): the collectives are timed among what they allow
     nccl_algo: str | None = None
     nccl_proto: str | None = None
+    # tensor-parallel ranks inside a node (1: none) and the all-reduces among them per
+    # micro-batch ((count, bytes) pairs: tensor_parallel_collectives)
+    tp: int = 1
+    tp_collectives: tuple = ()
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -571,6 +603,13 @@ class ScaleConfig:
             if value is not None and not (finite_number(value) and value > 0):
                 raise DlperfError(f"{flag} {value!r}: give a positive finite number")
 
+        if self.tp < 1 or self.gpus_per_node % self.tp or self.gpus % self.tp:
+            raise DlperfError(f"--tp {self.tp}: tensor parallelism runs inside a node; give a "
+                              f"size that divides --gpus-per-node ({self.gpus_per_node}) and "
+                              f"--gpus ({self.gpus})")
+        if self.tp > 1 and self.decode == "cpu":
+            raise DlperfError("--tp is for the built-in decoders (token inputs); --decode cpu "
+                              "describes a JPEG pipeline")
         if self.loader_workers_per_gpu is not None and self.loader_workers_per_gpu < 1:
             raise DlperfError("--loader-workers needs a count of at least 1 (the data "
                               "loader's worker processes per GPU)")
@@ -672,10 +711,17 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     backward hides, the input side, and what limits the step. ``params``: [(name, gradient
     bytes)] in registration order; ``step``: ``one_step(analysis, params)``, when the caller
     runs several scales."""
+    from dataclasses import replace
+
     from dlperf.analysis.nccl import generation
 
     step = step or one_step(analysis, params)
     tl = step.timeline
+    # with tensor parallelism the data-parallel strategy runs over gpus / tp replicas, gpus
+    # per node / tp of them in a node (one GPU per tensor-parallel position: a rail each)
+    tp = cfg.tp
+    dcfg = cfg if tp == 1 else replace(cfg, gpus=cfg.gpus // tp, tp=1, tp_collectives=(),
+                                       gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = step.single_s
     opt_host_s = step.optimizer_host_s
@@ -687,9 +733,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     # the parameters as FSDP gathers them: in the autocast dtype under bf16/fp16 (2 bytes)
     gathered = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
     # FSDP (either strategy) updates only this GPU's shard of the parameters; DDP all of them
-    optimizer_s = (tl.optimizer_s / cfg.gpus if cfg.strategy != "ddp" else tl.optimizer_s) \
+    optimizer_s = (tl.optimizer_s / dcfg.gpus if cfg.strategy != "ddp" else tl.optimizer_s) \
         + opt_host_s
-    if cfg.gpus == 1:
+    if dcfg.gpus == 1:
         exposed = 0.0
         optimizer_s = single_opt_s
         comm.update(comm_s=0.0, exposed_s=0.0)
@@ -702,24 +748,25 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                 else (HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
                 else (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES))
         d = ddp_exposed_s(tl, params, lambda b: allreduce_s(
-            b, cfg.gpus, cfg.gpus_per_node, node, network, gen, cfg.algorithms, cfg.protocols),
-            overlap=overlap, caps=caps)
+            b, dcfg.gpus, dcfg.gpus_per_node, node, network, gen, cfg.algorithms,
+            cfg.protocols), overlap=overlap, caps=caps)
         # gradient_as_bucket_view: the gradients are views of the buckets, nothing is copied
         copies = 0.0 if cfg.bucket_view else ddp_copy_s(grad_bytes, analysis)
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
         comm.update(d, bucket_copy_s=copies, overlap=overlap,
-                    nccl=_nccl_name("allreduce", max(d["bucket_bytes"]), cfg, node, network, gen))
+                    nccl=_nccl_name("allreduce", max(d["bucket_bytes"]), dcfg, node, network,
+                                    gen))
     else:  # FSDP: per unit, gathers in forward and backward, one reduce-scatter; prefetch
         # hides them behind the compute. Mixed precision as torchtitan, Composer's DEFAULT and
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
         # (2 bytes), gradients reduced in fp32.
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
-        traffic = fsdp_traffic(gathered, grad_bytes, cfg.gpus, gathers)
+        traffic = fsdp_traffic(gathered, grad_bytes, dcfg.gpus, gathers)
         grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0
 
         def collective(nbytes: float) -> float:
-            return sharded_collective_s(nbytes, cfg.gpus, cfg.gpus_per_node, node, network,
+            return sharded_collective_s(nbytes, dcfg.gpus, dcfg.gpus_per_node, node, network,
                                         gen=gen, algorithms=cfg.algorithms,
                                         protocols=cfg.protocols)
 
@@ -730,10 +777,23 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                                lambda u: reduce.get(u, 0.0), regather=gathers == 2,
                                segments=step.segments)
         traffic["units"] = len(grads)
-        traffic["nccl"] = _nccl_name("allgather", max(grads.values(), default=0) * ratio, cfg,
+        traffic["nccl"] = _nccl_name("allgather", max(grads.values(), default=0) * ratio, dcfg,
                                      node, network, gen)
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
+    if tp > 1:  # the node's tensor-parallel collectives, none hidden
+        # (an all-gather and a reduce-scatter of a buffer move the same: NCCL's ring for both)
+        each = [(n, b, sharded_collective_s(b, tp, tp, node, network, gen=gen,
+                                            algorithms=cfg.algorithms, protocols=cfg.protocols))
+                for _, n, b in cfg.tp_collectives]
+        tp_s = accum * sum(n * t for n, _, t in each)
+        biggest = max((b for _, b, _ in each), default=0)
+        group = replace(cfg, gpus=tp, gpus_per_node=tp, bn_group=1)
+        comm["tensor_parallel"] = {
+            "tp": tp, "collectives_per_micro_batch": sum(n for n, _, _ in each),
+            "bytes_each": biggest, "exposed_s": tp_s,
+            "nccl": _nccl_name("allgather", biggest, group, node, network, gen)}
+        exposed += tp_s
     comm["optimizer_s"] = optimizer_s
     # of which the CPU's issue of the update's launches with the GPU idle (after GradScaler's
     # wait: costs.scaled_optimizer), on one GPU and on many alike
@@ -745,7 +805,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     batch = analysis.batch_size * accum
     gpu_wait = straggler_s(accum * micro_s + optimizer_s, cfg.gpus, cv)
     step_s = accum * micro_s + exposed + optimizer_s + gpu_wait  # one optimizer step
-    gpu_rate = batch / step_s
+    gpu_rate = batch / step_s / tp  # a replica's samples, over its tp GPUs
     host_rate = cfg.host_img_per_s(min(cfg.gpus, cfg.gpus_per_node))
     # Where the host's decode sets the pace, each rank's step is its loader's time for a batch,
     # and the synchronous step still waits for the slowest rank: the same spread applies to
@@ -767,8 +827,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "communication"
     else:
         limit = "compute"
-    single_rate = min(batch / (accum * micro_s + single_opt_s), cfg.host_img_per_s(1))
-    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, cfg.gpus, gathered,
+    # one GPU; with tensor parallelism, its tp ranks without their all-reduces
+    single_rate = min(batch / (accum * micro_s + single_opt_s) / tp, cfg.host_img_per_s(1))
+    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, dcfg.gpus, gathered,
                             bucket_view=cfg.bucket_view, units=step.units)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
@@ -776,7 +837,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
-            "step_s": batch / per_gpu, "single_gpu_step_s": accum * micro_s + single_opt_s,
+            "step_s": batch / (per_gpu * tp), "single_gpu_step_s": accum * micro_s + single_opt_s,
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
             "input_bound": input_bound,
@@ -797,7 +858,7 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
 
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
-            for n in CURVE]
+            for n in CURVE if n % cfg.tp == 0]
 
 
 def scale_out_and_curve(analysis, params, cfg: ScaleConfig, node, network

@@ -98,6 +98,12 @@ def add_parser(sub) -> None:
                    help="data parallel: DDP (bucketed all-reduce overlapping the backward), "
                         "FSDP (full sharding) or fsdp-grad-op (FSDP's SHARD_GRAD_OP, ZeRO-2: "
                         "parameters gathered once per step) [ddp]")
+    s.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                   help="tensor parallel inside each node (gpt and its presets): N GPUs split "
+                        "every block's heads, MLP and the vocabulary as Megatron does, and the "
+                        "tokens between them (sequence parallel, as torchtitan runs it); the "
+                        "analysis is one rank's shard, and --strategy runs over --gpus / N "
+                        "replicas [1]")
     s.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
@@ -157,7 +163,8 @@ def _gpt_config(args):
     from dlperf.models.gpt import PRESETS, gpt_config
 
     flags = {"layers": args.layers, "d_model": args.d_model, "heads": args.heads,
-             "vocab": args.vocab, "seq_len": args.seq_len}
+             "vocab": args.vocab, "seq_len": args.seq_len,
+             "tp": args.tp if args.tp > 1 else None}
     if args.model not in PRESETS:
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
         if given:
@@ -167,7 +174,8 @@ def _gpt_config(args):
     try:
         return gpt_config(args.model, **flags)
     except ValueError as exc:
-        raise DlperfError(str(exc)) from None
+        flag = f"--tp {args.tp}: " if "tensor parallel" in str(exc) else ""
+        raise DlperfError(f"{flag}{exc}") from None
 
 
 def run(args) -> int:
@@ -183,6 +191,12 @@ def run(args) -> int:
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
+    if args.tp > 1 and args.gpus is None:
+        raise DlperfError(f"--tp {args.tp} splits the model over GPUs of a node: add --gpus N "
+                          "(a multiple of it)")
+    if args.tp > 1 and args.measure:
+        raise DlperfError("--measure times the whole model on this machine's GPU; --tp "
+                          "predicts one tensor-parallel rank: drop one of them")
     gpt = _gpt_config(args)
     specs = _specs(args, console)
     spec = specs[0]
@@ -221,11 +235,18 @@ def run(args) -> int:
                               or args.bucket_cap_mb is not None):
         raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb and --grad-as-bucket-view "
                           "shape the collectives of the scale-out: add --gpus N")
-    scale_setup = _scale_setup(args, spec.name, console) if args.gpus else None
+    scale_setup = (_scale_setup(args, spec.name, console, gpt, batch * sample_shape[0])
+                   if args.gpus else None)
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
     analysis = predict_on(costs, uncounted, cfg, spec, seconds, memory=memory)
+    if args.tp > 1:
+        console.print(f"--tp {args.tp}: what follows is one tensor-parallel rank's step: "
+                      f"1/{args.tp} of every block's heads and MLP and of the vocabulary, and "
+                      f"of the tokens between them (sequence parallel: norms and residual "
+                      "adds); the collectives that join the ranks are in the scale-out at the "
+                      "end.", style="yellow")
     render(analysis, console, top=args.top, macs=args.macs)
     result = analysis.to_dict()
     if len(specs) > 1:
@@ -251,10 +272,11 @@ def run(args) -> int:
     return 0
 
 
-def _scale_setup(args, device: str, console):
+def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     """--gpus: the interconnects and the ScaleConfig, checked before the capture, so that a
-    mistyped interconnect file or flag stops the command before the model is traced."""
-    from dlperf.analysis.scaling import ScaleConfig
+    mistyped interconnect file or flag stops the command before the model is traced.
+    ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its collectives)."""
+    from dlperf.analysis.scaling import ScaleConfig, tensor_parallel_collectives
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
 
     if not args.train:
@@ -274,7 +296,12 @@ def _scale_setup(args, device: str, console):
     if len(names) == 1:
         names.append(names[0])
     node, network = (get_interconnect(n) for n in names[:2])
-    cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
+    collectives = () if args.tp == 1 else tensor_parallel_collectives(
+        gpt.layers, tokens, gpt.d_model, 2 if args.dtype in ("bf16", "fp16") else 4,
+        # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
+        # saves the collectives' outputs
+        recompute=args.activation_checkpointing == "full")
+    cfg = ScaleConfig(tp=args.tp, tp_collectives=collectives,gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       decode=args.decode, data_cores_per_gpu=args.data_cores,
                       decode_img_per_s_per_core=args.decode_rate,
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
@@ -304,7 +331,8 @@ def _scale_out(args, analysis, model, console, setup) -> dict:
     # a host JPEG decode is read through the runs that had one (they lose what others do not)
     host_decode = cfg.decode == "cpu"
     line = describe_scale_out(analysis.device, host_decode=host_decode)
-    band = None if line is None else efficiency_band(here["scaling_efficiency"], here["nodes"],
+    # the record's runs are data parallel only: no band to read a tensor-parallel job through
+    band = None if line is None or cfg.tp > 1 else efficiency_band(here["scaling_efficiency"], here["nodes"],
                                                      analysis.device.name,
                                                      host_decode=host_decode)
     render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line,

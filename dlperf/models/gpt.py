@@ -2,6 +2,19 @@
 attention, 4x GELU MLP) or Llama style (RMSNorm, rotary positions, grouped-query attention,
 SwiGLU MLP, an untied output layer), chosen by GPTConfig.
 
+``tp`` > 1 builds one rank of Megatron-style tensor parallelism (Shoeybi et al., arXiv
+1909.08053, section 3): each block's attention heads (q, k and v projections column-parallel,
+the output projection row-parallel) and MLP hidden units split over ``tp`` GPUs, the embedding
+and the output layer split over the vocabulary (vocabulary-parallel, the loss computed on each
+rank's slice), with sequence parallelism as torchtitan always runs it and Megatron with
+``--sequence-parallel`` (Korthikanti et al., arXiv 2205.05198, section 4.2.2): between the
+blocks' split GEMMs the residual stream, its norms and adds hold 1/tp of the tokens on each
+rank. The collectives that join the ranks (an all-gather of the tokens before each split
+region, a reduce-scatter after it) are stand-ins here that move no data (``_SeqGather``,
+``_SeqScatter``: allocations, free in the capture); the scale-out times them
+(analysis/scaling.py, ``tensor_parallel_collectives``). So a ``tp`` > 1 module is for analysis:
+its collectives carry no values.
+
 Written for analysis: it is ordinary PyTorch, so the same module trains, and dlperf analyze sees
 the kernels a language-model user runs (QKV projection, attention, MLP, LM head over the vocab).
 The Llama form runs the kernels of torchtitan's Llama (torchtitan/models/llama/model.py, 2024):
@@ -36,6 +49,7 @@ class GPTConfig:
     kv_heads: int | None = None  # None: as heads (multi-head attention)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    tp: int = 1  # tensor-parallel ranks: this module is one of them (see the module docstring)
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -55,11 +69,38 @@ class GPTConfig:
             raise ValueError(f"GPT kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
         if self.positions == "rope" and (self.d_model // self.heads) % 2:
             raise ValueError("GPT rotary positions need an even head size")
+        if self.tp < 1:
+            raise ValueError(f"tensor-parallel ranks must be at least 1, got {self.tp}")
+        if self.seq_len % self.tp:
+            raise ValueError(f"tensor parallel over {self.tp} GPUs splits the sequence "
+                             f"({self.seq_len} tokens) between the blocks: give a "
+                             "tensor-parallel size that divides it")
+        hidden = self.ffn_hidden if self.mlp == "swiglu" else self.mlp_ratio * self.d_model
+        for name, value in (("heads", self.heads), ("kv_heads", self.kv_heads or self.heads),
+                            ("MLP hidden size", hidden)):
+            if value % self.tp:
+                raise ValueError(f"tensor parallel over {self.tp} GPUs splits the {name} "
+                                 f"({value}): give a tensor-parallel size that divides it")
 
     @property
     def groups(self) -> int:
         """Query heads per K/V head (1: multi-head attention)."""
         return self.heads // (self.kv_heads or self.heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    @property
+    def local_heads(self) -> int:
+        """Query heads on one tensor-parallel rank."""
+        return self.heads // self.tp
+
+    @property
+    def local_vocab(self) -> int:
+        """The vocabulary slice of one rank (Megatron pads the vocabulary to a multiple of the
+        ranks; the last slice is as wide as the others)."""
+        return -(-self.vocab // self.tp)
 
 
 class RMSNorm(nn.Module):
@@ -103,16 +144,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.heads = cfg.heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.heads, self.head_dim = cfg.local_heads, cfg.head_dim  # this rank's heads
+        width = self.heads * self.head_dim  # d_model / tp
+        self.qkv = nn.Linear(cfg.d_model, 3 * width, bias=cfg.bias)
+        self.proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
-        b, t, c = x.shape
-        # [B, T, 3C] -> 3 x [B, H, T, C/H]
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        # [B, T, 3 H D] -> 3 x [B, H, T, D]
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
 class GQAttention(nn.Module):
@@ -121,15 +163,16 @@ class GQAttention(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.heads, self.kv_heads = cfg.heads, cfg.kv_heads or cfg.heads
-        self.head_dim = cfg.d_model // cfg.heads
-        self.wq = nn.Linear(cfg.d_model, cfg.heads * self.head_dim, bias=cfg.bias)
+        # this rank's query and K/V heads
+        self.heads, self.kv_heads = cfg.local_heads, (cfg.kv_heads or cfg.heads) // cfg.tp
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, self.heads * self.head_dim, bias=cfg.bias)
         self.wk = nn.Linear(cfg.d_model, self.kv_heads * self.head_dim, bias=cfg.bias)
         self.wv = nn.Linear(cfg.d_model, self.kv_heads * self.head_dim, bias=cfg.bias)
-        self.wo = nn.Linear(cfg.heads * self.head_dim, cfg.d_model, bias=cfg.bias)
+        self.wo = nn.Linear(self.heads * self.head_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
-        b, t, c = x.shape
+        b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.heads, self.head_dim)
         k = self.wk(x).view(b, t, self.kv_heads, self.head_dim)
         v = self.wv(x).view(b, t, self.kv_heads, self.head_dim)
@@ -141,18 +184,56 @@ class GQAttention(nn.Module):
                     .reshape(b, t, self.heads, self.head_dim) for z in (k, v))
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                            v.transpose(1, 2), is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(b, t, c))
+        return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class _SeqGather(torch.autograd.Function):
+    """Sequence parallelism's all-gather of the tokens before a split region (its backward, a
+    reduce-scatter): the full-length tensor, allocated (no kernel); the scale-out times the
+    collective itself."""
+
+    @staticmethod
+    def forward(ctx, x, tp: int):
+        ctx.tokens = x.shape[1]
+        return x.new_empty((x.shape[0], x.shape[1] * tp, *x.shape[2:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_empty((grad.shape[0], ctx.tokens, *grad.shape[2:])), None
+
+
+class _SeqScatter(torch.autograd.Function):
+    """Sequence parallelism's reduce-scatter after a split region (its backward, an
+    all-gather): this rank's 1/tp of the tokens, allocated (no kernel)."""
+
+    @staticmethod
+    def forward(ctx, x, tp: int):
+        ctx.tokens = x.shape[1]
+        return x.new_empty((x.shape[0], x.shape[1] // tp, *x.shape[2:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_empty((grad.shape[0], ctx.tokens, *grad.shape[2:])), None
+
+
+def _gather(x: torch.Tensor, tp: int) -> torch.Tensor:
+    return x if tp == 1 else _SeqGather.apply(x, tp)
+
+
+def _scatter(x: torch.Tensor, tp: int) -> torch.Tensor:
+    return x if tp == 1 else _SeqScatter.apply(x, tp)
 
 
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        self.tp = cfg.tp
         self.ln1 = _norm(cfg)
         self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
             else Attention(cfg)
         self.ln2 = _norm(cfg)
         self.swiglu = cfg.mlp == "swiglu"
-        hidden = cfg.ffn_hidden if self.swiglu else cfg.mlp_ratio * cfg.d_model
+        hidden = (cfg.ffn_hidden if self.swiglu else cfg.mlp_ratio * cfg.d_model) // cfg.tp
         self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
         if self.swiglu:  # Llama's w1 (fc), w3 (gate) and w2 (out): out(silu(fc(x)) * gate(x))
             self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
@@ -160,17 +241,18 @@ class Block(nn.Module):
         self.out = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), rope)
-        h = self.ln2(x)
+        # x: this rank's tokens of the residual stream (all of them when tp is 1)
+        x = x + _scatter(self.attn(_gather(self.ln1(x), self.tp), rope), self.tp)
+        h = _gather(self.ln2(x), self.tp)
         h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
-        return x + self.out(h)
+        return x + _scatter(self.out(h), self.tp)
 
 
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.tok = nn.Embedding(cfg.local_vocab, cfg.d_model)
         if cfg.positions == "learned":
             self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
         else:  # rotary tables: buffers, not parameters (Llama's freqs_cis)
@@ -179,20 +261,22 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = _norm(cfg)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.head = nn.Linear(cfg.d_model, cfg.local_vocab, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
+        t, tp = idx.shape[1], self.cfg.tp
+        # the vocabulary-parallel lookup's partial sums, reduce-scattered to this rank's tokens
+        x = _scatter(self.tok(idx), tp)
         if self.cfg.positions == "learned":
-            pos = torch.arange(t, device=idx.device)
-            x, rope = self.tok(idx) + self.pos(pos), None
+            x, rope = x + self.pos(torch.arange(t // tp, device=idx.device)), None
         else:
-            x, rope = self.tok(idx), (self.rope_cos, self.rope_sin)
+            rope = (self.rope_cos, self.rope_sin)
         for block in self.blocks:
             x = block(x, rope)
-        return self.head(self.ln_f(x))  # [B, T, vocab] logits
+        # [B, T, vocab / tp] logits (the loss runs vocabulary-parallel on them)
+        return self.head(_gather(self.ln_f(x), tp))
 
 
 # Named configurations of published decoders that this module reproduces exactly (same

@@ -1,0 +1,191 @@
+"""Tensor parallelism (analyze --tp): one Megatron rank's shard of the built-in decoder
+(models/gpt.py), the all-reduces that join the ranks, and the data-parallel strategy over the
+replicas (analysis/scaling.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
+from dlperf.analysis.scaling import (STEP_CV, ScaleConfig, one_step, scale_out,
+                                     sharded_collective_s, straggler_s,
+                                     tensor_parallel_collectives)
+from dlperf.errors import DlperfError
+from dlperf.hardware.interconnect import PRESETS
+from dlperf.hardware.specs import get_device
+from dlperf.models.gpt import GPT, GPTConfig, gpt_config
+
+
+def _count(cfg) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(cfg).parameters())
+
+
+def test_a_rank_holds_its_share_of_every_split_weight_and_all_of_the_rest():
+    # Llama 3 8B over 8 ranks: per block wq + wo 2 x 4096 x 512 (4 of 32 heads of 128), wk + wv
+    # 2 x 4096 x 128 (1 of 8 K/V heads), MLP 3 x 4096 x 1792 (14,336 / 8), norms 2 x 4096 whole:
+    # 27,271,168; x 32 = 872,677,376; embedding and output 2 x 16,032 x 4096 (128,256 / 8) and
+    # the final norm 4,096: 1,004,015,616
+    assert _count(gpt_config("llama3-8b", tp=8)) == 32 * (
+        2 * 4096 * 512 + 2 * 4096 * 128 + 3 * 4096 * 1792 + 2 * 4096) \
+        + 2 * 16032 * 4096 + 4096 == 1_004_015_616
+    # two ranks: half of everything split, the norms whole on each
+    norms = 32 * 2 * 4096 + 4096
+    assert _count(gpt_config("llama3-8b", tp=2)) == (8_030_261_248 - norms) // 2 + norms
+    # a vocabulary the ranks do not divide: each slice as wide as the widest (Megatron pads)
+    assert gpt_config("gpt2", tp=4).local_vocab == 12565  # ceil(50,257 / 4)
+
+
+def test_a_split_the_model_cannot_take_is_refused():
+    with pytest.raises(ValueError, match="kv_heads"):
+        gpt_config("llama3-8b", tp=16)  # 8 K/V heads
+    with pytest.raises(ValueError, match="heads"):
+        gpt_config("gpt2", tp=8)  # 12 heads
+    with pytest.raises(ValueError, match="at least 1"):
+        GPTConfig(tp=0)
+
+
+def test_each_rank_computes_a_tp_th_of_the_flops_and_trains():
+    # torch's own FLOP counter, forward and backward, on real CPU tensors: every GEMM and the
+    # attention split, so a rank's FLOPs are exactly half at tp=2
+    def flops(tp):
+        torch.manual_seed(0)
+        cfg = GPTConfig(layers=2, d_model=64, heads=4, vocab=128, seq_len=16, tp=tp)
+        model = GPT(cfg)
+        x = torch.randint(0, 64, (2, 16))
+        with FlopCounterMode(display=False) as counter:
+            model(x).float().logsumexp(-1).mean().backward()
+        assert all(p.grad is not None for p in model.parameters())
+        return counter.get_total_flops()
+
+    assert flops(2) * 2 == flops(1)
+
+
+def test_the_collectives_of_a_micro_batch():
+    # 80 blocks, 8,192 tokens of d 8,192 in bf16: 134,217,728 bytes gathered each. All-gathers:
+    # forward 2 x 80 + 1 (the output layer's input), backward 2 x 80 + 1 (the embedding's
+    # reduce-scatter reversed), a full recompute 2 x 80 more: 482 (322 without it); the
+    # reduce-scatters the same
+    assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True) == (
+        ("allgather", 482, 134217728), ("reducescatter", 482, 134217728))
+    assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=False)[0] == (
+        "allgather", 322, 134217728)
+
+
+def _tiny(tp):
+    cfg = GPTConfig(layers=4, d_model=256, heads=8, vocab=1024, seq_len=128, tp=tp)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    acfg = AnalysisConfig(model="gpt", input_shape=(4, 128), dtype="bf16", train=True,
+                          device="h100-sxm", tokens=True, optimizer="adamw")
+    costs, uncounted, seconds, memory = capture_costs(model, acfg, torch.long)
+    analysis = predict_on(costs, uncounted, acfg, get_device("h100-sxm"), seconds,
+                          memory=memory)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    return cfg, analysis, params
+
+
+def test_tensor_parallel_adds_its_all_reduces_and_shares_the_replica_s_samples():
+    cfg, analysis, params = _tiny(2)
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    coll = tensor_parallel_collectives(cfg.layers, 4 * 128, cfg.d_model, 2, recompute=False)
+    _, count, nbytes = coll[0]
+    assert count == 2 * 4 + 1 + 2 * 4 + 1 and coll[1][1] == count
+    # an all-gather and a reduce-scatter each (inside the node, an H100)
+    each = 2 * sharded_collective_s(nbytes, 2, 2, node, net, gen=2)
+    single = one_step(analysis, params).single_s
+    # two GPUs, one tensor-parallel pair: no data-parallel traffic, every all-reduce exposed
+    # (step_cv=0: no wait for the slowest GPU, so the step adds up by hand)
+    two = scale_out(analysis, params, ScaleConfig(gpus=2, tp=2, tp_collectives=coll,
+                                                  step_cv=0.0), node, net)
+    assert two["communication"]["tensor_parallel"]["exposed_s"] == pytest.approx(count * each)
+    assert two["exposed_comm_s"] == pytest.approx(count * each)
+    assert two["step_s"] == pytest.approx(single + count * each)
+    # the pair trains one replica's 4 sequences a step: 2 per GPU
+    assert two["per_gpu_samples_per_s"] == pytest.approx(4 / (single + count * each) / 2)
+    assert two["scaling_efficiency"] == pytest.approx(single / (single + count * each))
+    # with 3 micro-batches: three times the all-reduces
+    three = scale_out(analysis, params, ScaleConfig(gpus=2, tp=2, tp_collectives=coll,
+                                                    grad_accum=3, step_cv=0.0), node, net)
+    assert three["communication"]["tensor_parallel"]["exposed_s"] == pytest.approx(
+        3 * count * each)
+    # 16 GPUs: FSDP over 8 replicas, one per node's tensor-parallel pair position: the same as
+    # FSDP on 8 GPUs of 4 per node for the data-parallel part, plus the pair's all-reduces,
+    # and the wait for the slowest of all 16 GPUs
+    wide = scale_out(analysis, params, ScaleConfig(gpus=16, tp=2, tp_collectives=coll,
+                                                   strategy="fsdp"), node, net)
+    dp = scale_out(analysis, params, ScaleConfig(gpus=8, gpus_per_node=4, strategy="fsdp",
+                                                 step_cv=0.0), node, net)
+    assert wide["communication"]["comm_s"] == pytest.approx(dp["communication"]["comm_s"])
+    assert wide["memory_per_gpu"]["total_bytes"] == dp["memory_per_gpu"]["total_bytes"]
+    # (the compute and the sharded update: dp's step less its exposed communication)
+    assert wide["straggler_s"] == pytest.approx(
+        straggler_s(dp["step_s"] - dp["exposed_comm_s"], 16, STEP_CV), rel=1e-6)
+    assert wide["step_s"] == pytest.approx(dp["step_s"] + count * each + wide["straggler_s"])
+    assert wide["nodes"] == 2 and wide["per_gpu_samples_per_s"] * 16 == pytest.approx(
+        wide["total_samples_per_s"])
+
+
+def test_tp_is_checked_against_the_node_and_the_input():
+    for kwargs in ({"gpus": 8, "tp": 3}, {"gpus": 4, "tp": 8}, {"gpus": 12, "tp": 8}):
+        with pytest.raises(DlperfError, match="--tp"):
+            ScaleConfig(**kwargs)
+    with pytest.raises(DlperfError, match="--tp"):
+        ScaleConfig(gpus=8, tp=2, decode="cpu", data_cores_per_gpu=4,
+                    decode_img_per_s_per_core=100)
+
+
+def test_analyze_tp_prints_and_saves_the_tensor_parallel_scale_out(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "tp.json"
+    common = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "8",
+              "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
+              "--device", "h100-sxm"]
+    code, out, err = run_cli(common + ["--gpus", "16", "--tp", "4", "--strategy", "fsdp",
+                                       "--json", str(path)], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "4-way tensor parallel in the node, FSDP over 4 replicas" in text
+    # 2 x 2 + 1, twice, all-gathers and reduce-scatters alike
+    assert "tensor-parallel all-gathers and reduce-scatters 20 of" in text
+    data = json.loads(path.read_text())["scale_out"]
+    tp = data["at_requested_scale"]["communication"]["tensor_parallel"]
+    assert tp["tp"] == 4 and tp["bytes_each"] == 2 * 128 * 256 * 2
+    # the curve runs over whole tensor-parallel groups; no band from data-parallel runs
+    assert [row["gpus"] for row in data["curve"]][:3] == [4, 8, 16]
+    assert data["track_record"] is None or data["track_record"]["efficiency_band"] is None
+    # one line for each misuse
+    for extra, words in ((["--tp", "2"], "--tp 2 splits the model"),
+                         (["--gpus", "8", "--tp", "3"], "--tp 3"),
+                         (["--gpus", "8", "--tp", "16"], "--tp 16")):
+        code, out, err = run_cli(common + extra, capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--tp", "2"],
+                             capsys)
+    assert code == 2 and "--tp: only for gpt and its presets" in err
+
+
+def test_sequence_parallel_norms_and_adds_hold_a_tp_th_of_the_tokens():
+    # between the split regions each rank keeps 1/tp of the tokens: its layer norms and
+    # residual adds move half the bytes at tp=2; the stand-in collectives cost nothing
+    def bytes_of(tp, ops):
+        cfg = GPTConfig(layers=2, d_model=256, heads=8, vocab=1024, seq_len=128, tp=tp)
+        with torch.device("meta"):
+            model = GPT(cfg)
+        acfg = AnalysisConfig(model="gpt", input_shape=(4, 128), dtype="bf16", train=True,
+                              device="h100-sxm", tokens=True, optimizer="adamw")
+        costs, uncounted, _, _ = capture_costs(model, acfg, torch.long)
+        assert not uncounted
+        return sum(c.bytes for c in costs if c.op in ops and c.phase == "forward"
+                   and c.module.startswith("blocks."))
+
+    # a norm moves its activations (split) and reads its weight (whole on every rank): 4 norms
+    # of d = 256 fp32 weights (no biases) = 4,096 bytes, so 2 x tp2 - tp1 = 4,096
+    one, two = bytes_of(1, {"native_layer_norm"}), bytes_of(2, {"native_layer_norm"})
+    assert 2 * two - one == 4 * 256 * 4 and two < 0.51 * one
+    assert bytes_of(2, {"add"}) * 2 == bytes_of(1, {"add"})
