@@ -47,6 +47,9 @@ def test_a_split_the_model_cannot_take_is_refused():
         gpt_config("gpt2", tp=8)  # 12 heads
     with pytest.raises(ValueError, match="at least 1"):
         GPTConfig(tp=0)
+    # sequence parallel splits the tokens between the blocks: 100 over 8 ranks does not go
+    with pytest.raises(ValueError, match="sequence"):
+        GPTConfig(layers=1, d_model=64, heads=8, seq_len=100, tp=8)
 
 
 def test_each_rank_computes_a_tp_th_of_the_flops_and_trains():

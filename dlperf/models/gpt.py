@@ -71,16 +71,16 @@ class GPTConfig:
             raise ValueError("GPT rotary positions need an even head size")
         if self.tp < 1:
             raise ValueError(f"tensor-parallel ranks must be at least 1, got {self.tp}")
-        if self.seq_len % self.tp:
-            raise ValueError(f"tensor parallel over {self.tp} GPUs splits the sequence "
-                             f"({self.seq_len} tokens) between the blocks: give a "
-                             "tensor-parallel size that divides it")
         hidden = self.ffn_hidden if self.mlp == "swiglu" else self.mlp_ratio * self.d_model
         for name, value in (("heads", self.heads), ("kv_heads", self.kv_heads or self.heads),
                             ("MLP hidden size", hidden)):
             if value % self.tp:
                 raise ValueError(f"tensor parallel over {self.tp} GPUs splits the {name} "
                                  f"({value}): give a tensor-parallel size that divides it")
+        if self.seq_len % self.tp:
+            raise ValueError(f"tensor parallel over {self.tp} GPUs splits the sequence "
+                             f"({self.seq_len} tokens) between the blocks: give a "
+                             "tensor-parallel size that divides it")
 
     @property
     def groups(self) -> int:
