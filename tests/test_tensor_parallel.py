@@ -192,3 +192,16 @@ def test_sequence_parallel_norms_and_adds_hold_a_tp_th_of_the_tokens():
     one, two = bytes_of(1, {"native_layer_norm"}), bytes_of(2, {"native_layer_norm"})
     assert 2 * two - one == 4 * 256 * 4 and two < 0.51 * one
     assert bytes_of(2, {"add"}) * 2 == bytes_of(1, {"add"})
+
+
+def test_a_decoder_that_does_not_fit_is_pointed_at_what_splits_activations(capsys):
+    from conftest import run_cli
+
+    # 65,536 sequences of 128 tokens on one GPU's share: the activations alone overflow 80 GB
+    code, out, err = run_cli(["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads",
+                              "8", "--seq-len", "128", "--batch-size", "65536", "--dtype", "bf16",
+                              "--train", "--device", "h100-sxm", "--gpus", "16", "--strategy",
+                              "fsdp", "--top", "1"], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "(does not fit)" in text and "--tp N (tensor and sequence parallel" in text

@@ -196,6 +196,12 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         + (Text(f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}")
            + (styled(" [bold red](does not fit)[/]") if here["memory_per_gpu"].get("fits") is False
               else "") if here.get("memory_per_gpu") else "") + ".")
+    if (here.get("memory_per_gpu") or {}).get("fits") is False and tokens_per_sample and not tp:
+        console.print("It does not fit at this scale, and more data-parallel GPUs do not shrink "
+                      "a GPU's activations: --activation-checkpointing keeps only the blocks' "
+                      "inputs, a smaller --batch-size fewer of them, and for gpt and its "
+                      "presets --tp N (tensor and sequence parallel inside the node) splits "
+                      "them N ways.", style="yellow")
     crowded = here.get("loader_processes_per_core")
     if crowded and crowded > 1:
         console.print(f"The loaders' workers outnumber the node's cores {crowded:.1f} to 1: the "
