@@ -5,7 +5,9 @@ Llama 3 70B, 8,192 tokens, batch 1 per replica, bf16 autocast, full activation c
 on 64 H100 SXM (8 nodes, NVLink 4 inside, InfiniBand NDR between), FSDP over the replicas,
 with 1-, 2-, 4- and 8-way tensor parallelism inside each node: per GPU tokens/s, the step, the
 tensor-parallel collectives (sequence parallel: all-gathers and reduce-scatters) and their
-exposed time, FSDP's exposed time, memory per GPU and whether it fits. Each runs the CLI (`dlperf analyze ... --json`) and keeps its scale-out.
+exposed time, FSDP's exposed time, memory per GPU and whether it fits, and one rank's time by
+op (what splits and what does not). Each runs the CLI (`dlperf analyze ... --json`) and keeps
+its scale-out.
 Usage: python benchmarks/tensor_parallel_example.py [OUT.json]
 (default: benchmarks/results/tensor-parallel-llama3-70b-h100.json; about a minute)
 """

@@ -495,6 +495,7 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
 # fsdp: full sharding (ZeRO-3); fsdp-grad-op: FSDP's SHARD_GRAD_OP (ZeRO-2), parameters
 # gathered once in the forward and kept until the backward has used them
 STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op")
+DECODES = ("gpu", "cpu", "synthetic")
 
 
 def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
@@ -509,7 +510,6 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     nbytes = tokens * d_model * act_bytes
     count = 2 * (2 * layers + 1) + (2 * layers if recompute else 0)
     return (("allgather", count, nbytes), ("reducescatter", count, nbytes))
-DECODES = ("gpu", "cpu", "synthetic")
 
 
 @dataclass(frozen=True)
@@ -555,8 +555,8 @@ class ScaleConfig:
     # own choice among all): the collectives are timed among what they allow
     nccl_algo: str | None = None
     nccl_proto: str | None = None
-    # tensor-parallel ranks inside a node (1: none) and the all-reduces among them per
-    # micro-batch ((count, bytes) pairs: tensor_parallel_collectives)
+    # tensor-parallel ranks inside a node (1: none) and the collectives among them per
+    # micro-batch ((kind, count, bytes) triples: tensor_parallel_collectives)
     tp: int = 1
     tp_collectives: tuple = ()
 
@@ -827,7 +827,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "communication"
     else:
         limit = "compute"
-    # one GPU; with tensor parallelism, its tp ranks without their all-reduces
+    # one GPU; with tensor parallelism, its tp ranks without their collectives
     single_rate = min(batch / (accum * micro_s + single_opt_s) / tp, cfg.host_img_per_s(1))
     memory = memory_per_gpu(analysis.memory, params, cfg.strategy, dcfg.gpus, gathered,
                             bucket_view=cfg.bucket_view, units=step.units)
@@ -837,7 +837,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
-            "step_s": batch / (per_gpu * tp), "single_gpu_step_s": accum * micro_s + single_opt_s,
+            "step_s": batch / (per_gpu * tp),
+            "single_gpu_step_s": accum * micro_s + single_opt_s,
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
             "input_bound": input_bound,

@@ -301,7 +301,8 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
         # saves the collectives' outputs
         recompute=args.activation_checkpointing == "full")
-    cfg = ScaleConfig(tp=args.tp, tp_collectives=collectives,gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
+    cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
+                      tp=args.tp, tp_collectives=collectives,
                       decode=args.decode, data_cores_per_gpu=args.data_cores,
                       decode_img_per_s_per_core=args.decode_rate,
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
@@ -332,9 +333,9 @@ def _scale_out(args, analysis, model, console, setup) -> dict:
     host_decode = cfg.decode == "cpu"
     line = describe_scale_out(analysis.device, host_decode=host_decode)
     # the record's runs are data parallel only: no band to read a tensor-parallel job through
-    band = None if line is None or cfg.tp > 1 else efficiency_band(here["scaling_efficiency"], here["nodes"],
-                                                     analysis.device.name,
-                                                     host_decode=host_decode)
+    band = None if line is None or cfg.tp > 1 else efficiency_band(
+        here["scaling_efficiency"], here["nodes"], analysis.device.name,
+        host_decode=host_decode)
     render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line,
                    band=band)
     saved = load_scale_out()
