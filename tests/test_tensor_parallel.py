@@ -79,13 +79,19 @@ def test_the_collectives_of_a_micro_batch():
         "allgather", 322, 134217728)
 
 
-def _tiny(tp):
-    cfg = GPTConfig(layers=4, d_model=256, heads=8, vocab=1024, seq_len=128, tp=tp)
+def _capture(tp: int, layers: int):
+    """One rank of a small decoder (d 256, 8 heads, 128 tokens, batch 4), bf16, training on
+    the H100 preset: (config, model, analysis config, capture_costs' four results)."""
+    cfg = GPTConfig(layers=layers, d_model=256, heads=8, vocab=1024, seq_len=128, tp=tp)
     with torch.device("meta"):
         model = GPT(cfg)
     acfg = AnalysisConfig(model="gpt", input_shape=(4, 128), dtype="bf16", train=True,
                           device="h100-sxm", tokens=True, optimizer="adamw")
-    costs, uncounted, seconds, memory = capture_costs(model, acfg, torch.long)
+    return cfg, model, acfg, capture_costs(model, acfg, torch.long)
+
+
+def _tiny(tp):
+    cfg, model, acfg, (costs, uncounted, seconds, memory) = _capture(tp, layers=4)
     analysis = predict_on(costs, uncounted, acfg, get_device("h100-sxm"), seconds,
                           memory=memory)
     params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
@@ -177,12 +183,7 @@ def test_sequence_parallel_norms_and_adds_hold_a_tp_th_of_the_tokens():
     # between the split regions each rank keeps 1/tp of the tokens: its layer norms and
     # residual adds move half the bytes at tp=2; the stand-in collectives cost nothing
     def bytes_of(tp, ops):
-        cfg = GPTConfig(layers=2, d_model=256, heads=8, vocab=1024, seq_len=128, tp=tp)
-        with torch.device("meta"):
-            model = GPT(cfg)
-        acfg = AnalysisConfig(model="gpt", input_shape=(4, 128), dtype="bf16", train=True,
-                              device="h100-sxm", tokens=True, optimizer="adamw")
-        costs, uncounted, _, _ = capture_costs(model, acfg, torch.long)
+        costs, uncounted, _, _ = _capture(tp, layers=2)[3]
         assert not uncounted
         return sum(c.bytes for c in costs if c.op in ops and c.phase == "forward"
                    and c.module.startswith("blocks."))
