@@ -15,7 +15,7 @@ are written for Ampere's Tensor Core instructions, which a Hopper GPU runs at a 
 own peak), so each architecture gets its own fit from that table's rows on it: ``--device
 h100-sxm`` fits the H100 rows, whose value the Hopper presets carry (hardware/specs.py).
 
-Usage: python benchmarks/fit_attention.py [--device NAME] [OUT.json]
+Usage: python benchmarks/fit_attention.py [--device NAME] [--table CSV] [OUT.json]
 (default: a100-80gb -> benchmarks/results/attention-fit.json; another device NAME ->
 benchmarks/results/attention-fit-NAME.json; about 6 minutes on 2 cores)
 """
@@ -92,6 +92,8 @@ def main(argv: list[str]) -> int:
                                      "MPT rows of one device.")
     parser.add_argument("--device", default=DEVICE, help="the rows' device preset "
                         f"(default {DEVICE})")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="the rows' table (default: validation/published_scaling.csv)")
     parser.add_argument("out", nargs="?", type=Path, help="result JSON")
     args = parser.parse_args(argv)
     device = args.device
@@ -99,11 +101,12 @@ def main(argv: list[str]) -> int:
     from dlperf.provenance import load_sibling
 
     vs = load_sibling(__file__, "validate_scaling")
-    rows = [r for r in vs.read_rows(vs.DEFAULT_CSV)
+    source_csv = args.table or vs.DEFAULT_CSV
+    rows = [r for r in vs.read_rows(source_csv)
             if r["source"] == SOURCE and r["device"] == device]
     if not rows:
         raise SystemExit(f"--device {device}: no {SOURCE} rows on that device in "
-                         f"{vs.DEFAULT_CSV.name}")
+                         f"{source_csv.name}")
     with Progress(transient=True) as bar:
         task = bar.add_task(f"capturing {len(rows)} decoder rows", total=None)
         captured = vs.capture(rows)
@@ -149,6 +152,9 @@ def main(argv: list[str]) -> int:
     print(f"attention = {attention} of the Tensor Core peak (as a GEMM: {FITTED.tensor_gemm}); "
           f"held-out folds {summary['held_out_attention_range']}")
     save_result(out_path, "attention-fit", {"source": SOURCE, "device": device,
+                                            "table": str(source_csv.relative_to(ROOT)
+                                                         if source_csv.is_relative_to(ROOT)
+                                                         else source_csv),
                                             "bounds": BOUNDS, "tolerance": TOLERANCE},
                 {"summary": summary, "rows": table})
     print(f"Wrote {out_path}")

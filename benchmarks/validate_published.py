@@ -26,10 +26,13 @@ DEFAULT_CSV = ROOT / "benchmarks/validation/published_training.csv"
 DEFAULT_OUT = ROOT / "benchmarks/results/validation-published.json"
 # precision column -> (dtype, TF32 GEMMs, dlperf precision mode). fp16-o2: apex amp O2 (the
 # model cast to fp16, LayerNorm and softmax included; FP32 master weights in the optimizer),
-# dlperf's --precision half.
+# dlperf's --precision half. bf16-fsdp: FSDP's mixed precision (bf16 parameters gathered and
+# computed with, no autocast; fp32 master weights, optimizer and gradient reduction:
+# torchtitan's FSDP2, Composer's DEFAULT with llm-foundry's low-precision LayerNorm), dlperf's
+# --precision fsdp.
 PRECISIONS = {"amp": ("fp16", False, "mixed"), "fp32": ("fp32", False, "mixed"),
               "tf32": ("fp32", True, "mixed"), "bf16": ("bf16", False, "mixed"),
-              "fp16-o2": ("fp16", False, "half")}
+              "fp16-o2": ("fp16", False, "half"), "bf16-fsdp": ("bf16", False, "fsdp")}
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -159,6 +159,39 @@ def test_half_model_precision_has_no_casts_and_half_everything():
         dlperf.analyze(model, (32, 64), dtype="fp32", precision="half")
 
 
+def test_fsdp_precision_computes_in_half_and_keeps_an_fp32_optimizer():
+    # FSDP's mixed precision (torchtitan's FSDP2, Composer's DEFAULT): the gathered bf16
+    # parameters run the forward and backward without autocast (no casts; the LayerNorm in
+    # bf16, as llm-foundry's low-precision LayerNorm), while the shards keep fp32 master weights
+    # and AdamW state: 16 B x 4 per parameter read and written in the update, as under
+    # autocast, not the half model's 2 B; the step's memory counts 4-byte weights and state
+    import dlperf
+
+    model = nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.Linear(128, 16))
+    params = 64 * 128 + 128 + 2 * 128 + 128 * 16 + 16  # 10,640
+    kw = dict(device="a100-80gb", dtype="bf16", train=True, optimizer="adamw")
+    mixed = dlperf.analyze(model, (32, 64), **kw)
+    fsdp = dlperf.analyze(model, (32, 64), precision="fsdp", **kw)
+    half = dlperf.analyze(model, (32, 64), precision="half", **kw)
+    ops = lambda a: {p.cost.op for p in a.predictions}  # noqa: E731
+    assert "_to_copy" in ops(mixed) and "_to_copy" not in ops(fsdp)
+    norm = lambda a: next(p for p in a.predictions if p.cost.op == "native_layer_norm")  # noqa: E731
+    assert norm(fsdp).cost.dtype == "bf16" and norm(mixed).cost.dtype == "fp32"
+    step = lambda a: next(p for p in a.predictions if p.cost.op.endswith("_step"))  # noqa: E731
+    assert step(fsdp).cost.bytes == step(mixed).cost.bytes == 2 * step(half).cost.bytes
+    assert fsdp.memory["weights_bytes"] == 4 * params == mixed.memory["weights_bytes"]
+    # the forward and backward are the half model's
+    body = lambda a: sum(p.cost.bytes for p in a.predictions  # noqa: E731
+                         if p.cost.phase != "optimizer")
+    assert body(fsdp) == body(half) < body(mixed)
+    import pytest
+
+    from dlperf.errors import DlperfError
+
+    with pytest.raises(DlperfError, match="--precision fsdp needs --dtype fp16 or bf16"):
+        dlperf.analyze(model, (32, 64), dtype="fp32", precision="fsdp")
+
+
 def test_attention_output_is_laid_out_as_the_fused_kernels_write_it():
     # flash and memory-efficient attention write O as B x T x H x D and return it transposed,
     # so GPT's `y.transpose(1, 2).reshape(b, t, c)` is a view: no copy kernel in the forward

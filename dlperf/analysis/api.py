@@ -21,7 +21,9 @@ from dlperf.hardware.specs import DeviceSpec, get_device
 
 # --dtype -> the dtype autocast (or model.half()) uses; fp32: none
 DTYPES = {name: autocast_dtype(name) for name in MIXED}
-PRECISIONS = ("mixed", "half")
+# mixed: torch.autocast over fp32 weights; half: the model cast (model.half()); fsdp: FSDP's
+# mixed precision (see AnalysisConfig.precision)
+PRECISIONS = ("mixed", "half", "fsdp")
 # what a checkpointed block recomputes (AnalysisConfig.checkpoint_policy, kept_by_policy)
 CHECKPOINT_POLICIES = ("full", "selective-op")
 
@@ -32,7 +34,13 @@ class AnalysisConfig:
     input_shape: tuple[int, ...]  # including the batch dimension
     dtype: str = "bf16"  # mixed precision as CUDA autocast runs it; fp32 = no autocast
     # mixed: torch.autocast (fp32 weights, per-op casts, softmax/norms in fp32); half: the model
-    # itself in ``dtype`` (model.half(): no casts, everything in half, optimizer state in half)
+    # itself in ``dtype`` (model.half(): no casts, everything in half, optimizer state in half);
+    # fsdp: FSDP's mixed precision as torchtitan's FSDP2 (MixedPrecisionPolicy(param_dtype=
+    # bf16, reduce_dtype=fp32)) and Composer's DEFAULT with llm-foundry's low-precision norms
+    # run it: the gathered parameters and the whole forward and backward in ``dtype`` without
+    # autocast (norms as the module writes them), fp32 master weights, gradients reduced in
+    # fp32 and an fp32 optimizer on the shards (the gradients' cast to fp32 before the
+    # reduction, 6 B per parameter, is not costed)
     precision: str = "mixed"
     tf32: bool = False  # with fp32: GEMMs on TF32 Tensor Cores
     train: bool = True
@@ -263,10 +271,12 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     check_fusion(config.fusion)
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
-    half = DTYPES[config.dtype] if config.precision == "half" else None
-    if config.precision == "half" and half is None:
-        raise DlperfError("--precision half needs --dtype fp16 or bf16 (the dtype the model is "
-                          "cast to)")
+    half = DTYPES[config.dtype] if config.precision in ("half", "fsdp") else None
+    if config.precision in ("half", "fsdp") and half is None:
+        raise DlperfError(f"--precision {config.precision} needs --dtype fp16 or bf16 (the "
+                          "dtype the model computes in)")
+    # the optimizer's parameters and state: in half only for a model cast to half
+    state_bytes = 2 if config.precision == "half" else 4
     if half is not None and input_dtype.is_floating_point:
         input_dtype = half  # model.half() is fed half inputs
     if config.train and not any(p.requires_grad for p in model.parameters()):
@@ -303,7 +313,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
     if config.train and config.optimizer != "none":
         step = optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
-                              config.optimizer, element_bytes=2 if half else 4,
+                              config.optimizer, element_bytes=state_bytes,
                               impl=config.optimizer_impl)
         # fp16 autocast training needs loss scaling: torch.amp.GradScaler's unscale, and for an
         # unfused optimizer a host synchronisation before the step (costs.scaled_optimizer)
@@ -318,7 +328,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy)
         activations = checkpointed_activations(cap, blocks) + kept_bytes(
             costs, blocks, config.checkpoint_policy)
-    memory = memory_footprint(model, config, activations, element_bytes=2 if half else 4)
+    memory = memory_footprint(model, config, activations, element_bytes=state_bytes)
     return costs, uncounted, time.perf_counter() - start, memory
 
 
@@ -477,7 +487,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
     token model, ``(batch, seq_len)`` with ``input_dtype=torch.long``. ``precision``: "mixed"
-    (torch.autocast in ``dtype``) or "half" (the model cast to ``dtype``, ``model.half()``).
+    (torch.autocast in ``dtype``), "half" (the model cast to ``dtype``, ``model.half()``) or
+    "fsdp" (FSDP's mixed precision: ``AnalysisConfig.precision``).
     ``optimizer``: the update counted in a training step; "auto" is ``default_optimizer``
     (AdamW for token models, SGD otherwise), as `dlperf analyze` counts it.
     ``activation_checkpointing``: recompute each block's forward in the backward;

@@ -132,8 +132,8 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
     if any(t.is_meta for t in model.parameters()):
         raise DlperfError("--measure needs a model with real weights, not one on the meta device")
     model = model.to(device)
-    half = DTYPES[config.dtype] if config.precision == "half" else None
-    if half is not None:  # --precision half: the model itself in half, no autocast
+    half = DTYPES[config.dtype] if config.precision in ("half", "fsdp") else None
+    if half is not None:  # --precision half or fsdp: the model computes in half, no autocast
         model = model.to(half)
         input_dtype = half if input_dtype.is_floating_point else input_dtype
     if config.channels_last:

@@ -32,11 +32,13 @@ def add_parser(sub) -> None:
                         "and later). Without it the step is strict FP32 on the CUDA cores; note "
                         "that PyTorch runs cuDNN convolutions in TF32 by default "
                         "(torch.backends.cudnn.allow_tf32 is True, matmuls' flag is not)")
-    a.add_argument("--precision", choices=("mixed", "half"), default="mixed",
+    a.add_argument("--precision", choices=("mixed", "half", "fsdp"), default="mixed",
                    help="with --dtype fp16/bf16: mixed = torch.autocast (fp32 weights, per-op "
                         "casts, softmax/norms in fp32); half = the model cast to the dtype "
-                        "(model.half(): no casts, everything and the optimizer state in half) "
-                        "[mixed]")
+                        "(model.half(): no casts, everything and the optimizer state in half); "
+                        "fsdp = FSDP's mixed precision (torchtitan's FSDP2, Composer's "
+                        "DEFAULT): the model run in the dtype without autocast, fp32 master "
+                        "weights, optimizer state and gradient reduction [mixed]")
     a.add_argument("--activation-checkpointing", nargs="?", const="full", default=None,
                    choices=("full", "selective-op"), metavar="{full,selective-op}",
                    help="with --train: recompute each block's forward in the backward "
