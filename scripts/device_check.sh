@@ -9,9 +9,9 @@
 # (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
 # then run: OUT=$OUT bash scripts/device_check.sh   with carry [".devext"] and
-# timeout_s 590. Issue #14's step 0 comes first (at most 150 s, ~90 s expected), then issue
-# #11's steps (1-4), at most 500 s by their timeouts (far less when all goes well); the later
-# steps use what is left of the call.
+# timeout_s 590. Issue #14's steps 0 and 0b come first (at most 150 + 60 s, ~135 s expected),
+# then issue #11's steps (1-4), at most 500 s by their timeouts (far less when all goes well);
+# the later steps use what is left of the call.
 # Without the extension dlperf still runs (full-image decoding, no restart-marker cuts).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +59,10 @@ DATA=${DATA:-/tmp/dlperf-corpus}
 step timeout 150 $PY benchmarks/bench_host_issue_gpu.py /tmp/dlperf-host-issue.json \
     --device "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
                 *H200*) echo h200;; *) echo h100-sxm;; esac)" --busy 0,8,16,32 --corpus "$DATA"
+# 0b. Issue #14's H100 lead: an MPT-13B block's GEMMs for 20 s (does the clock hold?), then 20 s
+#    beside a copy on a second stream (what an overlapped collective's traffic takes).
+step timeout 60 $PY benchmarks/bench_sustained_gemm_gpu.py /tmp/dlperf-sustained-gemm.json \
+    --seconds 20
 
 # Issue #11 next (blocked, but these are the figures it waits for): predictions against
 # measurements.
@@ -79,7 +83,8 @@ step timeout 70 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 
 step timeout 70 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtype fp32 --train \
     --measure --measure-steps 3 --top 10 --json /tmp/dlperf-fp32-nchw.json
 gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json \
-    resnet50_fp32_nchw=/tmp/dlperf-fp32-nchw.json host_issue=/tmp/dlperf-host-issue.json
+    resnet50_fp32_nchw=/tmp/dlperf-fp32-nchw.json host_issue=/tmp/dlperf-host-issue.json \
+    sustained_gemm=/tmp/dlperf-sustained-gemm.json
 
 # 4. The guide's figures on this GPU (fp16): GEMM alignment, tile/wave quantization, 512 vs 520;
 #    the padded stem, channels around 64, NCHW vs NHWC; measured with the prediction over them

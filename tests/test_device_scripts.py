@@ -53,6 +53,8 @@ def test_every_dlperf_command_in_the_device_run_parses(capsys):
     assert "--sweep" in argvs[1] and [a[1] for a in argvs[5:7]] == ["gemm", "conv"]
     text = SCRIPT.read_text()
     assert text.index("bench_host_issue_gpu.py") < text.index("dlperf probe")
+    assert text.index("bench_sustained_gemm_gpu.py") < text.index("dlperf probe")
+    assert "sustained_gemm=/tmp/dlperf-sustained-gemm.json" in text  # gathered, not a 9th file
     assert kinds.count("train") == 5 and {"probe", "analyze", "bench"} <= set(kinds), kinds
     parser = build_parser()
     for argv in argvs:
@@ -120,3 +122,23 @@ def test_host_issue_benchmark_runs_on_cpu(tmp_path):
     assert set(res["derived"]["busy_stretch"]) == {"0", "1"}
     # the CPU's own part of a for-loop launch: 4 ops per tensor of ResNet-50's 161
     assert res["cpu_dispatch"]["ops"] == 644 and 0 < res["cpu_dispatch"]["s_per_op"] < 1e-3
+
+
+@pytest.mark.slow
+def test_sustained_gemm_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/bench_sustained_gemm_gpu.py (issue #14, step 0b of the device run) on this
+    CPU at a tiny size: the series, its summary and the environment are saved."""
+    out = tmp_path / "gemm.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sustained_gemm_gpu.py"),
+                    str(out), "--seconds", "1", "--tokens", "32", "--d-model", "32"],
+                   check=True, cwd=ROOT, capture_output=True)
+    saved = json.loads(out.read_text())
+    res = saved["results"]
+    assert saved["benchmark"] == "sustained-gemm-gpu" and "git_commit" in saved["environment"]
+    assert res["device"] == "cpu" and res["note"]
+    alone = res["alone"]
+    assert alone["series"] and all(s["tflops"] > 0 for s in alone["series"])
+    assert alone["summary"]["samples"] == len(alone["series"]) >= 2
+    # no second stream on a CPU: nothing beside the copy, and the ratio says so
+    assert res["beside_copy"]["series"] == [] and res["derived"]["beside_copy_over_alone"] is None
+    assert res["derived"]["sustained_over_first"] > 0
