@@ -127,7 +127,11 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) 
                     "efficiency_ratio": (r["scaling_efficiency"] / measured_eff
                                          if measured_eff else None),
                     "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"],
-                    "straggler_s": r["straggler_s"]})
+                    "straggler_s": r["straggler_s"], "step_s": r["step_s"],
+                    # the collectives the step runs, hidden or not (FSDP's on every
+                    # micro-batch): their share of the step is what overlap must hide
+                    "comm_s_per_step": r["communication"]["comm_s"]
+                    * (row["grad_accum"] if row["strategy"] != "ddp" else 1)})
     return out
 
 

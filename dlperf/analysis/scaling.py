@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -711,8 +711,6 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     backward hides, the input side, and what limits the step. ``params``: [(name, gradient
     bytes)] in registration order; ``step``: ``one_step(analysis, params)``, when the caller
     runs several scales."""
-    from dataclasses import replace
-
     from dlperf.analysis.nccl import generation
 
     step = step or one_step(analysis, params)
@@ -855,8 +853,6 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
                   step: OneStep | None = None) -> list[dict]:
     """``scale_out`` from 1 to 4,096 GPUs (the same per-GPU batch), reusing one analysis and
     what of its step no GPU count changes (``one_step``)."""
-    from dataclasses import replace
-
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
             for n in CURVE if n % cfg.tp == 0]
