@@ -1,7 +1,8 @@
 """What tensor parallelism buys and costs, as ``dlperf analyze --tp`` predicts it (the README's
 figures), saved with the environment (no GPU: these are dlperf's predictions, not measurements).
 
-Llama 3 70B, 8,192 tokens, batch 1 per replica, bf16 autocast, full activation checkpointing,
+Llama 3 70B, 8,192 tokens, batch 1 per replica, bf16 in FSDP's mixed precision (--precision
+fsdp: bf16 parameters without autocast, fp32 master weights), full activation checkpointing,
 on 64 H100 SXM (8 nodes, NVLink 4 inside, InfiniBand NDR between), FSDP over the replicas,
 with 1-, 2-, 4- and 8-way tensor parallelism inside each node: per GPU tokens/s, the step, the
 tensor-parallel collectives (sequence parallel: all-gathers and reduce-scatters) and their
@@ -22,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/tensor-parallel-llama3-70b-h100.json"
 ARGS = ["analyze", "llama3-70b", "--device", "h100-sxm", "--batch-size", "1", "--seq-len",
-        "8192", "--dtype", "bf16", "--train", "--activation-checkpointing", "full", "--gpus",
+        "8192", "--dtype", "bf16", "--precision", "fsdp", "--train", "--activation-checkpointing", "full", "--gpus",
         "64", "--strategy", "fsdp", "--interconnect", "nvlink4-h100,ib-ndr", "--top", "1"]
 TP = (1, 2, 4, 8)
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
-from dlperf.hardware.efficiency import HOPPER_ATTENTION
+from dlperf.hardware.efficiency import HOPPER_ATTENTION, HOPPER_TENSOR_GEMM
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -137,10 +137,12 @@ def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None,
 
 
 _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
-# What the efficiency model knows of Hopper GPUs beyond the fitted defaults: fused attention
-# (flash attention written for Ampere's MMA instructions) keeps half the fraction of the peak it
-# keeps on an A100 (hardware/efficiency.py, HOPPER_ATTENTION, and its fit).
-_HOPPER = {"attention": HOPPER_ATTENTION}
+# What the efficiency model knows of Hopper GPUs beyond the fitted defaults, both fitted to the
+# GEMM- and attention-bound decoder runs on H100s (hardware/efficiency.py, HOPPER_TENSOR_GEMM,
+# HOPPER_ATTENTION, and their fit): cuBLAS's GEMMs keep a smaller share of the Tensor Core peak
+# in sustained training than on an A100, and fused attention (flash attention written for
+# Ampere's MMA instructions) about half of its A100 share.
+_HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM, "attention": HOPPER_ATTENTION}
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
