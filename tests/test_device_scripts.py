@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from dlperf.cli import build_parser, main
+from dlperf.hardware.efficiency import FITTED, HOPPER_TENSOR_GEMM
 from dlperf.hardware.specs import get_device
+from conftest import load_benchmark
 from imagegen import make_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,13 +127,27 @@ def test_host_issue_benchmark_runs_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_sustained_gemm_prediction_is_the_hopper_share_by_hand():
+    # an MPT-13B block's GEMMs at 4,096 tokens on an H100 SXM: every one tiles 256 x 128 into a
+    # multiple of 640 tiles, waves of 132 SMs 1,920 / 1,980 = 0.9697 busy (also 640 / 660 and
+    # 2,560 / 2,640), so 989.4 x 0.578 x 0.9697 = 554.5 TFLOP/s with the Hopper share and
+    # 989.4 x 0.779 x 0.9697 = 747.4 with the table's (launches: 4 x 0.5 us in ~2 ms)
+    bench = load_benchmark("bench_sustained_gemm_gpu")
+    pred = bench.predicted_tflops("h100-sxm", 4096, 5120)
+    assert pred["tflops_own_share"] == pytest.approx(989.4 * 0.578 * 1920 / 1980, rel=2e-3)
+    assert pred["tflops_table_share"] == pytest.approx(989.4 * 0.779 * 1920 / 1980, rel=2e-3)
+    # an A100 has no share of its own: both are the table's
+    a100 = bench.predicted_tflops("a100-80gb", 4096, 5120)
+    assert a100["tflops_own_share"] == a100["tflops_table_share"]
+
+
 def test_sustained_gemm_benchmark_runs_on_cpu(tmp_path):
     """benchmarks/bench_sustained_gemm_gpu.py (issue #14, step 0b of the device run) on this
     CPU at a tiny size: the series, its summary and the environment are saved."""
     out = tmp_path / "gemm.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sustained_gemm_gpu.py"),
-                    str(out), "--seconds", "1", "--tokens", "32", "--d-model", "32"],
-                   check=True, cwd=ROOT, capture_output=True)
+                    str(out), "--seconds", "1", "--tokens", "32", "--d-model", "32",
+                    "--preset", "h100-sxm"], check=True, cwd=ROOT, capture_output=True)
     saved = json.loads(out.read_text())
     res = saved["results"]
     assert saved["benchmark"] == "sustained-gemm-gpu" and "git_commit" in saved["environment"]
@@ -142,3 +158,13 @@ def test_sustained_gemm_benchmark_runs_on_cpu(tmp_path):
     # no second stream on a CPU: nothing beside the copy, and the ratio says so
     assert res["beside_copy"]["series"] == [] and res["derived"]["beside_copy_over_alone"] is None
     assert res["derived"]["sustained_over_first"] > 0
+    # dlperf's prediction for the same GEMMs on the preset asked for, with its own GEMM share
+    # and the table's: the rates differ by the shares' ratio (the shapes' tile and wave losses
+    # and launches are the same in both; a 32 x 96 x 32 GEMM is all launch, so only roughly)
+    pred = res["predicted"]
+    assert pred["preset"] == "h100-sxm" and saved["config"]["preset"] == "h100-sxm"
+    assert pred["tensor_gemm_own"] == HOPPER_TENSOR_GEMM
+    assert pred["tensor_gemm_table"] == FITTED.tensor_gemm
+    assert 0 < pred["tflops_own_share"] <= pred["tflops_table_share"]
+    assert res["derived"]["sustained_over_predicted_own_share"] == pytest.approx(
+        alone["summary"]["last_half_median_tflops"] / pred["tflops_own_share"])

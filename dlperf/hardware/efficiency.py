@@ -433,7 +433,8 @@ FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_co
 def efficiency_for(spec) -> Efficiency:
     """The efficiency model for ``spec``: measured profiles carry achieved rates; datasheet
     presets use the fitted parameters; a spec's own ``efficiency`` entries override either (the
-    Hopper presets' attention, a device file's table), and the source says which."""
+    Hopper presets' GEMM and attention shares, a device file's table), and the source says
+    which."""
     base = MEASURED if spec.measured else FITTED
     if spec.launch_overhead_s is not None:
         base = replace(base, launch_s=spec.launch_overhead_s)
