@@ -5,7 +5,10 @@ predicted time is split into the parts each parameter scales (math time by its c
 time by its class and the device's achieved bandwidth, NCHW transposes, kernel launches), so
 that one evaluation of a parameter set is a few numpy operations over all rows. The fit
 minimises the mean squared log error (pred/meas) of the step time over the clean rows with a
-bounded Nelder-Mead search; no parameter is per row or per GPU.
+bounded Nelder-Mead search; no parameter is per row or per GPU. A preset that carries its own
+GEMM share (the Hopper parts: hardware/efficiency.py, HOPPER_TENSOR_GEMM, fitted to decoder
+runs by fit_attention.py) keeps it: its rows' cuBLAS GEMMs are divided by that share, not the
+fitted one, as ``dlperf analyze`` predicts them.
 
 Held-out errors, the honest number: for each source in the table, the parameters are refitted
 without that source's rows, and those rows are predicted with them (leave one source out).
@@ -62,12 +65,15 @@ class Terms:
         unit = identity()
         self.host_s = host_s  # not fitted: no row of the table is host-bound
         math_s, math_cls, mem_s, dw, trans_s, kernels, row_of = [], [], [], [], [], [], []
-        wino, syncs = [], []
+        wino, syncs, own_gemm = [], [], []
         self.rows, self.batch, self.bw, self.sm_rate = [], [], [], []
         for i, (row, cfg, costs, uncounted, seconds) in enumerate(captured):
             spec = get_device(row["device"])
+            # the preset's own GEMM share, where it has one (NaN: the fitted one)
+            own = (spec.efficiency or {}).get("tensor_gemm", math.nan)
             analysis = predict_on(costs, uncounted, cfg, spec, seconds, efficiency=unit)
             for p in analysis.predictions:
+                own_gemm.append(own if p.math_class == "tensor-gemm" else math.nan)
                 math_s.append(p.math_time_s)
                 # the table cannot tell FP32 convolutions from FP32 GEMMs: one fraction
                 cls = "cuda-core" if p.math_class == "cuda-core-conv" else p.math_class
@@ -92,6 +98,7 @@ class Terms:
         self.trans_s, self.kernels = np.array(trans_s), np.array(kernels)
         self.row_of = np.array(row_of)
         self.syncs = np.array(syncs, dtype=bool)  # Cost.host_sync: roofline.step_time's syncs
+        self.own_gemm = np.array(own_gemm, dtype=float)
         edges = np.searchsorted(self.row_of, np.arange(len(self.rows) + 1))
         self.bounds = list(zip(edges[:-1], edges[1:]))
         self.batch, self.bw = np.array(self.batch, float), np.array(self.bw)
@@ -104,8 +111,8 @@ class Terms:
 
         math_eff = np.array([params[n] for n in ("tensor_gemm", "tensor_conv", "grouped_conv",
                                                   "cuda_core")] + [1.0])
-        math_t = (self.math_s / math_eff[self.math_cls]
-                  * np.where(self.winograd, params["winograd"], 1.0))
+        eff = np.where(np.isnan(self.own_gemm), math_eff[self.math_cls], self.own_gemm)
+        math_t = self.math_s / eff * np.where(self.winograd, params["winograd"], 1.0)
         # achieved / datasheet bandwidth per row, then per kernel (depthwise slower)
         ach = combine_bandwidth(params["memory"], params["sm_bytes_per_clock"] * self.sm_rate
                                 / self.bw)

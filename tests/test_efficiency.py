@@ -357,6 +357,10 @@ def test_only_hopper_needs_a_gemm_share_of_its_own():
 
 def test_fit_evaluator_is_the_shipped_model():
     """The fit's vectorised arithmetic and roofline.predict + step_time give the same step."""
+    import numpy as np
+
+    from dlperf.hardware.efficiency import HOPPER_TENSOR_GEMM
+
     fit = load_benchmark("fit_efficiency")
     vp = load_benchmark("validate_published")
     rows = [dict(id="a", model="resnet18", image_size=64, batch=8, device="a100-80gb",
@@ -372,7 +376,11 @@ def test_fit_evaluator_is_the_shipped_model():
             # fp16 with a for-loop update: GradScaler's host synchronisation (Cost.host_sync)
             dict(id="d", model="resnet18", image_size=64, batch=8, device="v100-sxm2",
                  precision="amp", layout="nhwc", optimizer="sgd", measured_img_s=1.0,
-                 flag="clean", source="s", optimizer_impl="for-loop")]
+                 flag="clean", source="s", optimizer_impl="for-loop"),
+            # a Hopper preset: its cuBLAS GEMMs keep the preset's own share, not the fitted one
+            dict(id="e", model="resnet18", image_size=64, batch=8, device="h100-sxm",
+                 precision="amp", layout="nhwc", optimizer="sgd", measured_img_s=1.0,
+                 flag="clean", source="s")]
     captured = vp.capture_rows(rows)
     params = dict(tensor_gemm=0.6, tensor_conv=0.7, grouped_conv=0.4, cuda_core=0.9,
                   memory=0.8, sm_bytes_per_clock=5.0, depthwise=0.3, launch_s=7e-6,
@@ -381,9 +389,15 @@ def test_fit_evaluator_is_the_shipped_model():
     assert terms.winograd.any()  # row c's 3x3 convolutions
     assert terms.syncs.any()  # row d's update after GradScaler's wait
     eff = replace(FITTED, **params, host_s=12e-6)
-    predicted = [r["predicted_img_s"] for r in vp.predict_rows(rows, captured=captured,
+    predicted = [r["predicted_img_s"] for r in vp.predict_rows(rows[:4], captured=captured[:4],
                                                                  efficiency=eff)]
+    predicted += [r["predicted_img_s"] for r in vp.predict_rows(
+        rows[4:], captured=captured[4:], efficiency=replace(eff, tensor_gemm=HOPPER_TENSOR_GEMM))]
     assert list(terms.batch / terms.step_time(params)) == pytest.approx(predicted, rel=1e-9)
+    # the preset's share is set on row e's GEMM kernels (the classifier) and nowhere else
+    own = ~np.isnan(terms.own_gemm)
+    assert own.any() and set(terms.row_of[own]) == {4}
+    assert set(terms.own_gemm[own]) == {HOPPER_TENSOR_GEMM}
 
 
 def test_probe_host_issue_time_becomes_host_s_of_a_measured_gpu_spec():
