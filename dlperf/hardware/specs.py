@@ -143,6 +143,14 @@ _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-d
 # in sustained training than on an A100, and fused attention (flash attention written for
 # Ampere's MMA instructions) about half of its A100 share.
 _HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM, "attention": HOPPER_ATTENTION}
+# Printed with every prediction on them (beside the track record): where the two shares come
+# from, and what the runs on newer stacks say of them (benchmarks/README.md, eighth session).
+_HOPPER_CAVEAT = (
+    f"Its GEMM and fused-attention shares ({HOPPER_TENSOR_GEMM} and {HOPPER_ATTENTION} of the "
+    "Tensor Core peak) are fitted to MosaicML's FSDP runs on H100s with a 2023 stack (PyTorch "
+    "2.1, CUDA 12.1); newer stacks ran faster than predicted (torchtitan's 2024 FSDP2 runs by "
+    "7-10%, Lambda's BERT on one GPU by up to 17%): a device file's \"efficiency\" sets a "
+    "stack's own values.")
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
@@ -260,15 +268,15 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           source="https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"),
     _spec("h100-sxm", "NVIDIA H100-SXM5-80GB", 132, 1980, 3350,
           _GH100, _GH100_SPARSE,
-          l2_mb=50, mem_gb=80, efficiency=_HOPPER, source=_H100),
+          l2_mb=50, mem_gb=80, efficiency=_HOPPER, source=_H100, caveat=_HOPPER_CAVEAT),
     _spec("h100-pcie", "NVIDIA H100-PCIe-80GB", 114, 1755, 2000,
           {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0,
            "int8": 1513.0},
           {"tf32": 756.0, "fp16": 1513.0, "bf16": 1513.0, "fp8": 3026.0, "int8": 3026.0},
-          l2_mb=50, mem_gb=80, efficiency=_HOPPER, source=_H100),
+          l2_mb=50, mem_gb=80, efficiency=_HOPPER, source=_H100, caveat=_HOPPER_CAVEAT),
     _spec("h200", "NVIDIA H200-SXM-141GB", 132, 1980, 4800,
           _GH100, _GH100_SPARSE,
-          l2_mb=50, mem_gb=141, efficiency=_HOPPER,
+          l2_mb=50, mem_gb=141, efficiency=_HOPPER, caveat=_HOPPER_CAVEAT,
           source="https://www.nvidia.com/en-us/data-center/h200/",
           notes="Same GH100 compute as H100-SXM with HBM3e."),
     _spec("gh200", "NVIDIA GH200 (H100 96GB HBM3)", 132, 1980, 4000,
@@ -281,7 +289,7 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           caveat="Its power budget (450-1000 W, set by the system builder) is shared with the "
                  "Grace CPU and its memory: under sustained Tensor Core load the GPU may not "
                  "hold the H100-SXM's clocks the preset assumes; for a number to bet on, run "
-                 "`dlperf probe` on it and pass --device PROFILE.json."),
+                 "`dlperf probe` on it and pass --device PROFILE.json. " + _HOPPER_CAVEAT),
     _spec("b200", "NVIDIA B200 (HGX, 1000 W)", 148, None, 8000,
           {"fp32": 75.0, "tf32": 1125.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0,
            "int8": 4500.0},
