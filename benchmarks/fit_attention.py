@@ -91,29 +91,28 @@ def fit_with_gemm(captured: list[tuple], score, base, gemm_bounds=GEMM_BOUNDS,
     whose loss is the least over attention (its own search, in a window around the last best:
     the two trade against each other along a valley, so one parameter at a time would zigzag).
     ``coarse`` multiplies both tolerances. Returns (tensor_gemm, attention, rows)."""
-    best_attention = {"a": start}
+    centre, found = start, {}  # the last best attention, and the best at each GEMM share
 
     def profile(g):
+        nonlocal centre
+
         def loss(a):
             return _loss(score(captured, dataclasses.replace(base, tensor_gemm=g, attention=a)))
 
-        centre = best_attention["a"]
         while True:
             lo, hi = max(BOUNDS[0], centre - WINDOW), min(BOUNDS[1], centre + WINDOW)
             a, value = golden(loss, lo, hi, TOLERANCE * coarse)
+            centre = a
             at_edge = (a - lo < 2 * TOLERANCE * coarse and lo > BOUNDS[0]) or (
                 hi - a < 2 * TOLERANCE * coarse and hi < BOUNDS[1])
             if not at_edge:
-                break
-            centre = a
-        best_attention["a"] = a
-        best_attention[g] = a
-        return value
+                found[g] = a
+                return value
 
     g, _ = golden(profile, *gemm_bounds, GEMM_TOLERANCE * coarse)
     g = round(g, 3)
     profile(g)
-    attention = round(best_attention[g], 3)
+    attention = round(found[g], 3)
     return g, attention, score(captured, dataclasses.replace(base, tensor_gemm=g,
                                                              attention=attention))
 

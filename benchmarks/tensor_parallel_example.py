@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/tensor-parallel-llama3-70b-h100.json"
 ARGS = ["analyze", "llama3-70b", "--device", "h100-sxm", "--batch-size", "1", "--seq-len",
-        "8192", "--dtype", "bf16", "--precision", "fsdp", "--train", "--activation-checkpointing", "full", "--gpus",
-        "64", "--strategy", "fsdp", "--interconnect", "nvlink4-h100,ib-ndr", "--top", "1"]
+        "8192", "--dtype", "bf16", "--precision", "fsdp", "--train",
+        "--activation-checkpointing", "full", "--gpus", "64", "--strategy", "fsdp",
+        "--interconnect", "nvlink4-h100,ib-ndr", "--top", "1"]
 TP = (1, 2, 4, 8)
 
 
