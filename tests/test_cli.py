@@ -366,3 +366,45 @@ def test_json_dash_is_refused_where_the_report_owns_the_terminal(tmp_path, monke
     assert not (tmp_path / "-").exists() and "Traceback" not in err
     code, out, _ = _run(["devices", "--json", "-"], capsys)
     assert code == 0 and json.loads(out)[0]["name"]
+
+
+def test_efficiency_flag_sets_a_share_on_top_of_the_preset(tmp_path, capsys):
+    # a user whose stack's GEMMs keep the single-GPU table's share on an H100 says so; every
+    # cuBLAS GEMM's math time then scales by 0.578 / 0.779 and nothing else moves
+    args = ["analyze", "gpt", "--device", "h100-sxm", "--batch-size", "8", "--dtype", "bf16",
+            "--train", "--top", "1"]
+    runs = {}
+    for label, extra in (("preset", []), ("set", ["--efficiency", "tensor_gemm=0.779",
+                                                  "--efficiency", "attention=0.25"])):
+        path = tmp_path / f"{label}.json"
+        code, out, err = _run(args + extra + ["--json", str(path)], capsys)
+        assert code == 0, err
+        runs[label] = json.loads(path.read_text())
+    assert runs["preset"]["model_constants"]["tensor_gemm"] == 0.578
+    assert runs["set"]["model_constants"]["tensor_gemm"] == 0.779
+    assert runs["set"]["model_constants"]["attention"] == 0.25
+    gemms = [(a, b) for a, b in zip(runs["preset"]["layers"], runs["set"]["layers"])
+             if a["math_class"] == "tensor-gemm"]
+    assert gemms
+    for a, b in gemms:
+        assert b["math_time_s"] == pytest.approx(a["math_time_s"] * 0.578 / 0.779)
+    others = [(a, b) for a, b in zip(runs["preset"]["layers"], runs["set"]["layers"])
+              if a["math_class"] not in ("tensor-gemm", "attention")]
+    assert all(a["predicted_time_s"] == pytest.approx(b["predicted_time_s"]) for a, b in others)
+    assert (runs["set"]["totals"]["predicted_time_s"]
+            < runs["preset"]["totals"]["predicted_time_s"])
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("tensor_gemm", "give NAME=VALUE with a number"),
+    ("tensor_gemm=fast", "give NAME=VALUE with a number"),
+    ("=0.5", "give NAME=VALUE with a number"),
+    ("bogus=0.5", "unknown efficiency parameter 'bogus'"),
+    ("tensor_gemm=5", "is a fraction of peak"),
+    ("tensor_gemm=-1", "must be a positive number"),
+    ("tensor_gemm=nan", "must be a positive number")])
+def test_efficiency_flag_refuses_bad_input_in_one_line(flag, message, capsys):
+    code, out, err = _run(["analyze", "gpt", "--device", "h100-sxm", "--efficiency", flag],
+                          capsys)
+    assert code == 2 and message in err and "--efficiency" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -23,6 +23,11 @@ def add_parser(sub) -> None:
                         "(.json/.toml), or cpu for a fresh probe of this machine; several, "
                         "comma-separated, to compare them (the first gets the full table) "
                         "[h100-sxm]")
+    a.add_argument("--efficiency", action="append", default=[], metavar="NAME=VALUE",
+                   help="set one parameter of the efficiency model on top of --device's (a "
+                        "fraction of the peak, e.g. tensor_gemm=0.779 or attention=0.35 for a "
+                        "stack whose kernels you have measured; see `dlperf/hardware/"
+                        "efficiency.py`); repeat for several")
     a.add_argument("--batch-size", type=batch_size_arg, default=None,
                    help="samples per step [256 for image models, 8 for gpt]")
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
@@ -351,6 +356,25 @@ def _scale_out(args, analysis, model, console, setup) -> dict:
             "at_requested_scale": here, "curve": curve, "track_record": record}
 
 
+def efficiency_overrides(items: list[str]) -> dict:
+    """``--efficiency NAME=VALUE`` flags as a device file's "efficiency" table, checked the same
+    way (known names, fractions in (0, 1]), or one line saying what is wrong."""
+    from dlperf.hardware.efficiency import check_overrides
+
+    table = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or not name.strip() or number is None:
+            raise DlperfError(f"--efficiency {item!r}: give NAME=VALUE with a number, e.g. "
+                              "--efficiency tensor_gemm=0.779")
+        table[name.strip()] = number
+    return check_overrides(table, "--efficiency") if table else {}
+
+
 def _specs(args, console) -> list:
     """The DeviceSpecs of --device (comma-separated: presets, spec files, or cpu for a fresh
     probe), each able to run --dtype, checked before the capture so a comparison never stops
@@ -374,6 +398,11 @@ def _specs(args, console) -> list:
             from dlperf.hardware.specs import get_device
 
             specs.append(get_device(name))
+    overrides = efficiency_overrides(args.efficiency)
+    if overrides:
+        from dataclasses import replace
+
+        specs = [replace(s, efficiency={**(s.efficiency or {}), **overrides}) for s in specs]
     if args.dtype == "bf16":
         lacking = [s.name for s in specs if s.peak_flops("bf16") is None]
         if lacking:

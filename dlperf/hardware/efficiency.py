@@ -405,8 +405,9 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 #   finds FlashAttention-2 at 35% of the H100's peak in the forward, against 50-73% of the
 #   A100's in the FlashAttention-2 paper.
 # Both are the 2023 stack's (PyTorch 2.1, CUDA 12.1, triton attention); a stack with Hopper
-# kernels (FlashAttention-3, cuDNN's fused attention, a newer cuBLAS) runs faster: a device
-# file's "efficiency": {"tensor_gemm": ..., "attention": ...} sets them. Before this fit (until
+# kernels (FlashAttention-3, cuDNN's fused attention, a newer cuBLAS) runs faster: `analyze
+# --efficiency tensor_gemm=... --efficiency attention=...` or a device file's "efficiency"
+# table sets them. Before this fit (until
 # 2026-12-02) the Hopper presets carried attention 0.175 alone, fitted with the rows costed as
 # autocast over fp32 weights, whose cast kernels stood in for the GEMMs' missing time.
 HOPPER_ATTENTION = 0.187
