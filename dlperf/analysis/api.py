@@ -24,6 +24,8 @@ DTYPES = {name: autocast_dtype(name) for name in MIXED}
 # mixed: torch.autocast over fp32 weights; half: the model cast (model.half()); fsdp: FSDP's
 # mixed precision (see AnalysisConfig.precision)
 PRECISIONS = ("mixed", "half", "fsdp")
+# the precisions whose model computes in the half dtype itself, without autocast
+HALF_MODEL = ("half", "fsdp")
 # what a checkpointed block recomputes (AnalysisConfig.checkpoint_policy, kept_by_policy)
 CHECKPOINT_POLICIES = ("full", "selective-op")
 
@@ -271,8 +273,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     check_fusion(config.fusion)
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
-    half = DTYPES[config.dtype] if config.precision in ("half", "fsdp") else None
-    if config.precision in ("half", "fsdp") and half is None:
+    half = DTYPES[config.dtype] if config.precision in HALF_MODEL else None
+    if config.precision in HALF_MODEL and half is None:
         raise DlperfError(f"--precision {config.precision} needs --dtype fp16 or bf16 (the "
                           "dtype the model computes in)")
     # the optimizer's parameters and state: in half only for a model cast to half

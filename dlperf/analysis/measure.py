@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dlperf.analysis.api import DTYPES, Analysis, AnalysisConfig
+from dlperf.analysis.api import DTYPES, HALF_MODEL, Analysis, AnalysisConfig
 from dlperf.analysis.capture import capture
 from dlperf.analysis.costs import all_costs
 from dlperf.analysis.roofline import predict
@@ -132,7 +132,7 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
     if any(t.is_meta for t in model.parameters()):
         raise DlperfError("--measure needs a model with real weights, not one on the meta device")
     model = model.to(device)
-    half = DTYPES[config.dtype] if config.precision in ("half", "fsdp") else None
+    half = DTYPES[config.dtype] if config.precision in HALF_MODEL else None
     if half is not None:  # --precision half or fsdp: the model computes in half, no autocast
         model = model.to(half)
         input_dtype = half if input_dtype.is_floating_point else input_dtype
