@@ -120,12 +120,19 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) 
         predicted = r["per_gpu_samples_per_s"] * per_sample
         measured_eff = (row["measured_per_gpu"] / row["measured_single"]
                         if row["measured_single"] else None)
+        step_samples = row["batch"] * row["grad_accum"] * per_sample
         out.append({**row, "predicted_per_gpu": predicted,
                     "per_gpu_ratio": predicted / row["measured_per_gpu"],
                     "predicted_efficiency": r["scaling_efficiency"],
                     "measured_efficiency": measured_eff,
                     "efficiency_ratio": (r["scaling_efficiency"] / measured_eff
                                          if measured_eff else None),
+                    "measured_added_ms": (added_ms(step_samples, row["measured_per_gpu"],
+                                                   row["measured_single"])
+                                          if measured_eff else None),
+                    "predicted_added_ms": (added_ms(step_samples, predicted,
+                                                    predicted / r["scaling_efficiency"])
+                                           if measured_eff else None),
                     "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"],
                     "straggler_s": r["straggler_s"], "step_s": r["step_s"],
                     # the collectives the step runs, hidden or not (FSDP's on every
@@ -133,6 +140,14 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) 
                     "comm_s_per_step": r["communication"]["comm_s"]
                     * (row["grad_accum"] if row["strategy"] != "ddp" else 1)})
     return out
+
+
+def added_ms(step_samples: float, rate: float, single_rate: float) -> float:
+    """What going from one GPU to N adds to a step, in ms: a step of ``step_samples`` per GPU
+    (samples or tokens) at the N-GPU ``rate`` per GPU against ``single_rate``. The scaling
+    loss in the unit a trace shows it: a stack's fixed cost per step reads the same at every
+    batch size, a percentage does not."""
+    return 1e3 * step_samples * (1 / rate - 1 / single_rate)
 
 
 def predict(rows: list[dict]) -> list[dict]:

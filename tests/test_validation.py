@@ -162,6 +162,21 @@ def test_relative_scaling_compares_one_configuration_across_gpu_counts():
     assert by_id["c64"]["relative_ratio"] is None
 
 
+def test_added_ms_reads_scaling_loss_as_time_per_step():
+    vs = load_benchmark("validate_scaling")
+    # the record blog's DGX-1: 256 images a step, 1,075 img/s on one V100, 7,850 / 8 = 981.25
+    # on eight: 256 / 981.25 - 256 / 1,075 = 260.89 - 238.14 = 22.75 ms more per step
+    assert vs.added_ms(256, 981.25, 1075) == pytest.approx(22.752, abs=1e-3)
+    # DeepLearningExamples' MXNet 18.12 (device kvstore), fp16 at batch 208: 1,442.6 img/s on
+    # one GPU, 10,263.2 / 8 on eight: 208 / 1,282.9 - 208 / 1,442.6 = 17.95 ms, the same
+    # order as the record's at another batch, where the percentages (8.7% and 11.1%) differ
+    assert vs.added_ms(208, 10263.2 / 8, 1442.6) == pytest.approx(17.949, abs=1e-3)
+    # tokens: 2 sequences x 3 micro-batches x 2,048 tokens at 4,000 tokens/s against 5,000:
+    # 12,288 x (1/4,000 - 1/5,000) = 0.6144 s
+    assert vs.added_ms(2 * 3 * 2048, 4000, 5000) == pytest.approx(614.4)
+    assert vs.added_ms(100, 50, 50) == 0  # perfect scaling adds nothing
+
+
 @pytest.mark.parametrize("name", ["published_training.csv", "published_scaling.csv"])
 def test_every_validation_row_has_exactly_the_headers_columns(name):
     # A comma inside an unquoted note shifts every later column: a flagged row of the B200
