@@ -110,6 +110,16 @@ def steady_rate(throughput: list[float]) -> float:
     return statistics.median(throughput[STEADY_FROM:])
 
 
+def step_ms(rates: list[float], global_batch: int) -> dict:
+    """Epochs' mean step times in ms from their rates (an epoch of E images at R images/s
+    runs E / global batch steps in E / R seconds: global batch / R a step, whatever the
+    epoch's length): the fastest, the 10th percentile, the median and the slowest. Their
+    spread is how much the slowest rank's wait varies from epoch to epoch."""
+    steps = sorted(1e3 * global_batch / r for r in rates)
+    return {"min": steps[0], "p10": steps[len(steps) // 10],
+            "median": statistics.median(steps), "max": steps[-1]}
+
+
 def _show(git_dir: Path, path: str) -> str | None:
     out = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"HEAD:{path}"],
                          capture_output=True, text=True)
@@ -131,12 +141,18 @@ def collect(git_dir: Path, repository: str) -> dict:
             log = parse_log_v05(text, gpus) if repository.endswith("v0.5") else parse_log(text)
             runs.append({"file": path, "global_batch": log["global_batch"],
                          "epochs": len(log["throughput"]),
-                         "steady_img_s": steady_rate(log["throughput"])})
+                         "steady_img_s": steady_rate(log["throughput"]),
+                         "throughput": log["throughput"]})
         rate = statistics.median(r["steady_img_s"] for r in runs)
+        # every steady epoch of every run, pooled
+        pooled = [x for r in runs for x in r["throughput"][STEADY_FROM:]]
         systems[system] = {"gpus": gpus, "config": configs.format(config=config),
                            "global_batch": runs[0]["global_batch"],
                            "batch_per_gpu": runs[0]["global_batch"] // gpus,
-                           "img_s": rate, "img_s_per_gpu": rate / gpus, "runs": runs}
+                           "img_s": rate, "img_s_per_gpu": rate / gpus,
+                           "step_ms": step_ms(pooled, runs[0]["global_batch"]),
+                           "runs": [{k: v for k, v in r.items() if k != "throughput"}
+                                    for r in runs]}
     return {"repository": repository, "commit": commit, "systems": systems}
 
 

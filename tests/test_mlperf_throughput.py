@@ -23,6 +23,13 @@ def test_parse_log_and_steady_rate():
     assert mod.steady_rate(log["throughput"]) == 317500.0
     with pytest.raises(ValueError, match="too few"):
         mod.steady_rate(rates[:2])
+    # step times: 3,200 images a step at 317,000 img/s = 10.0946 ms, at 318,000 10.0629, at
+    # 317,500 10.0787; ten epochs or fewer, so the 10th percentile is the fastest
+    steps = mod.step_ms(rates[2:], 3200)
+    assert steps["min"] == pytest.approx(10.0629, abs=1e-4)
+    assert steps["median"] == pytest.approx(10.0787, abs=1e-4)
+    assert steps["max"] == pytest.approx(10.0946, abs=1e-4)
+    assert steps["p10"] == steps["min"]
 
 
 def test_v05_logs_give_epoch_rates_from_their_timestamps():
