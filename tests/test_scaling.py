@@ -934,6 +934,10 @@ def test_no_overlap_and_batch_norm_groups_add_to_the_exposed_time():
     assert one["communication"]["bn_sync_s"] == 0.0
     with pytest.raises(DlperfError, match="--bn-group 16"):
         ScaleConfig(gpus=16, bn_group=16)
+    # groups tile a node: 3 GPUs do not divide 8 (2, 4 and 8 do; 3 divides a 6-GPU node)
+    with pytest.raises(DlperfError, match="--bn-group 3: .*divisor of 8"):
+        ScaleConfig(gpus=16, bn_group=3)
+    assert ScaleConfig(gpus=12, gpus_per_node=6, bn_group=3).bn_group == 3
 
 
 def test_bucket_cap_sizes_ddp_s_all_reduces():

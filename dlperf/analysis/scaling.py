@@ -572,6 +572,12 @@ class ScaleConfig:
         if not 1 <= self.bn_group <= self.gpus_per_node:
             raise DlperfError(f"--bn-group {self.bn_group}: batch-norm groups are GPUs of one "
                               f"node, 1 to {self.gpus_per_node}")
+        if self.gpus_per_node % self.bn_group:
+            # equal groups that tile a node (NVIDIA's BN_GROUP 1, 2, 4 or 8 on 8 GPUs): a size
+            # that leaves GPUs over would time groups no job can form
+            raise DlperfError(f"--bn-group {self.bn_group}: batch-norm groups split a node of "
+                              f"{self.gpus_per_node} GPUs evenly; choose a divisor of "
+                              f"{self.gpus_per_node}")
         if self.bucket_cap_mb is not None and not (
                 finite_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
             raise DlperfError(f"--bucket-cap-mb {self.bucket_cap_mb!r}: give a positive number "
