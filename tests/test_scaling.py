@@ -302,7 +302,7 @@ def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
         ScaleConfig(gpus=8, data_cores_per_gpu=5, decode_img_per_s_per_core=215)
     with pytest.raises(DlperfError, match="--loader-workers describes .* --decode synthetic"):
         ScaleConfig(gpus=8, decode="synthetic", loader_workers_per_gpu=8)
-    with pytest.raises(DlperfError, match="ddp, fsdp or fsdp-grad-op"):
+    with pytest.raises(DlperfError, match="ddp, fsdp, fsdp-grad-op or hsdp"):
         ScaleConfig(gpus=8, strategy="zero3")
     with pytest.raises(DlperfError, match="--nccl-algo 'rings'"):
         ScaleConfig(gpus=8, nccl_algo="rings")
@@ -690,6 +690,47 @@ def test_fsdp_gathers_bf16_parameters_and_reduces_fp32_gradients():
     assert r["communication"]["comm_s"] == pytest.approx(expected)
     assert r["communication"]["all_gather_bytes"] == pytest.approx(2 * grads / 2 * 7 / 8)
     assert r["memory_per_gpu"]["total_bytes"] < analysis.memory["total_bytes"]
+
+
+def test_hsdp_shards_in_the_node_and_all_reduces_the_shards_between_nodes():
+    from dlperf.analysis.scaling import sharded_collective_s, unit_bytes
+
+    analysis, params = _resnet18_on_h100()  # bf16 autocast, fp32 gradients
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    grads = sum(b for _, b in params)
+    units = unit_bytes(params)
+    hsdp = scale_out(analysis, params, ScaleConfig(gpus=32, strategy="hsdp"), node, net)
+    comm = hsdp["communication"]
+    # per unit of b gradient bytes: two all-gathers of its b/2 bf16 parameters and one
+    # reduce-scatter of b, all inside the node (8 GPUs, NVLink), then the node's 1/8 shard,
+    # b/8, all-reduced by the 4 nodes' GPUs holding it (one per node: the network)
+    expected = sum(2 * sharded_collective_s(b / 2, 8, 8, node, net, gen=2)
+                   + sharded_collective_s(b, 8, 8, node, net, gen=2)
+                   + allreduce_s(b / 8, 4, 1, node, net, gen=2) for b in units.values())
+    assert comm["comm_s"] == pytest.approx(expected)
+    assert comm["replicas"] == 4
+    # bytes each GPU sends: the node's ring (7/8 of each buffer), then the shard's all-reduce
+    # between 4 replicas (2 x 3/4 of grads / 8)
+    assert comm["all_gather_bytes"] == pytest.approx(2 * grads / 2 * 7 / 8)
+    assert comm["reduce_scatter_bytes"] == pytest.approx(grads * 7 / 8)
+    assert comm["allreduce_bytes"] == pytest.approx(grads / 8 * 2 * 3 / 4)
+    # state sharded over the node's 8 GPUs, not the 32: as FSDP on 8 GPUs
+    fsdp8 = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp"), node, net)
+    fsdp32 = scale_out(analysis, params, ScaleConfig(gpus=32, strategy="fsdp"), node, net)
+    assert hsdp["memory_per_gpu"]["total_bytes"] == pytest.approx(
+        fsdp8["memory_per_gpu"]["total_bytes"])
+    assert hsdp["memory_per_gpu"]["total_bytes"] > fsdp32["memory_per_gpu"]["total_bytes"]
+    # one node: HSDP is FSDP
+    one = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="hsdp"), node, net)
+    assert one["communication"]["comm_s"] == pytest.approx(fsdp8["communication"]["comm_s"])
+    assert "replicas" not in one["communication"]
+    # a replica per node: the GPUs must fill whole nodes, one line that says so
+    with pytest.raises(DlperfError, match="--strategy hsdp: 12 GPUs do not fill nodes of 8"):
+        ScaleConfig(gpus=12, strategy="hsdp")
+    # the curve keeps the scales HSDP can run (whole nodes, or one partial node)
+    curve = scaling_curve(analysis, params, ScaleConfig(gpus=12, gpus_per_node=6,
+                                                        strategy="hsdp"), node, net)
+    assert [r["gpus"] for r in curve] == [1, 2, 4]
 
 
 def test_fsdp_across_nodes_runs_one_flat_ring_at_the_nodes_nics():

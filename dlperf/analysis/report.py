@@ -161,7 +161,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     scale = tokens_per_sample or 1
     unit = "tokens/s" if tokens_per_sample else "samples/s"
     above = (" (above 100%: each GPU updates only its shard of the optimizer state)"
-             if here["scaling_efficiency"] > 1.0 and comm["strategy"].startswith("fsdp") else "")
+             if here["scaling_efficiency"] > 1.0 and comm["strategy"] != "ddp" else "")
     tp = comm.get("tensor_parallel")
     layout = (f"{tp['tp']}-way tensor parallel in the node, {comm['strategy'].upper()} over "
               f"{here['gpus'] // tp['tp']:,} replicas" if tp else comm["strategy"].upper())
@@ -179,7 +179,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            + f", {seconds(tp['exposed_s'])} a step, none hidden; " if tp else "")
         + ("data-parallel communication " if tp else "communication ")
         + f"{seconds(comm.get('comm_s', 0.0))} per "
-        f"{'micro-batch' if comm['strategy'] == 'fsdp' and here['grad_accum'] > 1 else 'step'}"
+        f"{'micro-batch' if comm['strategy'] != 'ddp' and here['grad_accum'] > 1 else 'step'}"
         + (f" (NCCL: {comm['nccl']} for the largest "
            f"{'bucket' if comm['strategy'] == 'ddp' else 'unit'})" if comm.get("nccl") else "")
         + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp else ''}"

@@ -32,7 +32,11 @@ beside the compute, unit by unit, with FSDP's prefetch of one unit (``fsdp_pipel
 a unit's compute cannot hide stalls the next one, and the root's first all-gather and the
 last reduce-scatter are always exposed; weights, gradients and optimizer state take 1/n of their
 memory per GPU, and the optimizer step updates 1/n of the parameters. SHARD_GRAD_OP (ZeRO-2)
-gathers once per micro-batch and keeps the parameters until the backward has used them. With
+gathers once per micro-batch and keeps the parameters until the backward has used them. HSDP
+(FSDP's HYBRID_SHARD, FSDP2 on a 2-D mesh): full sharding inside each node only, the nodes
+holding replicas; a unit's gathers run over the node's GPUs alone, and its gradients are
+reduce-scattered there, then the node's 1/g shard all-reduced with the same shard of every
+other node (one GPU per node: the network), on the same stream; state is sharded 1/g. With
 gradient accumulation DDP all-reduces once per optimizer step, FSDP on every micro-batch.
 
 Tensor parallelism (``tp`` > 1, the built-in decoders only: models/gpt.py builds one rank's
@@ -493,8 +497,9 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
 
 
 # fsdp: full sharding (ZeRO-3); fsdp-grad-op: FSDP's SHARD_GRAD_OP (ZeRO-2), parameters
-# gathered once in the forward and kept until the backward has used them
-STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op")
+# gathered once in the forward and kept until the backward has used them; hsdp: FSDP's
+# HYBRID_SHARD, full sharding inside each node and a replica per node
+STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op", "hsdp")
 DECODES = ("gpu", "cpu", "synthetic")
 
 
@@ -585,8 +590,14 @@ class ScaleConfig:
         if (self.bucket_cap_mb is not None or self.bucket_view) and self.strategy != "ddp":
             raise DlperfError("--bucket-cap-mb and --grad-as-bucket-view shape DDP's gradient "
                               "buckets; FSDP communicates one collective per unit")
+        if (self.strategy == "hsdp" and self.gpus > self.gpus_per_node
+                and self.gpus % self.gpus_per_node):
+            raise DlperfError(f"--strategy hsdp: {self.gpus} GPUs do not fill nodes of "
+                              f"{self.gpus_per_node} (HSDP keeps one replica per node); give "
+                              f"a multiple of {self.gpus_per_node}")
         if self.strategy not in STRATEGIES:
-            raise DlperfError(f"--strategy {self.strategy!r}: choose ddp, fsdp or fsdp-grad-op")
+            raise DlperfError(f"--strategy {self.strategy!r}: choose ddp, fsdp, fsdp-grad-op "
+                              "or hsdp")
         if self.decode not in DECODES:
             raise DlperfError(f"--decode {self.decode!r}: choose gpu, cpu or synthetic")
         # a host's cores and rate given for a decode that does not run there would be ignored
@@ -736,8 +747,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
     # the parameters as FSDP gathers them: in the autocast dtype under bf16/fp16 (2 bytes)
     gathered = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
-    # FSDP (either strategy) updates only this GPU's shard of the parameters; DDP all of them
-    optimizer_s = (tl.optimizer_s / dcfg.gpus if cfg.strategy != "ddp" else tl.optimizer_s) \
+    # the GPUs that share one copy of the state: all of them under FSDP, a node's under HSDP
+    shard = min(dcfg.gpus, dcfg.gpus_per_node) if cfg.strategy == "hsdp" else dcfg.gpus
+    # FSDP (any sharding) updates only this GPU's shard of the parameters; DDP all of them
+    optimizer_s = (tl.optimizer_s / shard if cfg.strategy != "ddp" else tl.optimizer_s) \
         + opt_host_s
     if dcfg.gpus == 1:
         exposed = 0.0
@@ -765,17 +778,26 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
         # (2 bytes), gradients reduced in fp32.
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
-        traffic = fsdp_traffic(gathered, grad_bytes, dcfg.gpus, gathers)
+        traffic = fsdp_traffic(gathered, grad_bytes, shard, gathers)
         grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0
+        replicas = dcfg.gpus // shard  # HSDP's nodes, each a replica (1 under FSDP)
+
+        per_node = shard if cfg.strategy == "hsdp" else dcfg.gpus_per_node
 
         def collective(nbytes: float) -> float:
-            return sharded_collective_s(nbytes, dcfg.gpus, dcfg.gpus_per_node, node, network,
-                                        gen=gen, algorithms=cfg.algorithms,
-                                        protocols=cfg.protocols)
+            return sharded_collective_s(nbytes, shard, per_node, node, network, gen=gen,
+                                        algorithms=cfg.algorithms, protocols=cfg.protocols)
+
+        def across(nbytes: float) -> float:  # HSDP: a shard's all-reduce among the replicas
+            return (allreduce_s(nbytes, replicas, 1, node, network, gen, cfg.algorithms,
+                                cfg.protocols) if replicas > 1 else 0.0)
 
         gather = {u: collective(b * ratio) for u, b in grads.items()}
-        reduce = {u: collective(b) for u, b in grads.items()}
+        reduce = {u: collective(b) + across(b / shard) for u, b in grads.items()}
+        if replicas > 1:
+            traffic["allreduce_bytes"] = grad_bytes / shard * 2 * (replicas - 1) / replicas
+            traffic["replicas"] = replicas
         comm_s = sum(gathers * gather[u] + reduce[u] for u in grads)
         pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: gather.get(u, 0.0),
                                lambda u: reduce.get(u, 0.0), regather=gathers == 2,
@@ -833,7 +855,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "compute"
     # one GPU; with tensor parallelism, its tp ranks without their collectives
     single_rate = min(batch / (accum * micro_s + single_opt_s) / tp, cfg.host_img_per_s(1))
-    memory = memory_per_gpu(analysis.memory, params, cfg.strategy, dcfg.gpus, gathered,
+    memory = memory_per_gpu(analysis.memory, params,
+                            "fsdp" if cfg.strategy == "hsdp" else cfg.strategy,
+                            shard if cfg.strategy != "ddp" else dcfg.gpus, gathered,
                             bucket_view=cfg.bucket_view, units=step.units)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
@@ -861,7 +885,8 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
     what of its step no GPU count changes (``one_step``)."""
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
-            for n in CURVE if n % cfg.tp == 0]
+            for n in CURVE if n % cfg.tp == 0 and (
+                cfg.strategy != "hsdp" or n <= cfg.gpus_per_node or n % cfg.gpus_per_node == 0)]
 
 
 def scale_out_and_curve(analysis, params, cfg: ScaleConfig, node, network

@@ -101,10 +101,12 @@ def add_parser(sub) -> None:
                         "devices --interconnects`, or .json files [auto: the DGX/HGX system of "
                         "the --device preset; PCIe cards: PCIe through the host, 100 GbE "
                         "between nodes assumed]")
-    s.add_argument("--strategy", choices=("ddp", "fsdp", "fsdp-grad-op"), default="ddp",
+    s.add_argument("--strategy", choices=("ddp", "fsdp", "fsdp-grad-op", "hsdp"), default="ddp",
                    help="data parallel: DDP (bucketed all-reduce overlapping the backward), "
-                        "FSDP (full sharding) or fsdp-grad-op (FSDP's SHARD_GRAD_OP, ZeRO-2: "
-                        "parameters gathered once per step) [ddp]")
+                        "FSDP (full sharding), fsdp-grad-op (FSDP's SHARD_GRAD_OP, ZeRO-2: "
+                        "parameters gathered once per step) or hsdp (HYBRID_SHARD: full "
+                        "sharding inside each node, one replica per node, the shards "
+                        "all-reduced between nodes) [ddp]")
     s.add_argument("--tp", type=positive_int, default=1, metavar="N",
                    help="tensor parallel inside each node (gpt and its presets): N GPUs split "
                         "every block's heads, MLP and the vocabulary as Megatron does, and the "
