@@ -782,7 +782,6 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0
         replicas = dcfg.gpus // shard  # HSDP's nodes, each a replica (1 under FSDP)
-
         per_node = shard if cfg.strategy == "hsdp" else dcfg.gpus_per_node
 
         def collective(nbytes: float) -> float:
