@@ -382,6 +382,14 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     text = " ".join(out.split())
     assert code == 0 and "limited by input (host JPEG decode) (decoding on the GPUs" in text
     assert "cores per GPU at this rate" in text
+    # HSDP from the command line: named in the line, and 12 GPUs in nodes of 8 refused
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "64", "--gpus",
+                              "16", "--strategy", "hsdp"], capsys)
+    assert code == 0 and "; HSDP): " in " ".join(out.split()), err
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "12", "--strategy",
+                              "hsdp"], capsys)
+    assert code == 2 and "12 GPUs do not fill nodes of 8" in err
+    assert len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--step-cv", "0.02"], capsys)
     assert code == 2 and "add --gpus N" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--step-cv",
