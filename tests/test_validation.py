@@ -188,3 +188,23 @@ def test_every_validation_row_has_exactly_the_headers_columns(name):
     header, *rows = list(csv.reader(lines))
     bad = [row[0] for row in rows if len(row) != len(header)]
     assert not bad, f"{name}: rows with {len(header)} columns expected: {bad}"
+
+
+def test_validate_tp_compares_tensor_parallel_with_fsdp_on_as_many_gpus():
+    tp = load_benchmark("validate_tp")
+    rows = [{"run": "FSDP=4", "gpus": 4, "tp": 1, "measured_per_gpu": 100.0,
+             "predicted_per_gpu": 60.0},
+            {"run": "TP=4", "gpus": 4, "tp": 4, "measured_per_gpu": 65.0,
+             "predicted_per_gpu": 51.0},
+            # no FSDP row on 8 GPUs: nothing to compare against
+            {"run": "TP=4+FSDP=2", "gpus": 8, "tp": 4, "measured_per_gpu": 55.0,
+             "predicted_per_gpu": 50.0}]
+    pairs = tp.relative(rows)
+    # TP=4 over FSDP=4: measured 65 / 100 = 0.65, predicted 51 / 60 = 0.85, 0.85 / 0.65 = 1.308
+    assert [p["run"] for p in pairs] == ["TP=4"]
+    assert pairs[0]["measured"] == pytest.approx(0.65)
+    assert pairs[0]["predicted"] == pytest.approx(0.85)
+    assert pairs[0]["ratio"] == pytest.approx(0.85 / 0.65)
+    # the runs are the report's: GPUs = tp x FSDP degree, and every count fills the nodes of 4
+    for run, gpus, degree, strategy, batch, accum, measured in tp.RUNS:
+        assert gpus % degree == 0 and (gpus <= 4 or gpus % 4 == 0) and measured > 0
