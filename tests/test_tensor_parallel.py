@@ -162,6 +162,8 @@ def test_analyze_tp_prints_and_saves_the_tensor_parallel_scale_out(tmp_path, cap
     assert "4-way tensor parallel in the node, FSDP over 4 replicas" in text
     # 2 x 2 + 1, twice, all-gathers and reduce-scatters alike
     assert "tensor-parallel all-gathers and reduce-scatters 20 of" in text
+    # and what the one published TP run says of such predictions, under them
+    assert "the least checked part of this model" in text and "up to 1.4x optimistic" in text
     data = json.loads(path.read_text())["scale_out"]
     tp = data["at_requested_scale"]["communication"]["tensor_parallel"]
     assert tp["tp"] == 4 and tp["bytes_each"] == 2 * 128 * 256 * 2

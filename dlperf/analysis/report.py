@@ -148,6 +148,14 @@ def _print_record(record: tuple[str, bool] | None, console) -> None:
         console.print(text, style="yellow" if warn else "dim")
 
 
+# The one published run --tp is checked against (benchmarks/validate_tp.py,
+# results/tp-kempnerforge-h200.json), printed under every tensor-parallel prediction
+TP_RECORD = ("in the one published run it is checked against (KempnerForge's Llama 3 8B on "
+             "H200s, TP 2 and 4 inside 4-GPU nodes, torch.compile, 2026), TP cost 30-35% of "
+             "a GPU's rate against FSDP on as many GPUs where dlperf predicts 5-15%: read the "
+             "tensor-parallel rates above as up to 1.4x optimistic.")
+
+
 def render_scaling(here: dict, curve: list[dict], node, network, console,
                    tokens_per_sample: int | None = None,
                    record: tuple[str, bool] | None = None,
@@ -203,6 +211,9 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                       "inputs, a smaller --batch-size fewer of them, and for gpt and its "
                       "presets --tp N (tensor and sequence parallel inside the node) splits "
                       "them N ways.", style="yellow")
+    if tp:  # what the one published tensor-parallel run said of this model (validate_tp.py)
+        console.print(f"Tensor parallelism is the least checked part of this model: "
+                      f"{TP_RECORD}", style="yellow")
     crowded = here.get("loader_processes_per_core")
     if crowded and crowded > 1:
         console.print(f"The loaders' workers outnumber the node's cores {crowded:.1f} to 1: the "
