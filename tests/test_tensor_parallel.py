@@ -155,9 +155,11 @@ def test_analyze_tp_prints_and_saves_the_tensor_parallel_scale_out(tmp_path, cap
     common = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "8",
               "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
               "--device", "h100-sxm"]
+    page = tmp_path / "tp.html"
     code, out, err = run_cli(common + ["--gpus", "16", "--tp", "4", "--strategy", "fsdp",
-                                       "--json", str(path)], capsys)
+                                       "--json", str(path), "--html", str(page)], capsys)
     assert code == 0, err
+    assert "up to 1.4x optimistic" in page.read_text()  # the HTML report says it too
     text = " ".join(out.split())
     assert "4-way tensor parallel in the node, FSDP over 4 replicas" in text
     # 2 x 2 + 1, twice, all-gathers and reduce-scatters alike

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 
+from dlperf.hardware.track_record import TP_RECORD
 from dlperf.units import seconds, si
 
 
@@ -223,7 +224,9 @@ def _scaling_section(scale_out: dict) -> str:
                f"{here['loader_processes_per_core']:.1f} to 1, which this prediction does not "
                "charge" if (here.get("loader_processes_per_core") or 0) > 1 else "")
             + ". Red points: a limit other than compute.</p>"
-            + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out))
+            + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out)
+            + (_record_p("Tensor parallelism is the least checked part of this model: "
+                         + TP_RECORD, True) if tp else ""))
 
 
 def _scale_out_record_html(scale_out: dict) -> str:

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlperf.analysis.html import dtype_label
+from dlperf.hardware.track_record import TP_RECORD
 from dlperf.hardware.track_record import describe as describe_record
 from dlperf.term import new_console, styled
 from dlperf.units import gib, seconds, si
@@ -146,14 +147,6 @@ def _print_record(record: tuple[str, bool] | None, console) -> None:
     if record:
         text, warn = record
         console.print(text, style="yellow" if warn else "dim")
-
-
-# The one published run --tp is checked against (benchmarks/validate_tp.py,
-# results/tp-kempnerforge-h200.json), printed under every tensor-parallel prediction
-TP_RECORD = ("in the one published run it is checked against (KempnerForge's Llama 3 8B on "
-             "H200s, TP 2 and 4 inside 4-GPU nodes, torch.compile, 2026), TP cost 30-35% of "
-             "a GPU's rate against FSDP on as many GPUs where dlperf predicts 5-15%: read the "
-             "tensor-parallel rates above as up to 1.4x optimistic.")
 
 
 def render_scaling(here: dict, curve: list[dict], node, network, console,
