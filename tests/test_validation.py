@@ -208,3 +208,33 @@ def test_validate_tp_compares_tensor_parallel_with_fsdp_on_as_many_gpus():
     # the runs are the report's: GPUs = tp x FSDP degree, and every count fills the nodes of 4
     for run, gpus, degree, strategy, batch, accum, measured in tp.RUNS:
         assert gpus % degree == 0 and (gpus <= 4 or gpus % 4 == 0) and measured > 0
+
+
+def test_compile_bounds_remove_what_each_bound_says():
+    import dataclasses
+    from types import SimpleNamespace
+
+    exp = load_benchmark("experiment_compile_bounds")
+
+    @dataclasses.dataclass(frozen=True)
+    class Cost:
+        op: str
+        bytes: int
+        output_bytes: int
+        kernels: int
+
+    def pred(op, bound, t, nbytes=100, out=40, kernels=1):
+        return SimpleNamespace(cost=Cost(op, nbytes, out, kernels), bound=bound, time_s=t)
+
+    # a GEMM 5 s (compute), a LayerNorm 2 s (memory, not pointwise), an add 1 s and a mul 1 s
+    # (memory, pointwise), and a mul already fused away (no kernel: left alone)
+    preds = [pred("mm", "compute", 5.0), pred("native_layer_norm", "memory", 2.0),
+             pred("add", "memory", 1.0), pred("mul", "memory", 1.0),
+             pred("mul", "memory", 0.0, kernels=0)]
+    # re-timed when fused: 100 - 2 x 40 = 20 bytes, at 1 s per 100 bytes: 0.2 s
+    b = exp.bounds(preds, lambda c: SimpleNamespace(time_s=c.bytes / 100), frozenset({"add",
+                                                                                         "mul"}))
+    assert b["predicted"] == pytest.approx(9.0)
+    assert b["producer"] == pytest.approx(9.0 - 2 * (1.0 - 0.4))  # max(20, 40) bytes: 0.4 s
+    assert b["pointwise"] == pytest.approx(7.0)  # the add and the mul gone
+    assert b["math"] == pytest.approx(5.0)  # every memory-bound kernel gone
