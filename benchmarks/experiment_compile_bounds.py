@@ -34,6 +34,8 @@ FLAGS = ("compiled", "jit-fused")
 def bounds(predictions, repredict, fusible: frozenset) -> dict:
     """One micro-batch's kernel time (s) as predicted and under each bound (module
     docstring); ``repredict(cost)`` re-times a cost (rules._repredict)."""
+    from dlperf.analysis.rules import fused_into_producer
+
     total = sum(p.time_s for p in predictions)
     producer = pointwise = memory = 0.0
     for p in predictions:
@@ -42,10 +44,7 @@ def bounds(predictions, repredict, fusible: frozenset) -> dict:
         memory += p.time_s
         if p.cost.op in fusible:
             pointwise += p.time_s
-            c = p.cost
-            fused = dataclasses.replace(c, bytes=max(c.bytes - 2 * c.output_bytes,
-                                                     c.output_bytes), kernels=0)
-            producer += p.time_s - repredict(fused).time_s
+            producer += p.time_s - repredict(fused_into_producer(p.cost)).time_s
     return {"predicted": total, "producer": total - producer,
             "pointwise": total - pointwise, "math": total - memory}
 

@@ -187,6 +187,14 @@ def _channels_last(analysis, step_s) -> list[Finding]:
     return out
 
 
+def fused_into_producer(cost):
+    """``cost`` (an elementwise kernel) folded into the kernel that produced its input: it no
+    longer writes the intermediate nor reads it back, so the traffic left is its output once
+    (its other inputs, e.g. the residual, still read), and it has no launch of its own."""
+    return dataclasses.replace(cost, bytes=max(cost.bytes - 2 * cost.output_bytes,
+                                               cost.output_bytes), kernels=0)
+
+
 def _fusion(analysis, step_s) -> list[Finding]:
     # a kernel already fused into another (--fusion, analysis/fusion.py) has no launch left
     candidates = [p for p in analysis.predictions
@@ -196,14 +204,9 @@ def _fusion(analysis, step_s) -> list[Finding]:
     saving = 0.0
     by_op: dict[str, float] = defaultdict(float)
     for p in candidates:
-        # Fused into its producer, the op no longer writes the intermediate nor reads it back:
-        # the traffic left is its output once (its other inputs, e.g. the residual, still read).
-        c = p.cost
-        fused = dataclasses.replace(c, bytes=max(c.bytes - 2 * c.output_bytes, c.output_bytes),
-                                    kernels=0)
-        gain = p.time_s - _repredict(analysis, fused).time_s
+        gain = p.time_s - _repredict(analysis, fused_into_producer(p.cost)).time_s
         saving += gain
-        by_op[c.op] += gain
+        by_op[p.cost.op] += gain
     if saving / step_s < MIN_SHARE:
         return []
     top = ", ".join(f"{op} {t * 1e3:.3g} ms" for op, t in
