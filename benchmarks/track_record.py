@@ -1,8 +1,9 @@
 """Write dlperf/hardware/track_record.json and scale_out_record.json from the saved validation
 results (issues #11 and #14).
 
-Reads benchmarks/results/validation-published.json and validation-scaling.json (rerun them
-first: validate_published.py, validate_scaling.py) and condenses them per device and class of
+Reads benchmarks/results/validation-published.json, validation-scaling.json and
+tp-kempnerforge-h200.json (rerun them first: validate_published.py, validate_scaling.py,
+validate_tp.py) and condenses them per device and class of
 workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
 prediction on a preset.
 
@@ -28,10 +29,14 @@ def record_from_results(results: Path = RESULTS) -> dict:
 
 
 def scale_out_record_from_results(results: Path = RESULTS) -> dict:
-    from dlperf.hardware.track_record import build_scale_out
+    from dlperf.hardware.track_record import build_scale_out, build_tensor_parallel
 
     scaling = json.loads((results / "validation-scaling.json").read_text())
-    return build_scale_out(scaling["results"]["rows"])
+    record = build_scale_out(scaling["results"]["rows"])
+    tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
+    if tp.exists():
+        record["tensor_parallel"] = build_tensor_parallel(json.loads(tp.read_text())["results"])
+    return record
 
 
 def main(argv: list[str]) -> int:

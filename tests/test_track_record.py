@@ -236,3 +236,22 @@ def test_analyze_with_a_host_decode_prints_and_saves_that_record(tmp_path, capsy
     assert saved["host_decode"] == tr.load_scale_out()["host_decode"]
     band = tr.efficiency_band(saved_efficiency(path), 1, "a100-80gb", host_decode=True)
     assert saved["efficiency_band"] == pytest.approx(list(band))
+
+
+def test_tensor_parallel_record_reads_validate_tps_pairs():
+    from dlperf.hardware.track_record import build_tensor_parallel, describe_tensor_parallel
+
+    # TP / FSDP per GPU: measured 0.70 and 0.65 (TP costs 30% and 35%), predicted 0.95 and
+    # 0.85 (5% and 15%); predicted over measured 0.95 / 0.70 = 1.357 and 0.85 / 0.65 = 1.308
+    pairs = [{"measured": 0.70, "predicted": 0.95, "ratio": 0.95 / 0.70},
+             {"measured": 0.65, "predicted": 0.85, "ratio": 0.85 / 0.65}]
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs})
+    assert entry["runs"] == 2
+    assert entry["measured_loss_low"] == pytest.approx(0.30)
+    assert entry["measured_loss_high"] == pytest.approx(0.35)
+    assert entry["predicted_loss_high"] == pytest.approx(0.15)
+    assert entry["ratio_high"] == pytest.approx(1.357, abs=1e-3)
+    text = describe_tensor_parallel({"tensor_parallel": entry})
+    assert "TP cost 30%-35%" in text and "predicts 5%-15%" in text
+    assert "up to 1.4x optimistic" in text
+    assert describe_tensor_parallel({}) is None  # no record: nothing printed

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from dlperf.hardware.track_record import TP_RECORD
+from dlperf.hardware.track_record import describe_tensor_parallel
 from dlperf.units import seconds, si
 
 
@@ -225,8 +225,7 @@ def _scaling_section(scale_out: dict) -> str:
                "charge" if (here.get("loader_processes_per_core") or 0) > 1 else "")
             + ". Red points: a limit other than compute.</p>"
             + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out)
-            + (_record_p("Tensor parallelism is the least checked part of this model: "
-                         + TP_RECORD, True) if tp else ""))
+            + (_record_p(text, True) if tp and (text := describe_tensor_parallel()) else ""))
 
 
 def _scale_out_record_html(scale_out: dict) -> str:

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlperf.analysis.html import dtype_label
-from dlperf.hardware.track_record import TP_RECORD
+from dlperf.hardware.track_record import describe_tensor_parallel
 from dlperf.hardware.track_record import describe as describe_record
 from dlperf.term import new_console, styled
 from dlperf.units import gib, seconds, si
@@ -204,9 +204,9 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                       "inputs, a smaller --batch-size fewer of them, and for gpt and its "
                       "presets --tp N (tensor and sequence parallel inside the node) splits "
                       "them N ways.", style="yellow")
-    if tp:  # what the one published tensor-parallel run said of this model (validate_tp.py)
-        console.print(f"Tensor parallelism is the least checked part of this model: "
-                      f"{TP_RECORD}", style="yellow")
+    tp_record = describe_tensor_parallel() if tp else None
+    if tp_record:  # what the published tensor-parallel runs say of this model (validate_tp.py)
+        console.print(tp_record, style="yellow")
     crowded = here.get("loader_processes_per_core")
     if crowded and crowded > 1:
         console.print(f"The loaders' workers outnumber the node's cores {crowded:.1f} to 1: the "

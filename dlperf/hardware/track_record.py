@@ -20,13 +20,6 @@ import statistics
 from functools import cache
 from pathlib import Path
 
-# The one published run --tp is checked against (benchmarks/validate_tp.py,
-# results/tp-kempnerforge-h200.json), printed under every tensor-parallel prediction
-TP_RECORD = ("in the one published run it is checked against (KempnerForge's Llama 3 8B on "
-             "H200s, TP 2 and 4 inside 4-GPU nodes, torch.compile, 2026), TP cost 30-35% of "
-             "a GPU's rate against FSDP on as many GPUs where dlperf predicts 5-15%: read the "
-             "tensor-parallel rates above as up to 1.4x optimistic.")
-
 PATH = Path(__file__).with_name("track_record.json")
 # the scale-out part (``build_scale_out``), written beside it by the same script
 SCALE_OUT_PATH = Path(__file__).with_name("scale_out_record.json")
@@ -270,3 +263,32 @@ def describe_scale_out(spec, record: dict | None = None,
                      "(each with a per-core decode rate assumed, not published)")
         warn = warn or abs(s["median"] - 1) > SYSTEMATIC
     return "Track record, scale-out: " + "; ".join(parts) + ".", warn
+
+
+def build_tensor_parallel(result: dict) -> dict:
+    """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
+    result (its "results"): each TP run's rate per GPU over the FSDP run on as many GPUs,
+    measured and predicted, as the losses TP costs."""
+    pairs = result["tp_over_fsdp"]
+    measured = [1 - p["measured"] for p in pairs]
+    predicted = [1 - p["predicted"] for p in pairs]
+    return {"runs": len(pairs), "source": "KempnerForge's Llama 3 8B on H200s, TP 2 and 4 "
+                                          "inside 4-GPU nodes, torch.compile, 2026",
+            "measured_loss_low": min(measured), "measured_loss_high": max(measured),
+            "predicted_loss_low": min(predicted), "predicted_loss_high": max(predicted),
+            "ratio_high": max(p["ratio"] for p in pairs)}
+
+
+def describe_tensor_parallel(record: dict | None = None) -> str | None:
+    """What the published tensor-parallel runs say of ``analyze --tp`` (printed under every
+    tensor-parallel prediction), from the scale-out record; None when it has none."""
+    record = load_scale_out() if record is None else record
+    s = record.get("tensor_parallel")
+    if not s:
+        return None
+    return (f"Tensor parallelism is the least checked part of this model: in the one "
+            f"published source it is checked against ({s['source']}), TP cost "
+            f"{s['measured_loss_low']:.0%}-{s['measured_loss_high']:.0%} of a GPU's rate "
+            f"against FSDP on as many GPUs where dlperf predicts "
+            f"{s['predicted_loss_low']:.0%}-{s['predicted_loss_high']:.0%}: read the "
+            f"tensor-parallel rates as up to {s['ratio_high']:.1f}x optimistic.")
