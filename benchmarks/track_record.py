@@ -1,9 +1,9 @@
 """Write dlperf/hardware/track_record.json and scale_out_record.json from the saved validation
 results (issues #11 and #14).
 
-Reads benchmarks/results/validation-published.json, validation-scaling.json and
-tp-kempnerforge-h200.json (rerun them first: validate_published.py, validate_scaling.py,
-validate_tp.py) and condenses them per device and class of
+Reads benchmarks/results/validation-published.json, validation-scaling.json,
+tp-kempnerforge-h200.json and tp-megatron-2020.json (rerun them first: validate_published.py,
+validate_scaling.py, validate_tp.py) and condenses them per device and class of
 workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
 prediction on a preset.
 
@@ -34,8 +34,11 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
     tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
+    megatron = results / "tp-megatron-2020.json"
     if tp.exists():
-        record["tensor_parallel"] = build_tensor_parallel(json.loads(tp.read_text())["results"])
+        record["tensor_parallel"] = build_tensor_parallel(
+            json.loads(tp.read_text())["results"],
+            json.loads(megatron.read_text())["results"] if megatron.exists() else None)
     return record
 
 

@@ -1,7 +1,9 @@
-"""Tensor parallelism against published runs: ``dlperf analyze --tp`` beside FSDP on the same
-GPUs, model and stack (issue #14; the scaling table, validation/published_scaling.csv, has no
-tensor-parallel column).
+"""Tensor parallelism against published runs: ``dlperf analyze --tp`` on the GPUs, model and
+stack of each (issue #14; the scaling table, validation/published_scaling.csv, has no
+tensor-parallel column). Two sources, two stacks, each compared where its stack's own error
+cancels as far as it is common to the runs compared:
 
+``kempnerforge`` (-> results/tp-kempnerforge-h200.json, ~5 minutes).
 Source: KempnerInstitute/KempnerForge, benchmarks/mfu_scaling/mfu_scaling_2026-04-05.md and
 the script that ran it (benchmarks/mfu_scaling/mfu_bench.sh, commit 9f3f03a0): Llama 3 8B
 (its "7B": dlperf's llama3-8b), 4,096 tokens, FSDP2 in bf16 (--precision fsdp), full
@@ -10,11 +12,38 @@ inside, InfiniBand between: ib-ndr assumed), tensor parallel with sequence paral
 a node. The eager model is slow on this compiled 2026 stack in absolute terms (the scaling
 table's kempnerforge-h200 rows: 0.59-0.61x), so the measure here is relative: each
 tensor-parallel run's tokens/s per GPU over the FSDP run on as many GPUs, measured and
-predicted (the stack's error common to both cancels, as far as it is common).
+predicted.
 
-Each row runs the CLI (`dlperf analyze ... --json`); about five minutes.
-Usage: python benchmarks/validate_tp.py [OUT.json]
-(default: benchmarks/results/tp-kempnerforge-h200.json)
+``megatron`` (-> results/tp-megatron-2020.json, ~1 minute).
+Source: NVIDIA/Megatron-LM, README.md and images/{cases,scaling-mp}.png at commit 52819194
+(2020-09-11): weak scaling of its GPT-2 from 1 to 8 GPUs of one node, the
+model grown with the GPUs (1B: 24 layers of 1,920, 15 heads, on 1 GPU; 2B: 30 x 2,304, 18 heads,
+TP 2; 4B: 36 x 3,072, 24 heads, TP 4; 8B: 42 x 4,096, 32 heads, TP 8; vocabulary 51,200,
+1,024 tokens), the iteration time of batch 8 on a DGX-2 (V100 32 GB, NVSwitch) and of
+batch 16 on a DGX A100 (A100 40 GB, NVSwitch), and of each case data parallel over 128
+replicas of batch 16 (128 to 1,024 GPUs of DGX A100s: images/scaling-dp.png; InfiniBand HDR,
+one NIC a GPU, as Selene's DGX A100s have). The stack: Megatron's original tensor
+parallelism (all-reduces, no sequence parallelism: --no-sequence-parallel), --fp16 (the model in
+fp16, fp32 master weights and Adam state: --precision fsdp), --checkpoint-activations per
+layer, dropout 0.1, attention as matmuls and a softmax (--attention math). --precision fsdp
+all-reduces the data-parallel gradients in fp32, twice the bytes of Megatron's fp16 ones
+(--fp32-allreduce off): the 128-replica rows are charged that much more communication. Their
+DDP runs beside the backward (dlperf's DDP): the 8B run's 2.2 GB of fp16 gradients a GPU take at
+least 2 x 2.2 GB / 25 GB/s = 174 ms through its one HDR NIC, more than the 37 ms that 128
+replicas added to the node's iteration, so they cannot have been all-reduced after it. The
+README's TeraFLOP/s column is the model's FLOPs with the recompute, 96 B s l h^2 (1 + s/6h +
+V/16lh) (Narayanan et al. 2021, arXiv 2104.04473, appendix: FLOPs with activation
+recomputation), over the iteration time and the GPUs (``megatron_flops``; a test checks it
+against every row of the table).
+The README was committed beside "Various speed optimizations" (fused scale-mask-softmax,
+bias+GeLU and bias+dropout+add, behind opt-in flags the README does not say were set), so the
+absolute rate is a fused stack's; the measures are each TP=N run's model FLOP/s per GPU over
+the TP=1 run's on the same system (``against_tp1``), and each 128-replica run's rate over the
+same case's on one node (``against_one_node``), measured and predicted.
+
+Each row runs the CLI (`dlperf analyze ... --json`).
+Usage: python benchmarks/validate_tp.py [kempnerforge|megatron] [OUT.json]
+(default: both sources, each to its file in benchmarks/results/)
 """
 
 from __future__ import annotations
@@ -26,6 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/tp-kempnerforge-h200.json"
+MEGATRON_OUT = ROOT / "benchmarks/results/tp-megatron-2020.json"
 BASE = ["analyze", "llama3-8b", "--device", "h200", "--seq-len", "4096", "--dtype", "bf16",
         "--precision", "fsdp", "--train", "--activation-checkpointing", "full",
         "--optimizer", "adamw", "--gpus-per-node", "4", "--interconnect", "nvlink4-h200,ib-ndr",
@@ -60,28 +90,96 @@ def relative(rows: list[dict]) -> list[dict]:
     return out
 
 
-def main(argv: list[str]) -> int:
+# Megatron-LM's weak-scaling cases (images/cases.png): layers, hidden size, heads, TP
+MEGATRON_CASES = {"1B": (24, 1920, 15, 1), "2B": (30, 2304, 18, 2), "4B": (36, 3072, 24, 4),
+                  "8B": (42, 4096, 32, 8)}
+MEGATRON_VOCAB, MEGATRON_SEQ = 51200, 1024
+# (system, device preset, interconnects, batch per replica, data-parallel replicas,
+# {case: (iteration ms, TeraFLOP/s per GPU)}) as images/scaling-mp.png (one node) and
+# images/scaling-dp.png (128 replicas: 128 to 1,024 GPUs of DGX A100s, batch 2,048) give them
+MEGATRON_SYSTEMS = (
+    ("DGX-2 (V100)", "v100-sxm2", "nvlink2-dgx2", 8, 1,
+     {"1B": (1121, 71.9), "2B": (1093, 64.2), "4B": (1238, 58.5), "8B": (1407, 52.2)}),
+    ("DGX A100", "a100-40gb", "nvlink3-a100", 16, 1,
+     {"1B": (1076, 149.8), "2B": (1026, 136.8), "4B": (1162, 124.7), "8B": (1343, 109.3)}),
+    ("DGX A100 x 128 replicas", "a100-40gb", "nvlink3-a100,ib-hdr", 16, 128,
+     {"1B": (1153, 139.8), "2B": (1101, 127.5), "4B": (1242, 116.7), "8B": (1380, 106.5)}),
+)
+MEGATRON_ARGS = ["analyze", "gpt2", "--vocab", str(MEGATRON_VOCAB), "--seq-len",
+                 str(MEGATRON_SEQ), "--dtype", "fp16", "--precision", "fsdp", "--train",
+                 "--activation-checkpointing", "full", "--optimizer", "adamw", "--attention",
+                 "math", "--dropout", "0.1", "--top", "1"]
+
+
+def megatron_flops(layers: int, hidden: int, batch: int, seq: int = MEGATRON_SEQ,
+                   vocab: int = MEGATRON_VOCAB) -> float:
+    """FLOPs of one iteration of Megatron's GPT with full activation recompute, as Megatron
+    counts them (Narayanan et al. 2021, arXiv 2104.04473): 96 B s l h^2 (1 + s / 6h +
+    V / 16lh)."""
+    return 96 * batch * seq * layers * hidden ** 2 * (
+        1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+def against_tp1(rows: list[dict]) -> list[dict]:
+    """Each TP=N row's model FLOP/s per GPU over the TP=1 row's of the same system (Megatron's
+    weak scaling, in FLOPs), measured and predicted, and predicted over measured."""
+    base = {r["system"]: r for r in rows if r["tp"] == 1}
+    out = []
+    for r in rows:
+        one = base.get(r["system"])
+        if r["tp"] == 1 or one is None:
+            continue
+        per_gpu = r["model_flops"] / r["tp"]
+        measured = per_gpu / r["measured_step_s"] / (one["model_flops"] / one["measured_step_s"])
+        predicted = (per_gpu / r["predicted_step_s"]
+                     / (one["model_flops"] / one["predicted_step_s"]))
+        out.append({"system": r["system"], "run": r["run"], "against": one["run"],
+                    "measured": measured, "predicted": predicted, "ratio": predicted / measured})
+    return out
+
+
+def against_one_node(rows: list[dict]) -> list[dict]:
+    """Each data-parallel row's rate per GPU over the same case's on one node of the same
+    GPU (its model-parallel group alone), measured and predicted: the data-parallel scaling."""
+    alone = {(r["case"], r["device"]): r for r in rows if r["replicas"] == 1}
+    out = []
+    for r in rows:
+        one = alone.get((r["case"], r["device"]))
+        if r["replicas"] == 1 or one is None:
+            continue
+        measured = one["measured_step_s"] / r["measured_step_s"]
+        predicted = one["predicted_step_s"] / r["predicted_step_s"]
+        out.append({"system": r["system"], "run": r["run"], "against": one["system"],
+                    "measured": measured, "predicted": predicted, "ratio": predicted / measured})
+    return out
+
+
+def _analyze(args: list[str], tmp: str) -> dict:
+    """`dlperf analyze ARGS --json`: the requested scale of its scale-out."""
     from contextlib import redirect_stdout
     from io import StringIO
 
+    from dlperf.cli import main as cli
+
+    path = Path(tmp) / "r.json"
+    with redirect_stdout(StringIO()):
+        code = cli(args + ["--json", str(path)])
+    if code != 0:
+        raise SystemExit(f"dlperf {' '.join(args)} exited {code}")
+    return json.loads(path.read_text())["scale_out"]["at_requested_scale"]
+
+
+def kempnerforge(out: Path) -> None:
     from tqdm import tqdm
 
-    from dlperf.cli import main as cli
     from dlperf.provenance import save_result
 
-    out = Path(argv[0]) if argv else OUT
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for run, gpus, tp, strategy, batch, accum, measured in tqdm(RUNS, desc="runs"):
-            path = Path(tmp) / "r.json"
-            args = BASE + ["--gpus", str(gpus), "--tp", str(tp), "--strategy", strategy,
-                           "--batch-size", str(batch), "--grad-accum", str(accum),
-                           "--json", str(path)]
-            with redirect_stdout(StringIO()):
-                code = cli(args)
-            if code != 0:
-                raise SystemExit(f"dlperf {' '.join(args)} exited {code}")
-            here = json.loads(path.read_text())["scale_out"]["at_requested_scale"]
+        for run, gpus, tp, strategy, batch, accum, measured in tqdm(RUNS, desc="kempnerforge"):
+            here = _analyze(BASE + ["--gpus", str(gpus), "--tp", str(tp), "--strategy",
+                                    strategy, "--batch-size", str(batch), "--grad-accum",
+                                    str(accum)], tmp)
             tensor = here["communication"].get("tensor_parallel") or {}
             predicted = here["per_gpu_samples_per_s"] * 4096
             rows.append({"run": run, "gpus": gpus, "tp": tp, "strategy": strategy,
@@ -100,6 +198,72 @@ def main(argv: list[str]) -> int:
     save_result(out, "validate-tp", {"args": BASE, "runs": [list(r) for r in RUNS]},
                 {"rows": rows, "tp_over_fsdp": pairs})
     print(f"Wrote {out}")
+
+
+def megatron(out: Path) -> None:
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    runs = [(system, device, node, batch, replicas, case, *published)
+            for system, device, node, batch, replicas, cases in MEGATRON_SYSTEMS
+            for case, published in cases.items()]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for system, device, node, batch, replicas, case, ms, tflops in tqdm(runs,
+                                                                            desc="megatron"):
+            layers, hidden, heads, tp = MEGATRON_CASES[case]
+            args = MEGATRON_ARGS + ["--layers", str(layers), "--d-model", str(hidden),
+                                    "--heads", str(heads), "--batch-size", str(batch),
+                                    "--device", device, "--interconnect", node,
+                                    "--gpus", str(tp * replicas)]
+            if tp > 1:
+                args += ["--tp", str(tp), "--no-sequence-parallel"]
+            here = _analyze(args, tmp)
+            tensor = here["communication"].get("tensor_parallel") or {}
+            step = here["step_s"]
+            tokens = batch * MEGATRON_SEQ / tp  # per GPU per iteration
+            rows.append({"system": system, "case": case, "run": f"{case} TP={tp}",
+                         "device": device, "interconnect": node, "tp": tp,
+                         "replicas": replicas, "gpus": tp * replicas, "batch": batch,
+                         "model_flops": megatron_flops(layers, hidden, batch),
+                         "published_tflops_per_gpu": tflops,
+                         "measured_step_s": ms / 1000, "predicted_step_s": step,
+                         "measured_per_gpu": tokens / (ms / 1000),
+                         "predicted_per_gpu": tokens / step, "ratio": ms / 1000 / step,
+                         "tp_exposed_s": tensor.get("exposed_s", 0.0),
+                         "exposed_comm_s": here["exposed_comm_s"],
+                         "straggler_s": here["straggler_s"],
+                         "predicted_single_rank_s": here["single_gpu_step_s"]})
+    pairs, data_parallel = against_tp1(rows), against_one_node(rows)
+    for r in rows:
+        print(f"{r['system']:23s} {r['run']:8s}: measured {r['measured_step_s'] * 1000:6,.0f} ms, "
+              f"predicted {r['predicted_step_s'] * 1000:6,.0f} ms (rate {r['ratio']:.2f}x; "
+              f"tensor-parallel all-reduces {r['tp_exposed_s'] * 1000:4.0f} ms)")
+    for p in pairs:
+        print(f"{p['system']:23s} {p['run']:8s} / {p['against']}: measured {p['measured']:.3f}, "
+              f"predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
+    for p in data_parallel:
+        print(f"{p['run']:8s} on 128 replicas / on {p['against']}: measured "
+              f"{p['measured']:.3f}, predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
+    save_result(out, "validate-tp-megatron",
+                {"args": MEGATRON_ARGS, "cases": MEGATRON_CASES,
+                 "systems": [list(s) for s in MEGATRON_SYSTEMS]},
+                {"rows": rows, "tp_over_tp1": pairs, "data_parallel_over_one_node": data_parallel})
+    print(f"Wrote {out}")
+
+
+SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT)}
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] not in SOURCES:
+        raise SystemExit(f"validate_tp.py: unknown source {argv[0]!r}: name one of "
+                         f"{', '.join(SOURCES)}, or none for both")
+    names = argv[:1] or list(SOURCES)
+    for name in names:
+        run, default = SOURCES[name]
+        run(Path(argv[1]) if len(argv) > 1 else default)
     return 0
 
 

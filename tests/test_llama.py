@@ -167,3 +167,45 @@ def test_cli_selective_checkpointing_and_fsdp_scale_out_in_tokens(capsys):
     code, out, err = run_cli(["analyze", "llama3-8b", "--layers", "1", "--seq-len", "128",
                               "--activation-checkpointing", "everything", "--train"], capsys)
     assert code != 0 and "selective-op" in err
+
+
+def test_math_attention_equals_the_fused_kernel_in_float64():
+    # the same weights through F.scaled_dot_product_attention and through Q Kᵀ, the causal
+    # mask, softmax and times V: one function, computed twice
+    for extra in ({}, {"positions": "rope", "kv_heads": 2, "norm": "rmsnorm"}):
+        torch.manual_seed(0)
+        fused = GPT(GPTConfig(layers=2, d_model=64, heads=4, vocab=128, seq_len=16,
+                              **extra)).double()
+        explicit = GPT(GPTConfig(layers=2, d_model=64, heads=4, vocab=128, seq_len=16,
+                                 attention="math", **extra)).double()
+        explicit.load_state_dict(fused.state_dict())
+        x = torch.randint(0, 128, (2, 16))
+        torch.testing.assert_close(explicit(x), fused(x), rtol=1e-10, atol=1e-10)
+
+
+def test_math_attention_and_dropout_are_the_kernels_a_user_runs():
+    import collections
+
+    from dlperf.analysis.api import AnalysisConfig, capture_costs
+
+    cfg = GPTConfig(layers=2, d_model=256, heads=8, vocab=1024, seq_len=128, attention="math",
+                    dropout=0.1)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    # the model run in bf16 without autocast (Megatron's --fp16 way: no fp32 softmax)
+    acfg = AnalysisConfig(model="gpt", input_shape=(4, 128), dtype="bf16", train=True,
+                          device="h100-sxm", tokens=True, optimizer="adamw", precision="fsdp")
+    costs, uncounted, _, _ = capture_costs(model, acfg, torch.long)
+    assert not uncounted
+    forward = collections.Counter(c.op for c in costs if c.phase == "forward")
+    # per block: Q Kᵀ and times V, the mask, the softmax; dropout on the probabilities and on
+    # the two outputs (3 a block), and one after the embeddings
+    assert forward["bmm"] == 2 * 2 and forward["masked_fill"] == 2 and forward["_softmax"] == 2
+    assert forward["native_dropout"] == 3 * 2 + 1 and "attention" not in forward
+    # the scores [4, 8, 128, 128] in bf16: the softmax reads and writes them once each
+    softmax = [c for c in costs if c.op == "_softmax" and c.phase == "forward"][0]
+    assert softmax.bytes == 2 * 4 * 8 * 128 * 128 * 2
+    with pytest.raises(ValueError, match="dropout"):
+        GPTConfig(dropout=1.0)
+    with pytest.raises(ValueError, match="attention"):
+        GPTConfig(attention="flash")

@@ -164,8 +164,9 @@ def test_analyze_tp_prints_and_saves_the_tensor_parallel_scale_out(tmp_path, cap
     assert "4-way tensor parallel in the node, FSDP over 4 replicas" in text
     # 2 x 2 + 1, twice, all-gathers and reduce-scatters alike
     assert "tensor-parallel all-gathers and reduce-scatters 20 of" in text
-    # and what the one published TP run says of such predictions, under them
-    assert "the least checked part of this model" in text and "up to 1.4x optimistic" in text
+    # and what the published TP runs say of such predictions, under them
+    assert "checked against two published sources" in text and "up to 1.4x optimistic" in text
+    assert "Megatron-LM's GPT" in text
     data = json.loads(path.read_text())["scale_out"]
     tp = data["at_requested_scale"]["communication"]["tensor_parallel"]
     assert tp["tp"] == 4 and tp["bytes_each"] == 2 * 128 * 256 * 2
@@ -210,3 +211,83 @@ def test_a_decoder_that_does_not_fit_is_pointed_at_what_splits_activations(capsy
     assert code == 0, err
     text = " ".join(out.split())
     assert "(does not fit)" in text and "--tp N (tensor and sequence parallel" in text
+
+
+def test_without_sequence_parallelism_the_collectives_are_all_reduces():
+    # Megatron's original scheme on its 8B case: 42 blocks, batch 16 x 1,024 tokens of d 4,096
+    # in fp16: 134,217,728 bytes each. Forward: one after each of the 2 x 42 split regions
+    # and the embedding (85); backward: one before each split region and the output layer
+    # (85); a full recompute: 2 x 42 more (84): 254 all-reduces, the count of each pair's kind
+    # with sequence parallelism
+    assert tensor_parallel_collectives(42, 16 * 1024, 4096, 2, recompute=True,
+                                       sequence_parallel=False) == (
+        ("allreduce", 254, 134217728),)
+    assert tensor_parallel_collectives(42, 16 * 1024, 4096, 2, recompute=True)[0] == (
+        "allgather", 254, 134217728)
+
+
+def test_without_sequence_parallelism_each_rank_holds_every_token_between_the_regions():
+    # the norms and residual adds of the whole residual stream on every rank: as many bytes as
+    # one GPU's (the norms' weights whole on each rank too), while the GEMMs split
+    def capture(tp, sp=True):
+        cfg = GPTConfig(layers=2, d_model=256, heads=8, vocab=1024, seq_len=128, tp=tp,
+                        sequence_parallel=sp)
+        with torch.device("meta"):
+            model = GPT(cfg)
+        acfg = AnalysisConfig(model="gpt", input_shape=(4, 128), dtype="bf16", train=True,
+                              device="h100-sxm", tokens=True, optimizer="adamw")
+        costs, uncounted, _, _ = capture_costs(model, acfg, torch.long)
+        assert not uncounted
+        return costs
+
+    def total(costs, key, ops):
+        return sum(getattr(c, key) for c in costs if c.op in ops and c.phase == "forward"
+                   and c.module.startswith("blocks."))
+
+    one, whole, split = capture(1), capture(2, sp=False), capture(2)
+    for ops in ({"native_layer_norm"}, {"add"}):
+        assert total(whole, "bytes", ops) == total(one, "bytes", ops)
+        assert total(split, "bytes", ops) < 0.51 * total(one, "bytes", ops)
+    gemms = {"mm", "addmm"}
+    assert total(whole, "flops", gemms) * 2 == total(one, "flops", gemms)
+    # and a sequence the ranks do not divide is fine when the tokens are not split
+    GPTConfig(layers=1, d_model=64, heads=8, seq_len=100, tp=8, sequence_parallel=False)
+
+
+def test_all_reduces_are_timed_as_all_reduces_in_the_scale_out():
+    from dlperf.analysis.scaling import allreduce_s
+
+    cfg, analysis, params = _tiny(2)
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    coll = tensor_parallel_collectives(cfg.layers, 4 * 128, cfg.d_model, 2, recompute=False,
+                                       sequence_parallel=False)
+    (_, count, nbytes), = coll
+    each = allreduce_s(nbytes, 2, 2, node, net, gen=2)
+    two = scale_out(analysis, params, ScaleConfig(gpus=2, tp=2, tp_collectives=coll,
+                                                  step_cv=0.0), node, net)
+    tensor = two["communication"]["tensor_parallel"]
+    assert tensor["exposed_s"] == pytest.approx(count * each)
+    # 4 blocks without a recompute: 2 x (2 x 4 + 1) all-reduces, one kind
+    assert tensor["sequence_parallel"] is False and tensor["collectives_per_micro_batch"] == 18
+
+
+def test_analyze_no_sequence_parallel_says_what_it_runs(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "tp.json"
+    common = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "8",
+              "--seq-len", "128", "--batch-size", "2", "--dtype", "fp16", "--train",
+              "--device", "a100-80gb"]
+    code, out, err = run_cli(common + ["--gpus", "8", "--tp", "4", "--no-sequence-parallel",
+                                       "--json", str(path)], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "all the tokens between them (no sequence parallelism" in text
+    # 2 x 2 + 1, twice
+    assert "tensor-parallel all-reduces 10 of" in text
+    tp = json.loads(path.read_text())["scale_out"]["at_requested_scale"]["communication"][
+        "tensor_parallel"]
+    assert tp["sequence_parallel"] is False and tp["bytes_each"] == 2 * 128 * 256 * 2
+    code, out, err = run_cli(common + ["--gpus", "8", "--no-sequence-parallel"], capsys)
+    assert code == 2 and "--no-sequence-parallel describes tensor parallelism" in err
+    assert len(err.strip().splitlines()) == 1

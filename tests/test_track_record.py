@@ -255,3 +255,13 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
     assert "TP cost 30%-35%" in text and "predicts 5%-15%" in text
     assert "up to 1.4x optimistic" in text
     assert describe_tensor_parallel({}) is None  # no record: nothing printed
+    # with Megatron's weak scaling: TP=N over TP=1 predicted over measured, e.g. 0.952 / 0.913
+    # = 1.043 and 0.777 / 0.730 = 1.064
+    megatron = {"tp_over_tp1": [{"ratio": 0.952 / 0.913}, {"ratio": 0.777 / 0.730}]}
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron)
+    assert entry["megatron"]["runs"] == 2
+    assert entry["megatron"]["ratio_low"] == pytest.approx(1.043, abs=1e-3)
+    assert entry["megatron"]["ratio_high"] == pytest.approx(1.064, abs=1e-3)
+    text = describe_tensor_parallel({"tensor_parallel": entry})
+    assert "two published sources" in text and "predicted 1.04-1.06x what was measured" in text
+    assert "TP cost 30%-35%" in text and "up to 1.4x optimistic" in text

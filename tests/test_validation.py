@@ -210,6 +210,47 @@ def test_validate_tp_compares_tensor_parallel_with_fsdp_on_as_many_gpus():
         assert gpus % degree == 0 and (gpus <= 4 or gpus % 4 == 0) and measured > 0
 
 
+def test_megatron_flops_are_the_tables_teraflops():
+    tp = load_benchmark("validate_tp")
+    # 1B on a DGX A100: 96 x 16 x 1,024 x 24 x 1,920^2 = 1.39157e14, x (1 + 1,024 / 11,520 +
+    # 51,200 / (16 x 24 x 1,920) = 1.15833) = 1.61190e14 FLOPs; over 1.076 s: 149.8 TFLOP/s
+    assert tp.megatron_flops(24, 1920, 16) == pytest.approx(1.61190e14, rel=1e-5)
+    # every published TeraFLOP/s is that count over the iteration time and the GPUs
+    for _, _, _, batch, _, cases in tp.MEGATRON_SYSTEMS:
+        for case, (ms, tflops) in cases.items():
+            layers, hidden, _, degree = tp.MEGATRON_CASES[case]
+            flops = tp.megatron_flops(layers, hidden, batch) / degree / (ms / 1000)
+            assert flops / 1e12 == pytest.approx(tflops, rel=1e-3), case  # to 0.07 of 109.3
+
+
+def test_megatron_runs_are_compared_with_tp1_and_with_one_node():
+    tp = load_benchmark("validate_tp")
+
+    def row(system, case, degree, replicas, flops, measured, predicted):
+        return {"system": system, "case": case, "run": f"{case} TP={degree}",
+                "device": "a100-40gb", "tp": degree, "replicas": replicas,
+                "model_flops": flops, "measured_step_s": measured,
+                "predicted_step_s": predicted}
+
+    rows = [row("node", "1B", 1, 1, 100.0, 1.0, 1.2), row("node", "8B", 8, 1, 720.0, 1.25, 1.4),
+            row("dp", "1B", 1, 128, 100.0, 1.1, 1.25), row("dp", "8B", 8, 128, 720.0, 1.3, 1.5)]
+    pairs = tp.against_tp1(rows)
+    # node 8B: 720 / 8 / 1.25 = 72 FLOP/s a GPU over 100 / 1.0 = 0.72 measured; predicted
+    # 90 / 1.4 = 64.29 over 100 / 1.2 = 83.33: 0.7714; ratio 0.7714 / 0.72 = 1.0714
+    first = pairs[0]
+    assert (first["system"], first["run"], first["against"]) == ("node", "8B TP=8", "1B TP=1")
+    assert first["measured"] == pytest.approx(0.72)
+    assert first["predicted"] == pytest.approx(0.771428, rel=1e-5)
+    assert first["ratio"] == pytest.approx(1.071428, rel=1e-5)
+    assert [p["system"] for p in pairs] == ["node", "dp"]
+    # 128 replicas over one node: 1B measured 1.0 / 1.1 = 0.9091, predicted 1.2 / 1.25 = 0.96
+    dp = tp.against_one_node(rows)
+    assert [(p["run"], p["against"]) for p in dp] == [("1B TP=1", "node"), ("8B TP=8", "node")]
+    assert dp[0]["measured"] == pytest.approx(1 / 1.1)
+    assert dp[0]["predicted"] == pytest.approx(0.96)
+    assert dp[1]["ratio"] == pytest.approx((1.4 / 1.5) / (1.25 / 1.3))
+
+
 def test_compile_bounds_remove_what_each_bound_says():
     import dataclasses
     from types import SimpleNamespace

@@ -174,8 +174,10 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         f"{layout}): {rate(here['per_gpu_samples_per_s'] * scale)} {unit} per "
         f"GPU, {rate(here['total_samples_per_s'] * scale)} in all, "
         f"{here['scaling_efficiency']:.1%} of {reference}{above}; "
-        + (f"tensor-parallel all-gathers and reduce-scatters {tp['collectives_per_micro_batch']:,}"
-           f" of {gib(tp['bytes_each'])} per micro-batch"
+        + (f"tensor-parallel "
+           + ("all-gathers and reduce-scatters " if tp.get("sequence_parallel", True)
+              else "all-reduces ")
+           + f"{tp['collectives_per_micro_batch']:,} of {gib(tp['bytes_each'])} per micro-batch"
            + (f" (NCCL: {tp['nccl']})" if tp.get("nccl") else "")
            + f", {seconds(tp['exposed_s'])} a step, none hidden; " if tp else "")
         + ("data-parallel communication " if tp else "communication ")

@@ -48,8 +48,10 @@ of a block's two split regions (attention, MLP) an all-gather of the tokens, aft
 reduce-scatter ([B, T, d_model] in the activations' dtype, the volume of one all-reduce
 between them), and in the backward the reverse; the vocabulary-parallel embedding adds a
 reduce-scatter, the output layer an all-gather (and the reverse in the backward); a recomputed
-forward (activation checkpointing) repeats the forward's. They sit between dependent kernels,
-so none is hidden (``tensor_parallel_collectives``). The data-parallel
+forward (activation checkpointing) repeats the forward's. Without sequence parallelism
+(Megatron's original scheme, ``sequence_parallel=False``) each rank holds every token between
+the split regions and an all-reduce stands in each place of the pair. They sit between
+dependent kernels, so none is hidden (``tensor_parallel_collectives``). The data-parallel
 strategy then runs over the gpus / tp replicas, one GPU per replica in each of its tensor-parallel
 positions, gpus_per_node / tp of them in a node.
 
@@ -504,16 +506,22 @@ DECODES = ("gpu", "cpu", "synthetic")
 
 
 def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
-                                recompute: bool) -> tuple[tuple[str, int, int], ...]:
+                                recompute: bool, sequence_parallel: bool = True
+                                ) -> tuple[tuple[str, int, int], ...]:
     """The collectives one micro-batch of ``tokens`` (batch x sequence) makes among the
-    tensor-parallel ranks of a decoder of ``layers`` blocks, with sequence parallelism (see the
-    module docstring): (kind, count, bytes of the gathered tensor) for all-gathers and
-    reduce-scatters. Forward: 2 of each per block, a reduce-scatter after the embedding and an
+    tensor-parallel ranks of a decoder of ``layers`` blocks (see the module docstring): (kind,
+    count, bytes of the whole tensor). With sequence parallelism, all-gathers and
+    reduce-scatters: forward 2 of each per block, a reduce-scatter after the embedding and an
     all-gather before the output layer; the backward the same in reverse; a recomputed forward
-    2 of each per block again. Each gathered tensor is the residual stream, tokens x d_model in
-    the activations' dtype."""
+    2 of each per block again. Without it (Megatron's original scheme), an all-reduce in each
+    of those places instead of the pair (NCCL's ring all-reduce is a reduce-scatter then an
+    all-gather): forward one after each split region and the embedding, backward one before
+    each split region and the output layer, a recompute one per split region. Each tensor is
+    the residual stream, tokens x d_model in the activations' dtype."""
     nbytes = tokens * d_model * act_bytes
     count = 2 * (2 * layers + 1) + (2 * layers if recompute else 0)
+    if not sequence_parallel:
+        return (("allreduce", count, nbytes),)
     return (("allgather", count, nbytes), ("reducescatter", count, nbytes))
 
 
@@ -808,16 +816,20 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
     if tp > 1:  # the node's tensor-parallel collectives, none hidden
         # (an all-gather and a reduce-scatter of a buffer move the same: NCCL's ring for both)
-        each = [(n, b, sharded_collective_s(b, tp, tp, node, network, gen=gen,
-                                            algorithms=cfg.algorithms, protocols=cfg.protocols))
-                for _, n, b in cfg.tp_collectives]
+        each = [(n, b, allreduce_s(b, tp, tp, node, network, gen=gen, algorithms=cfg.algorithms,
+                                   protocols=cfg.protocols) if kind == "allreduce" else
+                 sharded_collective_s(b, tp, tp, node, network, gen=gen,
+                                      algorithms=cfg.algorithms, protocols=cfg.protocols))
+                for kind, n, b in cfg.tp_collectives]
         tp_s = accum * sum(n * t for n, _, t in each)
         biggest = max((b for _, b, _ in each), default=0)
         group = replace(cfg, gpus=tp, gpus_per_node=tp, bn_group=1)
         comm["tensor_parallel"] = {
             "tp": tp, "collectives_per_micro_batch": sum(n for n, _, _ in each),
+            "sequence_parallel": all(k != "allreduce" for k, _, _ in cfg.tp_collectives),
             "bytes_each": biggest, "exposed_s": tp_s,
-            "nccl": _nccl_name("allgather", biggest, group, node, network, gen)}
+            "nccl": _nccl_name(cfg.tp_collectives[0][0] if cfg.tp_collectives else "allgather",
+                               biggest, group, node, network, gen)}
         exposed += tp_s
     comm["optimizer_s"] = optimizer_s
     # of which the CPU's issue of the update's launches with the GPU idle (after GradScaler's

@@ -113,6 +113,12 @@ def add_parser(sub) -> None:
                         "tokens between them (sequence parallel, as torchtitan runs it); the "
                         "analysis is one rank's shard, and --strategy runs over --gpus / N "
                         "replicas [1]")
+    s.add_argument("--no-sequence-parallel", action="store_true",
+                   help="with --tp: Megatron's original tensor parallelism (Megatron-LM without "
+                        "--sequence-parallel): every rank keeps all the tokens between the "
+                        "split regions, so it runs their norms, dropouts and residual adds "
+                        "whole, and the ranks all-reduce instead of all-gathering and "
+                        "reduce-scattering")
     s.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
@@ -164,6 +170,15 @@ def add_parser(sub) -> None:
                    help="vocabulary size (the LM head's width) [gpt: 50257]")
     g.add_argument("--seq-len", type=positive_int, default=None,
                    help="tokens per sequence (the input shape) [gpt: 1024; mpt-*: 2048]")
+    g.add_argument("--attention", choices=("sdpa", "math"), default=None,
+                   help="sdpa = one fused attention kernel (F.scaled_dot_product_attention); "
+                        "math = Q Kᵀ, causal mask, softmax, dropout and times V as separate "
+                        "kernels over the [batch, heads, T, T] scores (Megatron-LM 2019-21, "
+                        "NVIDIA's BERT, nanoGPT without flash) [sdpa]")
+    g.add_argument("--dropout", type=float, default=None, metavar="P",
+                   help="GPT-2's and Megatron's dropouts in training (after the embeddings, on "
+                        "the attention probabilities, on each block's two outputs), each a "
+                        "kernel, in [0, 1) [0]")
 
 
 def _gpt_config(args):
@@ -172,10 +187,12 @@ def _gpt_config(args):
     from dlperf.models.gpt import PRESETS, gpt_config
 
     flags = {"layers": args.layers, "d_model": args.d_model, "heads": args.heads,
-             "vocab": args.vocab, "seq_len": args.seq_len,
-             "tp": args.tp if args.tp > 1 else None}
+             "vocab": args.vocab, "seq_len": args.seq_len, "attention": args.attention,
+             "dropout": args.dropout, "tp": args.tp if args.tp > 1 else None,
+             "sequence_parallel": False if args.no_sequence_parallel else None}
     if args.model not in PRESETS:
-        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
+        given = [f"--{'no-' if k == 'sequence_parallel' else ''}{k.replace('_', '-')}"
+                 for k, v in flags.items() if v is not None]
         if given:
             raise DlperfError(f"{', '.join(given)}: only for gpt and its presets "
                               f"({', '.join(PRESETS)}), not {args.model!r}")
@@ -183,7 +200,8 @@ def _gpt_config(args):
     try:
         return gpt_config(args.model, **flags)
     except ValueError as exc:
-        flag = f"--tp {args.tp}: " if "tensor parallel" in str(exc) else ""
+        flag = (f"--tp {args.tp}: " if "tensor parallel" in str(exc)
+                else "--dropout: " if "dropout" in str(exc) else "")
         raise DlperfError(f"{flag}{exc}") from None
 
 
@@ -203,6 +221,9 @@ def run(args) -> int:
     if args.tp > 1 and args.gpus is None:
         raise DlperfError(f"--tp {args.tp} splits the model over GPUs of a node: add --gpus N "
                           "(a multiple of it)")
+    if args.no_sequence_parallel and args.tp == 1:
+        raise DlperfError("--no-sequence-parallel describes tensor parallelism: add --tp N "
+                          "(N > 1)")
     if args.tp > 1 and args.measure:
         raise DlperfError("--measure times the whole model on this machine's GPU; --tp "
                           "predicts one tensor-parallel rank: drop one of them")
@@ -251,11 +272,13 @@ def run(args) -> int:
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
     analysis = predict_on(costs, uncounted, cfg, spec, seconds, memory=memory)
     if args.tp > 1:
+        between = ("all the tokens between them (no sequence parallelism: norms, dropouts "
+                   "and residual adds whole on every rank)" if args.no_sequence_parallel else
+                   "of the tokens between them (sequence parallel: norms and residual adds)")
         console.print(f"--tp {args.tp}: what follows is one tensor-parallel rank's step: "
                       f"1/{args.tp} of every block's heads and MLP and of the vocabulary, and "
-                      f"of the tokens between them (sequence parallel: norms and residual "
-                      "adds); the collectives that join the ranks are in the scale-out at the "
-                      "end.", style="yellow")
+                      f"{between}; the collectives that join the ranks are in the scale-out at "
+                      "the end.", style="yellow")
     render(analysis, console, top=args.top, macs=args.macs)
     result = analysis.to_dict()
     if len(specs) > 1:
@@ -309,7 +332,8 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         gpt.layers, tokens, gpt.d_model, 2 if args.dtype in ("bf16", "fp16") else 4,
         # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
         # saves the collectives' outputs
-        recompute=args.activation_checkpointing == "full")
+        recompute=args.activation_checkpointing == "full",
+        sequence_parallel=gpt.sequence_parallel)
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       tp=args.tp, tp_collectives=collectives,
                       decode=args.decode, data_cores_per_gpu=args.data_cores,

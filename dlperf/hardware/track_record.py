@@ -265,18 +265,27 @@ def describe_scale_out(spec, record: dict | None = None,
     return "Track record, scale-out: " + "; ".join(parts) + ".", warn
 
 
-def build_tensor_parallel(result: dict) -> dict:
+def build_tensor_parallel(result: dict, megatron: dict | None = None) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
-    result (its "results"): each TP run's rate per GPU over the FSDP run on as many GPUs,
-    measured and predicted, as the losses TP costs."""
+    results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
+    as many GPUs, measured and predicted, as the losses TP costs; and ``megatron``'s, each
+    TP=N run's model FLOP/s per GPU over the TP=1 run's of the same system, predicted over
+    measured."""
     pairs = result["tp_over_fsdp"]
     measured = [1 - p["measured"] for p in pairs]
     predicted = [1 - p["predicted"] for p in pairs]
-    return {"runs": len(pairs), "source": "KempnerForge's Llama 3 8B on H200s, TP 2 and 4 "
-                                          "inside 4-GPU nodes, torch.compile, 2026",
-            "measured_loss_low": min(measured), "measured_loss_high": max(measured),
-            "predicted_loss_low": min(predicted), "predicted_loss_high": max(predicted),
-            "ratio_high": max(p["ratio"] for p in pairs)}
+    entry = {"runs": len(pairs), "source": "KempnerForge's Llama 3 8B on H200s, TP 2 and 4 "
+                                           "inside 4-GPU nodes, torch.compile, 2026",
+             "measured_loss_low": min(measured), "measured_loss_high": max(measured),
+             "predicted_loss_low": min(predicted), "predicted_loss_high": max(predicted),
+             "ratio_high": max(p["ratio"] for p in pairs)}
+    if megatron is not None:
+        ratios = [p["ratio"] for p in megatron["tp_over_tp1"]]
+        entry["megatron"] = {
+            "runs": len(ratios), "ratio_low": min(ratios), "ratio_high": max(ratios),
+            "source": "Megatron-LM's GPT, 1B-8B on TP 1-8 inside DGX-2 and DGX A100 nodes, "
+                      "alone and 128 replicas data parallel, no sequence parallelism, 2020"}
+    return entry
 
 
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
@@ -286,9 +295,16 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
     s = record.get("tensor_parallel")
     if not s:
         return None
-    return (f"Tensor parallelism is the least checked part of this model: in the one "
-            f"published source it is checked against ({s['source']}), TP cost "
-            f"{s['measured_loss_low']:.0%}-{s['measured_loss_high']:.0%} of a GPU's rate "
-            f"against FSDP on as many GPUs where dlperf predicts "
-            f"{s['predicted_loss_low']:.0%}-{s['predicted_loss_high']:.0%}: read the "
-            f"tensor-parallel rates as up to {s['ratio_high']:.1f}x optimistic.")
+    kempner = (f"TP cost {s['measured_loss_low']:.0%}-{s['measured_loss_high']:.0%} of a "
+               f"GPU's rate against FSDP on as many GPUs where dlperf predicts "
+               f"{s['predicted_loss_low']:.0%}-{s['predicted_loss_high']:.0%}: read the "
+               f"tensor-parallel rates of such a stack as up to {s['ratio_high']:.1f}x "
+               "optimistic")
+    m = s.get("megatron")
+    if m is None:
+        return (f"Tensor parallelism is the least checked part of this model: in the one "
+                f"published source it is checked against ({s['source']}), {kempner}.")
+    return (f"Tensor parallelism is checked against two published sources. {m['source']} "
+            f"({m['runs']} runs): each TP=N run's rate per GPU over TP=1's was predicted "
+            f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. In "
+            f"{s['source']}, {kempner}.")

@@ -13,7 +13,19 @@ rank. The collectives that join the ranks (an all-gather of the tokens before ea
 region, a reduce-scatter after it) are stand-ins here that move no data (``_SeqGather``,
 ``_SeqScatter``: allocations, free in the capture); the scale-out times them
 (analysis/scaling.py, ``tensor_parallel_collectives``). So a ``tp`` > 1 module is for analysis:
-its collectives carry no values.
+its collectives carry no values. ``sequence_parallel=False`` is Megatron's original scheme
+(Shoeybi et al., section 3; Megatron-LM before 2022, and without ``--sequence-parallel``
+since): every rank holds all the tokens between the split regions, so it runs the norms,
+dropouts and residual adds of the whole residual stream itself, and the ranks join by an
+all-reduce after each split region (forward) and before it (backward), which move nothing
+here either: the tensors keep their shape.
+
+``attention="math"`` computes attention as Megatron-LM (2019-2021), NVIDIA's BERT and nanoGPT
+without flash do: Q Kᵀ as a batched matmul on a scaled Q, the causal mask filled in, softmax,
+dropout on the probabilities, times V, each its own kernel over the [B, H, T, T] scores
+(``sdpa``: one fused kernel, as F.scaled_dot_product_attention runs on a current GPU).
+``dropout`` > 0 adds GPT-2's and Megatron's four dropouts: after the embeddings, on the
+attention probabilities, and on each split region's output before its residual add.
 
 Written for analysis: it is ordinary PyTorch, so the same module trains, and dlperf analyze sees
 the kernels a language-model user runs (QKV projection, attention, MLP, LM head over the vocab).
@@ -50,6 +62,11 @@ class GPTConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tp: int = 1  # tensor-parallel ranks: this module is one of them (see the module docstring)
+    # tp > 1: the residual stream split over the ranks' tokens between the split regions
+    # (True) or whole on every rank (False: Megatron without --sequence-parallel)
+    sequence_parallel: bool = True
+    attention: str = "sdpa"  # sdpa (one fused kernel) | math (matmul, mask, softmax, matmul)
+    dropout: float = 0.0  # GPT-2's embedding, attention and residual dropout (training only)
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -59,7 +76,8 @@ class GPTConfig:
             raise ValueError(f"GPT d_model ({self.d_model}) must be divisible by heads "
                              f"({self.heads})")
         for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
-                              ("positions", ("learned", "rope"))):
+                              ("positions", ("learned", "rope")),
+                              ("attention", ("sdpa", "math"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPT {name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
@@ -71,13 +89,15 @@ class GPTConfig:
             raise ValueError("GPT rotary positions need an even head size")
         if self.tp < 1:
             raise ValueError(f"tensor-parallel ranks must be at least 1, got {self.tp}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPT dropout must be in [0, 1), got {self.dropout}")
         hidden = self.ffn_hidden if self.mlp == "swiglu" else self.mlp_ratio * self.d_model
         for name, value in (("heads", self.heads), ("kv_heads", self.kv_heads or self.heads),
                             ("MLP hidden size", hidden)):
             if value % self.tp:
                 raise ValueError(f"tensor parallel over {self.tp} GPUs splits the {name} "
                                  f"({value}): give a tensor-parallel size that divides it")
-        if self.seq_len % self.tp:
+        if self.sequence_parallel and self.seq_len % self.tp:
             raise ValueError(f"tensor parallel over {self.tp} GPUs splits the sequence "
                              f"({self.seq_len} tokens) between the blocks: give a "
                              "tensor-parallel size that divides it")
@@ -86,6 +106,12 @@ class GPTConfig:
     def groups(self) -> int:
         """Query heads per K/V head (1: multi-head attention)."""
         return self.heads // (self.kv_heads or self.heads)
+
+    @property
+    def token_split(self) -> int:
+        """Ranks the residual stream's tokens are split over between the split regions: tp
+        with sequence parallelism, 1 (every rank holds them all) without it."""
+        return self.tp if self.sequence_parallel else 1
 
     @property
     def head_dim(self) -> int:
@@ -141,19 +167,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2).type_as(x)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig, training: bool,
+           mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of q, k, v [B, H, T, D]: one fused kernel (``sdpa``), or ``math``'s
+    kernels (module docstring) with ``mask`` [T, T] True above the diagonal (GPT.causal)."""
+    p = cfg.dropout if training else 0.0
+    if cfg.attention == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    t = q.shape[-2]
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+    probs = F.softmax(scores.masked_fill(mask[:t, :t], float("-inf")), dim=-1)
+    return F.dropout(probs, p, training) @ v
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        self.cfg = cfg
         self.heads, self.head_dim = cfg.local_heads, cfg.head_dim  # this rank's heads
         width = self.heads * self.head_dim  # d_model / tp
         self.qkv = nn.Linear(cfg.d_model, 3 * width, bias=cfg.bias)
         self.proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
 
-    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
         b, t, _ = x.shape
         # [B, T, 3 H D] -> 3 x [B, H, T, D]
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = attend(q, k, v, self.cfg, self.training, mask)
         return self.proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -163,6 +203,7 @@ class GQAttention(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        self.cfg = cfg
         # this rank's query and K/V heads
         self.heads, self.kv_heads = cfg.local_heads, (cfg.kv_heads or cfg.heads) // cfg.tp
         self.head_dim = cfg.head_dim
@@ -171,7 +212,7 @@ class GQAttention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, self.kv_heads * self.head_dim, bias=cfg.bias)
         self.wo = nn.Linear(self.heads * self.head_dim, cfg.d_model, bias=cfg.bias)
 
-    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.heads, self.head_dim)
         k = self.wk(x).view(b, t, self.kv_heads, self.head_dim)
@@ -182,8 +223,8 @@ class GQAttention(nn.Module):
         if groups > 1:
             k, v = (z[:, :, :, None].expand(b, t, self.kv_heads, groups, self.head_dim)
                     .reshape(b, t, self.heads, self.head_dim) for z in (k, v))
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2), is_causal=True)
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
+                   self.training, mask)
         return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -227,7 +268,7 @@ def _scatter(x: torch.Tensor, tp: int) -> torch.Tensor:
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.tp = cfg.tp
+        self.split = cfg.token_split  # the ranks the residual stream's tokens are split over
         self.ln1 = _norm(cfg)
         self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
             else Attention(cfg)
@@ -239,13 +280,16 @@ class Block(nn.Module):
             self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
         self.act = nn.SiLU() if self.swiglu else nn.GELU(approximate="tanh")
         self.out = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
-        # x: this rank's tokens of the residual stream (all of them when tp is 1)
-        x = x + _scatter(self.attn(_gather(self.ln1(x), self.tp), rope), self.tp)
-        h = _gather(self.ln2(x), self.tp)
+    def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
+        # x: this rank's tokens of the residual stream (all of them when tp is 1 or without
+        # sequence parallelism)
+        a = self.attn(_gather(self.ln1(x), self.split), rope, mask)
+        x = x + self.drop(_scatter(a, self.split))
+        h = _gather(self.ln2(x), self.split)
         h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
-        return x + _scatter(self.out(h), self.tp)
+        return x + self.drop(_scatter(self.out(h), self.split))
 
 
 class GPT(nn.Module):
@@ -259,6 +303,11 @@ class GPT(nn.Module):
             cos, sin = rope_tables(cfg.d_model // cfg.heads, cfg.seq_len, cfg.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+        if cfg.attention == "math":  # the causal mask, made once (Megatron's ltor mask)
+            self.register_buffer("causal", torch.ones(cfg.seq_len, cfg.seq_len,
+                                                      dtype=torch.bool).triu(1),
+                                 persistent=False)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = _norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.local_vocab, bias=False)
@@ -266,17 +315,20 @@ class GPT(nn.Module):
             self.head.weight = self.tok.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t, tp = idx.shape[1], self.cfg.tp
+        t, split = idx.shape[1], self.cfg.token_split
         # the vocabulary-parallel lookup's partial sums, reduce-scattered to this rank's tokens
-        x = _scatter(self.tok(idx), tp)
+        # (all-reduced, without sequence parallelism)
+        x = _scatter(self.tok(idx), split)
         if self.cfg.positions == "learned":
-            x, rope = x + self.pos(torch.arange(t // tp, device=idx.device)), None
+            x, rope = x + self.pos(torch.arange(t // split, device=idx.device)), None
         else:
             rope = (self.rope_cos, self.rope_sin)
+        x = self.drop(x)
+        mask = self.causal if self.cfg.attention == "math" else None
         for block in self.blocks:
-            x = block(x, rope)
+            x = block(x, rope, mask)
         # [B, T, vocab / tp] logits (the loss runs vocabulary-parallel on them)
-        return self.head(_gather(self.ln_f(x), tp))
+        return self.head(_gather(self.ln_f(x), split))
 
 
 # Named configurations of published decoders that this module reproduces exactly (same
