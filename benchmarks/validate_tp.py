@@ -133,8 +133,13 @@ def against_tp1(rows: list[dict]) -> list[dict]:
         measured = per_gpu / r["measured_step_s"] / (one["model_flops"] / one["measured_step_s"])
         predicted = (per_gpu / r["predicted_step_s"]
                      / (one["model_flops"] / one["predicted_step_s"]))
+        # the same with the causal mask's kernels gone from both steps (Megatron's fused
+        # scale-mask-softmax, if the runs enabled it)
+        fused = (per_gpu / (r["predicted_step_s"] - r.get("mask_s", 0.0))
+                 / (one["model_flops"] / (one["predicted_step_s"] - one.get("mask_s", 0.0))))
         out.append({"system": r["system"], "run": r["run"], "against": one["run"],
-                    "measured": measured, "predicted": predicted, "ratio": predicted / measured})
+                    "measured": measured, "predicted": predicted, "ratio": predicted / measured,
+                    "ratio_mask_fused": fused / measured})
     return out
 
 
@@ -154,8 +159,9 @@ def against_one_node(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _analyze(args: list[str], tmp: str) -> dict:
-    """`dlperf analyze ARGS --json`: the requested scale of its scale-out."""
+def _analyze(args: list[str], tmp: str, whole: bool = False) -> dict:
+    """`dlperf analyze ARGS --json`: the requested scale of its scale-out (``whole``: the
+    whole result)."""
     from contextlib import redirect_stdout
     from io import StringIO
 
@@ -166,7 +172,8 @@ def _analyze(args: list[str], tmp: str) -> dict:
         code = cli(args + ["--json", str(path)])
     if code != 0:
         raise SystemExit(f"dlperf {' '.join(args)} exited {code}")
-    return json.loads(path.read_text())["scale_out"]["at_requested_scale"]
+    result = json.loads(path.read_text())
+    return result if whole else result["scale_out"]["at_requested_scale"]
 
 
 def kempnerforge(out: Path) -> None:
@@ -219,9 +226,12 @@ def megatron(out: Path) -> None:
                                     "--gpus", str(tp * replicas)]
             if tp > 1:
                 args += ["--tp", str(tp), "--no-sequence-parallel"]
-            here = _analyze(args, tmp)
+            result = _analyze(args, tmp, whole=True)
+            here = result["scale_out"]["at_requested_scale"]
             tensor = here["communication"].get("tensor_parallel") or {}
             step = here["step_s"]
+            mask = sum(k["predicted_time_s"] for k in result["layers"]
+                       if k["op"] == "masked_fill")
             tokens = batch * MEGATRON_SEQ / tp  # per GPU per iteration
             rows.append({"system": system, "case": case, "run": f"{case} TP={tp}",
                          "device": device, "interconnect": node, "tp": tp,
@@ -233,7 +243,7 @@ def megatron(out: Path) -> None:
                          "predicted_per_gpu": tokens / step, "ratio": ms / 1000 / step,
                          "tp_exposed_s": tensor.get("exposed_s", 0.0),
                          "exposed_comm_s": here["exposed_comm_s"],
-                         "straggler_s": here["straggler_s"],
+                         "straggler_s": here["straggler_s"], "mask_s": mask,
                          "predicted_single_rank_s": here["single_gpu_step_s"]})
     pairs, data_parallel = against_tp1(rows), against_one_node(rows)
     for r in rows:
@@ -242,7 +252,8 @@ def megatron(out: Path) -> None:
               f"tensor-parallel all-reduces {r['tp_exposed_s'] * 1000:4.0f} ms)")
     for p in pairs:
         print(f"{p['system']:23s} {p['run']:8s} / {p['against']}: measured {p['measured']:.3f}, "
-              f"predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
+              f"predicted {p['predicted']:.3f} ({p['ratio']:.2f}x; mask fused "
+              f"{p['ratio_mask_fused']:.2f}x)")
     for p in data_parallel:
         print(f"{p['run']:8s} on 128 replicas / on {p['against']}: measured "
               f"{p['measured']:.3f}, predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
