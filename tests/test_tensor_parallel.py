@@ -291,3 +291,9 @@ def test_analyze_no_sequence_parallel_says_what_it_runs(tmp_path, capsys):
     code, out, err = run_cli(common + ["--gpus", "8", "--no-sequence-parallel"], capsys)
     assert code == 2 and "--no-sequence-parallel describes tensor parallelism" in err
     assert len(err.strip().splitlines()) == 1
+    # the decoder's own flags are refused on other models and out of range, in one line each
+    for argv, words in ((["analyze", "resnet18", "--attention", "math", "--dropout", "0.1"],
+                         "--attention, --dropout: only for gpt"),
+                        (common + ["--dropout", "1"], "--dropout: GPT dropout must be in [0, 1)")):
+        code, out, err = run_cli(argv, capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err

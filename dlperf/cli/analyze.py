@@ -110,7 +110,8 @@ def add_parser(sub) -> None:
     s.add_argument("--tp", type=positive_int, default=1, metavar="N",
                    help="tensor parallel inside each node (gpt and its presets): N GPUs split "
                         "every block's heads, MLP and the vocabulary as Megatron does, and the "
-                        "tokens between them (sequence parallel, as torchtitan runs it); the "
+                        "tokens between them (sequence parallel, as torchtitan runs it; "
+                        "--no-sequence-parallel for Megatron's original all-reduces); the "
                         "analysis is one rank's shard, and --strategy runs over --gpus / N "
                         "replicas [1]")
     s.add_argument("--no-sequence-parallel", action="store_true",
