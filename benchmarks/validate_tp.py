@@ -74,15 +74,18 @@ RUNS = (
 )
 
 
+def paired(rows: list[dict], key, is_base) -> list[tuple[dict, dict]]:
+    """(row, its base) for each row that is not a base, where some base (``is_base``) has the
+    same ``key``: the runs each comparison below divides by."""
+    bases = {key(r): r for r in rows if is_base(r)}
+    return [(r, bases[key(r)]) for r in rows if not is_base(r) and key(r) in bases]
+
+
 def relative(rows: list[dict]) -> list[dict]:
     """Each tensor-parallel row's tokens/s per GPU over the FSDP row on as many GPUs (when the
     table has one), measured and predicted, and predicted over measured."""
-    fsdp = {r["gpus"]: r for r in rows if r["tp"] == 1}
     out = []
-    for r in rows:
-        base = fsdp.get(r["gpus"])
-        if r["tp"] == 1 or base is None:
-            continue
+    for r, base in paired(rows, lambda r: r["gpus"], lambda r: r["tp"] == 1):
         measured = r["measured_per_gpu"] / base["measured_per_gpu"]
         predicted = r["predicted_per_gpu"] / base["predicted_per_gpu"]
         out.append({"run": r["run"], "against": base["run"], "measured": measured,
@@ -123,12 +126,8 @@ def megatron_flops(layers: int, hidden: int, batch: int, seq: int = MEGATRON_SEQ
 def against_tp1(rows: list[dict]) -> list[dict]:
     """Each TP=N row's model FLOP/s per GPU over the TP=1 row's of the same system (Megatron's
     weak scaling, in FLOPs), measured and predicted, and predicted over measured."""
-    base = {r["system"]: r for r in rows if r["tp"] == 1}
     out = []
-    for r in rows:
-        one = base.get(r["system"])
-        if r["tp"] == 1 or one is None:
-            continue
+    for r, one in paired(rows, lambda r: r["system"], lambda r: r["tp"] == 1):
         per_gpu = r["model_flops"] / r["tp"]
         measured = per_gpu / r["measured_step_s"] / (one["model_flops"] / one["measured_step_s"])
         predicted = (per_gpu / r["predicted_step_s"]
@@ -146,12 +145,8 @@ def against_tp1(rows: list[dict]) -> list[dict]:
 def against_one_node(rows: list[dict]) -> list[dict]:
     """Each data-parallel row's rate per GPU over the same case's on one node of the same
     GPU (its model-parallel group alone), measured and predicted: the data-parallel scaling."""
-    alone = {(r["case"], r["device"]): r for r in rows if r["replicas"] == 1}
     out = []
-    for r in rows:
-        one = alone.get((r["case"], r["device"]))
-        if r["replicas"] == 1 or one is None:
-            continue
+    for r, one in paired(rows, lambda r: (r["case"], r["device"]), lambda r: r["replicas"] == 1):
         measured = one["measured_step_s"] / r["measured_step_s"]
         predicted = one["predicted_step_s"] / r["predicted_step_s"]
         out.append({"system": r["system"], "run": r["run"], "against": one["system"],
