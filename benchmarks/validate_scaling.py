@@ -44,11 +44,11 @@ def read_rows(path: Path) -> list[dict]:
         for key in OPTIONAL_INTS:
             row[key] = int(row[key]) if row.get(key) else None
         value = row["activation_checkpointing"]
-        if value not in ("true", "false", "selective-op"):
+        if value not in ("true", "false", "selective-op", "selective-attention"):
             raise SystemExit(f"{path}: {row['id']}: activation_checkpointing must be true, "
-                             f"false or selective-op, not {value!r}")
+                             f"false, selective-op or selective-attention, not {value!r}")
         row["activation_checkpointing"] = value != "false"
-        row["checkpoint_policy"] = "selective-op" if value == "selective-op" else "full"
+        row["checkpoint_policy"] = value if value.startswith("selective") else "full"
         # optional columns (blank: eager PyTorch, no graphs, DDP's overlap, no batch-norm groups)
         row["fusion"] = row.get("fusion") or "none"
         if row["fusion"] not in FUSIONS:

@@ -209,3 +209,40 @@ def test_math_attention_and_dropout_are_the_kernels_a_user_runs():
         GPTConfig(dropout=1.0)
     with pytest.raises(ValueError, match="attention"):
         GPTConfig(attention="flash")
+
+
+def test_selective_attention_checkpointing_recomputes_the_attention_core_only():
+    # Megatron's selective recompute on a GPT-2 block with explicit attention: the backward
+    # replays Q Kᵀ, the mask, softmax, the probabilities' dropout and times V (and the layout
+    # copies around them), no projection, norm or MLP kernel
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+
+    cfg = GPTConfig(layers=2, d_model=256, heads=8, vocab=1024, seq_len=128, bias=True,
+                    attention="math", dropout=0.1)
+    with torch.device("meta"):
+        model = GPT(cfg)
+
+    def analysis(policy):
+        return analyze_model(model, AnalysisConfig(
+            model="gpt", input_shape=(4, 128), dtype="fp16", precision="fsdp", train=True,
+            tokens=True, device="a100-80gb", optimizer="adamw",
+            activation_checkpointing=policy is not None, checkpoint_policy=policy or "full"),
+            input_dtype=torch.long)
+
+    none, full, sel = (analysis(p) for p in (None, "full", "selective-attention"))
+    replay = [p.cost for p in sel.predictions if p.cost.phase == "recompute"
+              and p.cost.module.startswith("blocks.0.")]
+    assert {c.module for c in replay} == {"blocks.0.attn"}
+    ops = [c.op for c in replay]
+    assert ops.count("bmm") == 2 and {"masked_fill", "_softmax", "native_dropout"} <= set(ops)
+    assert not any(c.op in ("mm", "addmm", "native_layer_norm", "gelu") for c in replay)
+    # recomputed FLOPs per block: Q Kᵀ and times V, 2 x (4 x 8 heads x 128 x 128 x 32) MACs x 2,
+    # plus the scaling of Q (4 x 128 x 256 multiplies) and the softmax's own FLOPs
+    bmm_flops = sum(c.flops for c in replay if c.op == "bmm")
+    assert bmm_flops == 2 * 2 * 4 * 8 * 128 * 128 * 32
+    # memory between no checkpointing and full, and less time than full
+    assert (full.memory["activations_bytes"] < sel.memory["activations_bytes"]
+            < none.memory["activations_bytes"])
+    total = {n: sum(p.time_s for p in a.predictions) for n, a in
+             (("none", none), ("full", full), ("sel", sel))}
+    assert total["none"] < total["sel"] < total["full"]

@@ -27,7 +27,7 @@ PRECISIONS = ("mixed", "half", "fsdp")
 # the precisions whose model computes in the half dtype itself, without autocast
 HALF_MODEL = ("half", "fsdp")
 # what a checkpointed block recomputes (AnalysisConfig.checkpoint_policy, kept_by_policy)
-CHECKPOINT_POLICIES = ("full", "selective-op")
+CHECKPOINT_POLICIES = ("full", "selective-op", "selective-attention")
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,10 @@ class AnalysisConfig:
     # recompute each block's forward in the backward (torch.utils.checkpoint per block, as
     # FSDP trainers wrap them): more math, activations only at block boundaries
     activation_checkpointing: bool = False
-    # what a checkpointed block recomputes: "full" (its whole forward) or "selective-op"
+    # what a checkpointed block recomputes: "full" (its whole forward), "selective-op"
     # (torchtitan's op-level policy: matmul outputs alternately saved, attention saved, every
-    # other kernel recomputed; see with_recompute)
+    # other kernel recomputed) or "selective-attention" (Megatron-LM's selective recompute:
+    # the attention core only); see kept_by_policy
     checkpoint_policy: str = "full"
     # the batch-norm stack the step runs (analysis/fusion.py): "none" (eager PyTorch: batch
     # norm, ReLU and add each a kernel), "bn-act" (batch norm + ReLU and batch norm + add +
@@ -328,8 +329,10 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                               "numbered series of children, e.g. a module list's blocks.0, "
                               "blocks.1, ...) to checkpoint")
         costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy)
-        activations = checkpointed_activations(cap, blocks) + kept_bytes(
-            costs, blocks, config.checkpoint_policy)
+        activations = (attention_recomputed_activations(cap, costs, blocks)
+                       if config.checkpoint_policy == "selective-attention" else
+                       checkpointed_activations(cap, blocks) + kept_bytes(
+                           costs, blocks, config.checkpoint_policy))
     memory = memory_footprint(model, config, activations, element_bytes=state_bytes)
     return costs, uncounted, time.perf_counter() - start, memory
 
@@ -340,15 +343,31 @@ def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
     (torchtitan/parallelisms/parallelize_llama.py, 2024: ``_save_list`` and its policy): the
     outputs of fused attention and of every odd-numbered ``aten.mm`` in the block (the 1st, 3rd,
     ...: a Llama block keeps q, v, w1 and w2 and recomputes k, o and w3), everything else
-    recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``)."""
+    recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``).
+    "selective-attention": Megatron-LM's selective activation recomputation
+    (--recompute-granularity selective; Korthikanti et al., arXiv 2205.05198, section 5): only
+    the attention core is recomputed (Q Kᵀ, the mask and softmax, the dropout on the
+    probabilities, times V, or the one fused attention kernel): the kernels an attention module
+    (its path's last name holding "attn" or "attention") runs itself, not its projections'
+    matmuls; everything else is kept."""
     if policy == "full":
         return [False] * len(block_kernels)
+    if policy == "selective-attention":
+        return [not (_is_attention_module(c.module) and c.op not in ("mm", "addmm"))
+                for c in block_kernels]
     kept, mm = [], 0
     for c in block_kernels:
         if c.op == "mm":
             mm += 1
         kept.append(c.kind == "fused" or (c.op == "mm" and mm % 2 == 1))
     return kept
+
+
+def _is_attention_module(path: str) -> bool:
+    """Is ``path`` (a module's dotted name) an attention module (``blocks.3.attn``,
+    ``encoder_layer_0.self_attention``), not one of its children (``blocks.3.attn.qkv``)?"""
+    name = path.rsplit(".", 1)[-1].lower()
+    return "attn" in name or "attention" in name
 
 
 def _block_forwards(costs: list, blocks: set[str]) -> dict[str, list]:
@@ -393,6 +412,22 @@ def kept_bytes(costs: list, blocks: set[str], policy: str) -> int:
         return 0
     return sum(c.output_bytes for group in _block_forwards(costs, blocks).values()
                for c, keep in zip(group, kept_by_policy(group, policy)) if keep)
+
+
+def attention_recomputed_activations(cap, costs: list, blocks: set[str]) -> int:
+    """What Megatron's selective recompute keeps (``kept_by_policy``): every activation but
+    what the blocks' attention modules save themselves (the scores, probabilities and dropout
+    masks of the core), with one block's of those back during its backward, plus the core's
+    inputs, which the checkpoint holds: the outputs of each attention module's projections
+    but its last (q, k and v, not the output projection)."""
+    core = {m: n for m, n in cap.saved_by_module.items()
+            if capture_mod.block_path(m, blocks) in blocks and _is_attention_module(m)}
+    inputs = 0
+    for group in _block_forwards(costs, blocks).values():
+        projections = [c for c in group if c.op in ("mm", "addmm") and any(
+            c.module.startswith(m + ".") for m in core)]
+        inputs += sum(c.output_bytes for c in projections[:-1])
+    return cap.saved_bytes - sum(core.values()) + max(core.values(), default=0) + inputs
 
 
 def checkpointed_activations(cap, blocks: set[str]) -> int:
@@ -494,7 +529,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``optimizer``: the update counted in a training step; "auto" is ``default_optimizer``
     (AdamW for token models, SGD otherwise), as `dlperf analyze` counts it.
     ``activation_checkpointing``: recompute each block's forward in the backward;
-    ``checkpoint_policy``: "full" or "selective-op" (``kept_by_policy``).
+    ``checkpoint_policy``: "full", "selective-op" or "selective-attention"
+    (``kept_by_policy``).
     ``fusion``: the batch-norm stack, one of ``FUSIONS`` (analysis/fusion.py);
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).

@@ -45,12 +45,15 @@ def add_parser(sub) -> None:
                         "DEFAULT): the model run in the dtype without autocast, fp32 master "
                         "weights, optimizer state and gradient reduction [mixed]")
     a.add_argument("--activation-checkpointing", nargs="?", const="full", default=None,
-                   choices=("full", "selective-op"), metavar="{full,selective-op}",
+                   choices=("full", "selective-op", "selective-attention"),
+                   metavar="{full,selective-op,selective-attention}",
                    help="with --train: recompute each block's forward in the backward "
                         "(torch.utils.checkpoint per block, the indexed children of a module "
                         "list such as blocks.0): more math, activations kept only at block "
                         "boundaries. selective-op: torchtitan's op-level policy (attention and "
-                        "every other matmul kept, the rest recomputed) [full]")
+                        "every other matmul kept, the rest recomputed); selective-attention: "
+                        "Megatron-LM's selective recompute (only the attention core, Q Kᵀ "
+                        "to times V, recomputed; everything else kept) [full]")
     a.add_argument("--fusion", choices=("none", "bn-act", "conv-bn"), default="none",
                    help="the batch-norm stack the step runs: none = eager PyTorch (batch norm, "
                         "ReLU and the residual add a kernel each); bn-act = batch norm + ReLU "
