@@ -2,8 +2,8 @@
 results (issues #11 and #14).
 
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
-tp-kempnerforge-h200.json and tp-megatron-2020.json (rerun them first: validate_published.py,
-validate_scaling.py, validate_tp.py) and condenses them per device and class of
+tp-kempnerforge-h200.json and tp-megatron-{2020,2022}.json (rerun them first:
+validate_published.py, validate_scaling.py, validate_tp.py) and condenses them per device and class of
 workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
 prediction on a preset.
 
@@ -34,11 +34,11 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
     tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
-    megatron = results / "tp-megatron-2020.json"
+    megatron = [results / f"tp-megatron-{year}.json" for year in (2020, 2022)]
     if tp.exists():
         record["tensor_parallel"] = build_tensor_parallel(
             json.loads(tp.read_text())["results"],
-            json.loads(megatron.read_text())["results"] if megatron.exists() else None)
+            *(json.loads(m.read_text())["results"] if m.exists() else None for m in megatron))
     return record
 
 

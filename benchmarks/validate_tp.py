@@ -56,6 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/tp-kempnerforge-h200.json"
 MEGATRON_OUT = ROOT / "benchmarks/results/tp-megatron-2020.json"
+MEGATRON22_OUT = ROOT / "benchmarks/results/tp-megatron-2022.json"
 BASE = ["analyze", "llama3-8b", "--device", "h200", "--seq-len", "4096", "--dtype", "bf16",
         "--precision", "fsdp", "--train", "--activation-checkpointing", "full",
         "--optimizer", "adamw", "--gpus-per-node", "4", "--interconnect", "nvlink4-h200,ib-ndr",
@@ -259,7 +260,101 @@ def megatron(out: Path) -> None:
     print(f"Wrote {out}")
 
 
-SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT)}
+# Korthikanti et al. 2022 (arXiv 2205.05198), Table 3: the 22B GPT (48 layers of 6,144, 64
+# heads, vocabulary 51,200, 2,048 tokens) on TP=8 in one node of 8 A100 80 GB (NVSwitch), no
+# data or pipeline parallelism, batch 4 in one micro-batch, mixed precision
+MEGATRON22_ARGS = ["analyze", "gpt2", "--layers", "48", "--d-model", "6144", "--heads", "64",
+                   "--vocab", "51200", "--seq-len", "2048", "--batch-size", "4", "--dtype",
+                   "bf16", "--precision", "fsdp", "--train", "--optimizer", "adamw",
+                   "--attention", "math", "--dropout", "0.1", "--device", "a100-80gb",
+                   "--interconnect", "nvlink3-a100", "--gpus", "8", "--tp", "8", "--top", "1"]
+# Table 4, one transformer layer (ms): (experiment, sequence parallel, recompute policy or None,
+# forward, backward)
+MEGATRON22_LAYER = (
+    ("baseline, no recompute", False, None, 7.7, 11.9),
+    ("sequence parallelism", True, None, 7.2, 11.8),
+    ("baseline with (full) recompute", False, "full", 7.7, 19.5),
+    ("selective recompute", False, "selective-attention", 7.7, 13.2),
+    ("selective + sequence", True, "selective-attention", 7.2, 13.1),
+)
+# Table 5, one iteration (s): full recompute without sequence parallelism, and the paper's
+# method (sequence parallel, selective recompute): the 3rd and 5th experiments above
+MEGATRON22_ITERATION = {"baseline with (full) recompute": 1.42, "selective + sequence": 1.10}
+
+
+def layer_times(result: dict, block: str = "blocks.1") -> tuple[float, float]:
+    """One block's predicted forward and backward (dgrad, wgrad and any recompute) in seconds,
+    its kernels plus its share of the tensor-parallel collectives: a block makes two in the
+    forward (an all-reduce after each split region, or an all-gather and a reduce-scatter
+    around it with sequence parallelism, i.e. twice as many calls of the same bytes), two in
+    the backward and, fully recomputed, two more in the replay
+    (scaling.tensor_parallel_collectives)."""
+    phases = {"forward": 0.0, "backward": 0.0}
+    recomputed = False
+    for k in result["layers"]:
+        if k["module"].startswith(block + "."):
+            phases["forward" if k["phase"] == "forward" else "backward"] += k["predicted_time_s"]
+            recomputed |= k["phase"] == "recompute" and k["op"] in ("mm", "addmm")
+    tp = result["scale_out"]["at_requested_scale"]["communication"]["tensor_parallel"]
+    each = tp["exposed_s"] / tp["collectives_per_micro_batch"]
+    calls = 2 * (2 if tp["sequence_parallel"] else 1)  # per split-region pair, per pass
+    return (phases["forward"] + calls * each,
+            phases["backward"] + calls * each * (2 if recomputed else 1))
+
+
+def megatron2022(out: Path) -> None:
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, sp, policy, fwd, bwd in tqdm(MEGATRON22_LAYER, desc="megatron 2022"):
+            args = MEGATRON22_ARGS + ([] if sp else ["--no-sequence-parallel"]) + (
+                ["--activation-checkpointing", policy] if policy else [])
+            result = _analyze(args, tmp, whole=True)
+            here = result["scale_out"]["at_requested_scale"]
+            p_fwd, p_bwd = layer_times(result)
+            iteration = MEGATRON22_ITERATION.get(name)
+            rows.append({"experiment": name, "sequence_parallel": sp, "recompute": policy,
+                         "measured_forward_s": fwd / 1000, "measured_backward_s": bwd / 1000,
+                         "predicted_forward_s": p_fwd, "predicted_backward_s": p_bwd,
+                         "layer_ratio": (fwd + bwd) / 1000 / (p_fwd + p_bwd),
+                         "measured_iteration_s": iteration,
+                         "predicted_iteration_s": here["step_s"],
+                         "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get(
+                             "total_bytes")})
+    base = rows[0]
+    measured_base = base["measured_forward_s"] + base["measured_backward_s"]
+    predicted_base = base["predicted_forward_s"] + base["predicted_backward_s"]
+    for r in rows:  # Table 4's overhead column: each layer time over the baseline's
+        r["measured_over_baseline"] = (r["measured_forward_s"] + r["measured_backward_s"]
+                                       ) / measured_base
+        r["predicted_over_baseline"] = (r["predicted_forward_s"] + r["predicted_backward_s"]
+                                        ) / predicted_base
+    full, present = (next(r for r in rows if r["experiment"] == n)
+                     for n in MEGATRON22_ITERATION)
+    speedup = {"measured": full["measured_iteration_s"] / present["measured_iteration_s"],
+               "predicted": full["predicted_iteration_s"] / present["predicted_iteration_s"]}
+    for r in rows:
+        print(f"{r['experiment']:32s} layer: measured {r['measured_forward_s'] * 1e3:4.1f} + "
+              f"{r['measured_backward_s'] * 1e3:4.1f} ms, predicted "
+              f"{r['predicted_forward_s'] * 1e3:4.1f} + {r['predicted_backward_s'] * 1e3:4.1f} "
+              f"ms; over the baseline measured {r['measured_over_baseline']:.3f}, predicted "
+              f"{r['predicted_over_baseline']:.3f}"
+              + (f"; iteration measured {r['measured_iteration_s']:.2f} s, predicted "
+                 f"{r['predicted_iteration_s']:.2f} s" if r["measured_iteration_s"] else ""))
+    print(f"the paper's method over full recompute: measured {speedup['measured']:.3f}x, "
+          f"predicted {speedup['predicted']:.3f}x")
+    save_result(out, "validate-tp-megatron-2022",
+                {"args": MEGATRON22_ARGS, "layer": [list(r) for r in MEGATRON22_LAYER],
+                 "iteration": MEGATRON22_ITERATION},
+                {"rows": rows, "speedup": speedup})
+    print(f"Wrote {out}")
+
+
+SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
+           "megatron-2022": (megatron2022, MEGATRON22_OUT)}
 
 
 def main(argv: list[str]) -> int:

@@ -265,3 +265,9 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
     text = describe_tensor_parallel({"tensor_parallel": entry})
     assert "two published sources" in text and "predicted 1.04-1.06x what was measured" in text
     assert "TP cost 30%-35%" in text and "up to 1.4x optimistic" in text
+    # and Megatron's 22B: the paper's method over full recompute, measured and predicted
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron,
+                                  {"speedup": {"measured": 1.42 / 1.10, "predicted": 1.38}})
+    text = describe_tensor_parallel({"tensor_parallel": entry})
+    assert "three published sources" in text
+    assert "ran 1.29x as fast as full recompute without it, and dlperf predicts 1.38x" in text

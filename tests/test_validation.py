@@ -256,6 +256,32 @@ def test_megatron_runs_are_compared_with_tp1_and_with_one_node():
     assert dp[1]["ratio"] == pytest.approx((1.4 / 1.5) / (1.25 / 1.3))
 
 
+def test_megatron_2022_layer_times_add_the_blocks_collectives():
+    tp = load_benchmark("validate_tp")
+
+    def result(sp, recompute):
+        kernel = [("blocks.1.attn.qkv", "mm", "forward", 3.0),
+                  ("blocks.1.attn", "bmm", "forward", 1.0),
+                  ("blocks.1.attn.qkv", "mm", "dgrad", 3.0),
+                  ("blocks.1.attn.qkv", "mm", "wgrad", 3.0),
+                  ("blocks.0.attn.qkv", "mm", "forward", 50.0)]  # another block: not counted
+        if recompute:
+            kernel.append(("blocks.1.attn.qkv", "mm", "recompute", 3.0))
+        layers = [{"module": m, "op": op, "phase": ph, "predicted_time_s": t}
+                  for m, op, ph, t in kernel]
+        # 10 collectives a micro-batch taking 5 s in all: 0.5 s each
+        tensor = {"exposed_s": 5.0, "collectives_per_micro_batch": 10, "sequence_parallel": sp}
+        return {"layers": layers, "scale_out": {"at_requested_scale": {
+            "communication": {"tensor_parallel": tensor}}}}
+
+    # all-reduces: forward 4 + 2 x 0.5 = 5; backward 3 + 3 + 2 x 0.5 = 7
+    assert tp.layer_times(result(False, False)) == pytest.approx((5.0, 7.0))
+    # sequence parallel: an all-gather and a reduce-scatter per region: 4 calls a pass
+    assert tp.layer_times(result(True, False)) == pytest.approx((6.0, 8.0))
+    # a replayed GEMM: its 3 s and the replay's 2 all-reduces
+    assert tp.layer_times(result(False, True)) == pytest.approx((5.0, 11.0))
+
+
 def test_compile_bounds_remove_what_each_bound_says():
     import dataclasses
     from types import SimpleNamespace

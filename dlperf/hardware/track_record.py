@@ -265,7 +265,8 @@ def describe_scale_out(spec, record: dict | None = None,
     return "Track record, scale-out: " + "; ".join(parts) + ".", warn
 
 
-def build_tensor_parallel(result: dict, megatron: dict | None = None) -> dict:
+def build_tensor_parallel(result: dict, megatron: dict | None = None,
+                          megatron2022: dict | None = None) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
     results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
     as many GPUs, measured and predicted, as the losses TP costs; and ``megatron``'s, each
@@ -285,6 +286,11 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None) -> dict:
             "runs": len(ratios), "ratio_low": min(ratios), "ratio_high": max(ratios),
             "source": "Megatron-LM's GPT, 1B-8B on TP 1-8 inside DGX-2 and DGX A100 nodes, "
                       "alone and 128 replicas data parallel, no sequence parallelism, 2020"}
+    if megatron2022 is not None:
+        speedup = megatron2022["speedup"]
+        entry["megatron_2022"] = {
+            "measured": speedup["measured"], "predicted": speedup["predicted"],
+            "source": "Megatron-LM's 22B GPT on TP=8 (2022)"}
     return entry
 
 
@@ -304,7 +310,12 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
     if m is None:
         return (f"Tensor parallelism is the least checked part of this model: in the one "
                 f"published source it is checked against ({s['source']}), {kempner}.")
-    return (f"Tensor parallelism is checked against two published sources. {m['source']} "
+    sources = "three" if s.get("megatron_2022") else "two"
+    return (f"Tensor parallelism is checked against {sources} published sources. {m['source']} "
             f"({m['runs']} runs): each TP=N run's rate per GPU over TP=1's was predicted "
-            f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. In "
-            f"{s['source']}, {kempner}.")
+            f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. "
+            + (f"On {s['megatron_2022']['source']}, sequence parallelism with selective "
+               f"recompute ran {s['megatron_2022']['measured']:.2f}x as fast as full recompute "
+               f"without it, and dlperf predicts {s['megatron_2022']['predicted']:.2f}x. "
+               if s.get("megatron_2022") else "")
+            + f"In {s['source']}, {kempner}.")
