@@ -269,9 +269,10 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
                           megatron2022: dict | None = None) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
     results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
-    as many GPUs, measured and predicted, as the losses TP costs; and ``megatron``'s, each
+    as many GPUs, measured and predicted, as the losses TP costs; ``megatron``'s (2020), each
     TP=N run's model FLOP/s per GPU over the TP=1 run's of the same system, predicted over
-    measured."""
+    measured; and ``megatron2022``'s, the paper's sequence parallelism with selective
+    recompute over full recompute, measured and predicted."""
     pairs = result["tp_over_fsdp"]
     measured = [1 - p["measured"] for p in pairs]
     predicted = [1 - p["predicted"] for p in pairs]
