@@ -296,6 +296,36 @@ MEGATRON22_LAYER = (
 # Table 5, one iteration (s): full recompute without sequence parallelism, and the paper's
 # method (sequence parallel, selective recompute): the 3rd and 5th experiments above
 MEGATRON22_ITERATION = {"baseline with (full) recompute": 1.42, "selective + sequence": 1.10}
+# Tables 3 and 5, the pipelined models: (model, layers, hidden, heads, pipeline stages,
+# virtual stages (Megatron's interleaved schedule for 175B and 530B, "m = 3"), GPUs, batch =
+# micro-batches of 1, iteration s with full recompute, with the paper's method); and 530B on
+# 8 replicas (2,240 GPUs, batch 2,240), section 6.3: 39.15 s, its gradient all-reduce "not
+# overlapped" with the backward
+MEGATRON22_PIPELINED = (
+    ("175B", 96, 12288, 96, 8, 3, 64, 64, 18.13, 13.75),
+    ("530B", 105, 20480, 128, 35, 3, 280, 280, 49.05, 37.83),
+    ("1T", 128, 25600, 160, 64, 1, 512, 512, 94.42, 71.49),
+    ("530B x 8 replicas", 105, 20480, 128, 35, 3, 2240, 280, None, 39.15),
+)
+# the two ways each ran: full recompute without sequence parallelism, and the paper's
+MEGATRON22_WAYS = (("full recompute", ["--activation-checkpointing", "full",
+                                       "--no-sequence-parallel"]),
+                   ("selective + sequence", ["--activation-checkpointing",
+                                             "selective-attention"]))
+
+
+def pipelined_args(layers: int, hidden: int, heads: int, pp: int, virtual: int, gpus: int,
+                   micro_batches: int) -> list[str]:
+    """`dlperf analyze` for one of Megatron's pipelined GPTs: TP=8 in each node, ``pp`` stages
+    (``virtual`` chunks each), one sequence a micro-batch, data parallel over what is left
+    with the all-reduce after the backward, as the paper ran it."""
+    return ["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
+            str(heads), "--vocab", "51200", "--seq-len", "2048", "--batch-size", "1",
+            "--grad-accum", str(micro_batches), "--dtype", "bf16", "--precision", "fsdp",
+            "--train", "--optimizer", "adamw", "--attention", "math", "--dropout", "0.1",
+            "--device", "a100-80gb", "--interconnect", "nvlink3-a100,ib-hdr", "--gpus",
+            str(gpus), "--tp", "8", "--pp", str(pp), "--pp-virtual", str(virtual),
+            "--no-overlap", "--top", "1"]
 
 
 def layer_times(result: dict, block: str = "blocks.1") -> tuple[float, float]:
@@ -352,6 +382,39 @@ def megatron2022(out: Path) -> None:
                      for n in MEGATRON22_ITERATION)
     speedup = {"measured": full["measured_iteration_s"] / present["measured_iteration_s"],
                "predicted": full["predicted_iteration_s"] / present["predicted_iteration_s"]}
+    iterations = [{"model": "22B", "way": way, "gpus": 8, "pp": 1,
+                   "measured_iteration_s": r["measured_iteration_s"],
+                   "predicted_iteration_s": r["predicted_iteration_s"]}
+                  for way, r in (("full recompute", full), ("selective + sequence", present))]
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [(m, way, extra) for m in MEGATRON22_PIPELINED for way, extra in MEGATRON22_WAYS
+                if (m[8] if way == "full recompute" else m[9]) is not None]
+        for (model, layers, hidden, heads, pp, virtual, gpus, micro, full_s, present_s), way, \
+                extra in tqdm(runs, desc="megatron 2022, pipelined"):
+            here = _analyze(pipelined_args(layers, hidden, heads, pp, virtual, gpus, micro)
+                            + extra, tmp)
+            pipe = here["communication"]["pipeline"]
+            iterations.append({
+                "model": model, "way": way, "gpus": gpus, "pp": pp, "virtual": virtual,
+                "micro_batches": micro,
+                "measured_iteration_s": full_s if way == "full recompute" else present_s,
+                "predicted_iteration_s": here["step_s"], "bubble_s": pipe["bubble_s"],
+                "p2p_s": pipe["p2p_s"], "exposed_comm_s": here["exposed_comm_s"],
+                "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get("total_bytes")})
+    for r in iterations:
+        r["ratio"] = r["measured_iteration_s"] / r["predicted_iteration_s"]  # rate, pred/meas
+    pairs = paired(iterations, lambda r: r["model"], lambda r: r["way"] == "full recompute")
+    speedups = [{"model": r["model"], "measured": full["measured_iteration_s"]
+                 / r["measured_iteration_s"],
+                 "predicted": full["predicted_iteration_s"] / r["predicted_iteration_s"]}
+                for r, full in pairs]
+    for r in iterations:
+        print(f"{r['model']:18s} {r['way']:21s}: iteration measured "
+              f"{r['measured_iteration_s']:6.2f} s, predicted {r['predicted_iteration_s']:6.2f} s "
+              f"(rate {r['ratio']:.2f}x)")
+    for x in speedups:
+        print(f"{x['model']:18s} the paper's method over full recompute: measured "
+              f"{x['measured']:.3f}x, predicted {x['predicted']:.3f}x")
     for r in rows:
         print(f"{r['experiment']:32s} layer: measured {r['measured_forward_s'] * 1e3:4.1f} + "
               f"{r['measured_backward_s'] * 1e3:4.1f} ms, predicted "
@@ -364,8 +427,11 @@ def megatron2022(out: Path) -> None:
           f"predicted {speedup['predicted']:.3f}x")
     save_result(out, "validate-tp-megatron-2022",
                 {"args": MEGATRON22_ARGS, "layer": [list(r) for r in MEGATRON22_LAYER],
-                 "iteration": MEGATRON22_ITERATION},
-                {"rows": rows, "speedup": speedup})
+                 "iteration": MEGATRON22_ITERATION,
+                 "pipelined": [list(r) for r in MEGATRON22_PIPELINED],
+                 "ways": [[w, a] for w, a in MEGATRON22_WAYS]},
+                {"rows": rows, "speedup": speedup, "iterations": iterations,
+                 "speedups": speedups})
     print(f"Wrote {out}")
 
 

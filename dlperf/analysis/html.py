@@ -206,9 +206,14 @@ launch cost per kernel.</p>
 def _scaling_section(scale_out: dict) -> str:
     here = scale_out["at_requested_scale"]
     tp = here["communication"].get("tensor_parallel")
-    reference = f"its {tp['tp']} ranks without their collectives" if tp else "one GPU"
+    pipe = here["communication"].get("pipeline")
+    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1)
+    reference = (f"its {ways} ranks without their collectives"
+                 + (" and the pipeline's bubble" if pipe else "") if ways > 1 else "one GPU")
     return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs"
             + (f" ({tp['tp']}-way tensor parallel in each node)" if tp else "")
+            + (f" ({pipe['pp']} pipeline stages, {pipe['micro_batches']} micro-batches: "
+               f"bubble {pipe['bubble_s'] * 1e3:.2f} ms a step)" if pipe else "")
             + f": {here['per_gpu_samples_per_s']:,.0f} "
             f"samples/s per GPU, {here['total_samples_per_s']:,.0f} in all, "
             f"{here['scaling_efficiency']:.1%} of {reference}; "

@@ -164,9 +164,16 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     above = (" (above 100%: each GPU updates only its shard of the optimizer state)"
              if here["scaling_efficiency"] > 1.0 and comm["strategy"] != "ddp" else "")
     tp = comm.get("tensor_parallel")
-    layout = (f"{tp['tp']}-way tensor parallel in the node, {comm['strategy'].upper()} over "
-              f"{here['gpus'] // tp['tp']:,} replicas" if tp else comm["strategy"].upper())
-    reference = f"its {tp['tp']} ranks without their collectives" if tp else "one GPU"
+    pipe = comm.get("pipeline")
+    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1)
+    layout = ", ".join(
+        ([f"{tp['tp']}-way tensor parallel in the node"] if tp else [])
+        + ([f"{pipe['pp']} pipeline stages" + (f" of {pipe['virtual']} virtual chunks"
+                                               if pipe["virtual"] > 1 else "")] if pipe else [])
+        + [f"{comm['strategy'].upper()} over {here['gpus'] // ways:,} replicas" if ways > 1
+           else comm["strategy"].upper()])
+    reference = (f"its {ways} ranks without their collectives"
+                 + (" and the pipeline's bubble" if pipe else "") if ways > 1 else "one GPU")
     console.print(
         styled("[bold]On {} GPUs[/]", f"{here['gpus']:,}")
         + f" ({here['nodes']:,} node(s); {node.display_name}"
@@ -180,12 +187,17 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            + f"{tp['collectives_per_micro_batch']:,} of {gib(tp['bytes_each'])} per micro-batch"
            + (f" (NCCL: {tp['nccl']})" if tp.get("nccl") else "")
            + f", {seconds(tp['exposed_s'])} a step, none hidden; " if tp else "")
-        + ("data-parallel communication " if tp else "communication ")
+        + (f"pipeline bubble {seconds(pipe['bubble_s'])} a step ({pipe['micro_batches']} "
+           f"micro-batches; the slowest stage is stage {pipe.get('slowest_stage', 0)}), "
+           f"{pipe['p2p_transfers']:,} point-to-point sends of {gib(pipe['p2p_bytes_each'])} "
+           f"{'between nodes' if pipe['p2p_between_nodes'] else 'inside the node'}, "
+           f"{seconds(pipe['p2p_s'])}; " if pipe else "")
+        + ("data-parallel communication " if tp or pipe else "communication ")
         + f"{seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] != 'ddp' and here['grad_accum'] > 1 else 'step'}"
         + (f" (NCCL: {comm['nccl']} for the largest "
            f"{'bucket' if comm['strategy'] == 'ddp' else 'unit'})" if comm.get("nccl") else "")
-        + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp else ''}"
+        + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp or pipe else ''}"
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
         + (f"; the update's launches after GradScaler's wait "

@@ -572,6 +572,14 @@ class ScaleConfig:
     # micro-batch ((kind, count, bytes) triples: tensor_parallel_collectives)
     tp: int = 1
     tp_collectives: tuple = ()
+    # pipeline-parallel stages (1: none; analysis/pipeline.py), the virtual stages of each
+    # GPU (Megatron's interleaved schedule; 1: 1F1B), and the bytes one point-to-point
+    # transfer carries between stages (a micro-batch's activations at a stage boundary, on one
+    # tensor-parallel rank); the analysis is then the slowest stage's, and grad_accum the
+    # micro-batches of a step
+    pp: int = 1
+    pp_virtual: int = 1
+    p2p_bytes: int = 0
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -632,9 +640,17 @@ class ScaleConfig:
             raise DlperfError(f"--tp {self.tp}: tensor parallelism runs inside a node; give a "
                               f"size that divides --gpus-per-node ({self.gpus_per_node}) and "
                               f"--gpus ({self.gpus})")
-        if self.tp > 1 and self.decode == "cpu":
-            raise DlperfError("--tp is for the built-in decoders (token inputs); --decode cpu "
-                              "describes a JPEG pipeline")
+        if self.pp < 1 or self.pp_virtual < 1 or self.gpus % (self.tp * self.pp):
+            raise DlperfError(f"--pp {self.pp}: pipeline stages split the GPUs: give a number "
+                              f"of stages (and virtual stages) of at least 1 whose product "
+                              f"with --tp ({self.tp}) divides --gpus ({self.gpus})")
+        if self.pp > 1 and self.strategy != "ddp":
+            raise DlperfError(f"--pp {self.pp} runs with --strategy ddp (Megatron-LM's data "
+                              "parallelism over the pipelines): FSDP's per-micro-batch "
+                              "gathers across pipeline stages are not modelled")
+        if (self.tp > 1 or self.pp > 1) and self.decode == "cpu":
+            raise DlperfError("--tp and --pp are for the built-in decoders (token inputs); "
+                              "--decode cpu describes a JPEG pipeline")
         if self.loader_workers_per_gpu is not None and self.loader_workers_per_gpu < 1:
             raise DlperfError("--loader-workers needs a count of at least 1 (the data "
                               "loader's worker processes per GPU)")
@@ -742,9 +758,13 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     tl = step.timeline
     # with tensor parallelism the data-parallel strategy runs over gpus / tp replicas, gpus
     # per node / tp of them in a node (one GPU per tensor-parallel position: a rail each)
-    tp = cfg.tp
-    dcfg = cfg if tp == 1 else replace(cfg, gpus=cfg.gpus // tp, tp=1, tp_collectives=(),
-                                       gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
+    # with pipeline stages too, over gpus / (tp pp) replicas (Megatron's rank order: tensor
+    # parallel innermost, then data parallel, then the stages, so the replicas of a stage
+    # share nodes and the stages span them)
+    tp, pp = cfg.tp, cfg.pp
+    dcfg = cfg if tp == pp == 1 else replace(
+        cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), pp=1, pp_virtual=1,
+        p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = step.single_s
     opt_host_s = step.optimizer_host_s
@@ -823,7 +843,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                 for kind, n, b in cfg.tp_collectives]
         tp_s = accum * sum(n * t for n, _, t in each)
         biggest = max((b for _, b, _ in each), default=0)
-        group = replace(cfg, gpus=tp, gpus_per_node=tp, bn_group=1)
+        group = replace(cfg, gpus=tp, gpus_per_node=tp, bn_group=1, pp=1, pp_virtual=1,
+                        p2p_bytes=0)
         comm["tensor_parallel"] = {
             "tp": tp, "collectives_per_micro_batch": sum(n for n, _, _ in each),
             "sequence_parallel": all(k != "allreduce" for k, _, _ in cfg.tp_collectives),
@@ -842,7 +863,26 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     batch = analysis.batch_size * accum
     gpu_wait = straggler_s(accum * micro_s + optimizer_s, cfg.gpus, cv)
     step_s = accum * micro_s + exposed + optimizer_s + gpu_wait  # one optimizer step
-    gpu_rate = batch / step_s / tp  # a replica's samples, over its tp GPUs
+    bubble = 0.0
+    if pp > 1:  # the schedule's fill and drain, and the stages' point-to-point transfers
+        from dlperf.analysis.pipeline import bubble_s, p2p_transfers
+
+        # (a micro-batch on the stage: its kernels and its tensor-parallel collectives)
+        tp_micro = comm["tensor_parallel"]["exposed_s"] / accum if tp > 1 else 0.0
+        bubble = bubble_s(micro_s + tp_micro, pp, cfg.pp_virtual)
+        # a stage's replicas fill the node before the next stage starts: its boundary is
+        # between nodes unless a node holds more than one stage
+        crosses = tp * dcfg.gpus >= cfg.gpus_per_node
+        link = network if crosses else node
+        transfers = p2p_transfers(accum, pp, cfg.pp_virtual)
+        each = (link.latency_s + cfg.p2p_bytes / link.bus_bandwidth) if cfg.p2p_bytes else 0.0
+        comm["pipeline"] = {"pp": pp, "virtual": cfg.pp_virtual, "micro_batches": accum,
+                            "bubble_s": bubble, "p2p_transfers": transfers,
+                            "p2p_bytes_each": cfg.p2p_bytes, "p2p_s": transfers * each,
+                            "p2p_between_nodes": crosses}
+        exposed += transfers * each
+        step_s += bubble + transfers * each
+    gpu_rate = batch / step_s / (tp * pp)  # a replica's samples, over its tp x pp GPUs
     host_rate = cfg.host_img_per_s(min(cfg.gpus, cfg.gpus_per_node))
     # Where the host's decode sets the pace, each rank's step is its loader's time for a batch,
     # and the synchronous step still waits for the slowest rank: the same spread applies to
@@ -860,12 +900,16 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                     if cfg.decode == "cpu" else {})
     if input_bound:
         limit = "input (host JPEG decode)"
+    elif bubble > 0.05 * step_s and bubble >= exposed:
+        limit = "pipeline bubble"
     elif exposed > 0.05 * step_s:
         limit = "communication"
     else:
         limit = "compute"
     # one GPU; with tensor parallelism, its tp ranks without their collectives
-    single_rate = min(batch / (accum * micro_s + single_opt_s) / tp, cfg.host_img_per_s(1))
+    # (with pipeline stages: its tp x pp ranks without their collectives and bubble)
+    single_rate = min(batch / (accum * micro_s + single_opt_s) / (tp * pp),
+                      cfg.host_img_per_s(1))
     memory = memory_per_gpu(analysis.memory, params,
                             "fsdp" if cfg.strategy == "hsdp" else cfg.strategy,
                             shard if cfg.strategy != "ddp" else dcfg.gpus, gathered,
@@ -876,7 +920,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
-            "step_s": batch / (per_gpu * tp),
+            "step_s": batch / (per_gpu * tp * pp),
             "single_gpu_step_s": accum * micro_s + single_opt_s,
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
@@ -896,7 +940,7 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
     what of its step no GPU count changes (``one_step``)."""
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
-            for n in CURVE if n % cfg.tp == 0 and (
+            for n in CURVE if n % (cfg.tp * cfg.pp) == 0 and (
                 cfg.strategy != "hsdp" or n <= cfg.gpus_per_node or n % cfg.gpus_per_node == 0)]
 
 

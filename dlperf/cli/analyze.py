@@ -123,6 +123,15 @@ def add_parser(sub) -> None:
                         "split regions, so it runs their norms, dropouts and residual adds "
                         "whole, and the ranks all-reduce instead of all-gathering and "
                         "reduce-scattering")
+    s.add_argument("--pp", type=positive_int, default=1, metavar="N",
+                   help="pipeline parallel (gpt and its presets, --strategy ddp): the blocks "
+                        "split into N stages of consecutive blocks on N GPUs (of --tp each), "
+                        "--grad-accum micro-batches flowing through them in Megatron-LM's 1F1B "
+                        "schedule; the scale-out times the slowest stage, the schedule's "
+                        "bubble and the stages' point-to-point sends [1]")
+    s.add_argument("--pp-virtual", type=positive_int, default=1, metavar="V",
+                   help="with --pp: virtual stages per GPU (Megatron-LM's interleaved "
+                        "schedule: V chunks of blocks a GPU, the bubble V times smaller) [1]")
     s.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
@@ -225,6 +234,9 @@ def run(args) -> int:
     if args.tp > 1 and args.gpus is None:
         raise DlperfError(f"--tp {args.tp} splits the model over GPUs of a node: add --gpus N "
                           "(a multiple of it)")
+    if (args.pp > 1 or args.pp_virtual > 1) and args.gpus is None:
+        raise DlperfError(f"--pp {args.pp} splits the model over GPUs: add --gpus N (a "
+                          "multiple of --tp x --pp)")
     if args.no_sequence_parallel and args.tp == 1:
         raise DlperfError("--no-sequence-parallel describes tensor parallelism: add --tp N "
                           "(N > 1)")
@@ -275,6 +287,8 @@ def run(args) -> int:
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
     analysis = predict_on(costs, uncounted, cfg, spec, seconds, memory=memory)
+    stage = (_pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory)
+             if args.pp > 1 else None)
     if args.tp > 1:
         between = ("all the tokens between them (no sequence parallelism: norms, dropouts "
                    "and residual adds whole on every rank)" if args.no_sequence_parallel else
@@ -284,13 +298,21 @@ def run(args) -> int:
                       f"{between}; the collectives that join the ranks are in the scale-out at "
                       "the end.", style="yellow")
     render(analysis, console, top=args.top, macs=args.macs)
+    if stage is not None:
+        console.print(f"--pp {args.pp}: the step above is the whole model on one rank; the "
+                      f"scale-out below times its slowest pipeline stage (stage {stage[2]} of "
+                      f"{args.pp}: {gpt.layers // args.pp} blocks"
+                      + (", the embeddings" if stage[2] == 0 else "")
+                      + (", the output layer and the loss" if stage[2] == args.pp - 1 else "")
+                      + f") over {args.grad_accum} micro-batches, and the memory of the first "
+                      "(the most any stage holds).", style="yellow")
     result = analysis.to_dict()
     if len(specs) > 1:
         others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds, memory=memory)
                                for s in specs[1:]]
         result["comparison"] = render_comparison(others, console)
     if args.gpus:
-        result["scale_out"] = _scale_out(args, analysis, model, console, scale_setup)
+        result["scale_out"] = _scale_out(args, analysis, model, console, scale_setup, stage)
     if args.measure:
         result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
     if args.json:
@@ -332,14 +354,31 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     if len(names) == 1:
         names.append(names[0])
     node, network = (get_interconnect(n) for n in names[:2])
+    act_bytes = 2 if args.dtype in ("bf16", "fp16") else 4
+    if args.pp > 1 or args.pp_virtual > 1:
+        if gpt is None:
+            raise DlperfError("--pp: only for gpt and its presets (its stages are the "
+                              "decoder's blocks)")
+        from dlperf.analysis.pipeline import check
+
+        try:
+            check(gpt.layers, args.pp, args.pp_virtual)
+        except ValueError as exc:
+            raise DlperfError(f"--pp {args.pp}: {exc}") from None
+    # a stage's share of the blocks (the +1 of the embedding or the output layer kept)
     collectives = () if args.tp == 1 else tensor_parallel_collectives(
-        gpt.layers, tokens, gpt.d_model, 2 if args.dtype in ("bf16", "fp16") else 4,
+        gpt.layers // args.pp, tokens, gpt.d_model, act_bytes,
         # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
         # saves the collectives' outputs
         recompute=args.activation_checkpointing == "full",
         sequence_parallel=gpt.sequence_parallel)
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
-                      tp=args.tp, tp_collectives=collectives,
+                      tp=args.tp, tp_collectives=collectives, pp=args.pp,
+                      pp_virtual=args.pp_virtual,
+                      # a micro-batch's activations at a stage boundary, on one tensor-parallel
+                      # rank (Megatron sends 1/tp of them, sequence parallel or not)
+                      p2p_bytes=(tokens * gpt.d_model * act_bytes // args.tp
+                                 if args.pp > 1 else 0),
                       decode=args.decode, data_cores_per_gpu=args.data_cores,
                       decode_img_per_s_per_core=args.decode_rate,
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
@@ -351,26 +390,62 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     return cfg, node, network
 
 
-def _scale_out(args, analysis, model, console, setup) -> dict:
+def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory):
+    """--pp: the slowest pipeline stage's analysis and gradient parameters (analysis/
+    pipeline.py), its memory the first stage's (the most any stage holds)."""
+    from dlperf.analysis.api import predict_on
+    from dlperf.analysis.capture import block_paths
+    from dlperf.analysis.pipeline import (ordered_blocks, param_stage, stage_costs,
+                                          stage_memory, stage_of_costs)
+
+    blocks = ordered_blocks(block_paths(n for n, _ in model.named_parameters()))
+    stages = stage_of_costs(costs, blocks, args.pp)
+    first = {c.module for c, s in zip(costs, stages) if s == 0 and c.phase == "forward"}
+    grad_bytes = 2 if cfg.precision == "half" else 4
+    params = [(n, p.numel() * grad_bytes, param_stage(n, blocks, args.pp, first))
+              for n, p in model.named_parameters() if p.requires_grad]
+    total = sum(b for _, b, _ in params) or 1
+    held = stage_memory(memory, sum(b for _, b, s in params if s == 0) / total, args.pp,
+                        args.pp_virtual)
+    best = None
+    for k in sorted({0, min(1, args.pp - 1), args.pp - 1}):  # first, a middle one, last
+        share = sum(b for _, b, s in params if s == k) / total
+        analysis = predict_on(stage_costs(costs, stages, k, share), uncounted, cfg, spec,
+                              seconds, memory=held)
+        t = analysis.totals()["predicted_time_s"]
+        if best is None or t > best[0]:
+            best = (t, k, analysis)
+    _, k, analysis = best
+    return analysis, [(n, b) for n, b, s in params if s == k], k
+
+
+def _scale_out(args, analysis, model, console, setup, stage=None) -> dict:
     """--gpus: the scaling curve of this analysis (one capture, reused), and the requested
-    scale's row; ``setup``: what ``_scale_setup`` checked before the capture."""
+    scale's row; ``setup``: what ``_scale_setup`` checked before the capture; ``stage``:
+    with --pp, the slowest stage's analysis, parameters and index (``_pipeline_stage``)."""
     from dlperf.analysis.report import render_scaling
     from dlperf.analysis.scaling import scale_out_and_curve
     from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
                                               load_scale_out)
 
     cfg, node, network = setup
-    # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
-    grad_bytes = 2 if analysis.config.precision == "half" else 4
-    params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters() if p.requires_grad]
+    if stage is not None:
+        analysis, params, _ = stage
+    else:
+        # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
+        grad_bytes = 2 if analysis.config.precision == "half" else 4
+        params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()
+                  if p.requires_grad]
     here, curve = scale_out_and_curve(analysis, params, cfg, node, network)
+    if stage is not None:
+        here["communication"]["pipeline"]["slowest_stage"] = stage[2]
     tokens = analysis.config.input_shape[1] if analysis.config.tokens else None
     # what published multi-GPU runs say about these predictions (hardware/track_record.py)
     # a host JPEG decode is read through the runs that had one (they lose what others do not)
     host_decode = cfg.decode == "cpu"
     line = describe_scale_out(analysis.device, host_decode=host_decode)
     # the record's runs are data parallel only: no band to read a tensor-parallel job through
-    band = None if line is None or cfg.tp > 1 else efficiency_band(
+    band = None if line is None or cfg.tp > 1 or cfg.pp > 1 else efficiency_band(
         here["scaling_efficiency"], here["nodes"], analysis.device.name,
         host_decode=host_decode)
     render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line,

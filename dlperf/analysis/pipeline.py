@@ -1,0 +1,146 @@
+"""Pipeline parallelism (``analyze --pp N``): the decoder's blocks split into N stages of
+consecutive blocks, one stage per group of GPUs, micro-batches flowing through them (GPipe,
+Huang et al. 2019; PipeDream-Flush's 1F1B schedule and Megatron-LM's interleaved one:
+Narayanan et al. 2021, arXiv 2104.04473, section 2.2).
+
+From one tensor-parallel rank's capture of the whole model (analysis/api.py), each stage's
+kernels are its blocks' (``blocks.0`` .. ``blocks.L-1``, L / N consecutive ones each; with V
+virtual stages, Megatron's interleaved schedule, each GPU holds V chunks of L / (N V) blocks
+but runs the same L / N) plus, on the first stage, what the model runs before its first block
+(the embeddings) and, on the last, what it runs after its last (the final norm, the output
+layer, the loss), with their backward kernels; the optimizer's update is scaled to the
+stage's share of the parameters. The pipeline's step (one optimizer step of M micro-batches)
+is then the slowest stage's M micro-batches plus the schedule's bubble, (N - 1) / V of one
+micro-batch's forward and backward on that stage (the fill and drain both schedules pay:
+Narayanan et al., section 2.2.1, bubble fraction (N - 1) / (V M)), plus the point-to-point
+sends of the activations between stages (``p2p_transfers``). What the first stage holds is the
+most any stage does: in 1F1B it keeps N micro-batches' activations of its L / N blocks (one
+micro-batch of the whole model's), and the interleaved schedule 1 + (N - 1) / (N V) times that
+(Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.3).
+
+Pure functions: the scale-out (analysis/scaling.py) takes the stage's analysis and adds the
+bubble and the transfers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def check(layers: int, pp: int, virtual: int = 1) -> None:
+    """Megatron's rule: every stage (and every virtual chunk of one) holds as many blocks."""
+    if pp < 1 or virtual < 1:
+        raise ValueError(f"pipeline stages and virtual stages must be at least 1, got {pp} "
+                         f"and {virtual}")
+    if virtual > 1 and pp == 1:
+        raise ValueError("virtual pipeline stages interleave the chunks of several stages: "
+                         "give --pp N (N > 1) with them")
+    if layers % (pp * virtual):
+        raise ValueError(f"{layers} blocks do not split into {pp} pipeline stages"
+                         + (f" of {virtual} virtual chunks each" if virtual > 1 else "")
+                         + f": give a number of stages that divides {layers}"
+                         + (" with the virtual stages" if virtual > 1 else ""))
+
+
+def ordered_blocks(blocks) -> list[str]:
+    """The model's blocks in execution order (``blocks.2`` before ``blocks.10``)."""
+    def key(path: str):
+        tail = path.rsplit(".", 1)[-1]
+        digits = "".join(ch for ch in tail if ch.isdigit())
+        return (path.rsplit(".", 1)[0], int(digits) if digits else -1, path)
+    return sorted(blocks, key=key)
+
+
+def stage_of_costs(costs: list, blocks: list[str], pp: int) -> list[int | None]:
+    """The stage of each kernel: a block's by its index (L / N consecutive blocks a stage);
+    outside the blocks, the first stage for what the forward runs before the first block (and
+    the backward of those modules), the last for the rest; None for the optimizer's update
+    (every stage runs its share: ``stage_costs``)."""
+    from dlperf.analysis.capture import block_path
+
+    per = len(blocks) // pp
+    index = {b: i for i, b in enumerate(blocks)}
+    block_set = frozenset(blocks)
+    before: set[str] = set()
+    seen_block = False
+    for c in costs:
+        if c.phase != "forward":
+            continue
+        if block_path(c.module, block_set):
+            seen_block = True
+        elif not seen_block:
+            before.add(c.module)
+    out: list[int | None] = []
+    for c in costs:
+        block = block_path(c.module, block_set)
+        if c.phase == "optimizer":
+            out.append(None)
+        elif block:
+            out.append(index[block] // per)
+        else:
+            out.append(0 if c.module in before else pp - 1)
+    return out
+
+
+def param_stage(name: str, blocks: list[str], pp: int, first_modules: set[str]) -> int:
+    """The stage holding parameter ``name``: its block's, or outside the blocks the first
+    stage's if its module runs before the first block (``first_modules``), else the last's."""
+    per = len(blocks) // pp
+    for i, b in enumerate(blocks):
+        if name.startswith(b + "."):
+            return i // per
+    module = name.rsplit(".", 1)[0]
+    return 0 if module in first_modules else pp - 1
+
+
+def stage_costs(costs: list, stages: list[int | None], stage: int, fraction: float) -> list:
+    """Stage ``stage``'s kernels (``stages``: ``stage_of_costs``), its optimizer update scaled
+    to ``fraction`` of the parameters (the same launches, on fewer elements)."""
+    out = []
+    for c, s in zip(costs, stages):
+        if s is None:
+            out.append(dataclasses.replace(c, flops=int(c.flops * fraction),
+                                           bytes=int(c.bytes * fraction),
+                                           output_bytes=int(c.output_bytes * fraction)))
+        elif s == stage:
+            out.append(c)
+    return out
+
+
+def in_flight(pp: int, virtual: int = 1) -> float:
+    """The first stage's activations in micro-batches of its blocks' over one micro-batch of
+    the whole model's: 1 in 1F1B (N micro-batches of 1 / N of the blocks), 1 + (N - 1) / (N V)
+    interleaved (Korthikanti et al., section 4.2.3)."""
+    return 1.0 if virtual == 1 else 1.0 + (pp - 1) / (pp * virtual)
+
+
+def stage_memory(memory: dict | None, fraction: float, pp: int, virtual: int = 1) -> dict | None:
+    """What the first stage holds (the most of any): its ``fraction`` of the weights,
+    gradients and optimizer state, and ``in_flight`` times one micro-batch's activations of
+    the whole model."""
+    if memory is None:
+        return None
+    out = dict(memory)
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
+        out[key] = int(memory[key] * fraction)
+    if "parameters" in out:
+        out["parameters"] = int(memory["parameters"] * fraction)
+    out["activations_bytes"] = int(memory["activations_bytes"] * in_flight(pp, virtual))
+    out["total_bytes"] = sum(v for k, v in out.items() if k.endswith("_bytes")
+                             and k != "total_bytes")
+    return out
+
+
+def bubble_s(stage_micro_s: float, pp: int, virtual: int = 1) -> float:
+    """The schedule's idle time a step: (N - 1) / V of one micro-batch's forward and backward
+    on the stage (1F1B and interleaved alike; Narayanan et al., section 2.2)."""
+    return (pp - 1) / virtual * stage_micro_s
+
+
+def p2p_transfers(micro_batches: int, pp: int, virtual: int = 1) -> int:
+    """Point-to-point transfers on the step's critical path: each of the M V micro-batch
+    chunks a stage runs receives its input and sends its output in the forward and the
+    reverse in the backward, one transfer each way at a time, and the fill and drain add
+    N - 1 of each: 2 (M V + N - 1). Each carries the activations (or their gradient) at a stage
+    boundary; charged whole, none hidden."""
+    return 2 * (micro_batches * virtual + pp - 1)

@@ -1,0 +1,155 @@
+"""Pipeline parallelism (analyze --pp): the stages of the built-in decoder's blocks, the
+schedule's bubble and transfers (analysis/pipeline.py), and the scale-out with them
+(analysis/scaling.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dlperf.analysis import pipeline
+from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
+from dlperf.analysis.scaling import ScaleConfig, one_step, scale_out
+from dlperf.errors import DlperfError
+from dlperf.hardware.interconnect import PRESETS
+from dlperf.hardware.specs import get_device
+from dlperf.models.gpt import GPT, GPTConfig
+
+
+def test_stages_hold_as_many_blocks_or_are_refused():
+    pipeline.check(96, 8, 3)  # Megatron's 175B: 4 blocks a chunk
+    pipeline.check(105, 35, 3)  # 530B: one block a chunk
+    for layers, pp, virtual, words in ((10, 4, 1, "do not split into 4"),
+                                       (96, 8, 5, "of 5 virtual chunks"),
+                                       (8, 1, 2, "give --pp N"), (8, 0, 1, "at least 1")):
+        with pytest.raises(ValueError, match=words):
+            pipeline.check(layers, pp, virtual)
+    assert pipeline.ordered_blocks({"blocks.10", "blocks.2", "blocks.1"}) == [
+        "blocks.1", "blocks.2", "blocks.10"]
+
+
+def test_the_schedule_by_hand():
+    # Narayanan et al. 2021: bubble (p - 1) / v of a micro-batch's forward and backward;
+    # 8 stages of 3 chunks, 2 s a micro-batch on the stage: 7 / 3 x 2 = 4.667 s
+    assert pipeline.bubble_s(2.0, 8, 3) == pytest.approx(14 / 3)
+    assert pipeline.bubble_s(2.0, 8) == pytest.approx(14.0)
+    # 64 micro-batches of 3 chunks on 8 stages: 2 x (192 + 7) = 398 transfers
+    assert pipeline.p2p_transfers(64, 8, 3) == 398
+    assert pipeline.p2p_transfers(4, 2) == 10
+    # the first stage's activations: 1 micro-batch of the model in 1F1B, 1 + 7 / 24 of it
+    # interleaved over 8 stages of 3 chunks (Korthikanti et al., section 4.2.3)
+    assert pipeline.in_flight(8) == 1.0 and pipeline.in_flight(8, 3) == pytest.approx(31 / 24)
+    memory = {"parameters": 1000, "weights_bytes": 4000, "gradients_bytes": 4000,
+              "optimizer_state_bytes": 8000, "activations_bytes": 2400, "total_bytes": 18400}
+    held = pipeline.stage_memory(memory, 0.25, 8, 3)
+    # a quarter of the 16,000 bytes of state, and 2,400 x 31 / 24 = 3,100 of activations
+    assert held["total_bytes"] == 4000 + 3100 and held["parameters"] == 250
+
+
+def _capture(layers=4, tp=1):
+    cfg = GPTConfig(layers=layers, d_model=256, heads=8, vocab=1024, seq_len=128, bias=True,
+                    tp=tp)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    acfg = AnalysisConfig(model="gpt2", input_shape=(2, 128), dtype="bf16", train=True,
+                          device="a100-80gb", tokens=True, optimizer="adamw", precision="fsdp")
+    return model, acfg, capture_costs(model, acfg, torch.long)
+
+
+def test_each_kernel_is_on_its_blocks_stage_and_the_ends_hold_the_rest():
+    model, acfg, (costs, uncounted, seconds, memory) = _capture()
+    blocks = [f"blocks.{i}" for i in range(4)]
+    stages = pipeline.stage_of_costs(costs, blocks, 2)
+    for c, s in zip(costs, stages):
+        if c.module.startswith(("blocks.0.", "blocks.1.")) or c.module in ("blocks.0",
+                                                                           "blocks.1"):
+            assert s == 0, c
+        elif c.module.startswith(("blocks.2", "blocks.3")):
+            assert s == 1, c
+        elif c.phase == "optimizer":
+            assert s is None
+        elif c.module in ("tok", "pos"):  # the embeddings, forward and backward: first
+            assert s == 0, c
+        elif c.module in ("ln_f", "head"):  # after the blocks: last
+            assert s == 1, c
+    # every kernel but the update is on exactly one stage; the update on each, scaled
+    halves = [pipeline.stage_costs(costs, stages, k, 0.5) for k in (0, 1)]
+    others = [c for c in costs if c.phase != "optimizer"]
+    assert sum(len(h) for h in halves) == len(others) + 2 * (len(costs) - len(others))
+    update = [c for c in costs if c.phase == "optimizer"][0]
+    scaled = [c for c in halves[0] if c.phase == "optimizer"][0]
+    assert scaled.bytes == update.bytes // 2 and scaled.kernels == update.kernels
+    # parameters: a block's by its index; the embeddings (run before the blocks) first
+    first = {c.module for c, s in zip(costs, stages) if s == 0 and c.phase == "forward"}
+    assert pipeline.param_stage("blocks.3.fc.weight", blocks, 2, first) == 1
+    assert pipeline.param_stage("tok.weight", blocks, 2, first) == 0
+    assert pipeline.param_stage("ln_f.weight", blocks, 2, first) == 1
+
+
+def test_the_pipeline_adds_its_bubble_and_sends_to_the_slowest_stage():
+    model, acfg, (costs, uncounted, seconds, memory) = _capture()
+    blocks = [f"blocks.{i}" for i in range(4)]
+    stages = pipeline.stage_of_costs(costs, blocks, 2)
+    spec = get_device("a100-80gb")
+    stage = predict_on(pipeline.stage_costs(costs, stages, 1, 0.5), uncounted, acfg, spec,
+                       seconds)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    step = one_step(stage, params)
+    update = step.timeline.optimizer_s + step.optimizer_host_s  # the update, waits included
+    micro = step.single_s - update  # one micro-batch's forward and backward on the stage
+    # 2 stages of one GPU each in one node, 4 micro-batches of 2 x 128 tokens, 64 KiB sends
+    cfg = ScaleConfig(gpus=2, pp=2, grad_accum=4, p2p_bytes=65536, step_cv=0.0)
+    r = scale_out(stage, params, cfg, node, net)
+    pipe = r["communication"]["pipeline"]
+    assert pipe["bubble_s"] == pytest.approx(micro)  # (2 - 1) / 1 micro-batch
+    # 2 x (4 + 1) = 10 sends inside the node: latency + 65,536 B at its bus bandwidth
+    each = node.latency_s + 65536 / node.bus_bandwidth
+    assert pipe["p2p_transfers"] == 10 and not pipe["p2p_between_nodes"]
+    assert pipe["p2p_s"] == pytest.approx(10 * each)
+    assert r["step_s"] == pytest.approx(4 * micro + micro + 10 * each + update)
+    # a replica's 8 sequences a step over its 2 GPUs
+    assert r["per_gpu_samples_per_s"] == pytest.approx(8 / r["step_s"] / 2)
+    assert r["scaling_efficiency"] == pytest.approx((4 * micro + update) / r["step_s"])
+    # 16 GPUs of 8 a node, 8 replicas: each stage's replicas fill a node, the sends cross
+    wide = scale_out(stage, params, ScaleConfig(gpus=16, pp=2, grad_accum=4, p2p_bytes=65536),
+                     node, net)
+    assert wide["communication"]["pipeline"]["p2p_between_nodes"]
+    assert wide["communication"]["comm_s"] > 0  # the replicas' all-reduce
+    for kwargs in ({"gpus": 6, "pp": 4}, {"gpus": 8, "pp": 2, "strategy": "fsdp"}):
+        with pytest.raises(DlperfError, match="--pp"):
+            ScaleConfig(**kwargs)
+
+
+def test_analyze_pp_prints_and_saves_the_pipeline(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "pp.json"
+    common = ["analyze", "gpt2", "--layers", "4", "--d-model", "256", "--heads", "8",
+              "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
+              "--device", "a100-80gb", "--top", "1"]
+    code, out, err = run_cli(common + ["--gpus", "32", "--tp", "2", "--pp", "2",
+                                       "--pp-virtual", "2", "--grad-accum", "8",
+                                       "--json", str(path)], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "2-way tensor parallel in the node, 2 pipeline stages of 2 virtual chunks, DDP " \
+           "over 8 replicas" in text
+    # 2 x (8 x 2 + 1) = 34 sends of 2 x 128 x 256 bf16 / 2 ranks
+    assert "pipeline bubble" in text and "34 point-to-point sends" in text
+    assert "the scale-out below times its slowest pipeline stage" in text
+    data = json.loads(path.read_text())["scale_out"]
+    pipe = data["at_requested_scale"]["communication"]["pipeline"]
+    assert pipe["p2p_bytes_each"] == 2 * 128 * 256 * 2 // 2 and pipe["micro_batches"] == 8
+    assert [row["gpus"] for row in data["curve"]][:2] == [4, 8]  # whole pipelines only
+    for extra, words in ((["--pp", "2"], "--pp 2 splits the model"),
+                         (["--gpus", "8", "--pp", "3"], "do not split into 3"),
+                         (["--gpus", "8", "--pp", "2", "--strategy", "fsdp"],
+                          "runs with --strategy ddp")):
+        code, out, err = run_cli(common + extra, capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--pp", "2"],
+                             capsys)
+    assert code == 2 and "--pp: only for gpt" in err
