@@ -2,9 +2,9 @@
 results (issues #11 and #14).
 
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
-tp-kempnerforge-h200.json and tp-megatron-{2020,2022}.json (rerun them first:
-validate_published.py, validate_scaling.py, validate_tp.py) and condenses them per device and class of
-workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
+tp-kempnerforge-h200.json and tp-{megatron-2020,megatron-2022,narayanan-2021}.json (rerun
+them first: validate_published.py, validate_scaling.py, validate_tp.py) and condenses them
+per device and class of workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
 prediction on a preset.
 
 Usage: python benchmarks/track_record.py
@@ -34,7 +34,8 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
     tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
-    megatron = [results / f"tp-megatron-{year}.json" for year in (2020, 2022)]
+    megatron = [results / f"tp-{name}.json"
+                for name in ("megatron-2020", "megatron-2022", "narayanan-2021")]
     if tp.exists():
         record["tensor_parallel"] = build_tensor_parallel(
             json.loads(tp.read_text())["results"],

@@ -1,7 +1,7 @@
 """Tensor parallelism against published runs: ``dlperf analyze --tp`` on the GPUs, model and
 stack of each (issue #14; the scaling table, validation/published_scaling.csv, has no
-tensor-parallel column). Three sources, three stacks, each compared where its stack's own
-error cancels as far as it is common to the runs compared:
+tensor-parallel column). Four sources, four stacks, each compared where its stack's own
+error cancels as far as it is common to the runs compared (the last two also check --pp):
 
 ``kempnerforge`` (-> results/tp-kempnerforge-h200.json, ~5 minutes).
 Source: KempnerInstitute/KempnerForge, benchmarks/mfu_scaling/mfu_scaling_2026-04-05.md and
@@ -57,8 +57,24 @@ a layer's input again in the backward rather than keep it; dlperf models none of
 so the measures are each layer's time over the baseline's (Table 4's overhead column) and the
 paper's method over full recompute, measured and predicted.
 
+``narayanan-2021`` (-> results/tp-narayanan-2021.json, ~40 seconds).
+Source: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM" (arXiv 2104.04473), Table 2's PTD-parallel rows: GPT-3 175B on TP=8 x 12 stages
+and the 530B on TP=8 x 35 stages, micro-batches of one 2,048-token sequence, global batch
+1,536 and 2,240, 384 to 2,240 A100 80 GB on Selene, as teraFLOP/s per GPU by the FLOP count
+above. The stack of 2021: no sequence parallelism, full recompute, fused kernels, the
+scatter/gather send between stages (1/8 of the activations a rank: dlperf's --pp sends), the
+gradient all-reduce after the backward (--no-overlap). The schedule is not named for these
+rows; they run 1F1B here (Megatron's default; the interleaved schedule needs a flag): the
+measured fall from the fewest replicas to the most (8% and 7%) is about what 1F1B's bubble
+grows by (8-9%) as the micro-batches a pipeline fall from 384 to 96 (175B) and from 1,120 to
+280 (530B), where an interleaved schedule of three chunks would grow by 3%. Measures: each
+run's rate, and each model's rate at more replicas over its rate at the fewest
+(``against_fewest_replicas``).
+
 Each row runs the CLI (`dlperf analyze ... --json`).
-Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022] [OUT.json]
+Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021]
+[OUT.json]
 (default: every source, each to its file in benchmarks/results/)
 """
 
@@ -73,6 +89,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/tp-kempnerforge-h200.json"
 MEGATRON_OUT = ROOT / "benchmarks/results/tp-megatron-2020.json"
 MEGATRON22_OUT = ROOT / "benchmarks/results/tp-megatron-2022.json"
+NARAYANAN_OUT = ROOT / "benchmarks/results/tp-narayanan-2021.json"
 BASE = ["analyze", "llama3-8b", "--device", "h200", "--seq-len", "4096", "--dtype", "bf16",
         "--precision", "fsdp", "--train", "--activation-checkpointing", "full",
         "--optimizer", "adamw", "--gpus-per-node", "4", "--interconnect", "nvlink4-h200,ib-ndr",
@@ -435,8 +452,79 @@ def megatron2022(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+# Narayanan et al. 2021 (arXiv 2104.04473), Table 2, PTD parallelism: GPT-3 175B (96 x 12,288,
+# 96 heads) on TP=8 x 12 stages and the 530B (105 x 20,480, 128 heads) on TP=8 x 35 stages,
+# micro-batches of one sequence of 2,048, batch 1,536 and 2,240, data parallel over 4-16 and
+# 2-8 replicas: (model, layers, hidden, heads, stages, batch, GPUs, teraFLOP/s per GPU)
+NARAYANAN_PTD = (
+    ("175B", 96, 12288, 96, 12, 1536, 384, 153), ("175B", 96, 12288, 96, 12, 1536, 768, 149),
+    ("175B", 96, 12288, 96, 12, 1536, 1536, 141),
+    ("530B", 105, 20480, 128, 35, 2240, 560, 171), ("530B", 105, 20480, 128, 35, 2240, 1120, 167),
+    ("530B", 105, 20480, 128, 35, 2240, 2240, 159),
+)
+
+
+def against_fewest_replicas(rows: list[dict]) -> list[dict]:
+    """Each model's rate per GPU at more replicas over its rate at the fewest, measured and
+    predicted, and predicted over measured: what the bubble (fewer micro-batches a pipeline
+    as the replicas share the batch) and the data-parallel all-reduce cost as GPUs grow."""
+    fewest = {}
+    for r in rows:
+        fewest[r["model"]] = min(fewest.get(r["model"], r["replicas"]), r["replicas"])
+    out = []
+    for r, base in paired(rows, lambda r: r["model"],
+                          lambda r: r["replicas"] == fewest[r["model"]]):
+        measured = r["measured_tflops"] / base["measured_tflops"]
+        predicted = r["predicted_tflops"] / base["predicted_tflops"]
+        out.append({"model": r["model"], "gpus": r["gpus"], "against_gpus": base["gpus"],
+                    "measured": measured, "predicted": predicted,
+                    "ratio": predicted / measured})
+    return out
+
+
+def narayanan2021(out: Path) -> None:
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, layers, hidden, heads, pp, batch, gpus, tflops in tqdm(
+                NARAYANAN_PTD, desc="narayanan 2021"):
+            replicas = gpus // (8 * pp)
+            # the paper's stack: no sequence parallelism, every layer recomputed, 1F1B
+            here = _analyze(pipelined_args(layers, hidden, heads, pp, 1, gpus, batch // replicas)
+                            + ["--activation-checkpointing", "full", "--no-sequence-parallel"],
+                            tmp)
+            flops = megatron_flops(layers, hidden, batch, seq=2048) / gpus
+            pipe = here["communication"]["pipeline"]
+            rows.append({"model": model, "gpus": gpus, "replicas": replicas, "pp": pp,
+                         "micro_batches": batch // replicas, "measured_tflops": tflops,
+                         "predicted_tflops": flops / here["step_s"] / 1e12,
+                         "measured_step_s": flops / (tflops * 1e12),
+                         "predicted_step_s": here["step_s"], "bubble_s": pipe["bubble_s"],
+                         "p2p_s": pipe["p2p_s"], "exposed_comm_s": here["exposed_comm_s"]})
+    for r in rows:
+        r["ratio"] = r["predicted_tflops"] / r["measured_tflops"]
+    scaling = against_fewest_replicas(rows)
+    for r in rows:
+        print(f"{r['model']} on {r['gpus']:5,d} GPUs ({r['micro_batches']:4d} micro-batches): "
+              f"measured {r['measured_tflops']:.0f} TFLOP/s a GPU, predicted "
+              f"{r['predicted_tflops']:.0f} ({r['ratio']:.2f}x; bubble {r['bubble_s']:.1f} s "
+              f"of {r['predicted_step_s']:.1f})")
+    for x in scaling:
+        print(f"{x['model']} on {x['gpus']:5,d} / {x['against_gpus']:,d} GPUs: measured "
+              f"{x['measured']:.3f}, predicted {x['predicted']:.3f} ({x['ratio']:.2f}x)")
+    save_result(out, "validate-tp-narayanan-2021",
+                {"runs": [list(r) for r in NARAYANAN_PTD], "schedule": "1F1B",
+                 "recompute": "full", "sequence_parallel": False},
+                {"rows": rows, "scaling": scaling})
+    print(f"Wrote {out}")
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
-           "megatron-2022": (megatron2022, MEGATRON22_OUT)}
+           "megatron-2022": (megatron2022, MEGATRON22_OUT),
+           "narayanan-2021": (narayanan2021, NARAYANAN_OUT)}
 
 
 def main(argv: list[str]) -> int:

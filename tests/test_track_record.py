@@ -273,9 +273,16 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
         {"tp_over_fsdp": pairs}, megatron,
         {"speedups": [{"measured": 1.42 / 1.10, "predicted": 1.38},
                       {"measured": 18.13 / 13.75, "predicted": 1.40}],
-         "iterations": [{"pp": 1, "ratio": 0.5}, {"pp": 8, "ratio": 0.86},
-                        {"pp": 35, "ratio": 0.97}]})
+         "iterations": [{"pp": 1, "ratio": 0.5, "gpus": 8}, {"pp": 8, "ratio": 0.86, "gpus": 64},
+                        {"pp": 35, "ratio": 0.97, "gpus": 280}]})
     text = describe_tensor_parallel({"tensor_parallel": entry})
     assert "three published sources" in text
     assert ("ran 1.29-1.32x as fast as full recompute without it, and dlperf predicts "
-            "1.38-1.40x; their 2 pipelined iterations (--pp) ran at 1.03-1.16x" in text)
+            "1.38-1.40x. 2 pipelined Megatron-LM runs (--pp; 64-280 GPUs) ran at 1.03-1.16x "
+            "dlperf's rate" in text)
+    # Narayanan et al.'s runs join the pipelined ones: predicted over measured 0.89 more
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron, None,
+                                  {"rows": [{"ratio": 0.89, "gpus": 1536}]})
+    text = describe_tensor_parallel({"tensor_parallel": entry})
+    assert "three published sources" in text and "(--pp; 1,536-1,536 GPUs) ran at 1.12-1.12x" \
+        in text

@@ -282,6 +282,25 @@ def test_megatron_2022_layer_times_add_the_blocks_collectives():
     assert tp.layer_times(result(False, True)) == pytest.approx((5.0, 11.0))
 
 
+def test_narayanan_runs_are_compared_with_their_fewest_replicas():
+    tp = load_benchmark("validate_tp")
+    rows = [{"model": "175B", "gpus": 384, "replicas": 4, "measured_tflops": 153.0,
+             "predicted_tflops": 139.0},
+            {"model": "175B", "gpus": 1536, "replicas": 16, "measured_tflops": 141.0,
+             "predicted_tflops": 125.0},
+            {"model": "530B", "gpus": 560, "replicas": 2, "measured_tflops": 171.0,
+             "predicted_tflops": 166.0}]
+    pairs = tp.against_fewest_replicas(rows)
+    # 175B: measured 141 / 153 = 0.9216, predicted 125 / 139 = 0.8993; 0.9758 of it
+    assert [(p["model"], p["gpus"], p["against_gpus"]) for p in pairs] == [("175B", 1536, 384)]
+    assert pairs[0]["measured"] == pytest.approx(141 / 153)
+    assert pairs[0]["ratio"] == pytest.approx((125 / 139) / (141 / 153))
+    # and the runs are whole pipelines of TP=8: GPUs a multiple of 8 x stages
+    for model, layers, hidden, heads, stages, batch, gpus, tflops in tp.NARAYANAN_PTD:
+        assert gpus % (8 * stages) == 0 and layers % stages == 0
+        assert batch % (gpus // (8 * stages)) == 0
+
+
 def test_compile_bounds_remove_what_each_bound_says():
     import dataclasses
     from types import SimpleNamespace

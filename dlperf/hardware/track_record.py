@@ -266,14 +266,15 @@ def describe_scale_out(spec, record: dict | None = None,
 
 
 def build_tensor_parallel(result: dict, megatron: dict | None = None,
-                          megatron2022: dict | None = None) -> dict:
+                          megatron2022: dict | None = None, narayanan: dict | None = None
+                          ) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
     results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
     as many GPUs, measured and predicted, as the losses TP costs; ``megatron``'s (2020), each
     TP=N run's model FLOP/s per GPU over the TP=1 run's of the same system, predicted over
-    measured; and ``megatron2022``'s, the paper's sequence parallelism with selective
-    recompute over full recompute, measured and predicted, and its pipelined iterations'
-    measured rate over dlperf's."""
+    measured; ``megatron2022``'s, the paper's sequence parallelism with selective recompute
+    over full recompute, measured and predicted; and the pipelined runs of it and of
+    ``narayanan`` (2021), dlperf's rate over the measured one."""
     pairs = result["tp_over_fsdp"]
     measured = [1 - p["measured"] for p in pairs]
     predicted = [1 - p["predicted"] for p in pairs]
@@ -288,17 +289,24 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
             "runs": len(ratios), "ratio_low": min(ratios), "ratio_high": max(ratios),
             "source": "Megatron-LM's GPT, 1B-8B on TP 1-8 inside DGX-2 and DGX A100 nodes, "
                       "alone and 128 replicas data parallel, no sequence parallelism, 2020"}
+    # every pipelined run's predicted rate over its measured one (both files' "ratio")
+    piped = [r["ratio"] for r in (megatron2022 or {}).get("iterations", []) if r["pp"] > 1]
+    piped += [r["ratio"] for r in (narayanan or {}).get("rows", [])]
     if megatron2022 is not None:
         speedups = megatron2022["speedups"]
-        piped = [r["ratio"] for r in megatron2022["iterations"] if r["pp"] > 1]
         entry["megatron_2022"] = {
             "measured_low": min(x["measured"] for x in speedups),
             "measured_high": max(x["measured"] for x in speedups),
             "predicted_low": min(x["predicted"] for x in speedups),
             "predicted_high": max(x["predicted"] for x in speedups),
-            "pipelined_runs": len(piped), "pipelined_rate_low": min(piped, default=None),
-            "pipelined_rate_high": max(piped, default=None),
             "source": "Megatron-LM's 22B-1T GPTs on TP=8, up to 64 pipeline stages (2022)"}
+    entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan))
+    if piped:
+        gpus = [r["gpus"] for r in (megatron2022 or {}).get("iterations", []) if r["pp"] > 1]
+        gpus += [r["gpus"] for r in (narayanan or {}).get("rows", [])]
+        entry["pipelined"] = {"runs": len(piped), "rate_low": min(piped),
+                              "rate_high": max(piped), "gpus_low": min(gpus),
+                              "gpus_high": max(gpus)}
     return entry
 
 
@@ -309,10 +317,14 @@ def _megatron_2022(m: dict) -> str:
 
     return (f"On {m['source']}, sequence parallelism with selective recompute ran "
             f"{span(m['measured_low'], m['measured_high'])} as fast as full recompute without "
-            f"it, and dlperf predicts {span(m['predicted_low'], m['predicted_high'])}"
-            + (f"; their {m['pipelined_runs']} pipelined iterations (--pp) ran at "
-               f"{span(1 / m['pipelined_rate_high'], 1 / m['pipelined_rate_low'])} dlperf's "
-               "rate" if m.get("pipelined_runs") else "") + ". ")
+            f"it, and dlperf predicts {span(m['predicted_low'], m['predicted_high'])}. ")
+
+
+def _pipelined(p: dict) -> str:
+    """describe_tensor_parallel's sentence on the pipelined runs (--pp)."""
+    return (f"{p['runs']} pipelined Megatron-LM runs (--pp; {p['gpus_low']:,}-"
+            f"{p['gpus_high']:,} GPUs) ran at {1 / p['rate_high']:.2f}-{1 / p['rate_low']:.2f}x "
+            "dlperf's rate. ")
 
 
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
@@ -331,9 +343,10 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
     if m is None:
         return (f"Tensor parallelism is the least checked part of this model: in the one "
                 f"published source it is checked against ({s['source']}), {kempner}.")
-    sources = "three" if s.get("megatron_2022") else "two"
+    sources = {2: "two", 3: "three", 4: "four"}.get(s.get("sources", 2), "several")
     return (f"Tensor parallelism is checked against {sources} published sources. {m['source']} "
             f"({m['runs']} runs): each TP=N run's rate per GPU over TP=1's was predicted "
             f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. "
             + (_megatron_2022(s["megatron_2022"]) if s.get("megatron_2022") else "")
+            + (_pipelined(s["pipelined"]) if s.get("pipelined") else "")
             + f"In {s['source']}, {kempner}.")
