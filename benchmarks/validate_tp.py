@@ -408,16 +408,25 @@ def megatron2022(out: Path) -> None:
                 if (m[8] if way == "full recompute" else m[9]) is not None]
         for (model, layers, hidden, heads, pp, virtual, gpus, micro, full_s, present_s), way, \
                 extra in tqdm(runs, desc="megatron 2022, pipelined"):
-            here = _analyze(pipelined_args(layers, hidden, heads, pp, virtual, gpus, micro)
-                            + extra, tmp)
+            result = _analyze(pipelined_args(layers, hidden, heads, pp, virtual, gpus, micro)
+                              + extra, tmp, whole=True)
+            here = result["scale_out"]["at_requested_scale"]
             pipe = here["communication"]["pipeline"]
+            # one micro-batch's activations of the whole model on a rank, as dlperf counts
+            # them and, for the paper's method, as its equation 6 does: 34 s b h L / t bytes
+            # (Megatron keeps a sequence-parallel layer's input split and gathers it again in
+            # the backward; dlperf's capture keeps the gathered input, as torch's autograd
+            # does for a DTensor-style all-gather)
+            activations = result["memory"]["activations_bytes"]
+            paper = 34 * 2048 * hidden * layers // 8 if way != "full recompute" else None
             iterations.append({
                 "model": model, "way": way, "gpus": gpus, "pp": pp, "virtual": virtual,
                 "micro_batches": micro,
                 "measured_iteration_s": full_s if way == "full recompute" else present_s,
                 "predicted_iteration_s": here["step_s"], "bubble_s": pipe["bubble_s"],
                 "p2p_s": pipe["p2p_s"], "exposed_comm_s": here["exposed_comm_s"],
-                "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get("total_bytes")})
+                "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get("total_bytes"),
+                "activations_bytes": activations, "paper_activations_bytes": paper})
     for r in iterations:
         r["ratio"] = r["measured_iteration_s"] / r["predicted_iteration_s"]  # rate, pred/meas
     pairs = paired(iterations, lambda r: r["model"], lambda r: r["way"] == "full recompute")
