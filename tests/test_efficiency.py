@@ -560,6 +560,15 @@ def test_fit_coordinates_stay_in_bounds_at_any_distance():
     assert squash(-1e4, 0.3, 1.0) == pytest.approx(0.3)
     assert squash(1e4, 0.3, 1.0) == pytest.approx(1.0)
     assert squash(0.0, 0.25, 1.0) == pytest.approx(0.5)  # the geometric middle
+    # at a bound exactly, not a rounding past it: exp(log(3.0)) is 3.0000000000000004, and a
+    # fitted depthwise_backward of that was refused by the device file's check (CI, slow test)
+    for lo, hi in ((0.005, 3.0), (0.002, 3.0), (0.05, 3.0), (0.1, 3.0), (0.3, 1.0)):
+        assert lo <= squash(-1e4, lo, hi) and squash(1e4, lo, hi) <= hi
+        assert squash(1e4, lo, hi) == pytest.approx(hi) and squash(-1e4, lo, hi) == \
+            pytest.approx(lo)
+    from dlperf.hardware.efficiency import check_overrides
+
+    check_overrides({"depthwise_backward": squash(1e4, 0.005, 3.0)}, "probe.json")
 
 
 def _cpu_with_bf16():

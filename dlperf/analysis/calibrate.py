@@ -278,7 +278,9 @@ def squash(z: float, lo: float, hi: float) -> float:
     """An unbounded search coordinate -> a value in [lo, hi], log-uniformly (a sigmoid in log
     space); stable for any z (a simplex can wander to |z| > 700, where exp overflows)."""
     sigmoid = 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
-    return math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * sigmoid)
+    # clamped: exp(log(3.0)) is 3.0000000000000004, which a device file's check (fractions up
+    # to 3) then refused when a fit ran to its bound
+    return min(hi, max(lo, math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * sigmoid)))
 
 
 class KernelTerms:
