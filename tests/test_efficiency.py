@@ -571,6 +571,26 @@ def test_fit_coordinates_stay_in_bounds_at_any_distance():
     check_overrides({"depthwise_backward": squash(1e4, 0.005, 3.0)}, "probe.json")
 
 
+def test_a_sweeps_bf16_attention_share_stays_within_what_a_device_file_takes(monkeypatch):
+    # fused attention at its bound (3x the probe's peak) beside a slow FP32 GEMM fit (0.5) and
+    # a fast bf16 one (1.0): attention / math x bf16 math = 6, which the device file's check
+    # refuses; the sweep writes the bound instead
+    from dlperf.analysis import calibrate
+    from dlperf.hardware.efficiency import check_overrides
+
+    def fake(rows, only=None, fixed=None):
+        fit = {name: 1.0 for name in calibrate.BOUNDS}
+        fit.update({"math": 1.0 if fixed else 0.5, "attention": 3.0, "launch_s": 1e-6,
+                    "conv_launch_s": 0.0})
+        return fit
+
+    monkeypatch.setattr(calibrate, "fit_kernels", fake)
+    rows = [{"pass": "main"}, {"pass": "bf16", "dtype": "bf16", "conv": True, "gemm": None}]
+    overrides, _ = calibrate.fit_sweep(rows, _cpu_with_bf16())
+    assert overrides["by_dtype"]["bf16"]["cuda_core_attention"] == 3.0
+    check_overrides(overrides, "probe.json")  # accepted whole
+
+
 def _cpu_with_bf16():
     return DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=20e9,
                       peak={"fp32": 1e11, "bf16": 1e10}, tensor_cores=False, measured=True)

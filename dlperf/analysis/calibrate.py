@@ -529,7 +529,9 @@ def fit_sweep(rows: list[dict], spec: DeviceSpec, drop: tuple[str, ...] = ()
         h = fitted["bf16"]
         overrides["by_dtype"] = {"bf16": {
             "cuda_core": h["math"], "cuda_core_conv": h["conv"],
-            "cuda_core_attention": fitted["attention"] / fitted["math"] * h["math"],
+            # (within the fit's bound, as every fitted share: a device file refuses more)
+            "cuda_core_attention": min(BOUNDS["attention"][1],
+                                       fitted["attention"] / fitted["math"] * h["math"]),
             "conv_backward": h["conv_backward"], **{c: h[c] for c in CONV_RAMP}}}
     return overrides, fitted
 
