@@ -293,14 +293,26 @@ def megatron(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+def megatron_gpt_args(layers: int, hidden: int, heads: int, gpus: int, pp: int = 1,
+                      virtual: int = 1, micro_batches: int = 1, batch: int = 1) -> list[str]:
+    """`dlperf analyze` for one of Megatron's GPTs of 2021-22 (vocabulary 51,200, 2,048 tokens,
+    mixed precision, explicit attention, dropout 0.1, A100 80 GB on Selene): TP=8 in each
+    node, ``pp`` stages (``virtual`` chunks each), ``micro_batches`` of ``batch`` sequences,
+    data parallel over what is left with the all-reduce after the backward, as the papers ran
+    it."""
+    return ["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
+            str(heads), "--vocab", "51200", "--seq-len", "2048", "--batch-size", str(batch),
+            "--grad-accum", str(micro_batches), "--dtype", "bf16", "--precision", "fsdp",
+            "--train", "--optimizer", "adamw", "--attention", "math", "--dropout", "0.1",
+            "--device", "a100-80gb", "--interconnect", "nvlink3-a100,ib-hdr", "--gpus",
+            str(gpus), "--tp", "8", "--pp", str(pp), "--pp-virtual", str(virtual),
+            "--no-overlap", "--top", "1"]
+
+
 # Korthikanti et al. 2022 (arXiv 2205.05198), Table 3: the 22B GPT (48 layers of 6,144, 64
 # heads, vocabulary 51,200, 2,048 tokens) on TP=8 in one node of 8 A100 80 GB (NVSwitch), no
 # data or pipeline parallelism, batch 4 in one micro-batch, mixed precision
-MEGATRON22_ARGS = ["analyze", "gpt2", "--layers", "48", "--d-model", "6144", "--heads", "64",
-                   "--vocab", "51200", "--seq-len", "2048", "--batch-size", "4", "--dtype",
-                   "bf16", "--precision", "fsdp", "--train", "--optimizer", "adamw",
-                   "--attention", "math", "--dropout", "0.1", "--device", "a100-80gb",
-                   "--interconnect", "nvlink3-a100", "--gpus", "8", "--tp", "8", "--top", "1"]
+MEGATRON22_ARGS = megatron_gpt_args(48, 6144, 64, gpus=8, batch=4)
 # Table 4, one transformer layer (ms): (experiment, sequence parallel, recompute policy or None,
 # forward, backward)
 MEGATRON22_LAYER = (
@@ -329,20 +341,6 @@ MEGATRON22_WAYS = (("full recompute", ["--activation-checkpointing", "full",
                                        "--no-sequence-parallel"]),
                    ("selective + sequence", ["--activation-checkpointing",
                                              "selective-attention"]))
-
-
-def pipelined_args(layers: int, hidden: int, heads: int, pp: int, virtual: int, gpus: int,
-                   micro_batches: int) -> list[str]:
-    """`dlperf analyze` for one of Megatron's pipelined GPTs: TP=8 in each node, ``pp`` stages
-    (``virtual`` chunks each), one sequence a micro-batch, data parallel over what is left
-    with the all-reduce after the backward, as the paper ran it."""
-    return ["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
-            str(heads), "--vocab", "51200", "--seq-len", "2048", "--batch-size", "1",
-            "--grad-accum", str(micro_batches), "--dtype", "bf16", "--precision", "fsdp",
-            "--train", "--optimizer", "adamw", "--attention", "math", "--dropout", "0.1",
-            "--device", "a100-80gb", "--interconnect", "nvlink3-a100,ib-hdr", "--gpus",
-            str(gpus), "--tp", "8", "--pp", str(pp), "--pp-virtual", str(virtual),
-            "--no-overlap", "--top", "1"]
 
 
 def layer_times(result: dict, block: str = "blocks.1") -> tuple[float, float]:
@@ -408,7 +406,8 @@ def megatron2022(out: Path) -> None:
                 if (m[8] if way == "full recompute" else m[9]) is not None]
         for (model, layers, hidden, heads, pp, virtual, gpus, micro, full_s, present_s), way, \
                 extra in tqdm(runs, desc="megatron 2022, pipelined"):
-            result = _analyze(pipelined_args(layers, hidden, heads, pp, virtual, gpus, micro)
+            result = _analyze(megatron_gpt_args(layers, hidden, heads, gpus, pp, virtual,
+                                                micro)
                               + extra, tmp, whole=True)
             here = result["scale_out"]["at_requested_scale"]
             pipe = here["communication"]["pipeline"]
@@ -502,7 +501,8 @@ def narayanan2021(out: Path) -> None:
                 NARAYANAN_PTD, desc="narayanan 2021"):
             replicas = gpus // (8 * pp)
             # the paper's stack: no sequence parallelism, every layer recomputed, 1F1B
-            here = _analyze(pipelined_args(layers, hidden, heads, pp, 1, gpus, batch // replicas)
+            here = _analyze(megatron_gpt_args(layers, hidden, heads, gpus, pp, 1,
+                                              batch // replicas)
                             + ["--activation-checkpointing", "full", "--no-sequence-parallel"],
                             tmp)
             flops = megatron_flops(layers, hidden, batch, seq=2048) / gpus
