@@ -50,12 +50,14 @@ without and with sequence parallelism, with full recompute, with the paper's sel
 recompute (the attention core: --activation-checkpointing selective-attention), and with
 selective recompute and sequence parallelism; Table 5 the iteration with full recompute and
 with the paper's method. dlperf's layer is a middle block's kernels plus its share of the
-collectives (``layer_times``). Megatron-LM of 2022 fuses the scale-mask-softmax, bias+GeLU
-and bias+dropout+add, overlaps the backward's all-reduce with the weight-gradient GEMM (the
-paper's reason full recompute costs 39%, not 33%) and, with sequence parallelism, all-gathers
-a layer's input again in the backward rather than keep it; dlperf models none of the three,
-so the measures are each layer's time over the baseline's (Table 4's overhead column) and the
-paper's method over full recompute, measured and predicted.
+collectives (``layer_times``). Megatron-LM of 2022 overlaps the backward's all-reduce (or
+reduce-scatter) with the weight-gradient GEMM (the paper's reason full recompute costs 39%,
+not 33%) and, with sequence parallelism, all-gathers a layer's input again in the backward
+beside the data-gradient GEMM rather than keep it: every run here is `--tp-impl megatron`,
+which models both (since 2026-12-03; before, every collective was exposed and the gathered
+input kept). It also fuses the scale-mask-softmax, bias+GeLU and bias+dropout+add, which
+dlperf does not, so the measures are each layer's time over the baseline's (Table 4's
+overhead column) and the paper's method over full recompute, measured and predicted.
 
 ``narayanan-2021`` (-> results/tp-narayanan-2021.json, ~40 seconds).
 Source: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
@@ -294,19 +296,21 @@ def megatron(out: Path) -> None:
 
 
 def megatron_gpt_args(layers: int, hidden: int, heads: int, gpus: int, pp: int = 1,
-                      virtual: int = 1, micro_batches: int = 1, batch: int = 1) -> list[str]:
+                      virtual: int = 1, micro_batches: int = 1, batch: int = 1,
+                      impl: str = "megatron") -> list[str]:
     """`dlperf analyze` for one of Megatron's GPTs of 2021-22 (vocabulary 51,200, 2,048 tokens,
     mixed precision, explicit attention, dropout 0.1, A100 80 GB on Selene): TP=8 in each
     node, ``pp`` stages (``virtual`` chunks each), ``micro_batches`` of ``batch`` sequences,
     data parallel over what is left with the all-reduce after the backward, as the papers ran
-    it."""
+    it; ``impl``: the tensor-parallel implementation, "megatron" from Megatron-LM's
+    asynchronous backward (2021-09) on, "torch" (every collective exposed) before it."""
     return ["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
             str(heads), "--vocab", "51200", "--seq-len", "2048", "--batch-size", str(batch),
             "--grad-accum", str(micro_batches), "--dtype", "bf16", "--precision", "fsdp",
             "--train", "--optimizer", "adamw", "--attention", "math", "--dropout", "0.1",
             "--device", "a100-80gb", "--interconnect", "nvlink3-a100,ib-hdr", "--gpus",
             str(gpus), "--tp", "8", "--pp", str(pp), "--pp-virtual", str(virtual),
-            "--no-overlap", "--top", "1"]
+            "--tp-impl", impl, "--no-overlap", "--top", "1"]
 
 
 # Korthikanti et al. 2022 (arXiv 2205.05198), Table 3: the 22B GPT (48 layers of 6,144, 64
@@ -343,24 +347,36 @@ MEGATRON22_WAYS = (("full recompute", ["--activation-checkpointing", "full",
                                              "selective-attention"]))
 
 
-def layer_times(result: dict, block: str = "blocks.1") -> tuple[float, float]:
+def layer_times(result: dict, layers: int, block: str = "blocks.1") -> tuple[float, float]:
     """One block's predicted forward and backward (dgrad, wgrad and any recompute) in seconds,
-    its kernels plus its share of the tensor-parallel collectives: a block makes two in the
-    forward (an all-reduce after each split region, or an all-gather and a reduce-scatter
-    around it with sequence parallelism, i.e. twice as many calls of the same bytes), two in
-    the backward and, fully recomputed, two more in the replay
-    (scaling.tensor_parallel_collectives)."""
+    its kernels plus its share of the tensor-parallel collectives of the ``layers`` blocks: a
+    block makes two in the forward (an all-reduce after each split region, or an all-gather
+    and a reduce-scatter around it with sequence parallelism, i.e. twice as many calls of the
+    same bytes), two in the backward and, fully recomputed, two more in the replay
+    (scaling.tensor_parallel_collectives). Under Megatron's implementation the backward's
+    calls at its two column-parallel layers run beside their GEMMs: of those the block pays
+    its 2 / (2 L + 1) share of what the micro-batch's leave exposed."""
     phases = {"forward": 0.0, "backward": 0.0}
     recomputed = False
     for k in result["layers"]:
         if k["module"].startswith(block + "."):
             phases["forward" if k["phase"] == "forward" else "backward"] += k["predicted_time_s"]
             recomputed |= k["phase"] == "recompute" and k["op"] in ("mm", "addmm")
-    tp = result["scale_out"]["at_requested_scale"]["communication"]["tensor_parallel"]
-    each = tp["exposed_s"] / tp["collectives_per_micro_batch"]
+    here = result["scale_out"]["at_requested_scale"]
+    tp = here["communication"]["tensor_parallel"]
+    # one micro-batch's, all of one size
+    each = tp["busy_s"] / here["grad_accum"] / tp["collectives_per_micro_batch"]
     calls = 2 * (2 if tp["sequence_parallel"] else 1)  # per split-region pair, per pass
+    # the backward's calls beside the GEMMs: both of the pair's without sequence parallelism
+    # (the all-reduces), one of it with (the reduce-scatter; the all-gather stays between
+    # dependent kernels); the re-gathers are more calls beside them
+    beside = (0 if not tp["beside_gemms"] else calls if not tp["sequence_parallel"]
+              else calls // 2)
+    left = (tp["exposed_s"] / here["grad_accum"]
+            - (tp["collectives_per_micro_batch"] - tp["beside_gemms"]) * each)
     return (phases["forward"] + calls * each,
-            phases["backward"] + calls * each * (2 if recomputed else 1))
+            phases["backward"] + (calls - beside) * each + calls * each * recomputed
+            + left * 2 / (2 * layers + 1))
 
 
 def megatron2022(out: Path) -> None:
@@ -375,7 +391,7 @@ def megatron2022(out: Path) -> None:
                 ["--activation-checkpointing", policy] if policy else [])
             result = _analyze(args, tmp, whole=True)
             here = result["scale_out"]["at_requested_scale"]
-            p_fwd, p_bwd = layer_times(result)
+            p_fwd, p_bwd = layer_times(result, 48)
             iteration = MEGATRON22_ITERATION.get(name)
             rows.append({"experiment": name, "sequence_parallel": sp, "recompute": policy,
                          "measured_forward_s": fwd / 1000, "measured_backward_s": bwd / 1000,
@@ -414,8 +430,7 @@ def megatron2022(out: Path) -> None:
             # one micro-batch's activations of the whole model on a rank, as dlperf counts
             # them and, for the paper's method, as its equation 6 does: 34 s b h L / t bytes
             # (Megatron keeps a sequence-parallel layer's input split and gathers it again in
-            # the backward; dlperf's capture keeps the gathered input, as torch's autograd
-            # does for a DTensor-style all-gather)
+            # the backward, as --tp-impl megatron does)
             activations = result["memory"]["activations_bytes"]
             paper = 34 * 2048 * hidden * layers // 8 if way != "full recompute" else None
             iterations.append({
@@ -500,9 +515,10 @@ def narayanan2021(out: Path) -> None:
         for model, layers, hidden, heads, pp, batch, gpus, tflops in tqdm(
                 NARAYANAN_PTD, desc="narayanan 2021"):
             replicas = gpus // (8 * pp)
-            # the paper's stack: no sequence parallelism, every layer recomputed, 1F1B
+            # the paper's stack: no sequence parallelism, every layer recomputed, 1F1B, and
+            # Megatron-LM before its asynchronous backward (2021-09): every collective exposed
             here = _analyze(megatron_gpt_args(layers, hidden, heads, gpus, pp, 1,
-                                              batch // replicas)
+                                              batch // replicas, impl="torch")
                             + ["--activation-checkpointing", "full", "--no-sequence-parallel"],
                             tmp)
             flops = megatron_flops(layers, hidden, batch, seq=2048) / gpus

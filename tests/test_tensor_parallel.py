@@ -74,9 +74,9 @@ def test_the_collectives_of_a_micro_batch():
     # reduce-scatter reversed), a full recompute 2 x 80 more: 482 (322 without it); the
     # reduce-scatters the same
     assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True) == (
-        ("allgather", 482, 134217728), ("reducescatter", 482, 134217728))
+        ("allgather", 482, 134217728, None), ("reducescatter", 482, 134217728, None))
     assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=False)[0] == (
-        "allgather", 322, 134217728)
+        "allgather", 322, 134217728, None)
 
 
 def _capture(tp: int, layers: int):
@@ -102,7 +102,7 @@ def test_tensor_parallel_adds_its_all_reduces_and_shares_the_replica_s_samples()
     cfg, analysis, params = _tiny(2)
     node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
     coll = tensor_parallel_collectives(cfg.layers, 4 * 128, cfg.d_model, 2, recompute=False)
-    _, count, nbytes = coll[0]
+    _, count, nbytes, _ = coll[0]
     assert count == 2 * 4 + 1 + 2 * 4 + 1 and coll[1][1] == count
     # an all-gather and a reduce-scatter each (inside the node, an H100)
     each = 2 * sharded_collective_s(nbytes, 2, 2, node, net, gen=2)
@@ -221,9 +221,9 @@ def test_without_sequence_parallelism_the_collectives_are_all_reduces():
     # with sequence parallelism
     assert tensor_parallel_collectives(42, 16 * 1024, 4096, 2, recompute=True,
                                        sequence_parallel=False) == (
-        ("allreduce", 254, 134217728),)
+        ("allreduce", 254, 134217728, None),)
     assert tensor_parallel_collectives(42, 16 * 1024, 4096, 2, recompute=True)[0] == (
-        "allgather", 254, 134217728)
+        "allgather", 254, 134217728, None)
 
 
 def test_without_sequence_parallelism_each_rank_holds_every_token_between_the_regions():
@@ -261,7 +261,7 @@ def test_all_reduces_are_timed_as_all_reduces_in_the_scale_out():
     node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
     coll = tensor_parallel_collectives(cfg.layers, 4 * 128, cfg.d_model, 2, recompute=False,
                                        sequence_parallel=False)
-    (_, count, nbytes), = coll
+    (_, count, nbytes, _), = coll
     each = allreduce_s(nbytes, 2, 2, node, net, gen=2)
     two = scale_out(analysis, params, ScaleConfig(gpus=2, tp=2, tp_collectives=coll,
                                                   step_cv=0.0), node, net)
@@ -297,3 +297,162 @@ def test_analyze_no_sequence_parallel_says_what_it_runs(tmp_path, capsys):
                         (common + ["--dropout", "1"], "--dropout: GPT dropout must be in [0, 1)")):
         code, out, err = run_cli(argv, capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+# Megatron-LM's implementation (--tp-impl megatron): the backward's collectives beside the
+# column-parallel layers' GEMMs, and the layer's input kept as its shard
+
+
+def test_megatron_s_collectives_by_hand():
+    # 80 blocks, full recompute, 8,192 tokens of d 8,192 in bf16 (134,217,728 bytes each).
+    # 2 x 80 + 1 = 161 column-parallel layers (two a block and the output layer).
+    # Sequence parallel: all-gathers between dependent kernels: the forward's 161, the
+    # backward's 161 (the forward's reduce-scatters reversed) and the recompute's 160 = 482;
+    # reduce-scatters the forward's 161 and the recompute's 160 = 321; beside the GEMMs: each
+    # layer's input gathered again (161, data gradient) and its input gradient
+    # reduce-scattered (161, weight gradient)
+    assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True, impl="megatron") == (
+        ("allgather", 482, 134217728, None), ("reducescatter", 321, 134217728, None),
+        ("allgather", 161, 134217728, "dgrad"), ("reducescatter", 161, 134217728, "wgrad"))
+    # without: the forward's 161 all-reduces and the recompute's 160 exposed, the backward's
+    # 161 beside the weight gradients
+    assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True,
+                                       sequence_parallel=False, impl="megatron") == (
+        ("allreduce", 321, 134217728, None), ("allreduce", 161, 134217728, "wgrad"))
+    with pytest.raises(ValueError, match="torch or megatron"):
+        tensor_parallel_collectives(2, 8, 8, 2, recompute=False, impl="deepspeed")
+
+
+def test_a_collective_beside_gemms_costs_what_they_cannot_cover():
+    from types import SimpleNamespace
+
+    from dlperf.analysis.scaling import beside_gemm_s
+
+    def kernel(module, phase, ms):
+        return SimpleNamespace(cost=SimpleNamespace(module=module, phase=phase), time_s=ms / 1e3)
+
+    predictions = [kernel("blocks.0.attn.wq", "dgrad", 0.4), kernel("blocks.0.attn.wk", "dgrad",
+                                                                   0.3),
+                   kernel("blocks.0.attn.wq", "wgrad", 2.0), kernel("blocks.0.fc", "dgrad", 2.0),
+                   kernel("blocks.0.fc", "forward", 9.0)]
+    regions = (("blocks.0.attn.wq", "blocks.0.attn.wk"), ("blocks.0.fc",), ("head",))
+    # a 1 ms collective beside each region's data gradient: attention's 0.7 ms leave 0.3 ms,
+    # the MLP's 2 ms hide it; the output layer is not in these predictions (another stage)
+    left, present = beside_gemm_s(predictions, regions, "dgrad", 1e-3)
+    assert (left, present) == (pytest.approx(0.3e-3), 2)
+    # beside the weight gradients only attention has any: 1 ms hidden there; the MLP's region
+    # has no weight-gradient kernel here, so it is not counted present
+    assert beside_gemm_s(predictions, regions, "wgrad", 1e-3) == (0.0, 1)
+
+
+def test_megatron_s_column_parallel_layer_is_linear_s_math():
+    # with one rank its collectives are the identity: gradients equal autograd's nn.Linear's
+    # (float64 gradcheck, and against F.linear's own backward)
+    from dlperf.models.gpt import ColumnParallelLinear, _MegatronColumn
+
+    torch.manual_seed(0)
+    layer = ColumnParallelLinear(6, 5, bias=True, tp=1).double()
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: _MegatronColumn.apply(x, w, b, 1),
+                                    (x, layer.weight, layer.bias))
+    out = layer(x)
+    out.square().sum().backward()
+    ref_x = x.detach().clone().requires_grad_()
+    w = layer.weight.detach().clone().requires_grad_()
+    b = layer.bias.detach().clone().requires_grad_()
+    torch.nn.functional.linear(ref_x, w, b).square().sum().backward()
+    for got, want in ((x.grad, ref_x.grad), (layer.weight.grad, w.grad), (layer.bias.grad,
+                                                                          b.grad)):
+        torch.testing.assert_close(got, want)
+
+
+def _megatron_capture(impl: str, **kwargs):
+    cfg = GPTConfig(layers=2, d_model=64, heads=4, vocab=128, seq_len=16, tp=4, tp_impl=impl,
+                    bias=True, **kwargs)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    acfg = AnalysisConfig(model="gpt", input_shape=(2, 16), dtype="bf16", train=True,
+                          device="a100-80gb", tokens=True, optimizer="adamw", precision="fsdp")
+    costs, uncounted, _, memory = capture_costs(model, acfg, torch.long)
+    assert not uncounted
+    return cfg, costs, memory
+
+
+def test_megatron_keeps_the_shard_and_runs_the_same_gemms():
+    _, torch_costs, torch_memory = _megatron_capture("torch")
+    cfg, costs, memory = _megatron_capture("megatron")
+    # a layer that gathers its own input keeps this rank's 1/4 of it: 2 x 16 tokens of 64 in
+    # bf16 = 4,096 bytes gathered, 1,024 kept, at each of the 2 x 2 + 1 column-parallel layers
+    # (their inputs are the norms' outputs, which nothing else keeps): 5 x 3,072 less
+    assert torch_memory["activations_bytes"] - memory["activations_bytes"] == 5 * 3072
+
+    def gemms(costs):
+        return sorted((c.module, c.phase, c.flops) for c in costs if c.kind == "gemm")
+
+    # the same GEMMs, each charged to its layer and pass (forward, data and weight gradients)
+    assert gemms(costs) == gemms(torch_costs)
+    qkv = {c.phase for c in costs if c.module == "blocks.0.attn.qkv" and c.kind == "gemm"}
+    assert qkv == {"forward", "dgrad", "wgrad"}
+
+
+def test_megatron_s_backward_collectives_hide_behind_the_gemms():
+    from dlperf.models.gpt import column_parallel_regions
+
+    cfg, costs, memory = _megatron_capture("megatron")
+    acfg = AnalysisConfig(model="gpt", input_shape=(2, 16), dtype="bf16", train=True,
+                          device="a100-80gb", tokens=True, optimizer="adamw", precision="fsdp")
+    analysis = predict_on(costs, {}, acfg, get_device("a100-80gb"), 0.0, memory=memory)
+    params = [("w", 4)]
+    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    coll = tensor_parallel_collectives(2, 32, 64, 2, recompute=False, impl="megatron")
+    regions = column_parallel_regions(cfg)
+    assert len(regions) == 5
+    out = scale_out(analysis, params, ScaleConfig(gpus=4, tp=4, tp_collectives=coll,
+                                                  tp_regions=regions, step_cv=0.0), node, net)
+    tp = out["communication"]["tensor_parallel"]
+    from dlperf.analysis.nccl import generation
+
+    each = sharded_collective_s(32 * 64 * 2, 4, 4, node, net,
+                                gen=generation(analysis.device.name))
+    # 10 + 5 exposed (forward, and the backward's gathers of the reduce-scattered outputs)
+    # and 5 + 5 beside the GEMMs: these kilobyte collectives are latency, longer than the
+    # tiny GEMMs beside them, so what each region's leaves is the collective less its GEMMs
+    assert tp["collectives_per_micro_batch"] == 25 and tp["beside_gemms"] == 10
+    assert tp["busy_s"] == pytest.approx(25 * each)
+    dgrad, wgrad = ({c.module: 0.0 for c in costs} for _ in range(2))
+    for p in analysis.predictions:
+        if p.cost.phase in ("dgrad", "wgrad"):
+            (dgrad if p.cost.phase == "dgrad" else wgrad)[p.cost.module] += p.time_s
+    left = sum(max(0.0, each - sum(phase[m] for m in r)) for r in regions
+               for phase in (dgrad, wgrad))
+    assert tp["exposed_s"] == pytest.approx(15 * each + left)
+    assert 15 * each < tp["exposed_s"] < 25 * each
+    # torch's way: the forward's 10 and the backward's 10, every one exposed
+    plain = tensor_parallel_collectives(2, 32, 64, 2, recompute=False)
+    torch_way = scale_out(analysis, params, ScaleConfig(gpus=4, tp=4, tp_collectives=plain,
+                                                        step_cv=0.0), node, net)
+    assert torch_way["communication"]["tensor_parallel"]["exposed_s"] == pytest.approx(
+        20 * each)
+
+
+def test_analyze_tp_impl_flags(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "tp.json"
+    common = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "8",
+              "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
+              "--device", "a100-80gb", "--gpus", "8"]
+    code, out, err = run_cli(common + ["--tp", "4", "--tp-impl", "megatron"], capsys)
+    assert code != 0 and "--precision fsdp" in " ".join(err.split())
+    assert "Traceback" not in err
+    code, out, err = run_cli(["analyze", "gpt", "--tp-impl", "megatron", "--train"], capsys)
+    assert code != 0 and "--tp-impl describes tensor parallelism" in " ".join(err.split())
+    code, out, err = run_cli(common + ["--tp", "4", "--tp-impl", "megatron", "--precision",
+                                       "fsdp", "--json", str(path)], capsys)
+    assert code == 0, err
+    assert "beside the backward's GEMMs (Megatron's)" in " ".join(out.split())
+    tp = json.loads(path.read_text())["scale_out"]["at_requested_scale"]["communication"][
+        "tensor_parallel"]
+    # 2 blocks: 5 column-parallel layers, each gathering again and reduce-scattering beside
+    # its GEMMs
+    assert tp["beside_gemms"] == 10 and tp["collectives_per_micro_batch"] == 25

@@ -259,7 +259,7 @@ def test_megatron_runs_are_compared_with_tp1_and_with_one_node():
 def test_megatron_2022_layer_times_add_the_blocks_collectives():
     tp = load_benchmark("validate_tp")
 
-    def result(sp, recompute):
+    def result(sp, recompute, beside=0, exposed=5.0):
         kernel = [("blocks.1.attn.qkv", "mm", "forward", 3.0),
                   ("blocks.1.attn", "bmm", "forward", 1.0),
                   ("blocks.1.attn.qkv", "mm", "dgrad", 3.0),
@@ -269,17 +269,29 @@ def test_megatron_2022_layer_times_add_the_blocks_collectives():
             kernel.append(("blocks.1.attn.qkv", "mm", "recompute", 3.0))
         layers = [{"module": m, "op": op, "phase": ph, "predicted_time_s": t}
                   for m, op, ph, t in kernel]
-        # 10 collectives a micro-batch taking 5 s in all: 0.5 s each
-        tensor = {"exposed_s": 5.0, "collectives_per_micro_batch": 10, "sequence_parallel": sp}
+        # 10 collectives a micro-batch busy 5 s in all: 0.5 s each
+        tensor = {"busy_s": 5.0, "exposed_s": exposed, "collectives_per_micro_batch": 10,
+                  "sequence_parallel": sp, "beside_gemms": beside}
         return {"layers": layers, "scale_out": {"at_requested_scale": {
-            "communication": {"tensor_parallel": tensor}}}}
+            "grad_accum": 1, "communication": {"tensor_parallel": tensor}}}}
 
     # all-reduces: forward 4 + 2 x 0.5 = 5; backward 3 + 3 + 2 x 0.5 = 7
-    assert tp.layer_times(result(False, False)) == pytest.approx((5.0, 7.0))
+    assert tp.layer_times(result(False, False), 2) == pytest.approx((5.0, 7.0))
     # sequence parallel: an all-gather and a reduce-scatter per region: 4 calls a pass
-    assert tp.layer_times(result(True, False)) == pytest.approx((6.0, 8.0))
+    assert tp.layer_times(result(True, False), 2) == pytest.approx((6.0, 8.0))
     # a replayed GEMM: its 3 s and the replay's 2 all-reduces
-    assert tp.layer_times(result(False, True)) == pytest.approx((5.0, 11.0))
+    assert tp.layer_times(result(False, True), 2) == pytest.approx((5.0, 11.0))
+    # Megatron's (2 blocks: 5 column-parallel layers). Without sequence parallelism the
+    # backward's 2 all-reduces of the block run beside its GEMMs: of the 10, 5 beside, and 4
+    # exposed in all, so the 5 beside leave 4 - 5 x 0.5 = 1.5 s, the block's 2 / 5 of it 0.6:
+    # backward 3 + 3 + 0.6
+    assert tp.layer_times(result(False, False, beside=5, exposed=4.0), 2) == pytest.approx(
+        (5.0, 6.6))
+    # with it: of the pair's 4 calls, the all-gather of the backward stays exposed and the
+    # reduce-scatter runs beside (with the re-gathers): 2 x 0.5 a block, then 2 / 5 of the
+    # 4 - 5 x 0.5 the 5 beside leave: 3 + 3 + 1 + 0.6
+    assert tp.layer_times(result(True, False, beside=5, exposed=4.0), 2) == pytest.approx(
+        (6.0, 7.6))
 
 
 def test_narayanan_runs_are_compared_with_their_fewest_replicas():

@@ -510,7 +510,12 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
                 result.input_bytes[name] = first.numel() * first.element_size()
                 result.input_keys[name] = _meta(first).key
 
-        def post(_m, _a, _o):
+        def post(_m, _a, out, name=name):
+            # a module's output made by a custom autograd Function (models/gpt.py's Megatron
+            # column-parallel linear) comes from no torch call the autocast emulation sees:
+            # marked here, its backward is the module's (a later mark would claim it)
+            if not state.in_backward:
+                state.mark(out, name, None)
             state.stack.pop()
 
         hooks.append(mod.register_forward_pre_hook(pre))

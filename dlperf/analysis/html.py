@@ -211,7 +211,10 @@ def _scaling_section(scale_out: dict) -> str:
     reference = (f"its {ways} ranks without their collectives"
                  + (" and the pipeline's bubble" if pipe else "") if ways > 1 else "one GPU")
     return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs"
-            + (f" ({tp['tp']}-way tensor parallel in each node)" if tp else "")
+            + (f" ({tp['tp']}-way tensor parallel in each node"
+               + (f"; {tp['beside_gemms']:,} of its collectives a micro-batch beside the "
+                  "backward's GEMMs, Megatron's way" if tp.get("beside_gemms") else "")
+               + ")" if tp else "")
             + (f" ({pipe['pp']} pipeline stages, {pipe['micro_batches']} micro-batches: "
                f"bubble {pipe['bubble_s'] * 1e3:.2f} ms a step)" if pipe else "")
             + f": {here['per_gpu_samples_per_s']:,.0f} "

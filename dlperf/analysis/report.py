@@ -186,7 +186,11 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
               else "all-reduces ")
            + f"{tp['collectives_per_micro_batch']:,} of {gib(tp['bytes_each'])} per micro-batch"
            + (f" (NCCL: {tp['nccl']})" if tp.get("nccl") else "")
-           + f", {seconds(tp['exposed_s'])} a step, none hidden; " if tp else "")
+           + (f", {seconds(tp['exposed_s'])} a step, none hidden; "
+              if not tp.get("beside_gemms") else
+              f", {seconds(tp.get('busy_s', 0.0))} a step, of which {tp['beside_gemms']:,} "
+              f"beside the backward's GEMMs (Megatron's), {seconds(tp['exposed_s'])} exposed; ")
+           if tp else "")
         + (f"pipeline bubble {seconds(pipe['bubble_s'])} a step ({pipe['micro_batches']} "
            f"micro-batches; the slowest stage is stage {pipe.get('slowest_stage', 0)}), "
            f"{pipe['p2p_transfers']:,} point-to-point sends of {gib(pipe['p2p_bytes_each'])} "

@@ -51,7 +51,13 @@ reduce-scatter, the output layer an all-gather (and the reverse in the backward)
 forward (activation checkpointing) repeats the forward's. Without sequence parallelism
 (Megatron's original scheme, ``sequence_parallel=False``) each rank holds every token between
 the split regions and an all-reduce stands in each place of the pair. They sit between
-dependent kernels, so none is hidden (``tensor_parallel_collectives``). The data-parallel
+dependent kernels, so none is hidden (``tensor_parallel_collectives``), except under
+Megatron-LM's implementation (``impl="megatron"``, models/gpt.py's ``tp_impl``): there each
+column-parallel layer's backward issues the input gradient's reduce-scatter (all-reduce
+without sequence parallelism) before its weight-gradient GEMM and runs the two side by side,
+and under sequence parallelism first gathers its input again (it kept only its shard) beside
+its data-gradient GEMM; a region's collective then costs only what its GEMMs cannot cover
+(``beside_gemm_s``). The data-parallel
 strategy then runs over the gpus / tp replicas, one GPU per replica in each of its tensor-parallel
 positions, gpus_per_node / tp of them in a node.
 
@@ -506,23 +512,63 @@ DECODES = ("gpu", "cpu", "synthetic")
 
 
 def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
-                                recompute: bool, sequence_parallel: bool = True
-                                ) -> tuple[tuple[str, int, int], ...]:
+                                recompute: bool, sequence_parallel: bool = True,
+                                impl: str = "torch") -> tuple[tuple[str, int, int, str | None],
+                                                              ...]:
     """The collectives one micro-batch of ``tokens`` (batch x sequence) makes among the
     tensor-parallel ranks of a decoder of ``layers`` blocks (see the module docstring): (kind,
-    count, bytes of the whole tensor). With sequence parallelism, all-gathers and
-    reduce-scatters: forward 2 of each per block, a reduce-scatter after the embedding and an
-    all-gather before the output layer; the backward the same in reverse; a recomputed forward
-    2 of each per block again. Without it (Megatron's original scheme), an all-reduce in each
-    of those places instead of the pair (NCCL's ring all-reduce is a reduce-scatter then an
-    all-gather): forward one after each split region and the embedding, backward one before
-    each split region and the output layer, a recompute one per split region. Each tensor is
-    the residual stream, tokens x d_model in the activations' dtype."""
+    count, bytes of the whole tensor, beside), ``beside`` None for a collective between
+    dependent kernels, else the column-parallel GEMMs it runs beside ("dgrad", "wgrad").
+
+    With sequence parallelism, all-gathers and reduce-scatters: forward 2 of each per block, a
+    reduce-scatter after the embedding and an all-gather before the output layer (2 L + 1 of
+    each); the backward the same in reverse; a recomputed forward 2 of each per block again.
+    Without it (Megatron's original scheme), an all-reduce in each of those places instead of
+    the pair (NCCL's ring all-reduce is a reduce-scatter then an all-gather): forward one after
+    each split region and the embedding, backward one before each split region and the output
+    layer, a recompute one per split region. Under Megatron's implementation the backward's
+    collectives at the 2 L + 1 column-parallel layers (the input gradient's reduce-scatter or
+    all-reduce) run beside the weight-gradient GEMMs, and with sequence parallelism each of
+    those layers also gathers its input again beside its data-gradient GEMM (2 L + 1
+    all-gathers more). Each tensor is the residual stream, tokens x d_model in the activations'
+    dtype."""
+    if impl not in ("torch", "megatron"):
+        raise ValueError(f"tensor-parallel implementation {impl!r}: torch or megatron")
     nbytes = tokens * d_model * act_bytes
-    count = 2 * (2 * layers + 1) + (2 * layers if recompute else 0)
+    regions = 2 * layers + 1  # the split regions' column-parallel layers, the output layer's
+    again = 2 * layers if recompute else 0
+    if impl == "torch":
+        if not sequence_parallel:
+            return (("allreduce", 2 * regions + again, nbytes, None),)
+        return (("allgather", 2 * regions + again, nbytes, None),
+                ("reducescatter", 2 * regions + again, nbytes, None))
     if not sequence_parallel:
-        return (("allreduce", count, nbytes),)
-    return (("allgather", count, nbytes), ("reducescatter", count, nbytes))
+        return (("allreduce", regions + again, nbytes, None),
+                ("allreduce", regions, nbytes, "wgrad"))
+    # forward (and recompute) as above; the backward's all-gathers at the row-parallel
+    # outputs and the embedding stay between dependent kernels
+    return (("allgather", 2 * regions + again, nbytes, None),
+            ("reducescatter", regions + again, nbytes, None),
+            ("allgather", regions, nbytes, "dgrad"),
+            ("reducescatter", regions, nbytes, "wgrad"))
+
+
+def beside_gemm_s(predictions, regions, phase: str, collective_s: float
+                  ) -> tuple[float, int]:
+    """What a micro-batch's collectives of ``collective_s`` each, one per column-parallel
+    region, leave exposed when each runs beside its region's ``phase`` ("dgrad" or "wgrad")
+    kernels (``regions``: tuples of module paths, models/gpt.py ``column_parallel_regions``):
+    (the sum over the regions present in ``predictions`` of what the collective outlasts them
+    by, how many regions are present: a pipeline stage holds some). The overlap is taken as
+    perfect: NCCL's kernels also take SMs and memory bandwidth from the GEMMs they run beside,
+    which this does not charge."""
+    beside: dict[str, float] = {}
+    for p in predictions:
+        if p.cost.phase == phase:
+            beside[p.cost.module] = beside.get(p.cost.module, 0.0) + p.time_s
+    present = [r for r in regions if any(m in beside for m in r)]
+    return (sum(max(0.0, collective_s - sum(beside.get(m, 0.0) for m in r)) for r in present),
+            len(present))
 
 
 @dataclass(frozen=True)
@@ -568,10 +614,12 @@ class ScaleConfig:
     # own choice among all): the collectives are timed among what they allow
     nccl_algo: str | None = None
     nccl_proto: str | None = None
-    # tensor-parallel ranks inside a node (1: none) and the collectives among them per
-    # micro-batch ((kind, count, bytes) triples: tensor_parallel_collectives)
+    # tensor-parallel ranks inside a node (1: none), the collectives among them per micro-batch
+    # ((kind, count, bytes, beside): tensor_parallel_collectives) and the column-parallel
+    # regions (tuples of module paths) that those run beside a GEMM are timed against
     tp: int = 1
     tp_collectives: tuple = ()
+    tp_regions: tuple = ()
     # pipeline-parallel stages (1: none; analysis/pipeline.py), the virtual stages of each
     # GPU (Megatron's interleaved schedule; 1: 1F1B), and the bytes one point-to-point
     # transfer carries between stages (a micro-batch's activations at a stage boundary, on one
@@ -763,7 +811,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     # share nodes and the stages span them)
     tp, pp = cfg.tp, cfg.pp
     dcfg = cfg if tp == pp == 1 else replace(
-        cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), pp=1, pp_virtual=1,
+        cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), tp_regions=(), pp=1,
+        pp_virtual=1,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = step.single_s
@@ -834,21 +883,33 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                                      node, network, gen)
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
-    if tp > 1:  # the node's tensor-parallel collectives, none hidden
+    if tp > 1:  # the node's tensor-parallel collectives
         # (an all-gather and a reduce-scatter of a buffer move the same: NCCL's ring for both)
-        each = [(n, b, allreduce_s(b, tp, tp, node, network, gen=gen, algorithms=cfg.algorithms,
-                                   protocols=cfg.protocols) if kind == "allreduce" else
-                 sharded_collective_s(b, tp, tp, node, network, gen=gen,
-                                      algorithms=cfg.algorithms, protocols=cfg.protocols))
-                for kind, n, b in cfg.tp_collectives]
-        tp_s = accum * sum(n * t for n, _, t in each)
-        biggest = max((b for _, b, _ in each), default=0)
+        def tp_time(kind: str, nbytes: int) -> float:
+            if kind == "allreduce":
+                return allreduce_s(nbytes, tp, tp, node, network, gen=gen,
+                                   algorithms=cfg.algorithms, protocols=cfg.protocols)
+            return sharded_collective_s(nbytes, tp, tp, node, network, gen=gen,
+                                        algorithms=cfg.algorithms, protocols=cfg.protocols)
+
+        busy = micro_exposed = 0.0
+        for kind, n, b, beside in cfg.tp_collectives:
+            t = tp_time(kind, b)
+            busy += n * t
+            if beside is None:
+                micro_exposed += n * t
+            else:  # one per region; a pipeline stage's regions are what its analysis holds
+                left, present = beside_gemm_s(analysis.predictions, cfg.tp_regions, beside, t)
+                micro_exposed += left * n / present if present else n * t
+        tp_s = accum * micro_exposed
+        biggest = max((b for _, _, b, _ in cfg.tp_collectives), default=0)
         group = replace(cfg, gpus=tp, gpus_per_node=tp, bn_group=1, pp=1, pp_virtual=1,
                         p2p_bytes=0)
         comm["tensor_parallel"] = {
-            "tp": tp, "collectives_per_micro_batch": sum(n for n, _, _ in each),
-            "sequence_parallel": all(k != "allreduce" for k, _, _ in cfg.tp_collectives),
-            "bytes_each": biggest, "exposed_s": tp_s,
+            "tp": tp, "collectives_per_micro_batch": sum(n for _, n, _, _ in cfg.tp_collectives),
+            "sequence_parallel": all(k != "allreduce" for k, *_ in cfg.tp_collectives),
+            "beside_gemms": sum(n for _, n, _, s in cfg.tp_collectives if s is not None),
+            "bytes_each": biggest, "busy_s": accum * busy, "exposed_s": tp_s,
             "nccl": _nccl_name(cfg.tp_collectives[0][0] if cfg.tp_collectives else "allgather",
                                biggest, group, node, network, gen)}
         exposed += tp_s

@@ -123,6 +123,15 @@ def add_parser(sub) -> None:
                         "split regions, so it runs their norms, dropouts and residual adds "
                         "whole, and the ranks all-reduce instead of all-gathering and "
                         "reduce-scattering")
+    s.add_argument("--tp-impl", choices=("torch", "megatron"), default=None,
+                   help="with --tp: whose tensor parallelism. torch: PyTorch's DTensor (as "
+                        "torchtitan runs it): every collective between dependent kernels, "
+                        "autograd keeping each split layer's gathered input. megatron: "
+                        "Megatron-LM's column-parallel linear (2021-09 on): the backward's "
+                        "collectives run beside the layer's gradient GEMMs, and under "
+                        "sequence parallelism the layer keeps its input's shard and gathers "
+                        "it again; the model in its dtype, as Megatron runs it (--precision "
+                        "fsdp or half) [torch]")
     s.add_argument("--pp", type=positive_int, default=1, metavar="N",
                    help="pipeline parallel (gpt and its presets, --strategy ddp): the blocks "
                         "split into N stages of consecutive blocks on N GPUs (of --tp each), "
@@ -202,7 +211,8 @@ def _gpt_config(args):
     flags = {"layers": args.layers, "d_model": args.d_model, "heads": args.heads,
              "vocab": args.vocab, "seq_len": args.seq_len, "attention": args.attention,
              "dropout": args.dropout, "tp": args.tp if args.tp > 1 else None,
-             "sequence_parallel": False if args.no_sequence_parallel else None}
+             "sequence_parallel": False if args.no_sequence_parallel else None,
+             "tp_impl": args.tp_impl}
     if args.model not in PRESETS:
         given = [f"--{'no-' if k == 'sequence_parallel' else ''}{k.replace('_', '-')}"
                  for k, v in flags.items() if v is not None]
@@ -237,9 +247,15 @@ def run(args) -> int:
     if (args.pp > 1 or args.pp_virtual > 1) and args.gpus is None:
         raise DlperfError(f"--pp {args.pp} splits the model over GPUs: add --gpus N (a "
                           "multiple of --tp x --pp)")
-    if args.no_sequence_parallel and args.tp == 1:
-        raise DlperfError("--no-sequence-parallel describes tensor parallelism: add --tp N "
-                          "(N > 1)")
+    for flag, given in (("--no-sequence-parallel", args.no_sequence_parallel),
+                        ("--tp-impl", args.tp_impl is not None)):
+        if given and args.tp == 1:
+            raise DlperfError(f"{flag} describes tensor parallelism: add --tp N (N > 1)")
+    if (args.tp_impl == "megatron" and args.precision == "mixed"
+            and args.dtype in ("bf16", "fp16")):
+        raise DlperfError(f"--tp-impl megatron runs the model in {args.dtype} as Megatron-LM "
+                          "does, not under autocast: add --precision fsdp (fp32 master "
+                          "weights) or --precision half")
     if args.tp > 1 and args.measure:
         raise DlperfError("--measure times the whole model on this machine's GPU; --tp "
                           "predicts one tensor-parallel rank: drop one of them")
@@ -335,6 +351,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     mistyped interconnect file or flag stops the command before the model is traced.
     ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its collectives)."""
     from dlperf.analysis.scaling import ScaleConfig, tensor_parallel_collectives
+    from dlperf.models.gpt import column_parallel_regions
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
 
     if not args.train:
@@ -371,9 +388,11 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
         # saves the collectives' outputs
         recompute=args.activation_checkpointing == "full",
-        sequence_parallel=gpt.sequence_parallel)
+        sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl)
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
-                      tp=args.tp, tp_collectives=collectives, pp=args.pp,
+                      tp=args.tp, tp_collectives=collectives,
+                      tp_regions=column_parallel_regions(gpt) if args.tp > 1 else (),
+                      pp=args.pp,
                       pp_virtual=args.pp_virtual,
                       # a micro-batch's activations at a stage boundary, on one tensor-parallel
                       # rank (Megatron sends 1/tp of them, sequence parallel or not)

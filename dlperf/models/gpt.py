@@ -20,6 +20,19 @@ dropouts and residual adds of the whole residual stream itself, and the ranks jo
 all-reduce after each split region (forward) and before it (backward), which move nothing
 here either: the tensors keep their shape.
 
+``tp_impl`` says whose implementation runs the split layers. ``"torch"``: PyTorch's tensor
+parallelism (DTensor, as torchtitan runs it; Megatron-LM before its asynchronous backward of
+2021-09): every collective sits between dependent kernels, and autograd keeps what each
+column-parallel GEMM read, the gathered [B, T, d] input under sequence parallelism.
+``"megatron"``: Megatron-LM's column-parallel linear (megatron/mpu/layers.py,
+``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al., section 4.2.2): in
+the backward the input gradient's all-reduce, or under sequence parallelism its
+reduce-scatter, runs beside the weight-gradient GEMM, and under sequence parallelism the layer
+keeps only its input's shard and all-gathers it again in the backward, beside the
+data-gradient GEMM (``ColumnParallelLinear``). The scale-out times those collectives against
+the GEMMs they run beside (analysis/scaling.py). Megatron runs the model in its dtype (bf16
+or fp16 parameters, fp32 master weights), so this form takes no autocast.
+
 ``attention="math"`` computes attention as Megatron-LM (2019-2021), NVIDIA's BERT and nanoGPT
 without flash do: Q Kᵀ as a batched matmul on a scaled Q, the causal mask filled in, softmax,
 dropout on the probabilities, times V, each its own kernel over the [B, H, T, T] scores
@@ -65,6 +78,8 @@ class GPTConfig:
     # tp > 1: the residual stream split over the ranks' tokens between the split regions
     # (True) or whole on every rank (False: Megatron without --sequence-parallel)
     sequence_parallel: bool = True
+    # whose tensor parallelism: "torch" (DTensor) | "megatron" (see the module docstring)
+    tp_impl: str = "torch"
     attention: str = "sdpa"  # sdpa (one fused kernel) | math (matmul, mask, softmax, matmul)
     dropout: float = 0.0  # GPT-2's embedding, attention and residual dropout (training only)
 
@@ -77,7 +92,8 @@ class GPTConfig:
                              f"({self.heads})")
         for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
                               ("positions", ("learned", "rope")),
-                              ("attention", ("sdpa", "math"))):
+                              ("attention", ("sdpa", "math")),
+                              ("tp_impl", ("torch", "megatron"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPT {name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
@@ -112,6 +128,13 @@ class GPTConfig:
         """Ranks the residual stream's tokens are split over between the split regions: tp
         with sequence parallelism, 1 (every rank holds them all) without it."""
         return self.tp if self.sequence_parallel else 1
+
+    @property
+    def regather(self) -> int:
+        """Ranks a column-parallel layer gathers its input's tokens from, when the layer keeps
+        only its shard and gathers it again in the backward (Megatron's sequence parallelism);
+        1 when the layer is given its input whole (gathered before it, or never split)."""
+        return self.token_split if self.tp_impl == "megatron" else 1
 
     @property
     def head_dim(self) -> int:
@@ -186,13 +209,14 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.heads, self.head_dim = cfg.local_heads, cfg.head_dim  # this rank's heads
         width = self.heads * self.head_dim  # d_model / tp
-        self.qkv = nn.Linear(cfg.d_model, 3 * width, bias=cfg.bias)
+        self.qkv = _column(cfg, cfg.d_model, 3 * width, cfg.bias)
         self.proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
-        b, t, _ = x.shape
+        qkv = self.qkv(x)  # (x: this rank's shard of the tokens when the projection gathers)
+        b, t, _ = qkv.shape
         # [B, T, 3 H D] -> 3 x [B, H, T, D]
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = attend(q, k, v, self.cfg, self.training, mask)
         return self.proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
@@ -207,14 +231,15 @@ class GQAttention(nn.Module):
         # this rank's query and K/V heads
         self.heads, self.kv_heads = cfg.local_heads, (cfg.kv_heads or cfg.heads) // cfg.tp
         self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, self.heads * self.head_dim, bias=cfg.bias)
-        self.wk = nn.Linear(cfg.d_model, self.kv_heads * self.head_dim, bias=cfg.bias)
-        self.wv = nn.Linear(cfg.d_model, self.kv_heads * self.head_dim, bias=cfg.bias)
+        self.wq = _column(cfg, cfg.d_model, self.heads * self.head_dim, cfg.bias)
+        self.wk = _column(cfg, cfg.d_model, self.kv_heads * self.head_dim, cfg.bias)
+        self.wv = _column(cfg, cfg.d_model, self.kv_heads * self.head_dim, cfg.bias)
         self.wo = nn.Linear(self.heads * self.head_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.heads, self.head_dim)
+        q = self.wq(x)  # (x: this rank's shard of the tokens when the projections gather)
+        b, t, _ = q.shape
+        q = q.view(b, t, self.heads, self.head_dim)
         k = self.wk(x).view(b, t, self.kv_heads, self.head_dim)
         v = self.wv(x).view(b, t, self.kv_heads, self.head_dim)
         if rope is not None:
@@ -257,6 +282,61 @@ class _SeqScatter(torch.autograd.Function):
         return grad.new_empty((grad.shape[0], ctx.tokens, *grad.shape[2:])), None
 
 
+class _MegatronColumn(torch.autograd.Function):
+    """Megatron-LM's column-parallel linear under sequence parallelism (megatron/mpu/layers.py,
+    ``LinearWithGradAccumulationAndAsyncCommunication``, 2022-03): the forward all-gathers the
+    tokens and runs the GEMM on them, but keeps only this rank's shard of its input; the
+    backward gathers it again (issued before the data-gradient GEMM, which it runs beside),
+    computes the input gradient, reduce-scatters it (issued before the weight-gradient GEMM and
+    the bias gradient, which it runs beside) and computes the weight gradient from the gathered
+    input. The collectives are stand-ins as in ``_SeqGather``: allocations; the scale-out times
+    them (analysis/scaling.py, ``tensor_parallel_collectives``). With ``tp`` = 1 they are the
+    identity, and this is nn.Linear's math exactly (tests/test_tensor_parallel.py checks the
+    gradients against autograd's in float64)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, tp: int):
+        ctx.save_for_backward(x, weight)  # the shard: 1/tp of what autograd would keep
+        ctx.tp, ctx.has_bias = tp, bias is not None
+        return F.linear(_gathered(x, tp), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        total = _gathered(x, ctx.tp)  # the backward's all-gather
+        grad_total = grad.matmul(weight)  # the input gradient [B, T, in], to be reduce-scattered
+        flat = grad.reshape(-1, grad.shape[-1])
+        grad_weight = flat.t().matmul(total.reshape(-1, total.shape[-1]))
+        grad_bias = flat.sum(0) if ctx.has_bias else None
+        grad_x = grad_total if ctx.tp == 1 else x.new_empty(x.shape)  # the reduce-scatter
+        return grad_x, grad_weight, grad_bias, None
+
+
+def _gathered(x: torch.Tensor, tp: int) -> torch.Tensor:
+    """The all-gather's stand-in: the tokens of ``tp`` ranks, allocated (x itself for one)."""
+    return x if tp == 1 else x.new_empty((x.shape[0], x.shape[1] * tp, *x.shape[2:]))
+
+
+class ColumnParallelLinear(nn.Linear):
+    """A column-parallel layer that gathers its input's tokens itself, Megatron's way
+    (``_MegatronColumn``): called with this rank's shard of the tokens."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: int):
+        super().__init__(in_features, out_features, bias=bias)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _MegatronColumn.apply(x, self.weight, self.bias, self.tp)
+
+
+def _column(cfg: GPTConfig, d_in: int, d_out: int, bias: bool) -> nn.Linear:
+    """A column-parallel layer: plain (its input gathered before it, or whole) or Megatron's
+    (``cfg.regather`` > 1: it gathers its input itself and keeps the shard)."""
+    if cfg.regather > 1:
+        return ColumnParallelLinear(d_in, d_out, bias, cfg.regather)
+    return nn.Linear(d_in, d_out, bias=bias)
+
+
 def _gather(x: torch.Tensor, tp: int) -> torch.Tensor:
     return x if tp == 1 else _SeqGather.apply(x, tp)
 
@@ -269,15 +349,18 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.split = cfg.token_split  # the ranks the residual stream's tokens are split over
+        # the ranks the split regions gather their input from here (1: the layers gather it
+        # themselves, Megatron's way, or it is whole)
+        self.gather = 1 if cfg.regather > 1 else self.split
         self.ln1 = _norm(cfg)
         self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
             else Attention(cfg)
         self.ln2 = _norm(cfg)
         self.swiglu = cfg.mlp == "swiglu"
         hidden = (cfg.ffn_hidden if self.swiglu else cfg.mlp_ratio * cfg.d_model) // cfg.tp
-        self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.fc = _column(cfg, cfg.d_model, hidden, cfg.bias)
         if self.swiglu:  # Llama's w1 (fc), w3 (gate) and w2 (out): out(silu(fc(x)) * gate(x))
-            self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+            self.gate = _column(cfg, cfg.d_model, hidden, cfg.bias)
         self.act = nn.SiLU() if self.swiglu else nn.GELU(approximate="tanh")
         self.out = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
@@ -285,9 +368,9 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
         # x: this rank's tokens of the residual stream (all of them when tp is 1 or without
         # sequence parallelism)
-        a = self.attn(_gather(self.ln1(x), self.split), rope, mask)
+        a = self.attn(_gather(self.ln1(x), self.gather), rope, mask)
         x = x + self.drop(_scatter(a, self.split))
-        h = _gather(self.ln2(x), self.split)
+        h = _gather(self.ln2(x), self.gather)
         h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
         return x + self.drop(_scatter(self.out(h), self.split))
 
@@ -310,7 +393,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = _norm(cfg)
-        self.head = nn.Linear(cfg.d_model, cfg.local_vocab, bias=False)
+        self.head = _column(cfg, cfg.d_model, cfg.local_vocab, False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok.weight
 
@@ -328,7 +411,19 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, rope, mask)
         # [B, T, vocab / tp] logits (the loss runs vocabulary-parallel on them)
-        return self.head(_gather(self.ln_f(x), split))
+        return self.head(_gather(self.ln_f(x), 1 if self.cfg.regather > 1 else split))
+
+
+def column_parallel_regions(cfg: GPTConfig) -> tuple[tuple[str, ...], ...]:
+    """Each split region's column-parallel layers, as module paths of ``GPT(cfg)``: a block's
+    attention input projections, its MLP's input layer(s), and the output layer. Under
+    Megatron's implementation a region's backward collectives run beside these layers'
+    gradient GEMMs (analysis/scaling.py)."""
+    attn = (("wq", "wk", "wv") if cfg.positions == "rope" or cfg.groups > 1 else ("qkv",))
+    mlp = ("fc", "gate") if cfg.mlp == "swiglu" else ("fc",)
+    blocks = ((tuple(f"blocks.{i}.attn.{n}" for n in attn), tuple(f"blocks.{i}.{n}" for n in mlp))
+              for i in range(cfg.layers))
+    return (*(r for pair in blocks for r in pair), ("head",))
 
 
 # Named configurations of published decoders that this module reproduces exactly (same
