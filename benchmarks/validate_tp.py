@@ -55,16 +55,19 @@ reduce-scatter) with the weight-gradient GEMM (the paper's reason full recompute
 not 33%) and, with sequence parallelism, all-gathers a layer's input again in the backward
 beside the data-gradient GEMM rather than keep it: every run here is `--tp-impl megatron`,
 which models both (since 2026-12-03; before, every collective was exposed and the gathered
-input kept). It also fuses the scale-mask-softmax, bias+GeLU and bias+dropout+add, which
-dlperf does not, so the measures are each layer's time over the baseline's (Table 4's
-overhead column) and the paper's method over full recompute, measured and predicted.
+input kept), and `--fusion megatron`, its fused scale-mask-softmax and bias+dropout+add (on
+by default in Megatron-LM since 2021-01; also since 2026-12-03). The measures are each
+layer's time over the baseline's (Table 4's overhead column) and the paper's method over
+full recompute, measured and predicted, and the absolute iteration times.
 
 ``narayanan-2021`` (-> results/tp-narayanan-2021.json, ~40 seconds).
 Source: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM" (arXiv 2104.04473), Table 2's PTD-parallel rows: GPT-3 175B on TP=8 x 12 stages
 and the 530B on TP=8 x 35 stages, micro-batches of one 2,048-token sequence, global batch
 1,536 and 2,240, 384 to 2,240 A100 80 GB on Selene, as teraFLOP/s per GPU by the FLOP count
-above. The stack of 2021: no sequence parallelism, full recompute, fused kernels, the
+above. The stack of 2021: no sequence parallelism, full recompute, fused kernels (--fusion
+megatron), every tensor-parallel collective between dependent kernels (--tp-impl torch: the
+asynchronous backward came in 2021-09), the
 scatter/gather send between stages (1/8 of the activations a rank: dlperf's --pp sends), the
 gradient all-reduce after the backward (--no-overlap). The schedule is not named for these
 rows; they run 1F1B here (Megatron's default; the interleaved schedule needs a flag): the
@@ -302,15 +305,17 @@ def megatron_gpt_args(layers: int, hidden: int, heads: int, gpus: int, pp: int =
     mixed precision, explicit attention, dropout 0.1, A100 80 GB on Selene): TP=8 in each
     node, ``pp`` stages (``virtual`` chunks each), ``micro_batches`` of ``batch`` sequences,
     data parallel over what is left with the all-reduce after the backward, as the papers ran
-    it; ``impl``: the tensor-parallel implementation, "megatron" from Megatron-LM's
-    asynchronous backward (2021-09) on, "torch" (every collective exposed) before it."""
+    it, with Megatron's fused scale-mask-softmax and bias+dropout+add (on by default since
+    2021-01: --fusion megatron); ``impl``: the tensor-parallel implementation, "megatron" from
+    Megatron-LM's asynchronous backward (2021-09) on, "torch" (every collective exposed)
+    before it."""
     return ["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
             str(heads), "--vocab", "51200", "--seq-len", "2048", "--batch-size", str(batch),
             "--grad-accum", str(micro_batches), "--dtype", "bf16", "--precision", "fsdp",
             "--train", "--optimizer", "adamw", "--attention", "math", "--dropout", "0.1",
             "--device", "a100-80gb", "--interconnect", "nvlink3-a100,ib-hdr", "--gpus",
             str(gpus), "--tp", "8", "--pp", str(pp), "--pp-virtual", str(virtual),
-            "--tp-impl", impl, "--no-overlap", "--top", "1"]
+            "--tp-impl", impl, "--fusion", "megatron", "--no-overlap", "--top", "1"]
 
 
 # Korthikanti et al. 2022 (arXiv 2205.05198), Table 3: the 22B GPT (48 layers of 6,144, 64

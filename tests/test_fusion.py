@@ -199,3 +199,61 @@ def test_analyze_cli_fuses_and_refuses_measuring_a_stack_it_does_not_run(tmp_pat
     code = main(["analyze", "resnet18", "--device", "cpu", "--train", "--measure",
                  "--fusion", "conv-bn"])
     assert code != 0 and "--measure times the eager" in capsys.readouterr().err
+
+
+def _decoder_costs(fusion: str, tp: int = 2):
+    from dlperf.models.gpt import GPT, GPTConfig
+
+    # one block of d 64, 4 heads over 16 tokens, batch 2, explicit attention, dropout, bf16
+    cfg = GPTConfig(layers=1, d_model=64, heads=4, vocab=128, seq_len=16, tp=tp, bias=True,
+                    attention="math", dropout=0.1, tp_impl="megatron")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    acfg = AnalysisConfig(model="gpt", input_shape=(2, 16), dtype="bf16", train=True,
+                          device="a100-80gb", tokens=True, optimizer="adamw",
+                          precision="fsdp", fusion=fusion)
+    costs, uncounted, _, memory = capture_costs(model, acfg, torch.long)
+    assert not uncounted
+    return costs, memory
+
+
+def test_megatron_fuses_the_scale_the_mask_and_bias_dropout_add():
+    eager, eager_memory = _decoder_costs("none")
+    fused, memory = _decoder_costs("megatron")
+    assert len(fused) == len(eager)  # every kernel keeps its place
+    changed = [(a.module, a.op, a.phase, b.op, b.bytes, b.kernels)
+               for a, b in zip(eager, fused) if a != b]
+    # on one rank of 2: 2 heads of 16 x 16 scores (2 x 2 x 16 x 16 bf16 = 2,048 bytes), the
+    # residual stream 2 x 8 tokens x 64 (2,048 bytes in bf16, the dropout's mask 1,024)
+    assert changed == [
+        # Q's scale: the scores GEMM's alpha
+        ("blocks.0.attn", "mul", "forward", "mul", 0, 0),
+        # the causal mask inside the fused softmax
+        ("blocks.0.attn", "masked_fill", "forward", "masked_fill", 0, 0),
+        # each split region's dropout and residual add: one kernel reading the region's
+        # output and the residual, writing the sum and the mask: 3 x 2,048 + 1,024
+        ("blocks.0.drop", "native_dropout", "forward", "native_dropout", 0, 0),
+        ("blocks.0", "add", "forward", "bias_dropout_add", 7168, 1),
+        ("blocks.0.drop", "native_dropout", "forward", "native_dropout", 0, 0),
+        ("blocks.0", "add", "forward", "bias_dropout_add", 7168, 1),
+        # the backward: the mask's and the scale's, inside the fused softmax's and the GEMM's
+        ("blocks.0.attn", "masked_fill", "dgrad", "masked_fill", 0, 0),
+        ("blocks.0.attn", "mul", "dgrad", "mul", 0, 0)]
+    # what went: the dropouts' 2,048-byte output written and read again (twice), the mask
+    # pass over the scores and its gradient (2,048 in, 2,048 out and the 16 x 16 bool mask,
+    # each way), the scale of Q and of its gradient (2 x 2,048 bytes each)
+    saved = sum(a.bytes for a in eager) - sum(b.bytes for b in fused)
+    assert saved == 2 * 2 * 2048 + 2 * (2 * 2048 + 256) + 2 * (2 * 2048)
+    # the attention dropout (read by the GEMM with V) and the embedding's (read by the norm
+    # and the residual) are Megatron's plain dropouts: kept
+    kept = [c for c in fused if c.op == "native_dropout" and c.kernels]
+    assert [c.module for c in kept] == ["drop", "blocks.0.attn"]
+    assert memory == eager_memory  # the same tensors are kept for the backward
+
+
+def test_megatron_fusion_leaves_a_convolutional_network_alone():
+    from dlperf.analysis.api import analyze
+
+    none, megatron = (analyze("resnet18", (8, 3, 64, 64), device="a100-80gb", dtype="bf16",
+                              fusion=level) for level in ("none", "megatron"))
+    assert [p.cost for p in none.predictions] == [p.cost for p in megatron.predictions]

@@ -52,6 +52,20 @@ def test_fusion_finding_names_the_elementwise_ops():
     assert "threshold_backward" in f.message and f.saving_s > 0
     memory_time = sum(p.time_s for p in a.predictions if p.bound == "memory")
     assert f.saving_s < memory_time
+    assert "--fusion bn-act" in f.message  # a network with batch norms: their stack
+
+
+def test_fusion_finding_points_a_decoder_at_megatron_s_kernels():
+    from dlperf.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(layers=2, d_model=256, heads=4, vocab=512, seq_len=128,
+                          attention="math", dropout=0.1))
+    import torch
+
+    a = dlperf.analyze(model, (8, 128), device="a100-80gb", dtype="bf16", train=True,
+                       input_dtype=torch.long)
+    f = _rules(a)["fusion"]
+    assert "--fusion megatron" in f.message and "bn-act" not in f.message
 
 
 def test_alignment_finding_pads_the_bad_dimension():

@@ -276,7 +276,7 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
          "iterations": [{"pp": 1, "ratio": 0.5, "gpus": 8}, {"pp": 8, "ratio": 0.86, "gpus": 64},
                         {"pp": 35, "ratio": 0.97, "gpus": 280}]})
     text = describe_tensor_parallel({"tensor_parallel": entry})
-    assert "three published sources" in text and "(run as --tp-impl megatron)" in text
+    assert "three published sources" in text and "(run as --tp-impl megatron --fusion megatron)" in text
     assert ("ran 1.29-1.32x as fast as full recompute without it, and dlperf predicts "
             "1.38-1.40x. 2 pipelined Megatron-LM runs (--pp; 64-280 GPUs) ran at 1.03-1.16x "
             "dlperf's rate" in text)

@@ -42,6 +42,23 @@ configs that choose a network; Paddle's ``resnet_unit`` op ports the same cuDNN 
 Only ReLU is fused (cuDNN's batch-norm activation ops take ReLU); a block with SiLU or ReLU6
 keeps its kernels. Dropped kernels keep their place in the list with no bytes and no launch, so
 a layer still shows what became of it.
+
+``megatron`` a decoder's attention and residual kernels as Megatron-LM fuses them (on by
+            default since 2021-01: ``--no-masked-softmax-fusion``, ``--no-bias-dropout-fusion``
+            turn them off; megatron/model/transformer.py and fused_softmax.py). The attention
+            scale is the scores GEMM's alpha (``torch.baddbmm(..., alpha=1/norm_factor)``), so
+            the ``mul`` that scales Q is gone, and so is its backward (the data-gradient GEMM's
+            alpha); the causal mask and the softmax are one kernel
+            (``scaled_upper_triang_masked_softmax``: reads the scores, writes the
+            probabilities), so the ``masked_fill`` before the softmax is gone, and its backward
+            too (the fused backward reads the gradient and the probabilities, as
+            ``_softmax_backward_data`` does). A dropout whose only reader is the residual add
+            (the output of each split region) is one kernel with that add
+            (``bias_dropout_add_fused_train``, torch.jit-fused): it reads the region's output
+            and the residual and writes the sum and the mask, so the dropout's output is
+            neither written nor read again. Megatron's bias+GeLU (``bias_gelu_impl``) runs the
+            kernels dlperf already charges: the bias in the GEMM's epilogue here, one
+            elementwise pass there.
 """
 
 from __future__ import annotations
@@ -49,9 +66,9 @@ from __future__ import annotations
 import dataclasses
 
 from dlperf.analysis.capture import OpRecord
-from dlperf.analysis.costs import Cost
+from dlperf.analysis.costs import FREE_OPS, Cost
 
-FUSIONS = ("none", "bn-act", "conv-bn")
+FUSIONS = ("none", "bn-act", "conv-bn", "megatron")
 BN_FORWARD = frozenset({"native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm"})
 RELU = frozenset({"relu", "relu_"})
 ADD = frozenset({"add", "add_"})
@@ -170,6 +187,109 @@ def _gone(c: Cost) -> Cost:
     return dataclasses.replace(c, flops=0, bytes=0, output_bytes=0, kernels=0, variant="fused")
 
 
+COPIES = frozenset({"clone", "_to_copy", "contiguous", "copy_"})
+# ops that pass their input's data on without a kernel (views, reshapes); not allocations
+_PASS = FREE_OPS - {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+def _source(index: int | None, producer: dict, by_index: dict, through=frozenset()
+            ) -> int | None:
+    """The record whose kernel made record ``index``'s data: ``index`` itself, or back
+    through the views and reshapes (and the ops in ``through``) in between."""
+    for _ in range(8):
+        if index is None or (by_index[index].op not in _PASS
+                             and by_index[index].op not in through):
+            return index
+        index = producer.get((index, 0))
+    return None
+
+
+def _scale_mul(index: int | None, producer: dict, by_index: dict) -> int | None:
+    """The record that scales a GEMM operand by a constant (a ``mul`` of one tensor by a
+    Python number), found from the record ``index`` that reads it through the views and
+    layout copies before a batched GEMM; None if there is none."""
+    index = _source(index, producer, by_index, COPIES)
+    if index is not None:
+        r = by_index[index]
+        if r.op == "mul":
+            tensors = sum(1 for a in r.args if a == "<tensor>")
+            scalar = any(isinstance(a, float) for a in r.args)
+            return index if tensors == 1 and scalar else None
+    return None
+
+
+def megatron_sites(records: list[OpRecord], flow: tuple[dict, dict] | None = None
+                   ) -> dict[int, str]:
+    """The records Megatron-LM's fused kernels remove or merge (module docstring,
+    ``megatron``): record index -> "gone" (fused into a neighbour) or "bias-dropout-add" (the
+    residual add that takes its dropout in)."""
+    by_index = {r.index: r for r in records}
+    producer, readers = flow or _dataflow(records)
+    out: dict[int, str] = {}
+    for r in records:
+        if r.phase == "forward" and r.op == "masked_fill":
+            found = set(readers.get(r.index, []))
+            if len(found) != 1 or by_index[next(iter(found))].op != "_softmax":
+                continue
+            out[r.index] = "gone"  # the mask inside the fused softmax
+            scores = _source(producer.get((r.index, 0)), producer, by_index)
+            if scores is not None and by_index[scores].op in ("bmm", "baddbmm"):
+                for pos in (0, 1):  # Q's scale as the scores GEMM's alpha
+                    mul = _scale_mul(producer.get((scores, pos)), producer, by_index)
+                    if mul is not None:
+                        out[mul] = "gone"
+        elif r.phase == "forward" and r.op == "native_dropout":
+            found = set(readers.get(r.index, []))
+            if len(found) == 1:
+                add = by_index[next(iter(found))]
+                if add.op in ADD and len(add.inputs) == 2:
+                    out[r.index] = "gone"
+                    out[add.index] = "bias-dropout-add"
+        elif r.phase != "forward" and r.op == "masked_fill":
+            grad = _source(producer.get((r.index, 0)), producer, by_index)
+            if grad is not None and by_index[grad].op == "_softmax_backward_data":
+                out[r.index] = "gone"
+        elif r.phase != "forward" and r.op == "mul":
+            # the scale's backward: Q's gradient out of the data-gradient GEMM, times it
+            src = _source(producer.get((r.index, 0)), producer, by_index, COPIES)
+            if (src is not None and by_index[src].op in ("bmm", "baddbmm")
+                    and _scale_mul(r.index, producer, by_index) == r.index
+                    and any(by_index[i].module == r.module and v == "gone"
+                            and by_index[i].phase == "forward" and by_index[i].op == "mul"
+                            for i, v in out.items())):
+                out[r.index] = "gone"
+    return out
+
+
+def _megatron(costs: list[Cost], records: list[OpRecord], flow) -> list[Cost]:
+    """``costs`` with Megatron-LM's fused kernels (``megatron_sites``)."""
+    sites = megatron_sites(records, flow)
+    by_index = {r.index: r for r in records}
+    by_record = {c.records[0]: c for c in costs if len(c.records) == 1}
+    new: dict[int, Cost] = {}
+    for index, what in sites.items():
+        c = by_record.get(index)
+        if c is None:
+            continue
+        if what == "gone":
+            new[index] = _gone(c)
+            continue
+        # the add takes in its dropout: what both moved but the dropout's output, written
+        # once and read once between them
+        add = by_index[index]
+        drop_index = next(i for i, v in sites.items() if v == "gone"
+                          and by_index[i].op == "native_dropout"
+                          and by_index[i].outputs[0].key in {t.key for t in add.inputs})
+        drop = by_record.get(drop_index)
+        if drop is None:
+            continue
+        y = by_index[drop_index].outputs[0].nbytes
+        new[index] = dataclasses.replace(
+            c, op="bias_dropout_add", bytes=c.bytes + drop.bytes - 2 * y,
+            output_bytes=c.output_bytes + drop.output_bytes - y, variant="fused")
+    return [new.get(c.records[0], c) if len(c.records) == 1 else c for c in costs]
+
+
 def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[Cost]:
     """``costs`` (in execution order, each naming its ``records``) as the fused stack ``level``
     runs them (see the module docstring); ``none`` returns them unchanged."""
@@ -177,6 +297,8 @@ def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[C
     if level == "none":
         return list(costs)
     flow = _dataflow(records)
+    if level == "megatron":
+        return _megatron(costs, records, flow)
     producer = flow[0]
     by_index = {r.index: r for r in records}
     sites = find_sites(records, flow)

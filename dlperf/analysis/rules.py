@@ -218,9 +218,21 @@ def _fusion(analysis, step_s) -> list[Finding]:
         f"in transformers; torch.compile does this, `dlperf train compile=default`): "
         f"saves ~{saving * 1e3:.3g} ms ({saving / step_s:.1%}) of traffic and launches. "
         f"Largest: {top}."
-        + (" `dlperf analyze --fusion bn-act` (or conv-bn) predicts the step with batch norm, "
-           "ReLU and the residual add fused." if analysis.config.fusion == "none" else ""),
+        + (_fusion_hint(analysis) if analysis.config.fusion == "none" else ""),
         saving, tuple(sorted({p.cost.module for p in candidates})))]
+
+
+def _fusion_hint(analysis) -> str:
+    """Which --fusion level predicts this model's step fused: the batch-norm stacks for a
+    network with batch norms, Megatron's kernels for a decoder's masked softmax."""
+    ops = {p.cost.op for p in analysis.predictions}
+    if ops & {"native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm"}:
+        return (" `dlperf analyze --fusion bn-act` (or conv-bn) predicts the step with batch "
+                "norm, ReLU and the residual add fused.")
+    if "masked_fill" in ops and "_softmax" in ops:
+        return (" `dlperf analyze --fusion megatron` predicts the step with Megatron-LM's "
+                "fused scale-mask-softmax and bias+dropout+add.")
+    return ""
 
 
 def _pad(value: int, multiple: int) -> int:

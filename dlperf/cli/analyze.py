@@ -54,13 +54,16 @@ def add_parser(sub) -> None:
                         "every other matmul kept, the rest recomputed); selective-attention: "
                         "Megatron-LM's selective recompute (only the attention core, Q Kᵀ "
                         "to times V, recomputed; everything else kept) [full]")
-    a.add_argument("--fusion", choices=("none", "bn-act", "conv-bn"), default="none",
-                   help="the batch-norm stack the step runs: none = eager PyTorch (batch norm, "
+    a.add_argument("--fusion", choices=("none", "bn-act", "conv-bn", "megatron"),
+                   default="none",
+                   help="the fused kernels the step runs: none = eager PyTorch (batch norm, "
                         "ReLU and the residual add a kernel each); bn-act = batch norm + ReLU "
                         "and batch norm + add + ReLU one kernel each (cuDNN's BN activation "
                         "ops, MXNet's fused BN); conv-bn = also the batch-norm statistics and "
                         "apply inside the convolutions (cuDNN's fused conv-BN ops, NVIDIA's "
-                        "MLPerf ResNet-50) [none]")
+                        "MLPerf ResNet-50); megatron = a decoder's attention scale, causal "
+                        "mask and softmax one kernel, and each split region's dropout one "
+                        "kernel with its residual add (Megatron-LM's fused kernels) [none]")
     a.add_argument("--cuda-graphs", action="store_true",
                    help="the step replayed as a CUDA graph: no CPU issue time per kernel")
     a.add_argument("--train", action="store_true",

@@ -315,8 +315,8 @@ def _megatron_2022(m: dict) -> str:
     def span(lo: float, hi: float) -> str:
         return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
 
-    return (f"On {m['source']} (run as --tp-impl megatron), sequence parallelism with "
-            "selective recompute ran "
+    return (f"On {m['source']} (run as --tp-impl megatron --fusion megatron), sequence "
+            "parallelism with selective recompute ran "
             f"{span(m['measured_low'], m['measured_high'])} as fast as full recompute without "
             f"it, and dlperf predicts {span(m['predicted_low'], m['predicted_high'])}. ")
 
