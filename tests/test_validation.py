@@ -243,11 +243,12 @@ def test_megatron_runs_are_compared_with_tp1_and_with_one_node():
     assert first["predicted"] == pytest.approx(0.771428, rel=1e-5)
     assert first["ratio"] == pytest.approx(1.071428, rel=1e-5)
     assert [p["system"] for p in pairs] == ["node", "dp"]
-    # with the mask's kernels gone (0.2 s of TP=1's step, 0.1 s of TP=8's): 90 / 1.3 = 69.23
-    # over 100 / 1.0 = 100: 0.6923, over 0.72 measured = 0.9615
-    masked = tp.against_tp1([dict(rows[0], mask_s=0.2), dict(rows[1], mask_s=0.1)])
-    assert masked[0]["ratio_mask_fused"] == pytest.approx(0.961538, rel=1e-5)
-    assert first["ratio_mask_fused"] == pytest.approx(first["ratio"])  # no mask: the same
+    # with Megatron's fused kernels both steps faster (TP=1 1.0 s, TP=8 1.3 s): 90 / 1.3 =
+    # 69.23 over 100 / 1.0 = 100: 0.6923, over 0.72 measured = 0.9615
+    fused = tp.against_tp1([dict(rows[0], predicted_fused_step_s=1.0),
+                            dict(rows[1], predicted_fused_step_s=1.3)])
+    assert fused[0]["ratio_fused"] == pytest.approx(0.961538, rel=1e-5)
+    assert "ratio_fused" not in first  # no fused prediction: no such ratio
     # 128 replicas over one node: 1B measured 1.0 / 1.1 = 0.9091, predicted 1.2 / 1.25 = 0.96
     dp = tp.against_one_node(rows)
     assert [(p["run"], p["against"]) for p in dp] == [("1B TP=1", "node"), ("8B TP=8", "node")]
