@@ -257,3 +257,16 @@ def test_megatron_fusion_leaves_a_convolutional_network_alone():
     none, megatron = (analyze("resnet18", (8, 3, 64, 64), device="a100-80gb", dtype="bf16",
                               fusion=level) for level in ("none", "megatron"))
     assert [p.cost for p in none.predictions] == [p.cost for p in megatron.predictions]
+
+
+def test_the_cli_offers_every_fusion_level_and_no_other():
+    # the parser names them itself (building it imports no torch); this keeps the two lists one
+    from dlperf.analysis.fusion import FUSIONS
+    from dlperf.cli import build_parser
+
+    analyze = build_parser()._subparsers._group_actions[0].choices["analyze"]
+    fusion = next(a for a in analyze._actions if "--fusion" in a.option_strings)
+    strategy = next(a for a in analyze._actions if "--strategy" in a.option_strings)
+    from dlperf.analysis.scaling import STRATEGIES
+
+    assert tuple(fusion.choices) == FUSIONS and tuple(strategy.choices) == STRATEGIES

@@ -153,3 +153,63 @@ def test_analyze_pp_prints_and_saves_the_pipeline(tmp_path, capsys):
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--pp", "2"],
                              capsys)
     assert code == 2 and "--pp: only for gpt" in err
+
+
+def test_a_tied_embedding_is_held_by_the_first_and_the_last_stage():
+    # GPT-2's output layer reuses the input embedding: named "tok.weight" (before the first
+    # block: stage 0) and "head.weight" (after the last: stage 3); 4 blocks on 4 stages
+    blocks = [f"blocks.{i}" for i in range(4)]
+    named = [("tok.weight", 1, 4000), ("pos.weight", 2, 100), ("blocks.0.fc.weight", 3, 50),
+             ("blocks.3.fc.weight", 4, 50), ("ln_f.weight", 5, 10), ("head.weight", 1, 4000)]
+    rows, tied = pipeline.stage_params(named, blocks, 4, {"tok", "pos"})
+    assert rows == [("tok.weight", 4000, 0), ("pos.weight", 100, 0),
+                    ("blocks.0.fc.weight", 50, 0), ("blocks.3.fc.weight", 50, 3),
+                    ("ln_f.weight", 10, 3), ("head.weight", 4000, 3)]
+    assert tied == 4000  # the copy's gradient, all-reduced between the two stages
+    # an untied output layer (Llama's), or one stage: nothing shared
+    untied = named[:-1] + [("head.weight", 6, 4000)]
+    assert pipeline.stage_params(untied, blocks, 4, {"tok", "pos"})[1] == 0
+    assert pipeline.stage_params(named, blocks, 1, {"tok", "pos"})[1] == 0
+
+
+def test_the_tied_embedding_s_all_reduce_is_charged_on_the_critical_path(tmp_path, capsys):
+    import json
+
+    from conftest import run_cli
+
+    from dlperf.analysis.scaling import allreduce_s
+    from dlperf.analysis.nccl import generation
+    from dlperf.hardware.interconnect import PRESETS
+
+    common = ["analyze", "gpt", "--layers", "4", "--d-model", "256", "--heads", "8",
+              "--seq-len", "128", "--vocab", "1024", "--batch-size", "2", "--dtype", "bf16",
+              "--train", "--device", "a100-80gb", "--interconnect", "nvlink3-a100,ib-hdr",
+              "--gpus", "16", "--tp", "4", "--pp", "2", "--grad-accum", "4"]
+    path = tmp_path / "pp.json"
+    code, out, err = run_cli(common + ["--json", str(path)], capsys)
+    assert code == 0, err
+    pipe = json.loads(path.read_text())["scale_out"]["at_requested_scale"]["communication"][
+        "pipeline"]
+    # gpt ties its embeddings: the vocabulary's quarter on a rank, 256 x 256 fp32 gradients
+    assert pipe["tied_embedding_bytes"] == 256 * 256 * 4
+    # 16 GPUs in nodes of 8, 4-way TP, 2 stages: a stage's 2 replicas x 4 ranks fill a node,
+    # so the first and the last stage are in different nodes: 2 ranks, one a node
+    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    assert pipe["p2p_between_nodes"] is True
+    assert pipe["tied_embedding_allreduce_s"] == pytest.approx(
+        allreduce_s(256 * 256 * 4, 2, 1, node, net, generation("a100-80gb")))
+    assert "the tied embedding's all-reduce" in " ".join(out.split())
+    # the first stage's weights: the embeddings and blocks 0-1 of one rank, fp32 (the tied
+    # copy on the last stage takes nothing from the first stage's share)
+    from dlperf.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(layers=4, d_model=256, heads=8, seq_len=128, vocab=1024, tp=4))
+    first = sum(p.numel() for n, p in model.named_parameters()
+                if n.split(".")[0] in ("tok", "pos") or n.startswith(("blocks.0.", "blocks.1.")))
+    result = json.loads(path.read_text())
+    memory = result["scale_out"]["at_requested_scale"]["memory_per_gpu"]
+    # fp32 weights and gradients and AdamW's two moments (16 bytes a parameter), one
+    # micro-batch's activations of the whole model (1F1B), and DDP's buckets
+    assert memory["total_bytes"] == pytest.approx(
+        16 * first + result["memory"]["activations_bytes"] + memory["ddp_bucket_bytes"],
+        abs=16)

@@ -18,8 +18,13 @@ most any stage does: in 1F1B it keeps N micro-batches' activations of its L / N 
 micro-batch of the whole model's), and the interleaved schedule 1 + (N - 1) / (N V) times that
 (Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.3).
 
+A tied embedding (GPT-2's and Megatron's GPT: the output layer reuses the input embedding's
+weights) is on the first stage and the last: Megatron-LM keeps a copy on the last stage and
+all-reduces the two copies' gradients after every step's backward (``stage_params``), which
+the scale-out charges whole.
+
 Pure functions: the scale-out (analysis/scaling.py) takes the stage's analysis and adds the
-bubble and the transfers.
+bubble, the transfers and the tied embedding's all-reduce.
 """
 
 from __future__ import annotations
@@ -51,6 +56,22 @@ def ordered_blocks(blocks) -> list[str]:
     return sorted(blocks, key=key)
 
 
+def modules_before(costs: list, blocks: list[str]) -> set[str]:
+    """The modules outside the blocks whose forward kernels run before the first block's (the
+    embeddings): the first stage's."""
+    from dlperf.analysis.capture import block_path
+
+    block_set = frozenset(blocks)
+    before: set[str] = set()
+    for c in costs:
+        if c.phase != "forward":
+            continue
+        if block_path(c.module, block_set):
+            break
+        before.add(c.module)
+    return before
+
+
 def stage_of_costs(costs: list, blocks: list[str], pp: int) -> list[int | None]:
     """The stage of each kernel: a block's by its index (L / N consecutive blocks a stage);
     outside the blocks, the first stage for what the forward runs before the first block (and
@@ -61,15 +82,7 @@ def stage_of_costs(costs: list, blocks: list[str], pp: int) -> list[int | None]:
     per = len(blocks) // pp
     index = {b: i for i, b in enumerate(blocks)}
     block_set = frozenset(blocks)
-    before: set[str] = set()
-    seen_block = False
-    for c in costs:
-        if c.phase != "forward":
-            continue
-        if block_path(c.module, block_set):
-            seen_block = True
-        elif not seen_block:
-            before.add(c.module)
+    before = modules_before(costs, blocks)
     out: list[int | None] = []
     for c in costs:
         block = block_path(c.module, block_set)
@@ -91,6 +104,29 @@ def param_stage(name: str, blocks: list[str], pp: int, first_modules: set[str]) 
             return i // per
     module = name.rsplit(".", 1)[0]
     return 0 if module in first_modules else pp - 1
+
+
+def stage_params(named: list[tuple[str, object, int]], blocks: list[str], pp: int,
+                 first_modules: set[str]) -> tuple[list[tuple[str, int, int]], int]:
+    """Each parameter's gradient bytes and stage, from ``named``: (name, the tensor's id,
+    gradient bytes) for every name a parameter is registered under, shared ones included
+    (``named_parameters(remove_duplicate=False)``). A parameter whose names fall on two
+    stages (a tied embedding: the first stage's input embedding, the last stage's output
+    layer) is held by both, as Megatron-LM keeps a copy of the word embeddings on the last
+    stage and all-reduces the two copies' gradients every step. Returns the rows (name, bytes,
+    stage) and the gradient bytes of such copies, which that all-reduce carries."""
+    rows: list[tuple[str, int, int]] = []
+    stages: dict[object, set[int]] = {}
+    tied = 0
+    for name, key, nbytes in named:
+        stage = param_stage(name, blocks, pp, first_modules)
+        held = stages.setdefault(key, set())
+        if stage not in held:
+            if held:
+                tied += nbytes
+            held.add(stage)
+            rows.append((name, nbytes, stage))
+    return rows, tied
 
 
 def stage_costs(costs: list, stages: list[int | None], stage: int, fraction: float) -> list:

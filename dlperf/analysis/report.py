@@ -195,7 +195,10 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            f"micro-batches; the slowest stage is stage {pipe.get('slowest_stage', 0)}), "
            f"{pipe['p2p_transfers']:,} point-to-point sends of {gib(pipe['p2p_bytes_each'])} "
            f"{'between nodes' if pipe['p2p_between_nodes'] else 'inside the node'}, "
-           f"{seconds(pipe['p2p_s'])}; " if pipe else "")
+           f"{seconds(pipe['p2p_s'])}"
+           + (f", the tied embedding's all-reduce between the first and last stage "
+              f"{seconds(pipe['tied_embedding_allreduce_s'])}"
+              if pipe.get("tied_embedding_allreduce_s") else "") + "; " if pipe else "")
         + ("data-parallel communication " if tp or pipe else "communication ")
         + f"{seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] != 'ddp' and here['grad_accum'] > 1 else 'step'}"

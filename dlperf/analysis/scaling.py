@@ -628,6 +628,9 @@ class ScaleConfig:
     pp: int = 1
     pp_virtual: int = 1
     p2p_bytes: int = 0
+    # with pipeline stages, the gradient bytes of a tied embedding that the first and the
+    # last stage both hold (Megatron-LM's word embeddings), all-reduced between them each step
+    pp_tied_bytes: int = 0
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -812,7 +815,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     tp, pp = cfg.tp, cfg.pp
     dcfg = cfg if tp == pp == 1 else replace(
         cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), tp_regions=(), pp=1,
-        pp_virtual=1,
+        pp_virtual=1, pp_tied_bytes=0,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = step.single_s
@@ -937,12 +940,19 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         link = network if crosses else node
         transfers = p2p_transfers(accum, pp, cfg.pp_virtual)
         each = (link.latency_s + cfg.p2p_bytes / link.bus_bandwidth) if cfg.p2p_bytes else 0.0
+        # the tied embedding's two copies (first and last stage, the same tensor-parallel
+        # position and replica) all-reduce their gradients after the backward, before the
+        # update: Megatron-LM's embedding all-reduce, on the step's critical path
+        tied = (allreduce_s(cfg.pp_tied_bytes, 2, 1 if crosses else 2, node, network, gen,
+                            cfg.algorithms, cfg.protocols) if cfg.pp_tied_bytes else 0.0)
         comm["pipeline"] = {"pp": pp, "virtual": cfg.pp_virtual, "micro_batches": accum,
                             "bubble_s": bubble, "p2p_transfers": transfers,
                             "p2p_bytes_each": cfg.p2p_bytes, "p2p_s": transfers * each,
-                            "p2p_between_nodes": crosses}
-        exposed += transfers * each
-        step_s += bubble + transfers * each
+                            "p2p_between_nodes": crosses,
+                            "tied_embedding_bytes": cfg.pp_tied_bytes,
+                            "tied_embedding_allreduce_s": tied}
+        exposed += transfers * each + tied
+        step_s += bubble + transfers * each + tied
     gpu_rate = batch / step_s / (tp * pp)  # a replica's samples, over its tp x pp GPUs
     host_rate = cfg.host_img_per_s(min(cfg.gpus, cfg.gpus_per_node))
     # Where the host's decode sets the pace, each rank's step is its loader's time for a batch,

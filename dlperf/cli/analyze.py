@@ -417,16 +417,19 @@ def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory):
     pipeline.py), its memory the first stage's (the most any stage holds)."""
     from dlperf.analysis.api import predict_on
     from dlperf.analysis.capture import block_paths
-    from dlperf.analysis.pipeline import (ordered_blocks, param_stage, stage_costs,
-                                          stage_memory, stage_of_costs)
+    from dlperf.analysis.pipeline import (modules_before, ordered_blocks, stage_costs,
+                                          stage_memory, stage_of_costs, stage_params)
 
     blocks = ordered_blocks(block_paths(n for n, _ in model.named_parameters()))
     stages = stage_of_costs(costs, blocks, args.pp)
-    first = {c.module for c, s in zip(costs, stages) if s == 0 and c.phase == "forward"}
     grad_bytes = 2 if cfg.precision == "half" else 4
-    params = [(n, p.numel() * grad_bytes, param_stage(n, blocks, args.pp, first))
-              for n, p in model.named_parameters() if p.requires_grad]
-    total = sum(b for _, b, _ in params) or 1
+    # every name of a parameter: a tied embedding is on the first stage and the last
+    params, tied = stage_params(
+        [(n, id(p), p.numel() * grad_bytes)
+         for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad],
+        blocks, args.pp, modules_before(costs, blocks))
+    # (a share of the model's parameters, each once: a tied copy is extra on its stage)
+    total = sum(b for _, b, _ in params) - tied or 1
     held = stage_memory(memory, sum(b for _, b, s in params if s == 0) / total, args.pp,
                         args.pp_virtual)
     best = None
@@ -438,13 +441,16 @@ def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory):
         if best is None or t > best[0]:
             best = (t, k, analysis)
     _, k, analysis = best
-    return analysis, [(n, b) for n, b, s in params if s == k], k
+    return analysis, [(n, b) for n, b, s in params if s == k], k, tied
 
 
 def _scale_out(args, analysis, model, console, setup, stage=None) -> dict:
     """--gpus: the scaling curve of this analysis (one capture, reused), and the requested
     scale's row; ``setup``: what ``_scale_setup`` checked before the capture; ``stage``:
-    with --pp, the slowest stage's analysis, parameters and index (``_pipeline_stage``)."""
+    with --pp, the slowest stage's analysis, parameters and index, and the tied embedding's
+    gradient bytes (``_pipeline_stage``)."""
+    from dataclasses import replace
+
     from dlperf.analysis.report import render_scaling
     from dlperf.analysis.scaling import scale_out_and_curve
     from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
@@ -452,7 +458,8 @@ def _scale_out(args, analysis, model, console, setup, stage=None) -> dict:
 
     cfg, node, network = setup
     if stage is not None:
-        analysis, params, _ = stage
+        analysis, params, _, tied = stage
+        cfg = replace(cfg, pp_tied_bytes=tied)
     else:
         # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
         grad_bytes = 2 if analysis.config.precision == "half" else 4
