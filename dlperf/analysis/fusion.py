@@ -226,6 +226,7 @@ def megatron_sites(records: list[OpRecord], flow: tuple[dict, dict] | None = Non
     by_index = {r.index: r for r in records}
     producer, readers = flow or _dataflow(records)
     out: dict[int, str] = {}
+    scaled: set[str] = set()  # the modules whose Q scale went into the GEMM
     for r in records:
         if r.phase == "forward" and r.op == "masked_fill":
             found = set(readers.get(r.index, []))
@@ -238,6 +239,7 @@ def megatron_sites(records: list[OpRecord], flow: tuple[dict, dict] | None = Non
                     mul = _scale_mul(producer.get((scores, pos)), producer, by_index)
                     if mul is not None:
                         out[mul] = "gone"
+                        scaled.add(by_index[mul].module)
         elif r.phase == "forward" and r.op == "native_dropout":
             found = set(readers.get(r.index, []))
             if len(found) == 1:
@@ -252,11 +254,9 @@ def megatron_sites(records: list[OpRecord], flow: tuple[dict, dict] | None = Non
         elif r.phase != "forward" and r.op == "mul":
             # the scale's backward: Q's gradient out of the data-gradient GEMM, times it
             src = _source(producer.get((r.index, 0)), producer, by_index, COPIES)
-            if (src is not None and by_index[src].op in ("bmm", "baddbmm")
-                    and _scale_mul(r.index, producer, by_index) == r.index
-                    and any(by_index[i].module == r.module and v == "gone"
-                            and by_index[i].phase == "forward" and by_index[i].op == "mul"
-                            for i, v in out.items())):
+            if (r.module in scaled and src is not None
+                    and by_index[src].op in ("bmm", "baddbmm")
+                    and _scale_mul(r.index, producer, by_index) == r.index):
                 out[r.index] = "gone"
     return out
 
@@ -277,9 +277,10 @@ def _megatron(costs: list[Cost], records: list[OpRecord], flow) -> list[Cost]:
         # the add takes in its dropout: what both moved but the dropout's output, written
         # once and read once between them
         add = by_index[index]
-        drop_index = next(i for i, v in sites.items() if v == "gone"
-                          and by_index[i].op == "native_dropout"
-                          and by_index[i].outputs[0].key in {t.key for t in add.inputs})
+        drop_index = next((i for i, v in sites.items() if v == "gone"
+                           and by_index[i].op == "native_dropout"
+                           and by_index[i].outputs[0].key in {t.key for t in add.inputs}),
+                          None)
         drop = by_record.get(drop_index)
         if drop is None:
             continue

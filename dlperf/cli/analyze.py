@@ -354,8 +354,8 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     mistyped interconnect file or flag stops the command before the model is traced.
     ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its collectives)."""
     from dlperf.analysis.scaling import ScaleConfig, tensor_parallel_collectives
-    from dlperf.models.gpt import column_parallel_regions
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
+    from dlperf.models.gpt import column_parallel_regions
 
     if not args.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")

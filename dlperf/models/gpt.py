@@ -319,7 +319,10 @@ def _gathered(x: torch.Tensor, tp: int) -> torch.Tensor:
 
 class ColumnParallelLinear(nn.Linear):
     """A column-parallel layer that gathers its input's tokens itself, Megatron's way
-    (``_MegatronColumn``): called with this rank's shard of the tokens."""
+    (``_MegatronColumn``): called with this rank's shard of the tokens. Llama's separate q, k
+    and v projections (and SwiGLU's two input layers) are one layer each here, where Megatron
+    fuses them into one; the scale-out counts one gather and one reduce-scatter per region,
+    as Megatron runs them, and the capture's sum of their input gradients is on the shard."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: int):
         super().__init__(in_features, out_features, bias=bias)
