@@ -442,6 +442,10 @@ def test_analyze_tp_impl_flags(tmp_path, capsys):
     common = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "8",
               "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
               "--device", "a100-80gb", "--gpus", "8"]
+    code, out, err = run_cli(common + ["--tp", "4"], capsys)
+    # the default says whose way it runs and how to ask for Megatron's
+    assert code == 0 and "(for Megatron-LM's stack: --tp-impl megatron --fusion megatron)" \
+        in " ".join(out.split())
     code, out, err = run_cli(common + ["--tp", "4", "--tp-impl", "megatron"], capsys)
     assert code != 0 and "--precision fsdp" in " ".join(err.split())
     assert "Traceback" not in err
@@ -451,6 +455,7 @@ def test_analyze_tp_impl_flags(tmp_path, capsys):
                                        "fsdp", "--json", str(path)], capsys)
     assert code == 0, err
     assert "beside the backward's GEMMs (Megatron's)" in " ".join(out.split())
+    assert "run as Megatron-LM runs them (--tp-impl megatron)" in " ".join(out.split())
     tp = json.loads(path.read_text())["scale_out"]["at_requested_scale"]["communication"][
         "tensor_parallel"]
     # 2 blocks: 5 column-parallel layers, each gathering again and reduce-scattering beside

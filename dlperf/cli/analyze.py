@@ -315,7 +315,12 @@ def run(args) -> int:
         console.print(f"--tp {args.tp}: what follows is one tensor-parallel rank's step: "
                       f"1/{args.tp} of every block's heads and MLP and of the vocabulary, and "
                       f"{between}; the collectives that join the ranks are in the scale-out at "
-                      "the end.", style="yellow")
+                      "the end, "
+                      + ("run as Megatron-LM runs them (--tp-impl megatron)."
+                         if gpt.tp_impl == "megatron" else
+                         "run as PyTorch's DTensor runs them, every one exposed (for "
+                         "Megatron-LM's stack: --tp-impl megatron --fusion megatron)."),
+                      style="yellow")
     render(analysis, console, top=args.top, macs=args.macs)
     if stage is not None:
         console.print(f"--pp {args.pp}: the step above is the whole model on one rank; the "
