@@ -461,3 +461,36 @@ def test_analyze_tp_impl_flags(tmp_path, capsys):
     # 2 blocks: 5 column-parallel layers, each gathering again and reduce-scattering beside
     # its GEMMs
     assert tp["beside_gemms"] == 10 and tp["collectives_per_micro_batch"] == 25
+
+
+@pytest.mark.slow
+def test_the_tensor_parallel_cpu_benchmark_runs_megatron_s_all_reduces(tmp_path):
+    # benchmarks/bench_tp_cpu.py --quick: one rank of a 2-block GPT on each of 2 gloo
+    # processes, with real all-reduces where Megatron's original scheme has them
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from dlperf.analysis.scaling import allreduce_s
+    from dlperf.hardware.interconnect import Interconnect
+
+    out = tmp_path / "tp.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_tp_cpu.py"), str(out),
+                          "--quick"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    r = json.loads(out.read_text())["results"]
+    # 2 blocks: 2 x 2 + 1 forward (row-parallel outputs, the embedding), as many backward
+    # (column-parallel inputs, the output layer): the hooks ran what dlperf counts
+    assert r["collectives_per_step_run"] == r["collectives_per_step_predicted"] == 10
+    # [8, 256, 256] fp32 activations: 2 MiB each, timed on the probed gloo fit
+    assert r["bytes_each"] == 8 * 256 * 256 * 4
+    ic = Interconnect(**{k: v for k, v in r["interconnect"].items()
+                         if k in Interconnect.__dataclass_fields__})
+    each = allreduce_s(r["bytes_each"], 2, 2, ic, ic)
+    assert r["predicted_tp_exposed_s"] == pytest.approx(10 * each, rel=1e-6)
+    assert r["predicted_step_s"] == pytest.approx(
+        r["without_collectives_step_s"] + r["predicted_tp_exposed_s"]
+        + r["predicted_straggler_s"])
+    assert 0 < r["measured_in_allreduce_calls_less_waiting_rank_s"] <= r[
+        "measured_in_allreduce_calls_s"]
