@@ -375,12 +375,12 @@ def _megatron_capture(impl: str, **kwargs):
                           device="a100-80gb", tokens=True, optimizer="adamw", precision="fsdp")
     costs, uncounted, _, memory = capture_costs(model, acfg, torch.long)
     assert not uncounted
-    return cfg, costs, memory
+    return cfg, acfg, costs, memory
 
 
 def test_megatron_keeps_the_shard_and_runs_the_same_gemms():
-    _, torch_costs, torch_memory = _megatron_capture("torch")
-    cfg, costs, memory = _megatron_capture("megatron")
+    _, _, torch_costs, torch_memory = _megatron_capture("torch")
+    cfg, _, costs, memory = _megatron_capture("megatron")
     # a layer that gathers its own input keeps this rank's 1/4 of it: 2 x 16 tokens of 64 in
     # bf16 = 4,096 bytes gathered, 1,024 kept, at each of the 2 x 2 + 1 column-parallel layers
     # (their inputs are the norms' outputs, which nothing else keeps): 5 x 3,072 less
@@ -398,9 +398,7 @@ def test_megatron_keeps_the_shard_and_runs_the_same_gemms():
 def test_megatron_s_backward_collectives_hide_behind_the_gemms():
     from dlperf.models.gpt import column_parallel_regions
 
-    cfg, costs, memory = _megatron_capture("megatron")
-    acfg = AnalysisConfig(model="gpt", input_shape=(2, 16), dtype="bf16", train=True,
-                          device="a100-80gb", tokens=True, optimizer="adamw", precision="fsdp")
+    cfg, acfg, costs, memory = _megatron_capture("megatron")
     analysis = predict_on(costs, {}, acfg, get_device("a100-80gb"), 0.0, memory=memory)
     params = [("w", 4)]
     node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
