@@ -444,6 +444,7 @@ def megatron2022(out: Path) -> None:
                 "measured_iteration_s": full_s if way == "full recompute" else present_s,
                 "predicted_iteration_s": here["step_s"], "bubble_s": pipe["bubble_s"],
                 "p2p_s": pipe["p2p_s"], "exposed_comm_s": here["exposed_comm_s"],
+                "tied_embedding_allreduce_s": pipe["tied_embedding_allreduce_s"],
                 "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get("total_bytes"),
                 "activations_bytes": activations, "paper_activations_bytes": paper})
     for r in iterations:
