@@ -485,6 +485,36 @@ def test_comm_probe_measures_again_when_a_busy_host_bends_the_line(monkeypatch):
         comm_probe.probe_comm(quick=True, backend="gloo")
 
 
+def test_comm_probe_says_how_far_its_line_misses(monkeypatch, tmp_path, capsys):
+    # measured / fitted and fitted / measured, worst size: 3.0 / 1.5 = 2x at 4 KiB beats
+    # 1.0 / 1.25 (1.25x) and a size on the line
+    from dlperf.hardware import comm_probe
+
+    assert comm_probe.fit_misses([4096, 2**20, 2**22], [3.0, 1.0, 2.0],
+                                 [1.5, 1.25, 2.0]) == (2.0, 4096)
+    # a clean line (B = 1 GB/s, a = 100 us, 2 processes): fitted exactly, nothing to say
+    from conftest import run_cli
+
+    sizes = comm_probe.QUICK_SIZES
+    clean = [2 * 100e-6 + s / 1e9 for s in sizes]
+    monkeypatch.setattr(comm_probe, "_measure", lambda *a: list(clean))
+    out = tmp_path / "comm.json"
+    code, text, err = run_cli(["probe", "--comm", "--quick", "--out", str(out)], capsys)
+    assert code == 0, err
+    m = json.loads(out.read_text())["measurements"]
+    assert m["fit_worst_ratio"] == pytest.approx(1.0) and "misses" not in text
+    assert "misses its worst size" in json.loads(out.read_text())["interconnect"]["source"]
+    # the 4 KiB all-reduce 10x slower than its neighbours let it be: the line misses it, and
+    # the probe says so in one line
+    bent = [clean[0] * 10] + clean[1:]
+    monkeypatch.setattr(comm_probe, "_measure", lambda *a: list(bent))
+    code, text, err = run_cli(["probe", "--comm", "--quick", "--out", str(out)], capsys)
+    assert code == 0, err
+    m = json.loads(out.read_text())["measurements"]
+    assert m["fit_worst_ratio"] > comm_probe.MISFIT_WARN
+    assert "The fit misses the" in " ".join(text.split()) and "quieter machine" in text
+
+
 def test_comm_probe_spawns_no_more_processes_than_the_host_can_time(capsys):
     # --world 100000 started 100,000 Pythons with torch loaded (it hung this machine); the
     # probe now refuses more processes than cores (gloo) or GPUs (NCCL), in one line

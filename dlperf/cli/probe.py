@@ -122,7 +122,7 @@ def run(args) -> int:
 def _comm(args) -> int:
     """`dlperf probe --comm`: all-reduce times over sizes, the ring fit, an interconnect file."""
     from dlperf.files import write_json_atomic
-    from dlperf.hardware.comm_probe import probe_comm
+    from dlperf.hardware.comm_probe import MISFIT_WARN, probe_comm
     from dlperf.provenance import environment
     from dlperf.units import seconds
 
@@ -136,6 +136,12 @@ def _comm(args) -> int:
                       f"{seconds(f):>9} fitted")
     console.print(f"{ic.display_name}: bus bandwidth {ic.bus_bandwidth / 1e9:.2f} GB/s, "
                   f"{ic.latency_s * 1e6:.1f} µs per ring step.")
+    if m["fit_worst_ratio"] > MISFIT_WARN:
+        console.print(f"The fit misses the {m['fit_worst_size_bytes'] / 2**10:,.0f} KiB "
+                      f"all-reduce by {m['fit_worst_ratio']:.1f}x: this host's all-reduce "
+                      "times are noisy (or not a line in size), and predictions from this file "
+                      "carry that error; rerun `dlperf probe --comm` on a quieter machine.",
+                      style="yellow")
     write_json_atomic(out, {"interconnect": ic.to_dict(), "measurements": m,
                             "environment": environment()})
     console.print(f"Wrote {out}; use it with `dlperf analyze MODEL --train --gpus N "

@@ -8,6 +8,9 @@ meets), and fits the two terms the scale-out model uses
 2(n-1) a + S x 2(n-1)/n / B, so the measured times are a straight line in
 x = S x 2(n-1)/n whose slope is 1 / B (NCCL's bus bandwidth) and whose intercept is 2(n-1) a.
 The result is an ``Interconnect`` that `dlperf analyze --gpus N --interconnect FILE` accepts.
+How far the line misses its worst size is kept with it (``fit_misses``): on a busy host the
+medians wander (this project's 2-core VM once timed a 4 KiB all-reduce slower than a 1 MiB
+one, benchmarks/results/tp-cpu.json), and every prediction from the file carries that error.
 """
 
 from __future__ import annotations
@@ -82,6 +85,17 @@ def fit_ring(sizes, seconds, world: int) -> tuple[float, float]:
     return 1.0 / float(inv_b), a
 
 
+# the probe says so when its line misses a size by more than this factor
+MISFIT_WARN = 2.0
+
+
+def fit_misses(sizes, seconds, fitted) -> tuple[float, int]:
+    """How far the fitted line misses the measurements: (the largest of measured / fitted
+    and fitted / measured over the sizes, the size where it is)."""
+    worst = max(zip(sizes, seconds, fitted), key=lambda x: max(x[1] / x[2], x[2] / x[1]))
+    return max(worst[1] / worst[2], worst[2] / worst[1]), worst[0]
+
+
 def _measure(world: int, sizes, repeats: int, backend: str) -> list[float]:
     """Seconds per all-reduce of each size, from ``world`` spawned processes."""
     import torch.multiprocessing as mp
@@ -137,11 +151,14 @@ def probe_comm(world: int = 2, quick: bool = False, repeats: int = 7, backend: s
         except DlperfError:
             if attempt == ATTEMPTS - 1:
                 raise
+    predicted = [2 * (world - 1) * latency + s * 2 * (world - 1) / world / bus_bw for s in sizes]
+    misfit, at = fit_misses(sizes, seconds, predicted)
     ic = Interconnect(name=f"measured-{backend}-{world}", display_name=f"{backend} all-reduce, "
                       f"{world} processes on this host (measured)", bus_bandwidth=bus_bw,
                       latency_s=latency, scope="node",
                       source=f"dlperf probe --comm: ring fit to {len(sizes)} sizes, median of "
-                             f"{repeats} runs each")
-    predicted = [2 * (world - 1) * latency + s * 2 * (world - 1) / world / bus_bw for s in sizes]
+                             f"{repeats} runs each; the fit misses its worst size "
+                             f"({at:,} bytes) by {misfit:.1f}x")
     return ic, {"backend": backend, "world": world, "sizes_bytes": list(sizes),
-                "seconds": seconds, "fitted_seconds": predicted}
+                "seconds": seconds, "fitted_seconds": predicted, "fit_worst_ratio": misfit,
+                "fit_worst_size_bytes": at}
