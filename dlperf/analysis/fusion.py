@@ -219,45 +219,45 @@ def _scale_mul(index: int | None, producer: dict, by_index: dict) -> int | None:
 
 
 def megatron_sites(records: list[OpRecord], flow: tuple[dict, dict] | None = None
-                   ) -> dict[int, str]:
+                   ) -> dict[int, int | None]:
     """The records Megatron-LM's fused kernels remove or merge (module docstring,
-    ``megatron``): record index -> "gone" (fused into a neighbour) or "bias-dropout-add" (the
-    residual add that takes its dropout in)."""
+    ``megatron``): record index -> None (fused into a neighbour), or for a residual add that
+    takes its dropout in, that dropout's record index."""
     by_index = {r.index: r for r in records}
     producer, readers = flow or _dataflow(records)
-    out: dict[int, str] = {}
+    out: dict[int, int | None] = {}
     scaled: set[str] = set()  # the modules whose Q scale went into the GEMM
     for r in records:
         if r.phase == "forward" and r.op == "masked_fill":
             found = set(readers.get(r.index, []))
             if len(found) != 1 or by_index[next(iter(found))].op != "_softmax":
                 continue
-            out[r.index] = "gone"  # the mask inside the fused softmax
+            out[r.index] = None  # the mask inside the fused softmax
             scores = _source(producer.get((r.index, 0)), producer, by_index)
             if scores is not None and by_index[scores].op in ("bmm", "baddbmm"):
                 for pos in (0, 1):  # Q's scale as the scores GEMM's alpha
                     mul = _scale_mul(producer.get((scores, pos)), producer, by_index)
                     if mul is not None:
-                        out[mul] = "gone"
+                        out[mul] = None
                         scaled.add(by_index[mul].module)
         elif r.phase == "forward" and r.op == "native_dropout":
             found = set(readers.get(r.index, []))
             if len(found) == 1:
                 add = by_index[next(iter(found))]
                 if add.op in ADD and len(add.inputs) == 2:
-                    out[r.index] = "gone"
-                    out[add.index] = "bias-dropout-add"
+                    out[r.index] = None
+                    out[add.index] = r.index
         elif r.phase != "forward" and r.op == "masked_fill":
             grad = _source(producer.get((r.index, 0)), producer, by_index)
             if grad is not None and by_index[grad].op == "_softmax_backward_data":
-                out[r.index] = "gone"
+                out[r.index] = None
         elif r.phase != "forward" and r.op == "mul":
             # the scale's backward: Q's gradient out of the data-gradient GEMM, times it
             src = _source(producer.get((r.index, 0)), producer, by_index, COPIES)
             if (r.module in scaled and src is not None
                     and by_index[src].op in ("bmm", "baddbmm")
                     and _scale_mul(r.index, producer, by_index) == r.index):
-                out[r.index] = "gone"
+                out[r.index] = None
     return out
 
 
@@ -267,20 +267,15 @@ def _megatron(costs: list[Cost], records: list[OpRecord], flow) -> list[Cost]:
     by_index = {r.index: r for r in records}
     by_record = {c.records[0]: c for c in costs if len(c.records) == 1}
     new: dict[int, Cost] = {}
-    for index, what in sites.items():
+    for index, drop_index in sites.items():
         c = by_record.get(index)
         if c is None:
             continue
-        if what == "gone":
+        if drop_index is None:
             new[index] = _gone(c)
             continue
         # the add takes in its dropout: what both moved but the dropout's output, written
         # once and read once between them
-        add = by_index[index]
-        drop_index = next((i for i, v in sites.items() if v == "gone"
-                           and by_index[i].op == "native_dropout"
-                           and by_index[i].outputs[0].key in {t.key for t in add.inputs}),
-                          None)
         drop = by_record.get(drop_index)
         if drop is None:
             continue
