@@ -77,9 +77,22 @@ grows by (8-9%) as the micro-batches a pipeline fall from 384 to 96 (175B) and f
 run's rate, and each model's rate at more replicas over its rate at the fewest
 (``against_fewest_replicas``).
 
+``megatron-core-2024`` (-> results/tp-megatron-core-2024.json, ~4 minutes).
+Source: NVIDIA/Megatron-LM README.md and images/model_table.png at commit f2e5db402c
+(2024-07-15, Megatron-Core r0.8.0): nine GPTs of 1.7B to 462B parameters (vocabulary 131,072,
+4,096 tokens; the parameter counts are those of a 4h GeLU MLP and an untied output layer),
+weak scaled over 48 data-parallel replicas of TP 1-8 and PP 1-16, 48 to 6,144 H100s, as
+teraFLOP/s per GPU by Megatron-Core's own count (``megatron_core_flops``). The README names
+the stack's overlaps: --overlap-grad-reduce and --overlap-param-gather (which need the
+distributed optimizer: --distributed-optimizer), --tp-comm-overlap (TransformerEngine's
+userbuffers: --tp-impl te) and the pipeline's. Not published, so run both ways each: the
+micro-batch size of the rows without pipeline stages (one sequence, or all of a replica's four
+in one micro-batch) and the pipelined rows' schedule (1F1B, or interleaved at one block a
+chunk). The attention share is TransformerEngine's cuDNN kernel's (``MCORE_ATTENTION``).
+
 Each row runs the CLI (`dlperf analyze ... --json`).
-Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021]
-[OUT.json]
+Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
+megatron-core-2024] [OUT.json]
 (default: every source, each to its file in benchmarks/results/)
 """
 
@@ -95,6 +108,7 @@ OUT = ROOT / "benchmarks/results/tp-kempnerforge-h200.json"
 MEGATRON_OUT = ROOT / "benchmarks/results/tp-megatron-2020.json"
 MEGATRON22_OUT = ROOT / "benchmarks/results/tp-megatron-2022.json"
 NARAYANAN_OUT = ROOT / "benchmarks/results/tp-narayanan-2021.json"
+MCORE24_OUT = ROOT / "benchmarks/results/tp-megatron-core-2024.json"
 BASE = ["analyze", "llama3-8b", "--device", "h200", "--seq-len", "4096", "--dtype", "bf16",
         "--precision", "fsdp", "--train", "--activation-checkpointing", "full",
         "--optimizer", "adamw", "--gpus-per-node", "4", "--interconnect", "nvlink4-h200,ib-ndr",
@@ -553,9 +567,139 @@ def narayanan2021(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+# Megatron-Core r0.8.0 on H100s (NVIDIA/Megatron-LM README.md and images/model_table.png,
+# commit f2e5db402c, 2024-07-15): GPTs of vocabulary 131,072 and 4,096 tokens, weak scaled
+# from 48 to 6,144 GPUs with data parallel over 48 replicas: (model, heads, hidden, layers,
+# TP, PP, GPUs, batch, teraFLOP/s per GPU)
+MCORE_2024 = (
+    ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+    ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+    ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+    ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+    ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
+)
+MCORE_VOCAB, MCORE_SEQ, MCORE_REPLICAS = 131072, 4096, 48
+# Fused attention on this stack: TransformerEngine's cuDNN flash attention. The Hopper presets'
+# share (hardware/efficiency.py, 0.187) is a 2023 stack's, whose kernels that file explains by
+# FlashAttention-2's speed on Hopper; the FlashAttention-3 paper (Shah et al., arXiv
+# 2407.08608, figure 5) times both kernels on one H100 SXM5 in BF16, head size 128 (every
+# model here), causal, 4,096 tokens: cuDNN 518 TFLOP/s, FlashAttention-2 319. The share used
+# here is the preset's scaled by that ratio, chosen before any row was run; the saved file
+# also has each row at the preset's share and at cuDNN's own 518 / 989.4 of the peak.
+MCORE_ATTENTION = round(0.187 * 518 / 319, 3)  # 0.304
+MCORE_ATTENTION_BOUNDS = (0.187, round(518 / 989.4, 3))
+
+
+def megatron_core_flops(layers: int, hidden: int, batch: int, seq: int = MCORE_SEQ,
+                        vocab: int = MCORE_VOCAB) -> float:
+    """FLOPs of one iteration as Megatron-Core r0.8 counts them for its MFU
+    (megatron/training/training.py ``num_floating_point_operations``, no recompute): for
+    multi-head attention and a 4h GeLU MLP, 12 B s L h^2 (2 + s/h + 4 + V / 2Lh) =
+    72 B s L h^2 (1 + s / 6h + V / 12Lh)."""
+    return 72 * batch * seq * layers * hidden ** 2 * (
+        1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+
+
+def mcore_args(layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int, batch: int,
+               virtual: int = 1, micro: int = 1, attention: float = MCORE_ATTENTION
+               ) -> list[str]:
+    """`dlperf analyze` for one row of Megatron-Core's 2024 table, as its README says it ran
+    (bf16, the distributed optimizer with its gradient reduce-scatter and parameter gather
+    overlapped, --tp-comm-overlap: --tp-impl te, sequence parallel, the interleaved
+    schedule's transfers overlapped) and as Megatron-Core's
+    defaults are (learned positions, LayerNorm, biases, dropout 0.1 with its fused kernels,
+    untied output layer, gradient buckets of max(40M, 1M x replicas) fp32 parameters, no
+    recompute), in micro-batches of ``micro`` sequences (the table does not say)."""
+    replicas = gpus // (tp * pp)
+    bucket_mib = max(40_000_000, 1_000_000 * replicas) * 4 / 2**20
+    return (["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
+             str(heads), "--vocab", str(MCORE_VOCAB), "--seq-len", str(MCORE_SEQ),
+             "--untie-embeddings", "--batch-size", str(micro), "--grad-accum",
+             str(batch // replicas // micro), "--dtype", "bf16", "--precision", "fsdp",
+             "--train", "--optimizer", "adamw", "--dropout", "0.1", "--fusion", "megatron",
+             "--device", "h100-sxm", "--efficiency", f"attention={attention}",
+             "--interconnect", "nvlink4-h100,ib-ndr", "--gpus", str(gpus),
+             "--distributed-optimizer", "--bucket-cap-mb", f"{bucket_mib:.1f}", "--top", "1"]
+            + (["--tp", str(tp), "--tp-impl", "te"] if tp > 1 else [])
+            + (["--pp", str(pp), "--pp-virtual", str(virtual)] if pp > 1 else [])
+            # Megatron-Core overlaps the interleaved schedule's transfers by default
+            + (["--pp-overlap-p2p"] if virtual > 1 else []))
+
+
+def mcore_variants(row: tuple) -> list[tuple[int, int]]:
+    """The (virtual stages, micro-batch size) each row runs with, where the table is silent:
+    a row without pipeline stages with micro-batches of one sequence and with one micro-batch
+    of all its replica's sequences; a pipelined row (micro-batches of one) with 1F1B and with
+    Megatron's interleaved schedule at one block a chunk (the smallest bubble it allows)."""
+    _, _, _, layers, tp, pp, gpus, batch, _ = row
+    if pp == 1:
+        return [(1, 1), (1, batch // (gpus // tp))]
+    return [(1, 1), (layers // pp, 1)]
+
+
+def megatron_core_2024(out: Path) -> None:
+    """Each row's teraFLOP/s per GPU, predicted over measured, in each of its variants
+    (``mcore_variants``), with the attention share chosen (``MCORE_ATTENTION``) and, to show
+    how much rides on it, the preset's and cuDNN's own."""
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    runs = [(r, v) for r in MCORE_2024 for v in mcore_variants(r)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for (model, heads, hidden, layers, tp, pp, gpus, batch, tflops), (virtual, micro) in \
+                tqdm(runs, desc="megatron-core 2024"):
+            flops = megatron_core_flops(layers, hidden, batch) / gpus
+            row = {"model": model, "gpus": gpus, "tp": tp, "pp": pp, "virtual": virtual,
+                   "micro_batch": micro,
+                   "micro_batches": batch // (gpus // (tp * pp)) // micro,
+                   "measured_tflops": tflops, "measured_step_s": flops / (tflops * 1e12)}
+            for label, share in (("", MCORE_ATTENTION),
+                                 ("_preset_attention", MCORE_ATTENTION_BOUNDS[0]),
+                                 ("_cudnn_attention", MCORE_ATTENTION_BOUNDS[1])):
+                here = _analyze(mcore_args(layers, hidden, heads, tp, pp, gpus, batch, virtual,
+                                           micro, share), tmp)
+                row[f"predicted_tflops{label}"] = flops / here["step_s"] / 1e12
+                row[f"ratio{label}"] = row[f"predicted_tflops{label}"] / tflops
+                if label:
+                    continue
+                comm = here["communication"]
+                tp_comm = comm.get("tensor_parallel") or {}
+                row.update(predicted_step_s=here["step_s"],
+                           tp_exposed_s=tp_comm.get("exposed_s", 0.0),
+                           tp_busy_s=tp_comm.get("busy_s", 0.0),
+                           bubble_s=(comm.get("pipeline") or {}).get("bubble_s", 0.0),
+                           dp_reduce_s=comm.get("comm_s", 0.0),
+                           dp_param_gather_s=comm.get("param_gather_s", 0.0),
+                           exposed_comm_s=here["exposed_comm_s"],
+                           memory_per_gpu_bytes=(here.get("memory_per_gpu") or {}).get(
+                               "total_bytes"),
+                           fits=(here.get("memory_per_gpu") or {}).get("fits"))
+            rows.append(row)
+    for r in rows:
+        print(f"{r['model']:5s} TP{r['tp']} PP{r['pp']:<2d} V{r['virtual']:<2d} x{r['micro_batches']:<2d}"
+              f" of {r['micro_batch']} on {r['gpus']:5,d} GPUs: measured "
+              f"{r['measured_tflops']:.0f} TFLOP/s a GPU, predicted {r['predicted_tflops']:.0f} "
+              f"({r['ratio']:.2f}x; attention as the preset {r['ratio_preset_attention']:.2f}x, "
+              f"as cuDNN alone {r['ratio_cudnn_attention']:.2f}x); TP exposed "
+              f"{r['tp_exposed_s'] * 1e3:.0f} of {r['tp_busy_s'] * 1e3:.0f} ms, all exposed "
+              f"{r['exposed_comm_s']:.2f} s, bubble {r['bubble_s']:.2f} s of "
+              f"{r['predicted_step_s']:.2f}")
+    save_result(out, "validate-tp-megatron-core-2024",
+                {"runs": [list(r) for r in MCORE_2024], "attention": MCORE_ATTENTION,
+                 "attention_bounds": list(MCORE_ATTENTION_BOUNDS),
+                 "args_32b": mcore_args(48, 7168, 56, 8, 1, 384, 192)},
+                {"rows": rows})
+    print(f"Wrote {out}")
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
            "megatron-2022": (megatron2022, MEGATRON22_OUT),
-           "narayanan-2021": (narayanan2021, NARAYANAN_OUT)}
+           "narayanan-2021": (narayanan2021, NARAYANAN_OUT),
+           "megatron-core-2024": (megatron_core_2024, MCORE24_OUT)}
 
 
 def main(argv: list[str]) -> int:

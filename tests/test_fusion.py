@@ -267,6 +267,8 @@ def test_the_cli_offers_every_fusion_level_and_no_other():
     analyze = build_parser()._subparsers._group_actions[0].choices["analyze"]
     fusion = next(a for a in analyze._actions if "--fusion" in a.option_strings)
     strategy = next(a for a in analyze._actions if "--strategy" in a.option_strings)
-    from dlperf.analysis.scaling import STRATEGIES
+    impl = next(a for a in analyze._actions if "--tp-impl" in a.option_strings)
+    from dlperf.analysis.scaling import STRATEGIES, TP_IMPLS
 
     assert tuple(fusion.choices) == FUSIONS and tuple(strategy.choices) == STRATEGIES
+    assert tuple(impl.choices) == TP_IMPLS

@@ -213,3 +213,23 @@ def test_the_tied_embedding_s_all_reduce_is_charged_on_the_critical_path(tmp_pat
     assert memory["total_bytes"] == pytest.approx(
         16 * first + result["memory"]["activations_bytes"] + memory["ddp_bucket_bytes"],
         abs=16)
+
+
+def test_overlapped_transfers_cost_the_fill_and_drain_and_what_outlasts_a_chunk():
+    from dlperf.analysis.pipeline import p2p_exposed_s
+
+    # 8 micro-batches, 4 stages, 2 chunks a GPU, 1 ms a transfer: 2 (8 x 2 + 3) = 38 whole
+    assert p2p_exposed_s(8, 4, 2, 1e-3, 5e-3) == pytest.approx(38e-3)
+    # overlapped beside 5 ms chunks: the fill's and drain's 2 x 3 stay, the 32 others hide
+    assert p2p_exposed_s(8, 4, 2, 1e-3, 5e-3, overlap=True) == pytest.approx(6e-3)
+    # beside 0.25 ms chunks each of the 32 still costs 0.75 ms: 6 + 24 ms
+    assert p2p_exposed_s(8, 4, 2, 1e-3, 0.25e-3, overlap=True) == pytest.approx(30e-3)
+
+
+def test_pp_overlap_p2p_needs_virtual_stages(capsys):
+    from conftest import run_cli
+
+    code, out, err = run_cli(["analyze", "gpt", "--train", "--gpus", "4", "--pp", "2",
+                              "--pp-overlap-p2p"], capsys)
+    assert code != 0 and "add --pp-virtual V" in " ".join(err.split())
+    assert "Traceback" not in err

@@ -319,7 +319,7 @@ def test_megatron_s_collectives_by_hand():
     assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True,
                                        sequence_parallel=False, impl="megatron") == (
         ("allreduce", 321, 134217728, None), ("allreduce", 161, 134217728, "wgrad"))
-    with pytest.raises(ValueError, match="torch or megatron"):
+    with pytest.raises(ValueError, match="one of torch, megatron, te"):
         tensor_parallel_collectives(2, 8, 8, 2, recompute=False, impl="deepspeed")
 
 
@@ -492,3 +492,225 @@ def test_the_tensor_parallel_cpu_benchmark_runs_megatron_s_all_reduces(tmp_path)
         + r["predicted_straggler_s"])
     assert 0 < r["measured_in_allreduce_calls_less_waiting_rank_s"] <= r[
         "measured_in_allreduce_calls_s"]
+
+
+# TransformerEngine's overlap (--tp-impl te: Megatron-Core with --tp-comm-overlap)
+
+
+def test_te_s_collectives_by_hand():
+    # 80 blocks, full recompute, 8,192 tokens of d 8,192 in bf16 (134,217,728 bytes each), as
+    # Megatron's above: the same collectives, placed beside GEMMs. Exposed: the output layer's
+    # forward gather and the embedding's backward gather (2), the embedding's reduce-scatter
+    # (1). Beside the blocks' GEMMs: the forward's 160 gathers (QKV, FC1) and 160
+    # reduce-scatters (proj, FC2), the recompute's as many, the backward's 160 gathers of the
+    # row-parallel layers' output gradients, and at the 161 column-parallel layers the input
+    # gathered again (data gradient) and its gradient reduce-scattered (weight gradient)
+    nb = 134217728
+    te = tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True, impl="te")
+    assert te == (
+        ("allgather", 2, nb, None), ("reducescatter", 1, nb, None),
+        ("allgather", 160, nb, "fprop"), ("reducescatter", 160, nb, "row-fprop"),
+        ("allgather", 160, nb, "recompute"), ("reducescatter", 160, nb, "row-recompute"),
+        ("allgather", 160, nb, "row-dgrad"), ("allgather", 161, nb, "dgrad"),
+        ("reducescatter", 161, nb, "wgrad"))
+    megatron = tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True, impl="megatron")
+    for kind in ("allgather", "reducescatter"):
+        assert sum(n for k, n, _, _ in te if k == kind) == sum(
+            n for k, n, _, _ in megatron if k == kind)
+    # without recompute the recompute's entries are gone, not zero
+    assert all(n for _, n, _, _ in tensor_parallel_collectives(2, 8, 8, 2, recompute=False,
+                                                               impl="te"))
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        tensor_parallel_collectives(2, 8, 8, 2, recompute=False, sequence_parallel=False,
+                                    impl="te")
+
+
+def _chunked(collective: float, gemm: float, method: str, chunks: int) -> float:
+    """An event-by-event simulation of a collective split with its GEMM into ``chunks``, the
+    independent reference for ``overlap_left_s``: what the pair takes beyond the GEMM."""
+    g = gemm / chunks
+    if method == "ring":  # chunk k's GEMM needs chunk k's tokens; transfers go one at a time
+        c = collective / (chunks - 1)
+        arrived, done = 0.0, 0.0
+        for k in range(chunks):
+            if k:
+                arrived += c
+            done = max(done, arrived) + g
+        return done - gemm
+    # pipeline: chunk k's reduce-scatter starts when its GEMM and the previous transfer end
+    c = collective / chunks
+    done = sent = 0.0
+    for _ in range(chunks):
+        done += g
+        sent = max(sent, done) + c
+    return sent - gemm
+
+
+def test_overlap_left_s_by_hand_and_against_a_simulation():
+    from dlperf.analysis.scaling import TE_RS_SPLITS, overlap_left_s
+
+    ms = 1e-3
+    # bulk: what the collective outlasts the GEMM by
+    assert overlap_left_s(1 * ms, 0.7 * ms, "bulk", 8) == pytest.approx(0.3 * ms)
+    assert overlap_left_s(1 * ms, 2 * ms, "bulk", 8) == 0.0
+    # ring over 8 ranks: 7 transfers of 1/7 ms beside 7 GEMM chunks of 0.1 ms after the first:
+    # 7 x (1/7 - 0.1) = 0.3 ms; a 2 ms GEMM hides it all
+    assert overlap_left_s(1 * ms, 0.8 * ms, "ring", 8) == pytest.approx(0.3 * ms)
+    assert overlap_left_s(1 * ms, 2 * ms, "ring", 8) == 0.0
+    assert overlap_left_s(1 * ms, 0.0, "ring", 1) == 0.0  # one rank: nothing to gather
+    # pipeline in 4 chunks: the last chunk's 0.25 ms is always exposed; with a 0.4 ms GEMM the
+    # transfers (0.25 each) outrun its chunks (0.1): 0.1 + 4 x 0.25 - 0.4 = 0.7 ms
+    assert TE_RS_SPLITS == 4
+    assert overlap_left_s(1 * ms, 2 * ms, "pipeline", 8) == pytest.approx(0.25 * ms)
+    assert overlap_left_s(1 * ms, 0.4 * ms, "pipeline", 8) == pytest.approx(0.7 * ms)
+    for collective, gemm in ((1.0, 0.3), (1.0, 1.0), (0.2, 3.0), (2.5, 1.7)):
+        for tp in (2, 4, 8):
+            assert overlap_left_s(collective, gemm, "ring", tp) == pytest.approx(
+                _chunked(collective, gemm, "ring", tp))
+        assert overlap_left_s(collective, gemm, "pipeline", 8) == pytest.approx(
+            _chunked(collective, gemm, "pipeline", TE_RS_SPLITS))
+    with pytest.raises(ValueError, match="bulk, ring or pipeline"):
+        overlap_left_s(1.0, 1.0, "async", 8)
+
+
+def test_te_overlaps_what_megatron_leaves_exposed():
+    from dlperf.analysis.nccl import generation
+    from dlperf.analysis.scaling import TP_OVERLAP, overlap_left_s
+    from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
+
+    cfg, acfg, costs, memory = _megatron_capture("te")
+    _, _, megatron_costs, megatron_memory = _megatron_capture("megatron")
+    # the same kernels and the same kept shard as Megatron's own layers
+    assert memory == megatron_memory
+    assert sorted((c.module, c.phase, c.flops) for c in costs) == sorted(
+        (c.module, c.phase, c.flops) for c in megatron_costs)
+    rows = row_parallel_regions(cfg)
+    assert rows == (("blocks.0.attn.proj",), ("blocks.0.out",), ("blocks.1.attn.proj",),
+                    ("blocks.1.out",))
+    analysis = predict_on(costs, {}, acfg, get_device("a100-80gb"), 0.0, memory=memory)
+    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    columns = column_parallel_regions(cfg)
+
+    def run(impl):
+        coll = tensor_parallel_collectives(2, 32, 64, 2, recompute=False, impl=impl)
+        return scale_out(analysis, [("w", 4)], ScaleConfig(
+            gpus=4, tp=4, tp_collectives=coll, tp_regions=columns, tp_row_regions=rows,
+            step_cv=0.0), node, net)["communication"]["tensor_parallel"]
+
+    te, megatron = run("te"), run("megatron")
+    assert te["busy_s"] == pytest.approx(megatron["busy_s"])  # the same traffic
+    assert te["collectives_per_micro_batch"] == 25 and te["beside_gemms"] == 22
+    # by hand: 3 exposed whole, and each overlapped one what its region's GEMMs of its phase
+    # leave, as overlap_left_s has it
+    each = sharded_collective_s(32 * 64 * 2, 4, 4, node, net,
+                                gen=generation(analysis.device.name))
+    time = {}
+    for p in analysis.predictions:
+        key = (p.cost.module, p.cost.phase)
+        time[key] = time.get(key, 0.0) + p.time_s
+    groups = {"column": columns, "row": rows,
+              "column-blocks": tuple(r for r in columns if r != ("head",))}
+    want = 3 * each
+    for beside in ("fprop", "row-fprop", "row-dgrad", "dgrad", "wgrad"):
+        group, phase, method = TP_OVERLAP[beside]
+        want += sum(overlap_left_s(each, sum(time.get((m, phase), 0.0) for m in r), method, 4)
+                    for r in groups[group])
+    assert te["exposed_s"] == pytest.approx(want)
+    assert 3 * each < te["exposed_s"] < megatron["exposed_s"]
+
+
+def test_distributed_optimizer_by_hand():
+    from dlperf.analysis.nccl import generation
+    _, acfg, _, _ = _megatron_capture("torch")
+    cfg1 = GPTConfig(layers=2, d_model=64, heads=4, vocab=128, seq_len=16, bias=True)
+    with torch.device("meta"):
+        model = GPT(cfg1)
+    costs, _, _, memory = capture_costs(model, acfg, torch.long)
+    analysis = predict_on(costs, {}, acfg, get_device("h100-sxm"), 0.0, memory=memory)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    plain = scale_out(analysis, params, ScaleConfig(gpus=16, step_cv=0.0), node, net)
+    dist = scale_out(analysis, params, ScaleConfig(gpus=16, step_cv=0.0,
+                                                   distributed_optimizer=True), node, net)
+    step = one_step(analysis, params)
+    # the update: 1/16 of the parameters on each replica (its launches' host time as before)
+    host = step.optimizer_host_s
+    assert plain["communication"]["optimizer_s"] == pytest.approx(step.timeline.optimizer_s
+                                                                  + host)
+    assert dist["communication"]["optimizer_s"] == pytest.approx(step.timeline.optimizer_s / 16
+                                                                 + host)
+    # each bucket reduce-scattered instead of all-reduced, no copies into buckets
+    gen = generation(analysis.device.name)
+    buckets = dist["communication"]["bucket_bytes"]
+    assert buckets == plain["communication"]["bucket_bytes"]
+    assert dist["communication"]["comm_s"] == pytest.approx(sum(
+        sharded_collective_s(b, 16, 8, node, net, gen=gen) for b in buckets))
+    assert dist["communication"]["bucket_copy_s"] == 0.0
+    # bf16 parameters gathered back: half the fp32 gradients' bytes, bucket by bucket
+    assert dist["communication"]["param_gather_s"] == pytest.approx(sum(
+        sharded_collective_s(b / 2, 16, 8, node, net, gen=gen) for b in buckets))
+    # memory: the optimizer state 1/16, no second copy of the gradients
+    assert dist["memory_per_gpu"]["total_bytes"] == pytest.approx(
+        memory["total_bytes"] - memory["optimizer_state_bytes"] * 15 / 16)
+    assert plain["memory_per_gpu"]["total_bytes"] == memory["total_bytes"] + sum(
+        b for _, b in params)
+
+
+def test_the_parameter_gather_hides_behind_the_forward_but_its_first_bucket():
+    from types import SimpleNamespace
+
+    from dlperf.analysis.scaling import distributed_optimizer_gather
+
+    def kernel(phase, ms):
+        return SimpleNamespace(cost=SimpleNamespace(module="m", phase=phase), time_s=ms / 1e3)
+
+    forward = [kernel("forward", 3.0), kernel("dgrad", 50.0)]
+    # buckets in the backward's order 400, 200, 100 MB of gradients; bf16 parameters: half;
+    # 1 ms per 100 MB gathered: the forward needs the last bucket first (50 MB: 0.5 ms,
+    # exposed), then 1 + 2 ms beside its 3 ms
+    gather = distributed_optimizer_gather(forward, [400e6, 200e6, 100e6], 0.5,
+                                          lambda b: b / 100e6 * 1e-3)
+    assert gather["param_gather_s"] == pytest.approx(3.5e-3)
+    assert gather["param_gather_exposed_s"] == pytest.approx(0.5e-3)
+    # a 1 ms forward leaves 2 of those 3 ms exposed too; without overlap all of it is
+    short = [kernel("forward", 1.0)]
+    assert distributed_optimizer_gather(short, [400e6, 200e6, 100e6], 0.5,
+                                        lambda b: b / 100e6 * 1e-3)[
+        "param_gather_exposed_s"] == pytest.approx(2.5e-3)
+    assert distributed_optimizer_gather(forward, [400e6, 200e6, 100e6], 0.5,
+                                        lambda b: b / 100e6 * 1e-3, overlap=False)[
+        "param_gather_exposed_s"] == pytest.approx(3.5e-3)
+
+
+def test_analyze_te_distributed_optimizer_and_untied_flags(tmp_path, capsys):
+    from conftest import run_cli
+
+    common = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "8",
+              "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
+              "--device", "h100-sxm", "--gpus", "16", "--precision", "fsdp"]
+    code, out, err = run_cli(common + ["--tp", "4", "--tp-impl", "te",
+                                       "--no-sequence-parallel"], capsys)
+    assert code != 0 and "drop --no-sequence-parallel" in " ".join(err.split())
+    assert "Traceback" not in err
+    code, out, err = run_cli(common + ["--distributed-optimizer", "--strategy", "fsdp"], capsys)
+    assert code != 0 and "--distributed-optimizer is DDP's" in " ".join(err.split())
+    code, out, err = run_cli(["analyze", "gpt", "--train", "--distributed-optimizer"], capsys)
+    assert code != 0 and "add --gpus N" in " ".join(err.split())
+    code, out, err = run_cli(["analyze", "resnet18", "--untie-embeddings"], capsys)
+    assert code != 0 and "--untie-embeddings: only for gpt" in " ".join(err.split())
+    tied, untied = tmp_path / "tied.json", tmp_path / "untied.json"
+    base = common + ["--tp", "4", "--tp-impl", "te", "--distributed-optimizer"]
+    code, out, err = run_cli(base + ["--json", str(tied)], capsys)
+    assert code == 0, err
+    assert "(--tp-impl te)" in " ".join(out.split())
+    code, out, err = run_cli(base + ["--untie-embeddings", "--json", str(untied)], capsys)
+    assert code == 0, err
+    a, b = (json.loads(p.read_text()) for p in (tied, untied))
+    # an untied output layer adds its own 1/4 of the 50,257-token vocabulary x 256 weights
+    # (the vocabulary padded to the ranks: 50,260 / 4 = 12,565 rows), in fp32 gradients
+    assert (b["scale_out"]["at_requested_scale"]["communication"]["gradient_bytes"]
+            - a["scale_out"]["at_requested_scale"]["communication"]["gradient_bytes"]
+            ) == 12565 * 256 * 4
+    tp = b["scale_out"]["at_requested_scale"]["communication"]["tensor_parallel"]
+    assert tp["beside_gemms"] == tp["collectives_per_micro_batch"] - 3
+    assert "param_gather_s" in b["scale_out"]["at_requested_scale"]["communication"]

@@ -24,7 +24,8 @@ all-reduces the two copies' gradients after every step's backward (``stage_param
 the scale-out charges whole.
 
 Pure functions: the scale-out (analysis/scaling.py) takes the stage's analysis and adds the
-bubble, the transfers and the tied embedding's all-reduce.
+bubble, the transfers (``p2p_exposed_s``: whole, or beside the chunks' compute under
+Megatron-Core's --overlap-p2p-communication) and the tied embedding's all-reduce.
 """
 
 from __future__ import annotations
@@ -171,6 +172,21 @@ def bubble_s(stage_micro_s: float, pp: int, virtual: int = 1) -> float:
     """The schedule's idle time a step: (N - 1) / V of one micro-batch's forward and backward
     on the stage (1F1B and interleaved alike; Narayanan et al., section 2.2)."""
     return (pp - 1) / virtual * stage_micro_s
+
+
+def p2p_exposed_s(micro_batches: int, pp: int, virtual: int, each_s: float,
+                  chunk_s: float, overlap: bool = False) -> float:
+    """What the point-to-point transfers (``p2p_transfers``, ``each_s`` each) add to the step.
+    Without overlap (1F1B, and the interleaved schedule before Megatron-Core's
+    --overlap-p2p-communication) each is between dependent kernels: all of them. With it
+    (Megatron-Core's default for the interleaved schedule) a chunk's send and the next one's
+    receive run beside the chunk being computed (``chunk_s``: a micro-batch chunk's forward or
+    backward on the stage, on average): the 2 (N - 1) of the fill and drain stay whole, the
+    2 M V others cost what they outlast their chunk by."""
+    if not overlap:
+        return p2p_transfers(micro_batches, pp, virtual) * each_s
+    return (2 * (pp - 1) * each_s
+            + 2 * micro_batches * virtual * max(0.0, each_s - chunk_s))
 
 
 def p2p_transfers(micro_batches: int, pp: int, virtual: int = 1) -> int:

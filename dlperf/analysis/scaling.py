@@ -57,7 +57,11 @@ column-parallel layer's backward issues the input gradient's reduce-scatter (all
 without sequence parallelism) before its weight-gradient GEMM and runs the two side by side,
 and under sequence parallelism first gathers its input again (it kept only its shard) beside
 its data-gradient GEMM; a region's collective then costs only what its GEMMs cannot cover
-(``beside_gemm_s``). The data-parallel
+(``beside_gemm_s``). TransformerEngine's userbuffers (``impl="te"``, Megatron-LM's
+--tp-comm-overlap, sequence parallel only) overlap the rest of the blocks' collectives too:
+the forward's all-gathers chunk by chunk with the column-parallel GEMMs, its reduce-scatters
+pipelined after the row-parallel ones, and the backward's all-gathers with the row-parallel
+layers' data-gradient GEMMs (``TP_OVERLAP``, ``overlap_left_s``). The data-parallel
 strategy then runs over the gpus / tp replicas, one GPU per replica in each of its tensor-parallel
 positions, gpus_per_node / tp of them in a node.
 
@@ -438,6 +442,24 @@ def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bo
             "exposed_s": exposed, "bucket_bytes": [b for _, b in buckets]}
 
 
+def distributed_optimizer_gather(predictions, bucket_bytes: list, ratio: float, gather,
+                                 overlap: bool = True) -> dict:
+    """Megatron-LM's distributed optimizer all-gathers the updated parameters bucket by bucket
+    (``bucket_bytes``: the gradient buckets, in the order the backward fills them; ``ratio``:
+    the parameters' bytes over the gradients', 0.5 for bf16 parameters with fp32 gradients;
+    ``gather(nbytes) -> seconds``). With --overlap-param-gather the next forward issues them
+    in its own order (the backward's last bucket first) and each waits for its bucket only:
+    the first bucket's gather is exposed, the rest run beside the forward and stay exposed
+    only by what outlasts it (the forward of one micro-batch). Without overlap they all run
+    after the update."""
+    times = [gather(b * ratio) for b in reversed(bucket_bytes)]
+    forward = sum(p.time_s for p in predictions if p.cost.phase == "forward")
+    total = sum(times)
+    exposed = (times[0] + max(0.0, total - times[0] - forward) if overlap and times
+               else total)
+    return {"param_gather_s": total, "param_gather_exposed_s": exposed}
+
+
 def ddp_copy_s(grad_bytes: float, analysis) -> float:
     """DDP's copies of every gradient into its bucket (in the backward's hooks) and of the
     reduced bucket back into the gradients (before the optimizer), both on the compute stream
@@ -473,7 +495,8 @@ def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int, gathers: int = 2
 
 def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy: str,
                    gpus: int, gathered_bytes: float | None = None,
-                   bucket_view: bool = False, units: dict | None = None) -> dict | None:
+                   bucket_view: bool = False, units: dict | None = None,
+                   optimizer_sharded: bool = False) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default; none with
     ``bucket_view``, DDP's gradient_as_bucket_view: the gradients live in the buckets). FSDP: the
@@ -484,14 +507,19 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     it the block being computed and the one prefetched: root + 2 x the largest block, in the
     gathered dtype (``gathered_bytes``: the whole model in it; bf16 under mixed precision).
     FSDP's SHARD_GRAD_OP (ZeRO-2): the same shards, but every parameter stays gathered from
-    the forward to the backward."""
+    the forward to the backward. ``optimizer_sharded`` (DDP under Megatron-LM's distributed
+    optimizer): the optimizer state 1/n, the rest as DDP."""
     if memory is None:
         return None
     grads = sum(b for _, b in params)
     states = memory["weights_bytes"] + memory["gradients_bytes"] + memory["optimizer_state_bytes"]
     if strategy == "ddp" or gpus == 1:
         extra = grads if gpus > 1 and not bucket_view else 0
-        return {"total_bytes": memory["total_bytes"] + extra, "ddp_bucket_bytes": extra}
+        saved = (memory["optimizer_state_bytes"] * (1 - 1 / gpus) if optimizer_sharded
+                 else 0)
+        return {"total_bytes": memory["total_bytes"] + extra - saved, "ddp_bucket_bytes": extra,
+                **({"optimizer_state_bytes": memory["optimizer_state_bytes"] / gpus}
+                   if optimizer_sharded else {})}
     if strategy == "fsdp-grad-op":
         gathered = gathered_bytes if gathered_bytes is not None else grads
         return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
@@ -508,6 +536,8 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
 # gathered once in the forward and kept until the backward has used them; hsdp: FSDP's
 # HYBRID_SHARD, full sharding inside each node and a replica per node
 STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op", "hsdp")
+# whose tensor parallelism (``tensor_parallel_collectives``; models/gpt.py ``tp_impl``)
+TP_IMPLS = ("torch", "megatron", "te")
 DECODES = ("gpu", "cpu", "synthetic")
 
 
@@ -532,11 +562,31 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     those layers also gathers its input again beside its data-gradient GEMM (2 L + 1
     all-gathers more). Each tensor is the residual stream, tokens x d_model in the activations'
     dtype."""
-    if impl not in ("torch", "megatron"):
-        raise ValueError(f"tensor-parallel implementation {impl!r}: torch or megatron")
+    if impl not in TP_IMPLS:
+        raise ValueError(f"tensor-parallel implementation {impl!r}: one of "
+                         f"{', '.join(TP_IMPLS)}")
     nbytes = tokens * d_model * act_bytes
     regions = 2 * layers + 1  # the split regions' column-parallel layers, the output layer's
     again = 2 * layers if recompute else 0
+    if impl == "te":
+        if not sequence_parallel:
+            raise ValueError("TransformerEngine's tensor-parallel overlap needs sequence "
+                             "parallelism (Megatron-LM refuses --tp-comm-overlap without it)")
+        # the blocks' four split layers overlap every collective of theirs with a GEMM; the
+        # output layer (Megatron's own column-parallel linear) gathers its input between
+        # dependent kernels in the forward, and the embedding's reduce-scatter (all-gather in
+        # the backward) has no GEMM beside it
+        return tuple(c for c in (
+            ("allgather", 2, nbytes, None),  # the output layer's, the embedding's backward
+            ("reducescatter", 1, nbytes, None),  # after the embedding
+            ("allgather", 2 * layers, nbytes, "fprop"),  # ring exchange beside QKV, FC1
+            ("reducescatter", 2 * layers, nbytes, "row-fprop"),  # pipelined after proj, FC2
+            ("allgather", again, nbytes, "recompute"),
+            ("reducescatter", again, nbytes, "row-recompute"),
+            ("allgather", 2 * layers, nbytes, "row-dgrad"),  # ring beside proj's, FC2's dgrad
+            ("allgather", regions, nbytes, "dgrad"),  # bulk: the input again, beside dgrad
+            ("reducescatter", regions, nbytes, "wgrad"),  # bulk: dgrad's, beside wgrad
+        ) if c[1])
     if impl == "torch":
         if not sequence_parallel:
             return (("allreduce", 2 * regions + again, nbytes, None),)
@@ -553,22 +603,69 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
             ("reducescatter", regions, nbytes, "wgrad"))
 
 
-def beside_gemm_s(predictions, regions, phase: str, collective_s: float
-                  ) -> tuple[float, int]:
-    """What a micro-batch's collectives of ``collective_s`` each, one per column-parallel
-    region, leave exposed when each runs beside its region's ``phase`` ("dgrad" or "wgrad")
-    kernels (``regions``: tuples of module paths, models/gpt.py ``column_parallel_regions``):
-    (the sum over the regions present in ``predictions`` of what the collective outlasts them
-    by, how many regions are present: a pipeline stage holds some). The overlap is taken as
-    perfect: NCCL's kernels also take SMs and memory bandwidth from the GEMMs they run beside,
-    which this does not charge."""
+# TransformerEngine's pipelined reduce-scatter splits its GEMM in this many chunks (its
+# default ``num_splits`` for the "pipeline" method, transformer_engine/pytorch/module/base.py
+# ``initialize_ub``, 2024-07; Megatron-LM passes no configuration of its own by default)
+TE_RS_SPLITS = 4
+
+# What each ``beside`` of ``tensor_parallel_collectives`` runs beside: the regions (column:
+# the column-parallel layers, the output layer's included; column-blocks: the blocks' only;
+# row: the blocks' row-parallel layers), the phase of their kernels, and how the collective
+# overlaps them (``overlap_left_s``). Megatron-LM's own backward overlap is "bulk" (the whole
+# collective beside the whole GEMM); TransformerEngine's userbuffers (Megatron-LM
+# --tp-comm-overlap) add the forward's and the row-parallel layers' data gradient: their
+# all-gathers in a ring exchange of the tokens chunk by chunk ("qkv_fprop", "fc1_fprop",
+# "proj_dgrad", "fc2_dgrad"), the forward's reduce-scatters pipelined after the GEMM's chunks
+# ("proj_fprop", "fc2_fprop"), the column-parallel layers' backward in bulk ("qkv_dgrad",
+# "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"): the defaults of TransformerEngine's initialize_ub.
+TP_OVERLAP = {
+    "dgrad": ("column", "dgrad", "bulk"), "wgrad": ("column", "wgrad", "bulk"),
+    "fprop": ("column-blocks", "forward", "ring"),
+    "recompute": ("column-blocks", "recompute", "ring"),
+    "row-fprop": ("row", "forward", "pipeline"),
+    "row-recompute": ("row", "recompute", "pipeline"),
+    "row-dgrad": ("row", "dgrad", "ring"),
+}
+
+
+def overlap_left_s(collective_s: float, gemm_s: float, method: str, tp: int) -> float:
+    """What a collective of ``collective_s`` leaves exposed beside a GEMM of ``gemm_s``:
+    * bulk: both issued at once: what the collective outlasts the GEMM by;
+    * ring (TransformerEngine's ring exchange of an all-gather over ``tp`` ranks): the GEMM in
+      ``tp`` chunks, the first on this rank's own tokens while the next chunk arrives, each
+      further chunk's transfer (collective_s / (tp - 1)) beside the chunk before:
+      (tp - 1) max(0, collective_s / (tp - 1) - gemm_s / tp);
+    * pipeline (a reduce-scatter after the GEMM's ``TE_RS_SPLITS`` chunks, each chunk's
+      reduce-scatter beside the next chunk's GEMM): the last chunk's is exposed, and any chunk
+      whose transfer outlasts the next GEMM chunk: max(c, s c - (s - 1) g), c and g a chunk's.
+    The overlap is taken as perfect otherwise: the communication kernels also take SMs and
+    memory bandwidth from the GEMM beside them, which this does not charge."""
+    if method == "bulk":
+        return max(0.0, collective_s - gemm_s)
+    if method == "ring":
+        return max(0.0, collective_s - gemm_s * (tp - 1) / tp) if tp > 1 else 0.0
+    if method == "pipeline":
+        s = TE_RS_SPLITS
+        return max(collective_s / s, collective_s - gemm_s * (s - 1) / s)
+    raise ValueError(f"overlap method {method!r}: bulk, ring or pipeline")
+
+
+def beside_gemm_s(predictions, regions, phase: str, collective_s: float,
+                  method: str = "bulk", tp: int = 1) -> tuple[float, int]:
+    """What a micro-batch's collectives of ``collective_s`` each, one per region, leave
+    exposed when each runs beside its region's ``phase`` ("forward", "dgrad", "wgrad",
+    "recompute") kernels (``regions``: tuples of module paths, models/gpt.py
+    ``column_parallel_regions`` and ``row_parallel_regions``), overlapped as ``method`` does
+    (``overlap_left_s``, over ``tp`` ranks): (the sum over the regions present in
+    ``predictions`` of what is left exposed, how many regions are present: a pipeline stage
+    holds some)."""
     beside: dict[str, float] = {}
     for p in predictions:
         if p.cost.phase == phase:
             beside[p.cost.module] = beside.get(p.cost.module, 0.0) + p.time_s
     present = [r for r in regions if any(m in beside for m in r)]
-    return (sum(max(0.0, collective_s - sum(beside.get(m, 0.0) for m in r)) for r in present),
-            len(present))
+    return (sum(overlap_left_s(collective_s, sum(beside.get(m, 0.0) for m in r), method, tp)
+                for r in present), len(present))
 
 
 @dataclass(frozen=True)
@@ -603,6 +700,12 @@ class ScaleConfig:
     # DDP's gradient_as_bucket_view: the gradients are views into the buckets, so DDP neither
     # copies them in and out (``ddp_copy_s``) nor holds a second copy of them
     bucket_view: bool = False
+    # DDP as Megatron-LM's distributed optimizer runs it (--use-distributed-optimizer, ZeRO-1
+    # with its gradient buffer as the buckets): each bucket reduce-scattered beside the
+    # backward, each replica updating 1/n of the parameters and keeping 1/n of the optimizer
+    # state, the updated parameters all-gathered (in the model's dtype) beside the next
+    # forward (--overlap-param-gather; after the update without overlap)
+    distributed_optimizer: bool = False
     # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
     # the backward, one small all-reduce each inside the node, on the step's critical path
@@ -620,6 +723,9 @@ class ScaleConfig:
     tp: int = 1
     tp_collectives: tuple = ()
     tp_regions: tuple = ()
+    # the blocks' row-parallel layers (attention output, MLP output), that TransformerEngine's
+    # overlap runs the forward's reduce-scatters and the backward's all-gathers beside
+    tp_row_regions: tuple = ()
     # pipeline-parallel stages (1: none; analysis/pipeline.py), the virtual stages of each
     # GPU (Megatron's interleaved schedule; 1: 1F1B), and the bytes one point-to-point
     # transfer carries between stages (a micro-batch's activations at a stage boundary, on one
@@ -628,6 +734,9 @@ class ScaleConfig:
     pp: int = 1
     pp_virtual: int = 1
     p2p_bytes: int = 0
+    # the interleaved schedule's transfers beside the chunks' compute (Megatron-Core's
+    # --overlap-p2p-communication, its default with virtual stages; pipeline.p2p_exposed_s)
+    pp_overlap_p2p: bool = False
     # with pipeline stages, the gradient bytes of a tied embedding that the first and the
     # last stage both hold (Megatron-LM's word embeddings), all-reduced between them each step
     pp_tied_bytes: int = 0
@@ -814,7 +923,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     # share nodes and the stages span them)
     tp, pp = cfg.tp, cfg.pp
     dcfg = cfg if tp == pp == 1 else replace(
-        cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), tp_regions=(), pp=1,
+        cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), tp_regions=(),
+        tp_row_regions=(), pp=1,
         pp_virtual=1, pp_tied_bytes=0,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
@@ -830,8 +940,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     # the GPUs that share one copy of the state: all of them under FSDP, a node's under HSDP
     shard = min(dcfg.gpus, dcfg.gpus_per_node) if cfg.strategy == "hsdp" else dcfg.gpus
     # FSDP (any sharding) updates only this GPU's shard of the parameters; DDP all of them
-    optimizer_s = (tl.optimizer_s / shard if cfg.strategy != "ddp" else tl.optimizer_s) \
-        + opt_host_s
+    optimizer_s = (tl.optimizer_s / shard if cfg.strategy != "ddp" or cfg.distributed_optimizer
+                   else tl.optimizer_s) + opt_host_s
     if dcfg.gpus == 1:
         exposed = 0.0
         optimizer_s = single_opt_s
@@ -844,15 +954,28 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         caps = ((int(cfg.bucket_cap_mb * 2**20),) * 2 if cfg.bucket_cap_mb is not None
                 else (HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
                 else (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES))
-        d = ddp_exposed_s(tl, params, lambda b: allreduce_s(
-            b, dcfg.gpus, dcfg.gpus_per_node, node, network, gen, cfg.algorithms,
-            cfg.protocols), overlap=overlap, caps=caps)
-        # gradient_as_bucket_view: the gradients are views of the buckets, nothing is copied
-        copies = 0.0 if cfg.bucket_view else ddp_copy_s(grad_bytes, analysis)
+        def reduce(nbytes: float) -> float:  # a bucket's all-reduce, or its reduce-scatter
+            return (sharded_collective_s if cfg.distributed_optimizer else allreduce_s)(
+                nbytes, dcfg.gpus, dcfg.gpus_per_node, node, network, gen=gen,
+                algorithms=cfg.algorithms, protocols=cfg.protocols)
+
+        d = ddp_exposed_s(tl, params, reduce, overlap=overlap, caps=caps)
+        # gradient_as_bucket_view (and Megatron's gradient buffer): the gradients are views of
+        # the buckets, nothing is copied
+        copies = (0.0 if cfg.bucket_view or cfg.distributed_optimizer
+                  else ddp_copy_s(grad_bytes, analysis))
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
+        if cfg.distributed_optimizer:
+            d.update(distributed_optimizer_gather(
+                analysis.predictions, d["bucket_bytes"], gathered / grad_bytes if grad_bytes
+                else 0.0, lambda b: sharded_collective_s(
+                    b, dcfg.gpus, dcfg.gpus_per_node, node, network, gen=gen,
+                    algorithms=cfg.algorithms, protocols=cfg.protocols), overlap))
+            exposed += d["param_gather_exposed_s"]
         comm.update(d, bucket_copy_s=copies, overlap=overlap,
-                    nccl=_nccl_name("allreduce", max(d["bucket_bytes"]), dcfg, node, network,
-                                    gen))
+                    nccl=_nccl_name("reducescatter" if cfg.distributed_optimizer
+                                    else "allreduce", max(d["bucket_bytes"]), dcfg, node,
+                                    network, gen))
     else:  # FSDP: per unit, gathers in forward and backward, one reduce-scatter; prefetch
         # hides them behind the compute. Mixed precision as torchtitan, Composer's DEFAULT and
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
@@ -902,7 +1025,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             if beside is None:
                 micro_exposed += n * t
             else:  # one per region; a pipeline stage's regions are what its analysis holds
-                left, present = beside_gemm_s(analysis.predictions, cfg.tp_regions, beside, t)
+                group, phase, method = TP_OVERLAP[beside]
+                regions = {"column": cfg.tp_regions, "row": cfg.tp_row_regions,
+                           "column-blocks": tuple(r for r in cfg.tp_regions if all(
+                               m.startswith("blocks.") for m in r))}[group]
+                left, present = beside_gemm_s(analysis.predictions, regions, phase, t,
+                                              method, tp)
                 micro_exposed += left * n / present if present else n * t
         tp_s = accum * micro_exposed
         biggest = max((b for _, _, b, _ in cfg.tp_collectives), default=0)
@@ -929,7 +1057,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     step_s = accum * micro_s + exposed + optimizer_s + gpu_wait  # one optimizer step
     bubble = 0.0
     if pp > 1:  # the schedule's fill and drain, and the stages' point-to-point transfers
-        from dlperf.analysis.pipeline import bubble_s, p2p_transfers
+        from dlperf.analysis.pipeline import bubble_s, p2p_exposed_s, p2p_transfers
 
         # (a micro-batch on the stage: its kernels and its tensor-parallel collectives)
         tp_micro = comm["tensor_parallel"]["exposed_s"] / accum if tp > 1 else 0.0
@@ -945,14 +1073,18 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # update: Megatron-LM's embedding all-reduce, on the step's critical path
         tied = (allreduce_s(cfg.pp_tied_bytes, 2, 1 if crosses else 2, node, network, gen,
                             cfg.algorithms, cfg.protocols) if cfg.pp_tied_bytes else 0.0)
+        # a chunk's forward or backward, on average: a micro-batch's over 2 V
+        p2p = p2p_exposed_s(accum, pp, cfg.pp_virtual, each, micro_s / (2 * cfg.pp_virtual),
+                            cfg.pp_overlap_p2p)
         comm["pipeline"] = {"pp": pp, "virtual": cfg.pp_virtual, "micro_batches": accum,
                             "bubble_s": bubble, "p2p_transfers": transfers,
                             "p2p_bytes_each": cfg.p2p_bytes, "p2p_s": transfers * each,
+                            "p2p_exposed_s": p2p, "p2p_overlap": cfg.pp_overlap_p2p,
                             "p2p_between_nodes": crosses,
                             "tied_embedding_bytes": cfg.pp_tied_bytes,
                             "tied_embedding_allreduce_s": tied}
-        exposed += transfers * each + tied
-        step_s += bubble + transfers * each + tied
+        exposed += p2p + tied
+        step_s += bubble + p2p + tied
     gpu_rate = batch / step_s / (tp * pp)  # a replica's samples, over its tp x pp GPUs
     host_rate = cfg.host_img_per_s(min(cfg.gpus, cfg.gpus_per_node))
     # Where the host's decode sets the pace, each rank's step is its loader's time for a batch,
@@ -984,7 +1116,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     memory = memory_per_gpu(analysis.memory, params,
                             "fsdp" if cfg.strategy == "hsdp" else cfg.strategy,
                             shard if cfg.strategy != "ddp" else dcfg.gpus, gathered,
-                            bucket_view=cfg.bucket_view, units=step.units)
+                            bucket_view=cfg.bucket_view or cfg.distributed_optimizer,
+                            units=step.units,
+                            optimizer_sharded=cfg.distributed_optimizer)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,

@@ -126,7 +126,7 @@ def add_parser(sub) -> None:
                         "split regions, so it runs their norms, dropouts and residual adds "
                         "whole, and the ranks all-reduce instead of all-gathering and "
                         "reduce-scattering")
-    s.add_argument("--tp-impl", choices=("torch", "megatron"), default=None,
+    s.add_argument("--tp-impl", choices=("torch", "megatron", "te"), default=None,
                    help="with --tp: whose tensor parallelism. torch: PyTorch's DTensor (as "
                         "torchtitan runs it): every collective between dependent kernels, "
                         "autograd keeping each split layer's gathered input. megatron: "
@@ -134,7 +134,10 @@ def add_parser(sub) -> None:
                         "collectives run beside the layer's gradient GEMMs, and under "
                         "sequence parallelism the layer keeps its input's shard and gathers "
                         "it again; the model in its dtype, as Megatron runs it (--precision "
-                        "fsdp or half) [torch]")
+                        "fsdp or half). te: Megatron-Core on TransformerEngine's layers with "
+                        "--tp-comm-overlap (sequence parallel): as megatron, and the forward's "
+                        "collectives and the output projections' backward ones chunked beside "
+                        "their GEMMs too [torch]")
     s.add_argument("--pp", type=positive_int, default=1, metavar="N",
                    help="pipeline parallel (gpt and its presets, --strategy ddp): the blocks "
                         "split into N stages of consecutive blocks on N GPUs (of --tp each), "
@@ -144,6 +147,11 @@ def add_parser(sub) -> None:
     s.add_argument("--pp-virtual", type=positive_int, default=1, metavar="V",
                    help="with --pp: virtual stages per GPU (Megatron-LM's interleaved "
                         "schedule: V chunks of blocks a GPU, the bubble V times smaller) [1]")
+    s.add_argument("--pp-overlap-p2p", action="store_true",
+                   help="with --pp-virtual > 1: the stages' sends and receives beside the "
+                        "chunks' compute (Megatron-Core's --overlap-p2p-communication, its "
+                        "default for the interleaved schedule since 2023); only the fill's "
+                        "and drain's stay exposed")
     s.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
@@ -158,6 +166,12 @@ def add_parser(sub) -> None:
     s.add_argument("--grad-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True: gradients live in the buckets, so "
                         "they are neither copied in and out nor held twice")
+    s.add_argument("--distributed-optimizer", action="store_true",
+                   help="DDP as Megatron-LM's distributed optimizer runs it "
+                        "(--use-distributed-optimizer): gradients reduce-scattered per bucket "
+                        "beside the backward, each replica updating and keeping the "
+                        "optimizer state of 1/N of the parameters, which are all-gathered "
+                        "beside the next forward (--overlap-param-gather)")
     s.add_argument("--bn-group", type=positive_int, default=1,
                    help="GPUs of a node that share each batch norm's statistics (synchronised "
                         "batch norm in groups) [1]")
@@ -200,6 +214,10 @@ def add_parser(sub) -> None:
                         "math = Q Kᵀ, causal mask, softmax, dropout and times V as separate "
                         "kernels over the [batch, heads, T, T] scores (Megatron-LM 2019-21, "
                         "NVIDIA's BERT, nanoGPT without flash) [sdpa]")
+    g.add_argument("--untie-embeddings", action="store_true",
+                   help="the output layer its own weights, not the token embedding's "
+                        "(Megatron-LM's --untie-embeddings-and-output-weights; Llama) [gpt2 "
+                        "and mpt presets: tied]")
     g.add_argument("--dropout", type=float, default=None, metavar="P",
                    help="GPT-2's and Megatron's dropouts in training (after the embeddings, on "
                         "the attention probabilities, on each block's two outputs), each a "
@@ -215,9 +233,11 @@ def _gpt_config(args):
              "vocab": args.vocab, "seq_len": args.seq_len, "attention": args.attention,
              "dropout": args.dropout, "tp": args.tp if args.tp > 1 else None,
              "sequence_parallel": False if args.no_sequence_parallel else None,
-             "tp_impl": args.tp_impl}
+             "tp_impl": args.tp_impl,
+             "tie_embeddings": False if args.untie_embeddings else None}
     if args.model not in PRESETS:
-        given = [f"--{'no-' if k == 'sequence_parallel' else ''}{k.replace('_', '-')}"
+        prefix = {"sequence_parallel": "no-", "tie_embeddings": "un"}
+        given = [f"--{prefix.get(k, '')}{k.replace('_', '-')}"
                  for k, v in flags.items() if v is not None]
         if given:
             raise DlperfError(f"{', '.join(given)}: only for gpt and its presets "
@@ -254,11 +274,19 @@ def run(args) -> int:
                         ("--tp-impl", args.tp_impl is not None)):
         if given and args.tp == 1:
             raise DlperfError(f"{flag} describes tensor parallelism: add --tp N (N > 1)")
-    if (args.tp_impl == "megatron" and args.precision == "mixed"
+    if (args.tp_impl in ("megatron", "te") and args.precision == "mixed"
             and args.dtype in ("bf16", "fp16")):
-        raise DlperfError(f"--tp-impl megatron runs the model in {args.dtype} as Megatron-LM "
+        raise DlperfError(f"--tp-impl {args.tp_impl} runs the model in {args.dtype} as "
+                          "Megatron-LM "
                           "does, not under autocast: add --precision fsdp (fp32 master "
                           "weights) or --precision half")
+    if args.pp_overlap_p2p and args.pp_virtual == 1:
+        raise DlperfError("--pp-overlap-p2p overlaps the interleaved schedule's transfers "
+                          "(Megatron-Core overlaps none in 1F1B): add --pp-virtual V (V > 1)")
+    if args.tp_impl == "te" and args.no_sequence_parallel:
+        raise DlperfError("--tp-impl te overlaps the collectives of sequence parallelism "
+                          "(Megatron-LM refuses --tp-comm-overlap without it): drop "
+                          "--no-sequence-parallel, or use --tp-impl megatron")
     if args.tp > 1 and args.measure:
         raise DlperfError("--measure times the whole model on this machine's GPU; --tp "
                           "predicts one tensor-parallel rank: drop one of them")
@@ -297,9 +325,13 @@ def run(args) -> int:
     if args.gpus is None and args.step_cv is not None:
         raise DlperfError("--step-cv is the spread of one GPU's step among many: add --gpus N")
     if args.gpus is None and (args.nccl_algo or args.nccl_proto or args.grad_as_bucket_view
-                              or args.bucket_cap_mb is not None):
-        raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb and --grad-as-bucket-view "
-                          "shape the collectives of the scale-out: add --gpus N")
+                              or args.bucket_cap_mb is not None or args.distributed_optimizer):
+        raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb, --grad-as-bucket-view "
+                          "and --distributed-optimizer shape the collectives of the "
+                          "scale-out: add --gpus N")
+    if args.distributed_optimizer and args.strategy != "ddp":
+        raise DlperfError(f"--distributed-optimizer is DDP's (Megatron-LM's); --strategy "
+                          f"{args.strategy} shards the optimizer already: drop one of them")
     scale_setup = (_scale_setup(args, spec.name, console, gpt, batch * sample_shape[0])
                    if args.gpus else None)
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
@@ -318,6 +350,8 @@ def run(args) -> int:
                       "the end, "
                       + ("run as Megatron-LM runs them (--tp-impl megatron)."
                          if gpt.tp_impl == "megatron" else
+                         "run as Megatron-Core runs them on TransformerEngine's layers with "
+                         "--tp-comm-overlap (--tp-impl te)." if gpt.tp_impl == "te" else
                          "run as PyTorch's DTensor runs them, every one exposed (for "
                          "Megatron-LM's stack: --tp-impl megatron --fusion megatron)."),
                       style="yellow")
@@ -360,7 +394,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its collectives)."""
     from dlperf.analysis.scaling import ScaleConfig, tensor_parallel_collectives
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
-    from dlperf.models.gpt import column_parallel_regions
+    from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
     if not args.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
@@ -400,8 +434,9 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       tp=args.tp, tp_collectives=collectives,
                       tp_regions=column_parallel_regions(gpt) if args.tp > 1 else (),
+                      tp_row_regions=row_parallel_regions(gpt) if args.tp > 1 else (),
                       pp=args.pp,
-                      pp_virtual=args.pp_virtual,
+                      pp_virtual=args.pp_virtual, pp_overlap_p2p=args.pp_overlap_p2p,
                       # a micro-batch's activations at a stage boundary, on one tensor-parallel
                       # rank (Megatron sends 1/tp of them, sequence parallel or not)
                       p2p_bytes=(tokens * gpt.d_model * act_bytes // args.tp
@@ -411,6 +446,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
                       overlap=not args.no_overlap, bucket_cap_mb=args.bucket_cap_mb,
                       bucket_view=args.grad_as_bucket_view,
+                      distributed_optimizer=args.distributed_optimizer,
                       bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto)

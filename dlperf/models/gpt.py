@@ -31,7 +31,11 @@ reduce-scatter, runs beside the weight-gradient GEMM, and under sequence paralle
 keeps only its input's shard and all-gathers it again in the backward, beside the
 data-gradient GEMM (``ColumnParallelLinear``). The scale-out times those collectives against
 the GEMMs they run beside (analysis/scaling.py). Megatron runs the model in its dtype (bf16
-or fp16 parameters, fp32 master weights), so this form takes no autocast.
+or fp16 parameters, fp32 master weights), so this form takes no autocast. ``"te"``:
+Megatron-Core's blocks built from TransformerEngine's layers with --tp-comm-overlap
+(userbuffers): the same kernels and kept shard as ``"megatron"`` (TE's LayerNormLinear also
+keeps its normalised input's shard and gathers it again for the weight gradient), and the
+scale-out overlaps the forward's collectives and the row-parallel layers' backward ones too.
 
 ``attention="math"`` computes attention as Megatron-LM (2019-2021), NVIDIA's BERT and nanoGPT
 without flash do: Q Kᵀ as a batched matmul on a scaled Q, the causal mask filled in, softmax,
@@ -78,7 +82,8 @@ class GPTConfig:
     # tp > 1: the residual stream split over the ranks' tokens between the split regions
     # (True) or whole on every rank (False: Megatron without --sequence-parallel)
     sequence_parallel: bool = True
-    # whose tensor parallelism: "torch" (DTensor) | "megatron" (see the module docstring)
+    # whose tensor parallelism: "torch" (DTensor) | "megatron" | "te" (TransformerEngine's
+    # layers under Megatron-LM; see the module docstring)
     tp_impl: str = "torch"
     attention: str = "sdpa"  # sdpa (one fused kernel) | math (matmul, mask, softmax, matmul)
     dropout: float = 0.0  # GPT-2's embedding, attention and residual dropout (training only)
@@ -93,7 +98,7 @@ class GPTConfig:
         for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
                               ("positions", ("learned", "rope")),
                               ("attention", ("sdpa", "math")),
-                              ("tp_impl", ("torch", "megatron"))):
+                              ("tp_impl", ("torch", "megatron", "te"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPT {name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
@@ -134,7 +139,7 @@ class GPTConfig:
         """Ranks a column-parallel layer gathers its input's tokens from, when the layer keeps
         only its shard and gathers it again in the backward (Megatron's sequence parallelism);
         1 when the layer is given its input whole (gathered before it, or never split)."""
-        return self.token_split if self.tp_impl == "megatron" else 1
+        return self.token_split if self.tp_impl in ("megatron", "te") else 1
 
     @property
     def head_dim(self) -> int:
@@ -415,6 +420,16 @@ class GPT(nn.Module):
             x = block(x, rope, mask)
         # [B, T, vocab / tp] logits (the loss runs vocabulary-parallel on them)
         return self.head(_gather(self.ln_f(x), 1 if self.cfg.regather > 1 else split))
+
+
+def row_parallel_regions(cfg: GPTConfig) -> tuple[tuple[str, ...], ...]:
+    """Each block's row-parallel layers, as module paths of ``GPT(cfg)``: the attention output
+    projection and the MLP's output layer, whose forward output is reduce-scattered (all-reduced
+    without sequence parallelism). TransformerEngine's overlap runs that reduce-scatter, and the
+    backward's all-gather of their output gradient, beside these layers' GEMMs."""
+    proj = "wo" if cfg.positions == "rope" or cfg.groups > 1 else "proj"
+    return tuple(r for i in range(cfg.layers)
+                 for r in ((f"blocks.{i}.attn.{proj}",), (f"blocks.{i}.out",)))
 
 
 def column_parallel_regions(cfg: GPTConfig) -> tuple[tuple[str, ...], ...]:
