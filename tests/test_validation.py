@@ -223,6 +223,35 @@ def test_megatron_flops_are_the_tables_teraflops():
             assert flops / 1e12 == pytest.approx(tflops, rel=1e-3), case  # to 0.07 of 109.3
 
 
+def test_megatron_core_flops_are_its_training_loop_s_count():
+    tp = load_benchmark("validate_tp")
+
+    def megatron(layers, hidden, batch, seq=4096, vocab=131072):
+        # megatron/training/training.py num_floating_point_operations (r0.8.0), multi-head
+        # attention (query groups = heads, kv channels x heads = hidden), 4h MLP, no SwiGLU
+        return 12 * batch * seq * layers * hidden * hidden * (
+            (1 + 1 + seq / hidden) * 1 + 4 * hidden / hidden * 1 * 1
+            + vocab / (2 * layers * hidden))
+
+    # 1.7B: 72 x 192 x 4,096 x 24 x 2,048^2 = 5.7000e15, x (1 + 4,096 / 12,288 + 131,072 /
+    # (12 x 24 x 2,048) = 1.55556) = 8.8667e15 FLOPs an iteration
+    assert tp.megatron_core_flops(24, 2048, 192) == pytest.approx(8.8667e15, rel=1e-4)
+    for model, heads, hidden, layers, degree, stages, gpus, batch, tflops in tp.MCORE_2024:
+        assert tp.megatron_core_flops(layers, hidden, batch) == pytest.approx(
+            megatron(layers, hidden, batch), rel=1e-12)
+        # the table's shape: 48 replicas of TP x PP, each stage an equal share of the blocks
+        assert gpus == degree * stages * tp.MCORE_REPLICAS and layers % stages == 0
+        assert hidden % heads == 0 and hidden // heads == 128  # every head 128 wide
+    # the variants where the table is silent: micro-batches (no stages) or the schedule
+    assert tp.mcore_variants(tp.MCORE_2024[0]) == [(1, 1), (1, 4)]
+    assert tp.mcore_variants(tp.MCORE_2024[-1]) == [(1, 1), (7, 1)]
+    args = tp.mcore_args(112, 18432, 144, 8, 16, 6144, 3072, virtual=7)
+    # 64 micro-batches of one, interleaved and overlapped; 48M-parameter fp32 buckets
+    assert args[args.index("--grad-accum") + 1] == "64" and "--pp-overlap-p2p" in args
+    assert args[args.index("--bucket-cap-mb") + 1] == "183.1"
+    assert "--pp-overlap-p2p" not in tp.mcore_args(112, 18432, 144, 8, 16, 6144, 3072)
+
+
 def test_megatron_runs_are_compared_with_tp1_and_with_one_node():
     tp = load_benchmark("validate_tp")
 
