@@ -2,7 +2,8 @@
 results (issues #11 and #14).
 
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
-tp-kempnerforge-h200.json and tp-{megatron-2020,megatron-2022,narayanan-2021}.json (rerun
+tp-kempnerforge-h200.json and tp-{megatron-2020,megatron-2022,narayanan-2021,
+megatron-core-2024}.json (rerun
 them first: validate_published.py, validate_scaling.py, validate_tp.py) and condenses them
 per device and class of workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
 prediction on a preset.
@@ -35,7 +36,8 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     record = build_scale_out(scaling["results"]["rows"])
     tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
     megatron = [results / f"tp-{name}.json"
-                for name in ("megatron-2020", "megatron-2022", "narayanan-2021")]
+                for name in ("megatron-2020", "megatron-2022", "narayanan-2021",
+                             "megatron-core-2024")]
     if tp.exists():
         record["tensor_parallel"] = build_tensor_parallel(
             json.loads(tp.read_text())["results"],

@@ -581,6 +581,13 @@ MCORE_2024 = (
     ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
 )
 MCORE_VOCAB, MCORE_SEQ, MCORE_REPLICAS = 131072, 4096, 48
+# The README's strong scaling of "the standard GPT-3 model" (the table's 177B) at batch 1,152
+# "from 96 H100 GPUs to 4608 GPUs ... a reduction in MFU from 47% to 42%" (MFU: teraFLOP/s per
+# GPU over the H100's 989.4, as the table's column is): (GPUs, MFU). The split is not given;
+# run as the table's 177B (TP 8 x PP 6, interleaved at one block a chunk), data parallel over
+# 2 and 96 replicas
+MCORE_STRONG = ((96, 0.47), (4608, 0.42))
+H100_BF16_PEAK = 989.4e12
 # Fused attention on this stack: TransformerEngine's cuDNN flash attention. The Hopper presets'
 # share (hardware/efficiency.py, 0.187) is a 2023 stack's, whose kernels that file explains by
 # FlashAttention-2's speed on Hopper; the FlashAttention-3 paper (Shah et al., arXiv
@@ -679,6 +686,33 @@ def megatron_core_2024(out: Path) -> None:
                                "total_bytes"),
                            fits=(here.get("memory_per_gpu") or {}).get("fits"))
             rows.append(row)
+    # the reading the data allow (benchmarks/README.md): one micro-batch a replica without
+    # stages, the interleaved schedule with them
+    consistent = [r for r in rows if (r["micro_batches"] == 1 if r["pp"] == 1
+                                      else r["virtual"] > 1)]
+    strong = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model, heads, hidden, layers, tp, pp, _, batch, _ = MCORE_2024[6]
+        for gpus, mfu in tqdm(MCORE_STRONG, desc="megatron-core 2024, strong scaling"):
+            here = _analyze(mcore_args(layers, hidden, heads, tp, pp, gpus, batch,
+                                       layers // pp), tmp)
+            flops = megatron_core_flops(layers, hidden, batch) / gpus
+            strong.append({"model": model, "gpus": gpus, "replicas": gpus // (tp * pp),
+                           "micro_batches": batch // (gpus // (tp * pp)),
+                           "measured_mfu": mfu,
+                           "predicted_mfu": flops / here["step_s"] / H100_BF16_PEAK,
+                           "predicted_step_s": here["step_s"],
+                           "exposed_comm_s": here["exposed_comm_s"],
+                           "bubble_s": here["communication"]["pipeline"]["bubble_s"]})
+    fall = {"measured": strong[-1]["measured_mfu"] / strong[0]["measured_mfu"],
+            "predicted": strong[-1]["predicted_mfu"] / strong[0]["predicted_mfu"]}
+    for x in strong:
+        print(f"177B strong scaling on {x['gpus']:5,d} GPUs ({x['micro_batches']} micro-batches "
+              f"a replica): MFU measured {x['measured_mfu']:.0%}, predicted "
+              f"{x['predicted_mfu']:.1%}; exposed communication {x['exposed_comm_s']:.2f} s, "
+              f"bubble {x['bubble_s']:.2f} s of {x['predicted_step_s']:.2f}")
+    print(f"MFU at {strong[-1]['gpus']:,} over {strong[0]['gpus']} GPUs: measured "
+          f"{fall['measured']:.3f}, predicted {fall['predicted']:.3f}")
     for r in rows:
         print(f"{r['model']:5s} TP{r['tp']} PP{r['pp']:<2d} V{r['virtual']:<2d} x{r['micro_batches']:<2d}"
               f" of {r['micro_batch']} on {r['gpus']:5,d} GPUs: measured "
@@ -691,8 +725,10 @@ def megatron_core_2024(out: Path) -> None:
     save_result(out, "validate-tp-megatron-core-2024",
                 {"runs": [list(r) for r in MCORE_2024], "attention": MCORE_ATTENTION,
                  "attention_bounds": list(MCORE_ATTENTION_BOUNDS),
-                 "args_32b": mcore_args(48, 7168, 56, 8, 1, 384, 192)},
-                {"rows": rows})
+                 "args_32b": mcore_args(48, 7168, 56, 8, 1, 384, 192),
+                 "strong_scaling": [list(x) for x in MCORE_STRONG]},
+                {"rows": rows, "consistent": consistent, "strong_scaling": strong,
+                 "strong_scaling_fall": fall})
     print(f"Wrote {out}")
 
 

@@ -286,3 +286,16 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
     text = describe_tensor_parallel({"tensor_parallel": entry})
     assert "three published sources" in text and "(--pp; 1,536-1,536 GPUs) ran at 1.12-1.12x" \
         in text
+    # Megatron-Core's 2024 table: the consistent reading's predicted over measured, e.g. 0.91,
+    # 0.98 and 1.04 on 768, 1,536 and 48 GPUs (median 0.98)
+    core = {"consistent": [{"ratio": 0.91, "gpus": 768}, {"ratio": 1.04, "gpus": 48},
+                           {"ratio": 0.98, "gpus": 1536}]}
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron, None, None, core)
+    assert entry["megatron_core"] == {
+        "runs": 3, "ratio_low": 0.91, "ratio_high": 1.04, "median": 0.98, "gpus_low": 48,
+        "gpus_high": 1536, "source": "Megatron-Core's 1.7B-462B GPTs on H100s (2024)"}
+    text = " ".join(describe_tensor_parallel({"tensor_parallel": entry}).split())
+    assert "three published sources" in text
+    assert ("(3 runs, 48-1,536 GPUs; run as --tp-impl te --distributed-optimizer, interleaved "
+            "pipelines with --pp-overlap-p2p), dlperf predicted 0.91-1.04x the measured rate "
+            "(median 0.98x)") in text

@@ -266,15 +266,17 @@ def describe_scale_out(spec, record: dict | None = None,
 
 
 def build_tensor_parallel(result: dict, megatron: dict | None = None,
-                          megatron2022: dict | None = None, narayanan: dict | None = None
-                          ) -> dict:
+                          megatron2022: dict | None = None, narayanan: dict | None = None,
+                          megatron_core: dict | None = None) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
     results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
     as many GPUs, measured and predicted, as the losses TP costs; ``megatron``'s (2020), each
     TP=N run's model FLOP/s per GPU over the TP=1 run's of the same system, predicted over
     measured; ``megatron2022``'s, the paper's sequence parallelism with selective recompute
     over full recompute, measured and predicted; and the pipelined runs of it and of
-    ``narayanan`` (2021), dlperf's rate over the measured one."""
+    ``narayanan`` (2021), dlperf's rate over the measured one; ``megatron_core``'s (2024),
+    each run's predicted teraFLOP/s per GPU over the measured in the reading its file holds
+    consistent (its "consistent" rows)."""
     pairs = result["tp_over_fsdp"]
     measured = [1 - p["measured"] for p in pairs]
     predicted = [1 - p["predicted"] for p in pairs]
@@ -300,7 +302,17 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
             "predicted_low": min(x["predicted"] for x in speedups),
             "predicted_high": max(x["predicted"] for x in speedups),
             "source": "Megatron-LM's 22B-1T GPTs on TP=8, up to 64 pipeline stages (2022)"}
-    entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan))
+    if megatron_core is not None:
+        ratios = sorted(r["ratio"] for r in megatron_core["consistent"])
+        gpus = [r["gpus"] for r in megatron_core["consistent"]]
+        entry["megatron_core"] = {
+            "runs": len(ratios), "ratio_low": ratios[0], "ratio_high": ratios[-1],
+            "median": ratios[len(ratios) // 2] if len(ratios) % 2 else
+            (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2,
+            "gpus_low": min(gpus), "gpus_high": max(gpus),
+            "source": "Megatron-Core's 1.7B-462B GPTs on H100s (2024)"}
+    entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan,
+                                                       megatron_core))
     if piped:
         gpus = [r["gpus"] for r in (megatron2022 or {}).get("iterations", []) if r["pp"] > 1]
         gpus += [r["gpus"] for r in (narayanan or {}).get("rows", [])]
@@ -328,6 +340,14 @@ def _pipelined(p: dict) -> str:
             "dlperf's rate. ")
 
 
+def _megatron_core(m: dict) -> str:
+    """describe_tensor_parallel's sentence on Megatron-Core's 2024 runs."""
+    return (f"On {m['source']} ({m['runs']} runs, {m['gpus_low']:,}-{m['gpus_high']:,} GPUs; "
+            "run as --tp-impl te --distributed-optimizer, interleaved pipelines with "
+            f"--pp-overlap-p2p), dlperf predicted {m['ratio_low']:.2f}-{m['ratio_high']:.2f}x "
+            f"the measured rate (median {m['median']:.2f}x). ")
+
+
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
     """What the published tensor-parallel runs say of ``analyze --tp`` (printed under every
     tensor-parallel prediction), from the scale-out record; None when it has none."""
@@ -344,10 +364,11 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
     if m is None:
         return (f"Tensor parallelism is the least checked part of this model: in the one "
                 f"published source it is checked against ({s['source']}), {kempner}.")
-    sources = {2: "two", 3: "three", 4: "four"}.get(s.get("sources", 2), "several")
+    sources = {2: "two", 3: "three", 4: "four", 5: "five"}.get(s.get("sources", 2), "several")
     return (f"Tensor parallelism is checked against {sources} published sources. {m['source']} "
             f"({m['runs']} runs): each TP=N run's rate per GPU over TP=1's was predicted "
             f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. "
             + (_megatron_2022(s["megatron_2022"]) if s.get("megatron_2022") else "")
             + (_pipelined(s["pipelined"]) if s.get("pipelined") else "")
+            + (_megatron_core(s["megatron_core"]) if s.get("megatron_core") else "")
             + f"In {s['source']}, {kempner}.")
