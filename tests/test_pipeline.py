@@ -233,3 +233,57 @@ def test_pp_overlap_p2p_needs_virtual_stages(capsys):
                               "--pp-overlap-p2p"], capsys)
     assert code != 0 and "add --pp-virtual V" in " ".join(err.split())
     assert "Traceback" not in err
+
+
+def test_interleaved_chunks_reduce_as_each_one_ends_by_hand():
+    from dlperf.analysis.pipeline import interleaved_data_parallel_s
+
+    # 4 chunks, 2 stages, a 4 ms backward on the stage: chunks end 2 x 4 / 4 = 2 ms apart,
+    # at -6, -4, -2 and 0 ms. A 4 ms reduction (1 ms a chunk) hides but the last chunk's 1 ms;
+    # a 12 ms one (3 ms a chunk) queues: -6 -> -3, -3 -> 0, 0 -> 3, 3 -> 6: 6 ms exposed.
+    # The gathers (1 ms a chunk) feed forwards 2 x 2 / 4 = 1 ms apart: only the first waits;
+    # at 2 ms a chunk, chunk j is ready at 2 (j + 1) and needed at j: 5 ms for the last
+    ms = 1e-3
+    assert interleaved_data_parallel_s(4 * ms, 4 * ms, 2, 4, 2 * ms, 4 * ms) == (
+        pytest.approx(1 * ms), pytest.approx(1 * ms))
+    assert interleaved_data_parallel_s(12 * ms, 8 * ms, 2, 4, 2 * ms, 4 * ms) == (
+        pytest.approx(6 * ms), pytest.approx(5 * ms))
+    # one chunk: all of it after the backward, and the whole gather before the forward
+    assert interleaved_data_parallel_s(4 * ms, 3 * ms, 2, 1, 2 * ms, 4 * ms) == (
+        pytest.approx(4 * ms), pytest.approx(3 * ms))
+    assert interleaved_data_parallel_s(0.0, 0.0, 8, 6, 1.0, 2.0) == (0.0, 0.0)
+
+
+def test_an_interleaved_stage_reduces_per_model_chunk():
+    from dlperf.analysis.pipeline import interleaved_data_parallel_s
+    from dlperf.analysis.nccl import generation
+    from dlperf.analysis.scaling import sharded_collective_s
+
+    model, acfg, (costs, uncounted, seconds, memory) = _capture()
+    blocks = [f"blocks.{i}" for i in range(4)]
+    stages = pipeline.stage_of_costs(costs, blocks, 2)
+    spec = get_device("a100-80gb")
+    stage = predict_on(pipeline.stage_costs(costs, stages, 1, 0.5), uncounted, acfg, spec,
+                       seconds)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    # 32 GPUs, 2 stages of one GPU, 2 chunks each: 16 replicas of a stage, 8 a node
+    cfg = ScaleConfig(gpus=32, pp=2, pp_virtual=2, grad_accum=4, step_cv=0.0,
+                      distributed_optimizer=True)
+    comm = scale_out(stage, params, cfg, node, net)["communication"]
+    grads = sum(b for _, b in params)
+    gen = generation(spec.name)
+    each = sharded_collective_s(grads / 2, 16, 8, node, net, gen=gen)
+    gather = sharded_collective_s(grads / 2 / 2, 16, 8, node, net, gen=gen)  # bf16 halves
+    forward = sum(p.time_s for p in stage.predictions if p.cost.phase == "forward")
+    backward = sum(p.time_s for p in stage.predictions if p.cost.phase in ("dgrad", "wgrad"))
+    assert comm["per_model_chunk"] and comm["buckets"] == 2
+    assert comm["comm_s"] == pytest.approx(2 * each)
+    assert comm["param_gather_s"] == pytest.approx(2 * gather)
+    want = interleaved_data_parallel_s(2 * each, 2 * gather, 2, 2, forward, backward)
+    assert comm["exposed_s"] == pytest.approx(want[0])
+    assert comm["param_gather_exposed_s"] == pytest.approx(want[1])
+    # without virtual stages, DDP's buckets as before
+    flat = scale_out(stage, params, ScaleConfig(gpus=32, pp=2, grad_accum=4, step_cv=0.0,
+                                                distributed_optimizer=True), node, net)
+    assert "per_model_chunk" not in flat["communication"]

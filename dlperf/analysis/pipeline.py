@@ -174,6 +174,32 @@ def bubble_s(stage_micro_s: float, pp: int, virtual: int = 1) -> float:
     return (pp - 1) / virtual * stage_micro_s
 
 
+def interleaved_data_parallel_s(reduce_s: float, gather_s: float, pp: int, virtual: int,
+                                forward_s: float, backward_s: float) -> tuple[float, float]:
+    """What a stage's data-parallel communication leaves exposed under the interleaved
+    schedule, as Megatron-Core runs it with --overlap-grad-reduce (and the distributed
+    optimizer's --overlap-param-gather): (reduce-scatter or all-reduce, parameter gather).
+
+    Each of the V model chunks is its own unit of gradient buffers (Megatron-Core buckets only
+    the first stage's first chunk; ``reduce_s`` / V each), and a chunk's reduction starts when
+    the backward of its last micro-batch ends. The schedule runs the last micro-batches in
+    groups of N per chunk, chunk V - 1 first, so consecutive chunks finish N chunk-backwards
+    apart (N ``backward_s`` / V, ``backward_s`` a micro-batch's backward on the stage) and
+    the reductions run one after another on one stream, each from its chunk's end: what the
+    last ends after the backward's end is exposed. The gathers (``gather_s`` / V each, one
+    after another from the step's start) feed the first micro-batches' forwards in the same
+    order, chunk j needed after j N chunk-forwards: the forward waits for the worst of them."""
+    if virtual < 1 or pp < 1:
+        raise ValueError("pipeline stages and virtual stages must be at least 1")
+    r, a = reduce_s / virtual, gather_s / virtual
+    spacing_b, spacing_f = pp * backward_s / virtual, pp * forward_s / virtual
+    end = -float("inf")  # times from the backward's end; chunk k ends k spacings before it
+    for k in range(virtual - 1, -1, -1):
+        end = max(end, -k * spacing_b) + r
+    waits = max(((j + 1) * a - j * spacing_f for j in range(virtual)), default=0.0)
+    return max(0.0, end), max(0.0, waits)
+
+
 def p2p_exposed_s(micro_batches: int, pp: int, virtual: int, each_s: float,
                   chunk_s: float, overlap: bool = False) -> float:
     """What the point-to-point transfers (``p2p_transfers``, ``each_s`` each) add to the step.

@@ -959,18 +959,41 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                 nbytes, dcfg.gpus, dcfg.gpus_per_node, node, network, gen=gen,
                 algorithms=cfg.algorithms, protocols=cfg.protocols)
 
-        d = ddp_exposed_s(tl, params, reduce, overlap=overlap, caps=caps)
+        def gather(nbytes: float) -> float:  # the distributed optimizer's parameter gather
+            return sharded_collective_s(nbytes, dcfg.gpus, dcfg.gpus_per_node, node, network,
+                                        gen=gen, algorithms=cfg.algorithms,
+                                        protocols=cfg.protocols)
+
+        ratio = gathered / grad_bytes if grad_bytes else 0.0
+        interleaved = overlap and cfg.pp > 1 and cfg.pp_virtual > 1
+        if interleaved:  # Megatron-Core: a unit per model chunk, reduced as each chunk ends
+            from dlperf.analysis.pipeline import interleaved_data_parallel_s
+
+            v = cfg.pp_virtual
+            chunk = grad_bytes / v
+            reduce_s = v * reduce(chunk)
+            gather_s = v * gather(chunk * ratio) if cfg.distributed_optimizer else 0.0
+            forward = sum(p.time_s for p in analysis.predictions if p.cost.phase == "forward")
+            backward = sum(p.time_s for p in analysis.predictions
+                           if p.cost.phase in ("dgrad", "wgrad", "recompute"))
+            reduce_exposed, gather_exposed = interleaved_data_parallel_s(
+                reduce_s, gather_s, cfg.pp, v, forward, backward)
+            d = {"buckets": v, "comm_s": reduce_s, "exposed_s": reduce_exposed,
+                 "bucket_bytes": [chunk] * v, "per_model_chunk": True}
+            if cfg.distributed_optimizer:
+                d.update(param_gather_s=gather_s, param_gather_exposed_s=gather_exposed)
+        else:
+            d = ddp_exposed_s(tl, params, reduce, overlap=overlap, caps=caps)
         # gradient_as_bucket_view (and Megatron's gradient buffer): the gradients are views of
         # the buckets, nothing is copied
         copies = (0.0 if cfg.bucket_view or cfg.distributed_optimizer
                   else ddp_copy_s(grad_bytes, analysis))
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
-        if cfg.distributed_optimizer:
-            d.update(distributed_optimizer_gather(
-                analysis.predictions, d["bucket_bytes"], gathered / grad_bytes if grad_bytes
-                else 0.0, lambda b: sharded_collective_s(
-                    b, dcfg.gpus, dcfg.gpus_per_node, node, network, gen=gen,
-                    algorithms=cfg.algorithms, protocols=cfg.protocols), overlap))
+        if cfg.distributed_optimizer and interleaved:
+            exposed += d["param_gather_exposed_s"]
+        elif cfg.distributed_optimizer:
+            d.update(distributed_optimizer_gather(analysis.predictions, d["bucket_bytes"],
+                                                  ratio, gather, overlap))
             exposed += d["param_gather_exposed_s"]
         comm.update(d, bucket_copy_s=copies, overlap=overlap,
                     nccl=_nccl_name("reducescatter" if cfg.distributed_optimizer
