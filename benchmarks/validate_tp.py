@@ -77,7 +77,7 @@ grows by (8-9%) as the micro-batches a pipeline fall from 384 to 96 (175B) and f
 run's rate, and each model's rate at more replicas over its rate at the fewest
 (``against_fewest_replicas``).
 
-``megatron-core-2024`` (-> results/tp-megatron-core-2024.json, ~4 minutes).
+``megatron-core-2024`` (-> results/tp-megatron-core-2024.json, ~5 minutes).
 Source: NVIDIA/Megatron-LM README.md and images/model_table.png at commit f2e5db402c
 (2024-07-15, Megatron-Core r0.8.0): nine GPTs of 1.7B to 462B parameters (vocabulary 131,072,
 4,096 tokens; the parameter counts are those of a 4h GeLU MLP and an untied output layer),

@@ -702,7 +702,11 @@ def test_analyze_te_distributed_optimizer_and_untied_flags(tmp_path, capsys):
     base = common + ["--tp", "4", "--tp-impl", "te", "--distributed-optimizer"]
     code, out, err = run_cli(base + ["--json", str(tied)], capsys)
     assert code == 0, err
-    assert "(--tp-impl te)" in " ".join(out.split())
+    text = " ".join(out.split())
+    assert "(--tp-impl te)" in text
+    assert "4-way tensor parallel in the node, DDP with the distributed optimizer over 4 " \
+        "replicas" in text
+    assert "beside the forward's and backward's GEMMs (TransformerEngine's)" in text
     code, out, err = run_cli(base + ["--untie-embeddings", "--json", str(untied)], capsys)
     assert code == 0, err
     a, b = (json.loads(p.read_text()) for p in (tied, untied))

@@ -161,8 +161,12 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     comm = here["communication"]
     scale = tokens_per_sample or 1
     unit = "tokens/s" if tokens_per_sample else "samples/s"
+    sharded = comm.get("param_gather_s") is not None  # DDP under the distributed optimizer
     above = (" (above 100%: each GPU updates only its shard of the optimizer state)"
-             if here["scaling_efficiency"] > 1.0 and comm["strategy"] != "ddp" else "")
+             if here["scaling_efficiency"] > 1.0 and (comm["strategy"] != "ddp" or sharded)
+             else "")
+    strategy = comm["strategy"].upper() + (" with the distributed optimizer" if sharded
+                                           else "")
     tp = comm.get("tensor_parallel")
     pipe = comm.get("pipeline")
     ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1)
@@ -170,8 +174,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         ([f"{tp['tp']}-way tensor parallel in the node"] if tp else [])
         + ([f"{pipe['pp']} pipeline stages" + (f" of {pipe['virtual']} virtual chunks"
                                                if pipe["virtual"] > 1 else "")] if pipe else [])
-        + [f"{comm['strategy'].upper()} over {here['gpus'] // ways:,} replicas" if ways > 1
-           else comm["strategy"].upper()])
+        + [f"{strategy} over {here['gpus'] // ways:,} replicas" if ways > 1 else strategy])
     reference = (f"its {ways} ranks without their collectives"
                  + (" and the pipeline's bubble" if pipe else "") if ways > 1 else "one GPU")
     console.print(
@@ -189,13 +192,17 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            + (f", {seconds(tp['exposed_s'])} a step, none hidden; "
               if not tp.get("beside_gemms") else
               f", {seconds(tp.get('busy_s', 0.0))} a step, of which {tp['beside_gemms']:,} "
-              f"beside the backward's GEMMs (Megatron's), {seconds(tp['exposed_s'])} exposed; ")
+              + ("beside the forward's and backward's GEMMs (TransformerEngine's)"
+                 if tp.get("forward_overlap") else "beside the backward's GEMMs (Megatron's)")
+              + f", {seconds(tp['exposed_s'])} exposed; ")
            if tp else "")
         + (f"pipeline bubble {seconds(pipe['bubble_s'])} a step ({pipe['micro_batches']} "
            f"micro-batches; the slowest stage is stage {pipe.get('slowest_stage', 0)}), "
            f"{pipe['p2p_transfers']:,} point-to-point sends of {gib(pipe['p2p_bytes_each'])} "
            f"{'between nodes' if pipe['p2p_between_nodes'] else 'inside the node'}, "
            f"{seconds(pipe['p2p_s'])}"
+           + (f" ({seconds(pipe['p2p_exposed_s'])} exposed beside the chunks)"
+              if pipe.get("p2p_overlap") else "")
            + (f", the tied embedding's all-reduce between the first and last stage "
               f"{seconds(pipe['tied_embedding_allreduce_s'])}"
               if pipe.get("tied_embedding_allreduce_s") else "") + "; " if pipe else "")

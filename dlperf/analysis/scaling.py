@@ -1063,6 +1063,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "tp": tp, "collectives_per_micro_batch": sum(n for _, n, _, _ in cfg.tp_collectives),
             "sequence_parallel": all(k != "allreduce" for k, *_ in cfg.tp_collectives),
             "beside_gemms": sum(n for _, n, _, s in cfg.tp_collectives if s is not None),
+            # TransformerEngine's overlap: collectives beside the forward's GEMMs too
+            "forward_overlap": any(TP_OVERLAP[s][1] in ("forward", "recompute")
+                                   for *_, s in cfg.tp_collectives if s is not None),
             "bytes_each": biggest, "busy_s": accum * busy, "exposed_s": tp_s,
             "nccl": _nccl_name(cfg.tp_collectives[0][0] if cfg.tp_collectives else "allgather",
                                biggest, group, node, network, gen)}

@@ -307,8 +307,7 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
         gpus = [r["gpus"] for r in megatron_core["consistent"]]
         entry["megatron_core"] = {
             "runs": len(ratios), "ratio_low": ratios[0], "ratio_high": ratios[-1],
-            "median": ratios[len(ratios) // 2] if len(ratios) % 2 else
-            (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2,
+            "median": statistics.median(ratios),
             "gpus_low": min(gpus), "gpus_high": max(gpus),
             "source": "Megatron-Core's 1.7B-462B GPTs on H100s (2024)"}
     entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan,
