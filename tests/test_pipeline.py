@@ -88,15 +88,20 @@ def test_each_kernel_is_on_its_blocks_stage_and_the_ends_hold_the_rest():
     assert pipeline.param_stage("ln_f.weight", blocks, 2, first) == 1
 
 
-def test_the_pipeline_adds_its_bubble_and_sends_to_the_slowest_stage():
+def _second_stage():
+    """The second of two stages of the 4-block capture, predicted on an A100, its parameters
+    with fp32 gradient bytes, and a DGX A100's interconnects."""
     model, acfg, (costs, uncounted, seconds, memory) = _capture()
     blocks = [f"blocks.{i}" for i in range(4)]
     stages = pipeline.stage_of_costs(costs, blocks, 2)
-    spec = get_device("a100-80gb")
-    stage = predict_on(pipeline.stage_costs(costs, stages, 1, 0.5), uncounted, acfg, spec,
-                       seconds)
+    stage = predict_on(pipeline.stage_costs(costs, stages, 1, 0.5), uncounted, acfg,
+                       get_device("a100-80gb"), seconds)
     params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
-    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    return stage, params, PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+
+
+def test_the_pipeline_adds_its_bubble_and_sends_to_the_slowest_stage():
+    stage, params, node, net = _second_stage()
     step = one_step(stage, params)
     update = step.timeline.optimizer_s + step.optimizer_host_s  # the update, waits included
     micro = step.single_s - update  # one micro-batch's forward and backward on the stage
@@ -259,20 +264,13 @@ def test_an_interleaved_stage_reduces_per_model_chunk():
     from dlperf.analysis.nccl import generation
     from dlperf.analysis.scaling import sharded_collective_s
 
-    model, acfg, (costs, uncounted, seconds, memory) = _capture()
-    blocks = [f"blocks.{i}" for i in range(4)]
-    stages = pipeline.stage_of_costs(costs, blocks, 2)
-    spec = get_device("a100-80gb")
-    stage = predict_on(pipeline.stage_costs(costs, stages, 1, 0.5), uncounted, acfg, spec,
-                       seconds)
-    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
-    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    stage, params, node, net = _second_stage()
     # 32 GPUs, 2 stages of one GPU, 2 chunks each: 16 replicas of a stage, 8 a node
     cfg = ScaleConfig(gpus=32, pp=2, pp_virtual=2, grad_accum=4, step_cv=0.0,
                       distributed_optimizer=True)
     comm = scale_out(stage, params, cfg, node, net)["communication"]
     grads = sum(b for _, b in params)
-    gen = generation(spec.name)
+    gen = generation(stage.device.name)
     each = sharded_collective_s(grads / 2, 16, 8, node, net, gen=gen)
     gather = sharded_collective_s(grads / 2 / 2, 16, 8, node, net, gen=gen)  # bf16 halves
     forward = sum(p.time_s for p in stage.predictions if p.cost.phase == "forward")
