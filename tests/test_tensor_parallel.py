@@ -649,9 +649,12 @@ def test_distributed_optimizer_by_hand():
     # bf16 parameters gathered back: half the fp32 gradients' bytes, bucket by bucket
     assert dist["communication"]["param_gather_s"] == pytest.approx(sum(
         sharded_collective_s(b / 2, 16, 8, node, net, gen=gen) for b in buckets))
-    # memory: the optimizer state 1/16, no second copy of the gradients
+    # memory, as Megatron's distributed optimizer holds it: the optimizer state and the fp32
+    # master weights 1/16, the bf16 model whole (half the fp32 gradients' bytes), no second
+    # copy of the gradients
     assert dist["memory_per_gpu"]["total_bytes"] == pytest.approx(
-        memory["total_bytes"] - memory["optimizer_state_bytes"] * 15 / 16)
+        memory["total_bytes"] - (memory["optimizer_state_bytes"] + memory["weights_bytes"])
+        * 15 / 16 + sum(b for _, b in params) / 2)
     assert plain["memory_per_gpu"]["total_bytes"] == memory["total_bytes"] + sum(
         b for _, b in params)
 

@@ -496,7 +496,8 @@ def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int, gathers: int = 2
 def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy: str,
                    gpus: int, gathered_bytes: float | None = None,
                    bucket_view: bool = False, units: dict | None = None,
-                   optimizer_sharded: bool = False) -> dict | None:
+                   optimizer_sharded: bool = False, model_copy_bytes: float | None = None
+                   ) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default; none with
     ``bucket_view``, DDP's gradient_as_bucket_view: the gradients live in the buckets). FSDP: the
@@ -508,15 +509,18 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     gathered dtype (``gathered_bytes``: the whole model in it; bf16 under mixed precision).
     FSDP's SHARD_GRAD_OP (ZeRO-2): the same shards, but every parameter stays gathered from
     the forward to the backward. ``optimizer_sharded`` (DDP under Megatron-LM's distributed
-    optimizer): the optimizer state 1/n, the rest as DDP."""
+    optimizer): the optimizer state 1/n, the rest as DDP; with ``model_copy_bytes`` (the model
+    in its half dtype beside fp32 master weights, FSDP-style mixed precision) the masters are
+    1/n too and the half copy is held whole, as Megatron's distributed optimizer keeps them."""
     if memory is None:
         return None
     grads = sum(b for _, b in params)
     states = memory["weights_bytes"] + memory["gradients_bytes"] + memory["optimizer_state_bytes"]
     if strategy == "ddp" or gpus == 1:
         extra = grads if gpus > 1 and not bucket_view else 0
-        saved = (memory["optimizer_state_bytes"] * (1 - 1 / gpus) if optimizer_sharded
-                 else 0)
+        saved = ((memory["optimizer_state_bytes"] + (memory["weights_bytes"]
+                                                     if model_copy_bytes is not None else 0))
+                 * (1 - 1 / gpus) - (model_copy_bytes or 0) if optimizer_sharded else 0)
         return {"total_bytes": memory["total_bytes"] + extra - saved, "ddp_bucket_bytes": extra,
                 **({"optimizer_state_bytes": memory["optimizer_state_bytes"] / gpus}
                    if optimizer_sharded else {})}
@@ -1144,7 +1148,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             shard if cfg.strategy != "ddp" else dcfg.gpus, gathered,
                             bucket_view=cfg.bucket_view or cfg.distributed_optimizer,
                             units=step.units,
-                            optimizer_sharded=cfg.distributed_optimizer)
+                            optimizer_sharded=cfg.distributed_optimizer,
+                            # fp32 masters beside the model in bf16/fp16 (--precision fsdp)
+                            model_copy_bytes=gathered if analysis.config.precision == "fsdp"
+                            and gathered < grad_bytes else None)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,

@@ -170,8 +170,9 @@ def add_parser(sub) -> None:
                    help="DDP as Megatron-LM's distributed optimizer runs it "
                         "(--use-distributed-optimizer): gradients reduce-scattered per bucket "
                         "beside the backward, each replica updating and keeping the "
-                        "optimizer state of 1/N of the parameters, which are all-gathered "
-                        "beside the next forward (--overlap-param-gather)")
+                        "optimizer state (and, with --precision fsdp, the fp32 master "
+                        "weights) of 1/N of the parameters, which are all-gathered beside "
+                        "the next forward (--overlap-param-gather)")
     s.add_argument("--bn-group", type=positive_int, default=1,
                    help="GPUs of a node that share each batch norm's statistics (synchronised "
                         "batch norm in groups) [1]")
