@@ -442,6 +442,11 @@ def ddp_exposed_s(tl: Timeline, params: list[tuple[str, int]], comm, overlap: bo
             "exposed_s": exposed, "bucket_bytes": [b for _, b in buckets]}
 
 
+def phase_s(predictions, *phases: str) -> float:
+    """The predicted kernels' time in the given phases ("forward", "dgrad", ...)."""
+    return sum(p.time_s for p in predictions if p.cost.phase in phases)
+
+
 def distributed_optimizer_gather(predictions, bucket_bytes: list, ratio: float, gather,
                                  overlap: bool = True) -> dict:
     """Megatron-LM's distributed optimizer all-gathers the updated parameters bucket by bucket
@@ -453,7 +458,7 @@ def distributed_optimizer_gather(predictions, bucket_bytes: list, ratio: float, 
     only by what outlasts it (the forward of one micro-batch). Without overlap they all run
     after the update."""
     times = [gather(b * ratio) for b in reversed(bucket_bytes)]
-    forward = sum(p.time_s for p in predictions if p.cost.phase == "forward")
+    forward = phase_s(predictions, "forward")
     total = sum(times)
     exposed = (times[0] + max(0.0, total - times[0] - forward) if overlap and times
                else total)
@@ -977,27 +982,24 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             chunk = grad_bytes / v
             reduce_s = v * reduce(chunk)
             gather_s = v * gather(chunk * ratio) if cfg.distributed_optimizer else 0.0
-            forward = sum(p.time_s for p in analysis.predictions if p.cost.phase == "forward")
-            backward = sum(p.time_s for p in analysis.predictions
-                           if p.cost.phase in ("dgrad", "wgrad", "recompute"))
             reduce_exposed, gather_exposed = interleaved_data_parallel_s(
-                reduce_s, gather_s, cfg.pp, v, forward, backward)
+                reduce_s, gather_s, cfg.pp, v, phase_s(analysis.predictions, "forward"),
+                phase_s(analysis.predictions, "dgrad", "wgrad", "recompute"))
             d = {"buckets": v, "comm_s": reduce_s, "exposed_s": reduce_exposed,
                  "bucket_bytes": [chunk] * v, "per_model_chunk": True}
             if cfg.distributed_optimizer:
                 d.update(param_gather_s=gather_s, param_gather_exposed_s=gather_exposed)
         else:
             d = ddp_exposed_s(tl, params, reduce, overlap=overlap, caps=caps)
+            if cfg.distributed_optimizer:
+                d.update(distributed_optimizer_gather(analysis.predictions, d["bucket_bytes"],
+                                                      ratio, gather, overlap))
         # gradient_as_bucket_view (and Megatron's gradient buffer): the gradients are views of
         # the buckets, nothing is copied
         copies = (0.0 if cfg.bucket_view or cfg.distributed_optimizer
                   else ddp_copy_s(grad_bytes, analysis))
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
-        if cfg.distributed_optimizer and interleaved:
-            exposed += d["param_gather_exposed_s"]
-        elif cfg.distributed_optimizer:
-            d.update(distributed_optimizer_gather(analysis.predictions, d["bucket_bytes"],
-                                                  ratio, gather, overlap))
+        if cfg.distributed_optimizer:
             exposed += d["param_gather_exposed_s"]
         comm.update(d, bucket_copy_s=copies, overlap=overlap,
                     nccl=_nccl_name("reducescatter" if cfg.distributed_optimizer
@@ -1045,6 +1047,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             return sharded_collective_s(nbytes, tp, tp, node, network, gen=gen,
                                         algorithms=cfg.algorithms, protocols=cfg.protocols)
 
+        groups = {"column": cfg.tp_regions, "row": cfg.tp_row_regions,  # see TP_OVERLAP
+                  "column-blocks": tuple(r for r in cfg.tp_regions
+                                         if all(m.startswith("blocks.") for m in r))}
         busy = micro_exposed = 0.0
         for kind, n, b, beside in cfg.tp_collectives:
             t = tp_time(kind, b)
@@ -1053,10 +1058,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                 micro_exposed += n * t
             else:  # one per region; a pipeline stage's regions are what its analysis holds
                 group, phase, method = TP_OVERLAP[beside]
-                regions = {"column": cfg.tp_regions, "row": cfg.tp_row_regions,
-                           "column-blocks": tuple(r for r in cfg.tp_regions if all(
-                               m.startswith("blocks.") for m in r))}[group]
-                left, present = beside_gemm_s(analysis.predictions, regions, phase, t,
+                left, present = beside_gemm_s(analysis.predictions, groups[group], phase, t,
                                               method, tp)
                 micro_exposed += left * n / present if present else n * t
         tp_s = accum * micro_exposed
