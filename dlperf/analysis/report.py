@@ -169,9 +169,12 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                                            else "")
     tp = comm.get("tensor_parallel")
     pipe = comm.get("pipeline")
-    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1)
+    cp = comm.get("context_parallel")
+    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1) * (cp["cp"] if cp else 1)
     layout = ", ".join(
         ([f"{tp['tp']}-way tensor parallel in the node"] if tp else [])
+        + ([f"{cp['cp']}-way context parallel "
+            + ("in the node" if cp["in_node"] else "across nodes")] if cp else [])
         + ([f"{pipe['pp']} pipeline stages" + (f" of {pipe['virtual']} virtual chunks"
                                                if pipe["virtual"] > 1 else "")] if pipe else [])
         + [f"{strategy} over {here['gpus'] // ways:,} replicas" if ways > 1 else strategy])
@@ -196,6 +199,12 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                  if tp.get("forward_overlap") else "beside the backward's GEMMs (Megatron's)")
               + f", {seconds(tp['exposed_s'])} exposed; ")
            if tp else "")
+        + (f"context-parallel {'ring sends' if cp['comm'] == 'p2p' else 'all-gathers and reduce-scatters'}"
+           f" of K and V {cp['exchanges_per_micro_batch']:,} of {gib(cp['kv_bytes_each'])} "
+           f"per micro-batch" + (f" (NCCL: {cp['nccl']})" if cp.get("nccl") else "")
+           + f", {seconds(cp['busy_s'])} a step, "
+           + (f"beside the attention kernels, {seconds(cp['exposed_s'])} exposed; "
+              if cp["comm"] == "p2p" else "none hidden; ") if cp else "")
         + (f"pipeline bubble {seconds(pipe['bubble_s'])} a step ({pipe['micro_batches']} "
            f"micro-batches; the slowest stage is stage {pipe.get('slowest_stage', 0)}), "
            f"{pipe['p2p_transfers']:,} point-to-point sends of {gib(pipe['p2p_bytes_each'])} "
@@ -206,12 +215,12 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            + (f", the tied embedding's all-reduce between the first and last stage "
               f"{seconds(pipe['tied_embedding_allreduce_s'])}"
               if pipe.get("tied_embedding_allreduce_s") else "") + "; " if pipe else "")
-        + ("data-parallel communication " if tp or pipe else "communication ")
+        + ("data-parallel communication " if tp or pipe or cp else "communication ")
         + f"{seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] != 'ddp' and here['grad_accum'] > 1 else 'step'}"
         + (f" (NCCL: {comm['nccl']} for the largest "
            f"{'bucket' if comm['strategy'] == 'ddp' else 'unit'})" if comm.get("nccl") else "")
-        + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp or pipe else ''}"
+        + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp or pipe or cp else ''}"
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
         + (f"; the update's launches after GradScaler's wait "
@@ -230,8 +239,13 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         console.print("It does not fit at this scale, and more data-parallel GPUs do not shrink "
                       "a GPU's activations: --activation-checkpointing keeps only the blocks' "
                       "inputs, a smaller --batch-size fewer of them, and for gpt and its "
-                      "presets --tp N (tensor and sequence parallel inside the node) splits "
-                      "them N ways.", style="yellow")
+                      "presets --tp N (tensor and sequence parallel inside the node) or --cp "
+                      "N (each sequence over N GPUs) splits them N ways.", style="yellow")
+    if cp:  # honest about what no published run has checked yet
+        console.print("Context parallelism is not yet checked against a published run: its "
+                      "exchanges are timed at the interconnect's rates and the ring's beside "
+                      "equal attention kernels, as TransformerEngine and Llama 3 describe "
+                      "them.", style="yellow")
     tp_record = describe_tensor_parallel() if tp else None
     if tp_record:  # what the published tensor-parallel runs say of this model (validate_tp.py)
         console.print(tp_record, style="yellow")

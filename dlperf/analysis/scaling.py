@@ -677,6 +677,49 @@ def beside_gemm_s(predictions, regions, phase: str, collective_s: float,
                 for r in present), len(present))
 
 
+def context_parallel_s(predictions, cp: int, comm: str, kv_bytes: float, layers: int,
+                       in_node: bool, collective, link) -> dict:
+    """What context parallelism over ``cp`` ranks adds to one micro-batch of a stage of
+    ``layers`` blocks (models/gpt.py ``cp_attend``), each layer exchanging ``kv_bytes`` (the
+    rank's own K and V, in the activations' dtype):
+    * "p2p" (TransformerEngine's ring): each of a layer's cp attention kernels (equal work,
+      ``cp_attention_kernels``) runs while the next step's K and V arrive from the ring
+      neighbour, so each of the cp - 1 transfers (``link``: latency plus ``kv_bytes`` over
+      its bandwidth) leaves exposed what it outlasts a kernel by; the backward passes K and V
+      and their gradient (twice the bytes) beside each backward kernel and sends the last
+      gradient home after them; a recomputed forward repeats the forward's;
+    * "allgather" (Llama 3's): an all-gather of every rank's K and V before the layer's
+      kernels and a reduce-scatter of their gradients after its backward
+      (``collective(nbytes)``: the gathered size over the cp ranks), exposed, as Llama 3
+      describes them; again in a recomputed forward.
+    The kernels' times are the layer's share of the predicted attention kernels
+    (``predictions``, a stage's). Returns busy and exposed seconds and the counts."""
+    attention = {phase: sum(p.time_s for p in predictions if p.cost.phase == phase
+                            and p.cost.op in ("attention", "attention_backward"))
+                 for phase in ("forward", "dgrad", "recompute")}
+    if comm == "p2p":
+        x = link.latency_s + kv_bytes / link.bus_bandwidth
+        steps = cp - 1
+        # (phase, transfers a layer, seconds each, the kernel each runs beside)
+        plan = [("forward", steps, x, attention["forward"] / (layers * cp)),
+                ("dgrad", steps, 2 * x, attention["dgrad"] / (layers * cp)),
+                ("dgrad", 1, x, 0.0)]  # the last gradient sent home
+        if attention["recompute"]:
+            plan.append(("recompute", steps, x, attention["recompute"] / (layers * cp)))
+    elif comm == "allgather":
+        t = collective(cp * kv_bytes)
+        plan = [("forward", 1, t, 0.0), ("dgrad", 1, t, 0.0)]
+        if attention["recompute"]:
+            plan.append(("recompute", 1, t, 0.0))
+    else:
+        raise ValueError(f"context-parallel communication {comm!r}: p2p or allgather")
+    busy = layers * sum(n * t for _, n, t, _ in plan)
+    exposed = layers * sum(n * max(0.0, t - beside) for _, n, t, beside in plan)
+    return {"cp": cp, "comm": comm, "in_node": in_node, "kv_bytes_each": kv_bytes,
+            "exchanges_per_micro_batch": layers * sum(n for _, n, _, _ in plan),
+            "busy_s": busy, "exposed_s": exposed}
+
+
 @dataclass(frozen=True)
 class ScaleConfig:
     """How the job is spread: ``gpus`` in nodes of ``gpus_per_node``, data parallel by DDP or
@@ -749,6 +792,15 @@ class ScaleConfig:
     # with pipeline stages, the gradient bytes of a tied embedding that the first and the
     # last stage both hold (Megatron-LM's word embeddings), all-reduced between them each step
     pp_tied_bytes: int = 0
+    # context-parallel ranks (1: none; models/gpt.py): each sequence split over cp GPUs next
+    # to the tensor-parallel ranks in Megatron's order (tensor, context, data, pipeline; Llama
+    # 3's too), exchanging K and V by ``cp_comm`` (context_parallel_s): ``cp_kv_bytes`` a
+    # layer's K and V on one rank for a micro-batch, ``cp_layers`` the blocks of a stage. The
+    # gradients are reduced over the data-parallel and context-parallel ranks together.
+    cp: int = 1
+    cp_comm: str = "p2p"
+    cp_kv_bytes: int = 0
+    cp_layers: int = 0
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -813,12 +865,18 @@ class ScaleConfig:
             raise DlperfError(f"--pp {self.pp}: pipeline stages split the GPUs: give a number "
                               f"of stages (and virtual stages) of at least 1 whose product "
                               f"with --tp ({self.tp}) divides --gpus ({self.gpus})")
+        if self.cp < 1 or self.gpus % (self.tp * self.pp * self.cp):
+            raise DlperfError(f"--cp {self.cp}: context-parallel ranks split the GPUs: give a "
+                              f"size whose product with --tp ({self.tp}) and --pp ({self.pp}) "
+                              f"divides --gpus ({self.gpus})")
+        if self.cp_comm not in ("p2p", "allgather"):
+            raise DlperfError(f"--cp-comm {self.cp_comm!r}: choose p2p or allgather")
         if self.pp > 1 and self.strategy != "ddp":
             raise DlperfError(f"--pp {self.pp} runs with --strategy ddp (Megatron-LM's data "
                               "parallelism over the pipelines): FSDP's per-micro-batch "
                               "gathers across pipeline stages are not modelled")
-        if (self.tp > 1 or self.pp > 1) and self.decode == "cpu":
-            raise DlperfError("--tp and --pp are for the built-in decoders (token inputs); "
+        if (self.tp > 1 or self.pp > 1 or self.cp > 1) and self.decode == "cpu":
+            raise DlperfError("--tp, --pp and --cp are for the built-in decoders (token inputs); "
                               "--decode cpu describes a JPEG pipeline")
         if self.loader_workers_per_gpu is not None and self.loader_workers_per_gpu < 1:
             raise DlperfError("--loader-workers needs a count of at least 1 (the data "
@@ -930,11 +988,13 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     # with pipeline stages too, over gpus / (tp pp) replicas (Megatron's rank order: tensor
     # parallel innermost, then data parallel, then the stages, so the replicas of a stage
     # share nodes and the stages span them)
-    tp, pp = cfg.tp, cfg.pp
-    dcfg = cfg if tp == pp == 1 else replace(
+    # (context parallel: the data-parallel and context-parallel ranks reduce the gradients
+    # together, gpus / (tp pp) of them, the same rails)
+    tp, pp, cp = cfg.tp, cfg.pp, cfg.cp
+    dcfg = cfg if tp == pp == cp == 1 else replace(
         cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), tp_regions=(),
         tp_row_regions=(), pp=1,
-        pp_virtual=1, pp_tied_bytes=0,
+        pp_virtual=1, pp_tied_bytes=0, cp=1, cp_kv_bytes=0, cp_layers=0,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = step.single_s
@@ -1064,7 +1124,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         tp_s = accum * micro_exposed
         biggest = max((b for _, _, b, _ in cfg.tp_collectives), default=0)
         group = replace(cfg, gpus=tp, gpus_per_node=tp, bn_group=1, pp=1, pp_virtual=1,
-                        p2p_bytes=0)
+                        p2p_bytes=0, cp=1)
         comm["tensor_parallel"] = {
             "tp": tp, "collectives_per_micro_batch": sum(n for _, n, _, _ in cfg.tp_collectives),
             "sequence_parallel": all(k != "allreduce" for k, *_ in cfg.tp_collectives),
@@ -1076,6 +1136,23 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "nccl": _nccl_name(cfg.tp_collectives[0][0] if cfg.tp_collectives else "allgather",
                                biggest, group, node, network, gen)}
         exposed += tp_s
+    if cp > 1:  # the K and V exchanges of each layer's attention, on every micro-batch
+        # the context-parallel ranks of a tensor-parallel position: adjacent after the
+        # tensor-parallel ones, so in one node while tp x cp fills no more than a node
+        per_node = min(cp, max(1, cfg.gpus_per_node // tp))
+        in_node = tp * cp <= cfg.gpus_per_node
+        group = replace(dcfg, gpus=cp, gpus_per_node=per_node)
+        d = context_parallel_s(
+            analysis.predictions, cp, cfg.cp_comm, cfg.cp_kv_bytes, cfg.cp_layers, in_node,
+            lambda nbytes: sharded_collective_s(nbytes, cp, per_node, node, network, gen=gen,
+                                                algorithms=cfg.algorithms,
+                                                protocols=cfg.protocols),
+            node if in_node else network)
+        d.update(busy_s=accum * d["busy_s"], exposed_s=accum * d["exposed_s"],
+                 nccl=_nccl_name("allgather", cp * cfg.cp_kv_bytes, group, node, network, gen)
+                 if cfg.cp_comm == "allgather" else None)
+        comm["context_parallel"] = d
+        exposed += d["exposed_s"]
     comm["optimizer_s"] = optimizer_s
     # of which the CPU's issue of the update's launches with the GPU idle (after GradScaler's
     # wait: costs.scaled_optimizer), on one GPU and on many alike
@@ -1091,8 +1168,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     if pp > 1:  # the schedule's fill and drain, and the stages' point-to-point transfers
         from dlperf.analysis.pipeline import bubble_s, p2p_exposed_s, p2p_transfers
 
-        # (a micro-batch on the stage: its kernels and its tensor-parallel collectives)
-        tp_micro = comm["tensor_parallel"]["exposed_s"] / accum if tp > 1 else 0.0
+        # (a micro-batch on the stage: its kernels and its tensor- and context-parallel
+        # exchanges)
+        tp_micro = sum(comm[k]["exposed_s"] / accum for k in ("tensor_parallel",
+                                                              "context_parallel") if k in comm)
         bubble = bubble_s(micro_s + tp_micro, pp, cfg.pp_virtual)
         # a stage's replicas fill the node before the next stage starts: its boundary is
         # between nodes unless a node holds more than one stage
@@ -1117,7 +1196,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             "tied_embedding_allreduce_s": tied}
         exposed += p2p + tied
         step_s += bubble + p2p + tied
-    gpu_rate = batch / step_s / (tp * pp)  # a replica's samples, over its tp x pp GPUs
+    # a replica's samples, over its tp x pp GPUs (context parallel: cp GPUs share each sample)
+    ways = tp * pp * cp
+    gpu_rate = batch / step_s / ways
     host_rate = cfg.host_img_per_s(min(cfg.gpus, cfg.gpus_per_node))
     # Where the host's decode sets the pace, each rank's step is its loader's time for a batch,
     # and the synchronous step still waits for the slowest rank: the same spread applies to
@@ -1143,7 +1224,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         limit = "compute"
     # one GPU; with tensor parallelism, its tp ranks without their collectives
     # (with pipeline stages: its tp x pp ranks without their collectives and bubble)
-    single_rate = min(batch / (accum * micro_s + single_opt_s) / (tp * pp),
+    single_rate = min(batch / (accum * micro_s + single_opt_s) / ways,
                       cfg.host_img_per_s(1))
     memory = memory_per_gpu(analysis.memory, params,
                             "fsdp" if cfg.strategy == "hsdp" else cfg.strategy,
@@ -1160,7 +1241,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
-            "step_s": batch / (per_gpu * tp * pp),
+            "step_s": batch / (per_gpu * ways),
             "single_gpu_step_s": accum * micro_s + single_opt_s,
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
@@ -1180,7 +1261,7 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
     what of its step no GPU count changes (``one_step``)."""
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
-            for n in CURVE if n % (cfg.tp * cfg.pp) == 0 and (
+            for n in CURVE if n % (cfg.tp * cfg.pp * cfg.cp) == 0 and (
                 cfg.strategy != "hsdp" or n <= cfg.gpus_per_node or n % cfg.gpus_per_node == 0)]
 
 

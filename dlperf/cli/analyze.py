@@ -152,6 +152,19 @@ def add_parser(sub) -> None:
                         "chunks' compute (Megatron-Core's --overlap-p2p-communication, its "
                         "default for the interleaved schedule since 2023); only the fill's "
                         "and drain's stay exposed")
+    s.add_argument("--cp", type=positive_int, default=1, metavar="N",
+                   help="context parallel (gpt and its presets): each sequence split over N "
+                        "GPUs, two of its 2N chunks a GPU (Megatron-Core's "
+                        "--context-parallel-size, Llama 3's), next to the --tp ranks; every "
+                        "layer but the attention runs on 1/N of the tokens, the attention "
+                        "takes the other ranks' K and V (--cp-comm), and the gradients are "
+                        "reduced over the data- and context-parallel ranks together [1]")
+    s.add_argument("--cp-comm", choices=("p2p", "allgather"), default=None,
+                   help="with --cp: how K and V reach the other ranks. p2p: "
+                        "TransformerEngine's ring, each step's transfer beside the step's "
+                        "attention kernel (Megatron-Core's default); allgather: gathered "
+                        "before the attention and their gradients reduce-scattered after it, "
+                        "both exposed (Llama 3's) [p2p]")
     s.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches (of --batch-size) per optimizer step: DDP all-reduces "
                         "once per step, FSDP communicates on every micro-batch [1]")
@@ -235,7 +248,8 @@ def _gpt_config(args):
              "dropout": args.dropout, "tp": args.tp if args.tp > 1 else None,
              "sequence_parallel": False if args.no_sequence_parallel else None,
              "tp_impl": args.tp_impl,
-             "tie_embeddings": False if args.untie_embeddings else None}
+             "tie_embeddings": False if args.untie_embeddings else None,
+             "cp": args.cp if args.cp > 1 else None, "cp_comm": args.cp_comm}
     if args.model not in PRESETS:
         prefix = {"sequence_parallel": "no-", "tie_embeddings": "un"}
         given = [f"--{prefix.get(k, '')}{k.replace('_', '-')}"
@@ -248,6 +262,7 @@ def _gpt_config(args):
         return gpt_config(args.model, **flags)
     except ValueError as exc:
         flag = (f"--tp {args.tp}: " if "tensor parallel" in str(exc)
+                else f"--cp {args.cp}: " if "context parallel" in str(exc)
                 else "--dropout: " if "dropout" in str(exc) else "")
         raise DlperfError(f"{flag}{exc}") from None
 
@@ -268,6 +283,14 @@ def run(args) -> int:
     if args.tp > 1 and args.gpus is None:
         raise DlperfError(f"--tp {args.tp} splits the model over GPUs of a node: add --gpus N "
                           "(a multiple of it)")
+    if args.cp > 1 and args.gpus is None:
+        raise DlperfError(f"--cp {args.cp} splits each sequence over GPUs: add --gpus N (a "
+                          "multiple of --tp x --cp x --pp)")
+    if args.cp_comm is not None and args.cp == 1:
+        raise DlperfError("--cp-comm describes context parallelism: add --cp N (N > 1)")
+    if args.cp > 1 and args.measure:
+        raise DlperfError("--measure times the whole model on this machine's GPU; --cp "
+                          "predicts one context-parallel rank: drop one of them")
     if (args.pp > 1 or args.pp_virtual > 1) and args.gpus is None:
         raise DlperfError(f"--pp {args.pp} splits the model over GPUs: add --gpus N (a "
                           "multiple of --tp x --pp)")
@@ -356,6 +379,13 @@ def run(args) -> int:
                          "run as PyTorch's DTensor runs them, every one exposed (for "
                          "Megatron-LM's stack: --tp-impl megatron --fusion megatron)."),
                       style="yellow")
+    if args.cp > 1:
+        console.print(f"--cp {args.cp}: what follows is one context-parallel rank's step: "
+                      f"{gpt.local_seq_len:,} of each sequence's {gpt.seq_len:,} tokens (two "
+                      f"of its {2 * args.cp} chunks), and its queries' attention against the "
+                      "keys and values of the chunks before them; the exchanges of K and V "
+                      f"({'a ring' if gpt.cp_comm == 'p2p' else 'an all-gather'}) are in the "
+                      "scale-out at the end.", style="yellow")
     render(analysis, console, top=args.top, macs=args.macs)
     if stage is not None:
         console.print(f"--pp {args.pp}: the step above is the whole model on one rank; the "
@@ -432,7 +462,13 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         # saves the collectives' outputs
         recompute=args.activation_checkpointing == "full",
         sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl)
+    # context parallel: a layer's K and V on one rank for a micro-batch (of the local tokens,
+    # the rank's share of the K/V heads), what each exchange moves
+    kv_bytes = (2 * tokens * (gpt.kv_heads or gpt.heads) // args.tp * gpt.head_dim * act_bytes
+                if args.cp > 1 else 0)
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
+                      cp=args.cp, cp_comm=args.cp_comm or "p2p", cp_kv_bytes=kv_bytes,
+                      cp_layers=gpt.layers // args.pp if args.cp > 1 else 0,
                       tp=args.tp, tp_collectives=collectives,
                       tp_regions=column_parallel_regions(gpt) if args.tp > 1 else (),
                       tp_row_regions=row_parallel_regions(gpt) if args.tp > 1 else (),
@@ -510,13 +546,14 @@ def _scale_out(args, analysis, model, console, setup, stage=None) -> dict:
     here, curve = scale_out_and_curve(analysis, params, cfg, node, network)
     if stage is not None:
         here["communication"]["pipeline"]["slowest_stage"] = stage[2]
-    tokens = analysis.config.input_shape[1] if analysis.config.tokens else None
+    # (a whole sequence's tokens: a context-parallel rank holds 1/cp of them)
+    tokens = analysis.config.input_shape[1] * cfg.cp if analysis.config.tokens else None
     # what published multi-GPU runs say about these predictions (hardware/track_record.py)
     # a host JPEG decode is read through the runs that had one (they lose what others do not)
     host_decode = cfg.decode == "cpu"
     line = describe_scale_out(analysis.device, host_decode=host_decode)
     # the record's runs are data parallel only: no band to read a tensor-parallel job through
-    band = None if line is None or cfg.tp > 1 or cfg.pp > 1 else efficiency_band(
+    band = None if line is None or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1 else efficiency_band(
         here["scaling_efficiency"], here["nodes"], analysis.device.name,
         host_decode=host_decode)
     render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line,

@@ -37,6 +37,17 @@ Megatron-Core's blocks built from TransformerEngine's layers with --tp-comm-over
 keeps its normalised input's shard and gathers it again for the weight gradient), and the
 scale-out overlaps the forward's collectives and the row-parallel layers' backward ones too.
 
+``cp`` > 1 builds one rank of context parallelism (Megatron-Core's --context-parallel-size,
+TransformerEngine's attention; Llama 3, arXiv 2407.21783, section 3.3.2): every sequence is
+cut into 2 cp chunks and each rank holds two of them (``cp_attention_kernels``), so every
+layer but the attention runs on seq_len / cp tokens, and the attention of the rank's queries
+against the keys and values of the chunks before them runs as kernels on K and V that come
+from the other ranks, by a ring of sends beside the kernels (``cp_comm="p2p"``) or an
+all-gather before them (``"allgather"``). Those exchanges are stand-ins that move no data
+(``_CPExchange``), timed by the scale-out, so a ``cp`` > 1 module, too, is for analysis. The
+ranks hold the same weights: their gradients are reduced over the data-parallel and
+context-parallel ranks together.
+
 ``attention="math"`` computes attention as Megatron-LM (2019-2021), NVIDIA's BERT and nanoGPT
 without flash do: Q Kᵀ as a batched matmul on a scaled Q, the causal mask filled in, softmax,
 dropout on the probabilities, times V, each its own kernel over the [B, H, T, T] scores
@@ -58,6 +69,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+
+# How context parallelism moves K and V (GPTConfig.cp_comm): "p2p", TransformerEngine's ring
+# (Megatron-Core's default --cp-comm-type); "allgather", every rank's gathered before the
+# attention (Llama 3's; Megatron-Core's all_gather)
+CP_COMMS = ("p2p", "allgather")
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,12 @@ class GPTConfig:
     tp_impl: str = "torch"
     attention: str = "sdpa"  # sdpa (one fused kernel) | math (matmul, mask, softmax, matmul)
     dropout: float = 0.0  # GPT-2's embedding, attention and residual dropout (training only)
+    # context-parallel ranks: this module is one of them and holds seq_len / cp tokens of every
+    # sequence (see the module docstring), K and V reaching the other ranks' queries by
+    # "p2p" (TransformerEngine's ring, Megatron-Core's default --cp-comm-type) or "allgather"
+    # (Llama 3's; Megatron-Core's all_gather)
+    cp: int = 1
+    cp_comm: str = "p2p"
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -98,7 +121,8 @@ class GPTConfig:
         for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
                               ("positions", ("learned", "rope")),
                               ("attention", ("sdpa", "math")),
-                              ("tp_impl", ("torch", "megatron", "te"))):
+                              ("tp_impl", ("torch", "megatron", "te")),
+                              ("cp_comm", CP_COMMS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPT {name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
@@ -118,10 +142,21 @@ class GPTConfig:
             if value % self.tp:
                 raise ValueError(f"tensor parallel over {self.tp} GPUs splits the {name} "
                                  f"({value}): give a tensor-parallel size that divides it")
-        if self.sequence_parallel and self.seq_len % self.tp:
+        if self.cp < 1:
+            raise ValueError(f"context-parallel ranks must be at least 1, got {self.cp}")
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise ValueError(f"context parallel over {self.cp} GPUs cuts each sequence into "
+                             f"{2 * self.cp} equal chunks (two a rank): give a sequence length "
+                             f"that {2 * self.cp} divides, not {self.seq_len}")
+        if self.cp > 1 and self.attention != "sdpa":
+            raise ValueError("context parallelism splits the fused attention kernel over the "
+                             "ranks' chunks: use attention 'sdpa'")
+        if self.sequence_parallel and self.local_seq_len % self.tp:
             raise ValueError(f"tensor parallel over {self.tp} GPUs splits the sequence "
-                             f"({self.seq_len} tokens) between the blocks: give a "
-                             "tensor-parallel size that divides it")
+                             f"({self.local_seq_len} tokens"
+                             + (f" on each of {self.cp} context-parallel ranks" if self.cp > 1
+                                else "") + ") between the blocks: give a tensor-parallel "
+                             "size that divides it")
 
     @property
     def groups(self) -> int:
@@ -140,6 +175,11 @@ class GPTConfig:
         only its shard and gathers it again in the backward (Megatron's sequence parallelism);
         1 when the layer is given its input whole (gathered before it, or never split)."""
         return self.token_split if self.tp_impl in ("megatron", "te") else 1
+
+    @property
+    def local_seq_len(self) -> int:
+        """Tokens of each sequence on one context-parallel rank (all of them without)."""
+        return self.seq_len // self.cp
 
     @property
     def head_dim(self) -> int:
@@ -208,6 +248,112 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig, tr
     return F.dropout(probs, p, training) @ v
 
 
+def cp_attention_kernels(cp: int, rank: int, comm: str
+                         ) -> tuple[tuple[tuple[int, ...], tuple[int, ...], bool], ...]:
+    """The attention kernels of context-parallel rank ``rank`` of ``cp``, in order, as (query
+    chunks, key chunks, causal). Each sequence is cut into 2 cp equal chunks and rank r holds
+    chunks r and 2 cp - 1 - r, so that every rank has the same share of the causal work
+    (Megatron-Core's and Llama 3's load balancing); a kernel's chunks are concatenated in
+    that order, so ``causal`` is the plain causal mask on the concatenation.
+
+    * "p2p" (TransformerEngine's ring, ``AttnFuncWithCPAndKVP2P``): step 0 on the rank's own
+      K and V, causal; step s on those of rank (r - s) mod cp, passed on around the ring
+      beside the step before: all the rank's queries against that rank's first chunk when it
+      precedes this one, else this rank's second chunk against both of its chunks. cp kernels
+      of equal work.
+    * "allgather" (Llama 3, section 3.3.2; Megatron-Core's all_gather): K and V of every rank
+      gathered first, then each of the rank's chunks against the chunks before it (one
+      kernel) and against itself (causal): the work of one causal kernel with its mask
+      aligned bottom-right, in two kernels here, because PyTorch's is_causal aligns it
+      top-left.
+
+    Together the kernels of the cp ranks compute exactly the causal attention of the whole
+    sequence (tests/test_context_parallel.py checks it in float64)."""
+    if comm not in CP_COMMS:
+        raise ValueError(f"context-parallel communication {comm!r}: one of "
+                         f"{', '.join(CP_COMMS)}")
+    if not 0 <= rank < cp:
+        raise ValueError(f"context-parallel rank {rank} of {cp}")
+    mine = (rank, 2 * cp - 1 - rank)
+    if comm == "allgather":
+        return tuple(kernel for q in mine
+                     for kernel in ((((q,), tuple(range(q)), False),) if q else ())
+                     + (((q,), (q,), True),))
+    kernels = [(mine, mine, True)]
+    for step in range(1, cp):
+        src = (rank - step) % cp
+        kernels.append((mine, (src,), False) if src < rank
+                       else ((mine[1],), (src, 2 * cp - 1 - src), False))
+    return tuple(kernels)
+
+
+class _CPExchange(torch.autograd.Function):
+    """Context parallelism's exchange of K or V [B, H, T, D] between the ranks: the ring's
+    receipt of a neighbour's chunks (``factor`` 1; its backward, their gradient sent on) or
+    the all-gather of every rank's (``factor`` cp; its backward, a reduce-scatter). A stand-in
+    as ``_SeqGather``: allocated, no kernel; the scale-out times the transfers
+    (analysis/scaling.py, ``context_parallel_s``)."""
+
+    @staticmethod
+    def forward(ctx, x, factor: int):
+        ctx.shape = x.shape
+        return x.new_empty((*x.shape[:2], x.shape[2] * factor, x.shape[3]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_empty(ctx.shape), None
+
+
+def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """K or V [B, Hkv, T, D] repeated to the query heads (a copy, as Llama's ``repeat_kv``)."""
+    if groups == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+def cp_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig,
+              training: bool) -> torch.Tensor:
+    """One context-parallel rank's causal attention (``cp_attention_kernels``, for the last
+    rank, whose two chunks both have chunks before them: the most kernels): q [B, H, 2c, D]
+    the queries of its two chunks, k and v [B, Hkv, 2c, D] their keys and values (before any
+    repeat to the query heads). The other ranks' K and V are stand-ins (``_CPExchange``), so
+    this is for analysis, as a ``tp`` > 1 module is. Each kernel's output is merged into its
+    chunks' by one elementwise pass, in place of the merge by log-sum-exp that
+    TransformerEngine runs (about the same traffic), and the two chunks' outputs are joined
+    once at the end. TransformerEngine's ring keeps only the rank's own K and V and passes
+    them around again in the backward; here each kernel keeps what it read (the memory of
+    cp - 1 more K and V a layer, small under grouped-query attention)."""
+    cp, c = cfg.cp, q.shape[-2] // 2
+    rank = cp - 1
+    mine = (rank, 2 * cp - 1 - rank)
+    groups = q.shape[1] // k.shape[1]
+    p = cfg.dropout if training else 0.0
+    if cfg.cp_comm == "allgather":  # every rank's chunks, in sequence order
+        every = (_CPExchange.apply(k, cp), _CPExchange.apply(v, cp))
+    halves: list[torch.Tensor | None] = [None, None]  # the outputs of the two chunks
+    received, source = None, None
+    for qs, ks, causal in cp_attention_kernels(cp, rank, cfg.cp_comm):
+        if cfg.cp_comm == "allgather":
+            keys, values = (x[:, :, ks[0] * c:(ks[-1] + 1) * c] for x in every)
+        elif ks == mine:
+            keys, values = k, v
+        else:
+            src = min(ks)
+            if src != source:  # the next step's K and V, from around the ring
+                received, source = (_CPExchange.apply(k, 1), _CPExchange.apply(v, 1)), src
+            keys, values = (x if len(ks) == 2 else x[:, :, :c] for x in received)
+        query = q if qs == mine else q[:, :, :c] if qs == (mine[0],) else q[:, :, c:]
+        out = F.scaled_dot_product_attention(query, _repeat_heads(keys, groups),
+                                             _repeat_heads(values, groups), dropout_p=p,
+                                             is_causal=causal)
+        parts = (out[:, :, :c], out[:, :, c:]) if qs == mine else (out,)
+        for chunk, part in zip(qs, parts):
+            i = mine.index(chunk)
+            halves[i] = part if halves[i] is None else halves[i] + part
+    return torch.cat(halves, 2)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -222,7 +368,8 @@ class Attention(nn.Module):
         b, t, _ = qkv.shape
         # [B, T, 3 H D] -> 3 x [B, H, T, D]
         q, k, v = qkv.view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = attend(q, k, v, self.cfg, self.training, mask)
+        y = (cp_attend(q, k, v, self.cfg, self.training) if self.cfg.cp > 1
+             else attend(q, k, v, self.cfg, self.training, mask))
         return self.proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -250,6 +397,10 @@ class GQAttention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         groups = self.heads // self.kv_heads
+        if self.cfg.cp > 1:  # K and V cross the ranks before their repeat to the query heads
+            y = cp_attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
+                          self.training)
+            return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         if groups > 1:
             k, v = (z[:, :, :, None].expand(b, t, self.kv_heads, groups, self.head_dim)
                     .reshape(b, t, self.heads, self.head_dim) for z in (k, v))

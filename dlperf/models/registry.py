@@ -115,7 +115,9 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
         from dlperf.models.gpt import GPT
 
         cfg = gpt or PRESETS[name]
-        return _construct(lambda: GPT(cfg), real), ModelInput((cfg.seq_len,), torch.long, "tokens")
+        # (one context-parallel rank's share of each sequence: all of it without)
+        return (_construct(lambda: GPT(cfg), real),
+                ModelInput((cfg.local_seq_len,), torch.long, "tokens"))
     if name.replace("_", "-") in ("bert-base", "bert-large"):
         from dlperf.models.bert import CONFIGS, BertForQuestionAnswering
 
