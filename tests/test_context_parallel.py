@@ -126,10 +126,23 @@ def test_a_split_the_sequence_cannot_take_is_refused():
     # sequence parallel splits a rank's 16 tokens over the tensor-parallel ranks: 32 do not go
     with pytest.raises(ValueError, match="16 tokens on each of 4 context-parallel ranks"):
         GPTConfig(layers=1, d_model=64, heads=32, seq_len=64, cp=4, tp=32)
-    for kwargs in ({"gpus": 8, "cp": 3}, {"gpus": 8, "cp": 2, "tp": 8},
-                   {"gpus": 8, "cp": 2, "cp_comm": "ring"}):
+    sized = {"cp_kv_bytes": 1024, "cp_layers": 2}
+    for kwargs in ({"gpus": 8, "cp": 3, **sized}, {"gpus": 8, "cp": 2, "tp": 8, **sized},
+                   {"gpus": 8, "cp": 2, "cp_comm": "ring", **sized}, {"gpus": 8, "cp": 2}):
         with pytest.raises(DlperfError, match="--cp"):
             ScaleConfig(**kwargs)
+
+
+def test_the_ways_to_exchange_k_and_v_are_named_once():
+    from dlperf.analysis import scaling
+    from dlperf.cli import build_parser
+    from dlperf.models import gpt
+
+    # the model's, the scale-out's and the CLI's lists are one
+    assert scaling.CP_COMMS == gpt.CP_COMMS
+    analyze = build_parser()._subparsers._group_actions[0].choices["analyze"]
+    flag = next(a for a in analyze._actions if "--cp-comm" in a.option_strings)
+    assert tuple(flag.choices) == gpt.CP_COMMS
 
 
 class _Link:

@@ -547,6 +547,8 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
 STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op", "hsdp")
 # whose tensor parallelism (``tensor_parallel_collectives``; models/gpt.py ``tp_impl``)
 TP_IMPLS = ("torch", "megatron", "te")
+# how context parallelism exchanges K and V (models/gpt.py CP_COMMS; context_parallel_s)
+CP_COMMS = ("p2p", "allgather")
 DECODES = ("gpu", "cpu", "synthetic")
 
 
@@ -712,7 +714,8 @@ def context_parallel_s(predictions, cp: int, comm: str, kv_bytes: float, layers:
         if attention["recompute"]:
             plan.append(("recompute", 1, t, 0.0))
     else:
-        raise ValueError(f"context-parallel communication {comm!r}: p2p or allgather")
+        raise ValueError(f"context-parallel communication {comm!r}: one of "
+                         f"{', '.join(CP_COMMS)}")
     busy = layers * sum(n * t for _, n, t, _ in plan)
     exposed = layers * sum(n * max(0.0, t - beside) for _, n, t, beside in plan)
     return {"cp": cp, "comm": comm, "in_node": in_node, "kv_bytes_each": kv_bytes,
@@ -869,8 +872,13 @@ class ScaleConfig:
             raise DlperfError(f"--cp {self.cp}: context-parallel ranks split the GPUs: give a "
                               f"size whose product with --tp ({self.tp}) and --pp ({self.pp}) "
                               f"divides --gpus ({self.gpus})")
-        if self.cp_comm not in ("p2p", "allgather"):
-            raise DlperfError(f"--cp-comm {self.cp_comm!r}: choose p2p or allgather")
+        if self.cp_comm not in CP_COMMS:
+            raise DlperfError(f"--cp-comm {self.cp_comm!r}: choose one of "
+                              f"{', '.join(CP_COMMS)}")
+        if self.cp > 1 and (self.cp_layers < 1 or self.cp_kv_bytes <= 0):
+            raise DlperfError(f"--cp {self.cp} needs the blocks of a stage (cp_layers) and "
+                              "the bytes of a layer's K and V (cp_kv_bytes) to time the "
+                              "exchanges")
         if self.pp > 1 and self.strategy != "ddp":
             raise DlperfError(f"--pp {self.pp} runs with --strategy ddp (Megatron-LM's data "
                               "parallelism over the pipelines): FSDP's per-micro-batch "
