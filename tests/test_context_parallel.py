@@ -216,13 +216,17 @@ def test_context_parallel_shares_the_samples_and_reduces_over_dp_times_cp():
 def test_analyze_cp_prints_and_saves_the_context_parallel_scale_out(tmp_path, capsys):
     from conftest import run_cli
 
-    path = tmp_path / "cp.json"
+    path, page = tmp_path / "cp.json", tmp_path / "cp.html"
     common = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "8",
               "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
               "--device", "h100-sxm"]
     code, out, err = run_cli(common + ["--gpus", "16", "--cp", "4", "--cp-comm", "allgather",
-                                       "--json", str(path)], capsys)
+                                       "--json", str(path), "--html", str(page)], capsys)
     assert code == 0, err
+    # the HTML report too: the layout, its reference (the 4 ranks) and the caveat
+    report = " ".join(page.read_text().split())
+    assert "4-way context parallel, K and V by an all-gather" in report
+    assert "of its 4 ranks without their collectives" in report
     text = " ".join(out.split())
     assert "--cp 4: what follows is one context-parallel rank's step: 32 of each sequence's" \
         in text

@@ -207,10 +207,16 @@ def _scaling_section(scale_out: dict) -> str:
     here = scale_out["at_requested_scale"]
     tp = here["communication"].get("tensor_parallel")
     pipe = here["communication"].get("pipeline")
-    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1)
+    cp = here["communication"].get("context_parallel")
+    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1) * (cp["cp"] if cp else 1)
     reference = (f"its {ways} ranks without their collectives"
                  + (" and the pipeline's bubble" if pipe else "") if ways > 1 else "one GPU")
     return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs"
+            + (f" ({cp['cp']}-way context parallel, K and V by "
+               + ("a ring beside the attention kernels" if cp["comm"] == "p2p"
+                  else "an all-gather")
+               + f": {cp['exposed_s'] * 1e3:.2f} ms exposed a step; not yet checked against "
+               "a published run)" if cp else "")
             + (f" ({tp['tp']}-way tensor parallel in each node"
                + (f"; {tp['beside_gemms']:,} of its collectives a micro-batch beside the "
                   "backward's GEMMs, Megatron's way" if tp.get("beside_gemms") else "")
