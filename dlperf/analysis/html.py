@@ -208,7 +208,7 @@ def _scaling_section(scale_out: dict) -> str:
     tp = here["communication"].get("tensor_parallel")
     pipe = here["communication"].get("pipeline")
     cp = here["communication"].get("context_parallel")
-    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1) * (cp["cp"] if cp else 1)
+    ways = here["ranks_per_replica"]
     reference = (f"its {ways} ranks without their collectives"
                  + (" and the pipeline's bubble" if pipe else "") if ways > 1 else "one GPU")
     return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs"

@@ -170,7 +170,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     tp = comm.get("tensor_parallel")
     pipe = comm.get("pipeline")
     cp = comm.get("context_parallel")
-    ways = (tp["tp"] if tp else 1) * (pipe["pp"] if pipe else 1) * (cp["cp"] if cp else 1)
+    ways = here["ranks_per_replica"]
     layout = ", ".join(
         ([f"{tp['tp']}-way tensor parallel in the node"] if tp else [])
         + ([f"{cp['cp']}-way context parallel "

@@ -1250,6 +1250,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "total_samples_per_s": per_gpu * cfg.gpus,
             "scaling_efficiency": per_gpu / single_rate if single_rate else 0.0,
             "step_s": batch / (per_gpu * ways),
+            # the GPUs of one replica (tp x pp x cp; 1 for data parallelism alone)
+            "ranks_per_replica": ways,
             "single_gpu_step_s": accum * micro_s + single_opt_s,
             "grad_accum": accum,
             "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
