@@ -92,7 +92,7 @@ chunk). The attention share is TransformerEngine's cuDNN kernel's (``MCORE_ATTEN
 
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
-megatron-core-2024] [OUT.json]
+megatron-core-2024|llama3-405b] [OUT.json]
 (default: every source, each to its file in benchmarks/results/)
 """
 
@@ -732,10 +732,140 @@ def megatron_core_2024(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+# Llama 3 405B's pre-training (arXiv 2407.21783, section 3.3.2 and Table 4; the same figures
+# on Meta's SC'24 slides): BF16 on H100 SXM (80 GB, 700 W), 8 a server on NVLink, RoCE at
+# 400 Gb/s between GPUs (section 3.3.1), TP 8, PP 16, 16M tokens a step: (row, GPUs, CP,
+# tokens a sequence, data-parallel groups, sequences a group a step, teraFLOP/s a GPU)
+LLAMA3_405B = (
+    ("8K on 8,192 GPUs", 8192, 1, 8192, 64, 32, 430.0),
+    ("8K on 16,384 GPUs", 16384, 1, 8192, 128, 16, 400.0),
+    ("128K, CP 16, on 16,384 GPUs", 16384, 16, 131072, 8, 16, 380.0),
+)
+# 126 blocks of 16,384, 128 heads of 128, 8 K/V heads, SwiGLU of 53,248, vocabulary 128,256,
+# untied: dlperf's llama3-405b preset
+LLAMA3_LAYERS, LLAMA3_DIM, LLAMA3_VOCAB = 126, 16384, 128256
+LLAMA3_BLOCK_PARAMS = (2 * LLAMA3_DIM ** 2 + 2 * LLAMA3_DIM * 8 * 128 + 3 * LLAMA3_DIM * 53248
+                       + 2 * LLAMA3_DIM)  # 3,187,703,808 a block
+# the two readings of the stack the paper leaves open (not chosen after the rows were run):
+# "eager": PyTorch's tensor parallelism with every collective exposed (--tp-impl torch) and
+# the Hopper presets' FlashAttention-2 share; "overlapped": the Megatron-Core 2024 reading
+# (--tp-impl te, cuDNN's attention share MCORE_ATTENTION, chosen for that source)
+LLAMA3_STACKS = {"eager": ["--tp-impl", "torch"],
+                 "overlapped": ["--tp-impl", "te", "--efficiency",
+                                f"attention={MCORE_ATTENTION}"]}
+LLAMA3_OUT = ROOT / "benchmarks/results/tp-llama3-405b.json"
+
+
+def llama3_flops_per_token(seq: int, causal: bool) -> float:
+    """A token's training FLOPs in Llama 3 405B: 6 per weight it multiplies (the blocks' and
+    the output layer's; the input embedding is a lookup) plus the attention's scores and
+    values, 6 L d s for the causal half the kernels compute or 12 L d s for the whole matrix
+    (PaLM's count, Chowdhery et al. 2022, appendix B). The paper does not say which its
+    TFLOPs use; at 8K the two differ by 4%, at 128K by 40%."""
+    weights = LLAMA3_LAYERS * LLAMA3_BLOCK_PARAMS + LLAMA3_VOCAB * LLAMA3_DIM + LLAMA3_DIM
+    return 6 * weights + (6 if causal else 12) * LLAMA3_LAYERS * LLAMA3_DIM * seq
+
+
+def llama3_args(gpus: int, cp: int, seq: int, sequences: int, micro: int, stack: str
+                ) -> list[str]:
+    """`dlperf analyze` for one row of Llama 3's Table 4 as section 3.3.2 describes the run:
+    BF16 with FP32 gradients and their reduce-scatter in FP32 (--precision fsdp), FSDP that
+    keeps the gathered weights through the step (ZeRO-2: the distributed optimizer's
+    reduce-scatter and gather, once a step), the interleaved schedule with one block a chunk
+    and one block fewer on the first and the last stage (16 x 8 - 2 = 126), its
+    point-to-point transfers asynchronous (--pp-overlap-p2p), no activation checkpointing at
+    8K, all-gather context parallelism inside TP x CP = 128 GPUs; ``micro`` sequences a
+    micro-batch (the paper does not say)."""
+    return (["analyze", "llama3-405b", "--train", "--dtype", "bf16", "--precision", "fsdp",
+             "--optimizer", "adamw", "--device", "h100-sxm", "--seq-len", str(seq),
+             "--batch-size", str(micro), "--grad-accum", str(sequences // micro),
+             "--gpus", str(gpus), "--tp", "8", "--pp", "16", "--pp-virtual", "8",
+             "--pp-first-layers", "7", "--pp-last-layers", "7", "--pp-overlap-p2p",
+             "--distributed-optimizer", "--interconnect", "nvlink4-h100,roce-400g",
+             "--top", "1"]
+            + (["--cp", str(cp), "--cp-comm", "allgather"] if cp > 1 else [])
+            + LLAMA3_STACKS[stack])
+
+
+def llama3_405b(out: Path) -> None:
+    """Each row's teraFLOP/s per GPU under both counts (``llama3_flops_per_token``), in each
+    stack reading and micro-batch size, and the two measures the stack's own speed cancels
+    in: 16,384 GPUs over 8,192 at 8K (the same count), and 128K with CP over 8K on 16,384
+    GPUs (the same GPUs, groups and micro-batches; under each count)."""
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    runs = [(r, stack, micro) for r in LLAMA3_405B for stack in LLAMA3_STACKS
+            for micro in (1, 2)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for (label, gpus, cp, seq, groups, sequences, tflops), stack, micro in tqdm(
+                runs, desc="llama 3 405b"):
+            here = _analyze(llama3_args(gpus, cp, seq, sequences, micro, stack), tmp)
+            tokens = here["per_gpu_samples_per_s"] * seq
+            comm = here["communication"]
+            row = {"row": label, "gpus": gpus, "cp": cp, "seq": seq,
+                   "data_parallel": groups, "stack": stack, "micro_batch": micro,
+                   "micro_batches": sequences // micro, "measured_tflops": tflops,
+                   "predicted_tokens_per_s_per_gpu": tokens,
+                   "predicted_step_s": here["step_s"],
+                   "bubble_s": comm["pipeline"]["bubble_s"],
+                   "fill_stages": comm["pipeline"]["fill_stages"],
+                   "tp_exposed_s": comm["tensor_parallel"]["exposed_s"],
+                   "cp_exposed_s": (comm.get("context_parallel") or {}).get("exposed_s", 0.0),
+                   "exposed_comm_s": here["exposed_comm_s"],
+                   "straggler_s": here["straggler_s"],
+                   "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get(
+                       "total_bytes")}
+            for count, causal in (("causal", True), ("full", False)):
+                predicted = tokens * llama3_flops_per_token(seq, causal) / 1e12
+                row[f"predicted_tflops_{count}"] = predicted
+                row[f"ratio_{count}"] = predicted / tflops
+            rows.append(row)
+    relative = []
+    for stack in LLAMA3_STACKS:
+        for micro in (1, 2):
+            a, b, c = (next(r for r in rows if r["row"] == x[0] and r["stack"] == stack
+                            and r["micro_batch"] == micro) for x in LLAMA3_405B)
+            for count in ("causal", "full"):
+                relative.append({
+                    "stack": stack, "micro_batch": micro, "count": count,
+                    "measure": "16,384 over 8,192 GPUs at 8K",
+                    "measured": b["measured_tflops"] / a["measured_tflops"],
+                    "predicted": b[f"predicted_tflops_{count}"] / a[f"predicted_tflops_{count}"]})
+                relative.append({
+                    "stack": stack, "micro_batch": micro, "count": count,
+                    "measure": "128K with CP 16 over 8K, 16,384 GPUs",
+                    "measured": c["measured_tflops"] / b["measured_tflops"],
+                    "predicted": c[f"predicted_tflops_{count}"] / b[f"predicted_tflops_{count}"]})
+    for x in relative:
+        x["ratio"] = x["predicted"] / x["measured"]
+    for r in rows:
+        print(f"{r['row']:28s} {r['stack']:10s} micro {r['micro_batch']} x{r['micro_batches']:<2d}"
+              f": measured {r['measured_tflops']:.0f} TFLOP/s a GPU, predicted "
+              f"{r['predicted_tflops_causal']:.0f} causal ({r['ratio_causal']:.2f}x), "
+              f"{r['predicted_tflops_full']:.0f} full ({r['ratio_full']:.2f}x); bubble "
+              f"{r['bubble_s']:.2f} s, TP {r['tp_exposed_s']:.2f} s, CP {r['cp_exposed_s']:.2f} s"
+              f" of {r['predicted_step_s']:.2f}")
+    for x in relative:
+        if x["count"] == "causal" or "CP" in x["measure"]:
+            print(f"{x['measure']} ({x['stack']}, micro {x['micro_batch']}, {x['count']}): "
+                  f"measured {x['measured']:.3f}, predicted {x['predicted']:.3f} "
+                  f"({x['ratio']:.2f}x)")
+    save_result(out, "validate-tp-llama3-405b",
+                {"runs": [list(r) for r in LLAMA3_405B], "stacks": LLAMA3_STACKS,
+                 "args_8k": llama3_args(8192, 1, 8192, 32, 1, "eager"),
+                 "args_cp": llama3_args(16384, 16, 131072, 16, 1, "eager")},
+                {"rows": rows, "relative": relative})
+    print(f"Wrote {out}")
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
            "megatron-2022": (megatron2022, MEGATRON22_OUT),
            "narayanan-2021": (narayanan2021, NARAYANAN_OUT),
-           "megatron-core-2024": (megatron_core_2024, MCORE24_OUT)}
+           "megatron-core-2024": (megatron_core_2024, MCORE24_OUT),
+           "llama3-405b": (llama3_405b, LLAMA3_OUT)}
 
 
 def main(argv: list[str]) -> int:

@@ -33,19 +33,76 @@ from __future__ import annotations
 import dataclasses
 
 
-def check(layers: int, pp: int, virtual: int = 1) -> None:
-    """Megatron's rule: every stage (and every virtual chunk of one) holds as many blocks."""
+def check(layers: int, pp: int, virtual: int = 1, first: int | None = None,
+          last: int | None = None) -> tuple[int, ...]:
+    """The blocks of each stage (``layout``), or ValueError for a split Megatron refuses.
+
+    Without ``first`` and ``last``, Megatron's rule: every stage (and every virtual chunk of
+    one) holds as many blocks. With them, Megatron-Core's uneven pipeline
+    (--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers): the first
+    (last) stage holds ``first`` (``last``) blocks, the stages between share the rest
+    equally, each a multiple of the virtual stages. The first and last stage are freed of
+    blocks because they also run the embedding and the output layer and loss; with virtual
+    stages, their chunks split their blocks as evenly as they go, one chunk holding the
+    embedding (or the output layer) in place of a block: Llama 3's layout (arXiv 2407.21783,
+    section 3.3.2: 126 blocks on 16 stages of 8 one-block chunks, one block fewer on the
+    first and the last stage; Megatron-Core's --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split)."""
     if pp < 1 or virtual < 1:
         raise ValueError(f"pipeline stages and virtual stages must be at least 1, got {pp} "
                          f"and {virtual}")
     if virtual > 1 and pp == 1:
         raise ValueError("virtual pipeline stages interleave the chunks of several stages: "
                          "give --pp N (N > 1) with them")
-    if layers % (pp * virtual):
-        raise ValueError(f"{layers} blocks do not split into {pp} pipeline stages"
+    if first is None and last is None:
+        if layers % (pp * virtual):
+            raise ValueError(f"{layers} blocks do not split into {pp} pipeline stages"
+                             + (f" of {virtual} virtual chunks each" if virtual > 1 else "")
+                             + f": give a number of stages that divides {layers}"
+                             + (" with the virtual stages" if virtual > 1 else ""))
+        return (layers // pp,) * pp
+    if pp < 2:
+        raise ValueError("the first and last stage's blocks describe a pipeline: give --pp N "
+                         "(N > 1) with them")
+    ends = [n for n in (first, last) if n is not None]
+    if any(n < 0 for n in ends) or sum(ends) > layers:
+        raise ValueError(f"the first and last stage's blocks must be 0 or more and together "
+                         f"at most the model's {layers}")
+    between = pp - len(ends)  # the stages that share the rest equally
+    rest = layers - sum(ends)
+    if between == 0 and rest:
+        raise ValueError(f"{pp} stages of {first} and {last} blocks leave {rest} of the "
+                         f"{layers} blocks on no stage: give blocks that add up to {layers}")
+    if between and rest % (between * virtual):
+        raise ValueError(f"the {rest} blocks left after the first and last stage's do not "
+                         f"split into {between} stages"
                          + (f" of {virtual} virtual chunks each" if virtual > 1 else "")
-                         + f": give a number of stages that divides {layers}"
-                         + (" with the virtual stages" if virtual > 1 else ""))
+                         + ": change --pp-first-layers or --pp-last-layers")
+    each = rest // between if between else 0
+    return ((each if first is None else first,) + (each,) * (pp - 2)
+            + (each if last is None else last,))
+
+
+def boundaries(layout) -> list[int]:
+    """The index of each stage's first block, and the blocks in all (``layout``: ``check``'s,
+    or a number of equal stages)."""
+    starts = [0]
+    for n in layout:
+        starts.append(starts[-1] + n)
+    return starts
+
+
+def _stage_of_block(i: int, starts: list[int]) -> int:
+    """The stage of block ``i`` (``starts``: ``boundaries``); a stage of no blocks holds none."""
+    import bisect
+
+    return bisect.bisect_right(starts, i) - 1
+
+
+def even_layout(blocks: int, pp) -> tuple[int, ...]:
+    """``pp`` as a layout: a tuple is one already, a number of stages splits ``blocks``
+    equally (as ``check`` allows)."""
+    return tuple(pp) if isinstance(pp, tuple) else (blocks // pp,) * pp
 
 
 def ordered_blocks(blocks) -> list[str]:
@@ -73,15 +130,16 @@ def modules_before(costs: list, blocks: list[str]) -> set[str]:
     return before
 
 
-def stage_of_costs(costs: list, blocks: list[str], pp: int) -> list[int | None]:
-    """The stage of each kernel: a block's by its index (L / N consecutive blocks a stage);
-    outside the blocks, the first stage for what the forward runs before the first block (and
+def stage_of_costs(costs: list, blocks: list[str], pp) -> list[int | None]:
+    """The stage of each kernel: a block's by its index (``pp``: the layout, ``check``'s, or
+    a number of stages of L / N consecutive blocks each); outside the blocks, the first stage for what the forward runs before the first block (and
     the backward of those modules), the last for the rest; None for the optimizer's update
     (every stage runs its share: ``stage_costs``)."""
     from dlperf.analysis.capture import block_path
 
-    per = len(blocks) // pp
-    index = {b: i for i, b in enumerate(blocks)}
+    layout = even_layout(len(blocks), pp)
+    starts = boundaries(layout)
+    index = {b: _stage_of_block(i, starts) for i, b in enumerate(blocks)}
     block_set = frozenset(blocks)
     before = modules_before(costs, blocks)
     out: list[int | None] = []
@@ -90,24 +148,26 @@ def stage_of_costs(costs: list, blocks: list[str], pp: int) -> list[int | None]:
         if c.phase == "optimizer":
             out.append(None)
         elif block:
-            out.append(index[block] // per)
+            out.append(index[block])
         else:
-            out.append(0 if c.module in before else pp - 1)
+            out.append(0 if c.module in before else len(layout) - 1)
     return out
 
 
-def param_stage(name: str, blocks: list[str], pp: int, first_modules: set[str]) -> int:
-    """The stage holding parameter ``name``: its block's, or outside the blocks the first
-    stage's if its module runs before the first block (``first_modules``), else the last's."""
-    per = len(blocks) // pp
+def param_stage(name: str, blocks: list[str], pp, first_modules: set[str]) -> int:
+    """The stage holding parameter ``name`` (``pp``: as ``stage_of_costs``): its block's, or
+    outside the blocks the first stage's if its module runs before the first block
+    (``first_modules``), else the last's."""
+    layout = even_layout(len(blocks), pp)
+    starts = boundaries(layout)
     for i, b in enumerate(blocks):
         if name.startswith(b + "."):
-            return i // per
+            return _stage_of_block(i, starts)
     module = name.rsplit(".", 1)[0]
-    return 0 if module in first_modules else pp - 1
+    return 0 if module in first_modules else len(layout) - 1
 
 
-def stage_params(named: list[tuple[str, object, int]], blocks: list[str], pp: int,
+def stage_params(named: list[tuple[str, object, int]], blocks: list[str], pp,
                  first_modules: set[str]) -> tuple[list[tuple[str, int, int]], int]:
     """Each parameter's gradient bytes and stage, from ``named``: (name, the tensor's id,
     gradient bytes) for every name a parameter is registered under, shared ones included
@@ -151,10 +211,12 @@ def in_flight(pp: int, virtual: int = 1) -> float:
     return 1.0 if virtual == 1 else 1.0 + (pp - 1) / (pp * virtual)
 
 
-def stage_memory(memory: dict | None, fraction: float, pp: int, virtual: int = 1) -> dict | None:
-    """What the first stage holds (the most of any): its ``fraction`` of the weights,
-    gradients and optimizer state, and ``in_flight`` times one micro-batch's activations of
-    the whole model."""
+def stage_memory(memory: dict | None, fraction: float, pp: int, virtual: int = 1,
+                 share: float = 1.0) -> dict | None:
+    """What a stage holds: its ``fraction`` of the weights, gradients and optimizer state, and
+    ``in_flight`` times ``share`` of one micro-batch's activations of the whole model (1 for
+    the first stage of equal ones: ``in_flight_share``; the interleaved schedule's extra is
+    taken as the first stage's for any stage)."""
     if memory is None:
         return None
     out = dict(memory)
@@ -162,16 +224,38 @@ def stage_memory(memory: dict | None, fraction: float, pp: int, virtual: int = 1
         out[key] = int(memory[key] * fraction)
     if "parameters" in out:
         out["parameters"] = int(memory["parameters"] * fraction)
-    out["activations_bytes"] = int(memory["activations_bytes"] * in_flight(pp, virtual))
+    out["activations_bytes"] = int(memory["activations_bytes"] * in_flight(pp, virtual)
+                                   * share)
     out["total_bytes"] = sum(v for k, v in out.items() if k.endswith("_bytes")
                              and k != "total_bytes")
     return out
 
 
-def bubble_s(stage_micro_s: float, pp: int, virtual: int = 1) -> float:
+def in_flight_share(layout, stage: int) -> float:
+    """Stage ``stage``'s activations in flight under 1F1B over one micro-batch of the whole
+    model's: it keeps N - s micro-batches (the first N, the last 1) of its share of the
+    blocks. 1 for the first of equal stages; with a lighter first stage (``check``'s uneven
+    layout) the second holds the most."""
+    blocks = sum(layout) or 1
+    return (len(layout) - stage) * layout[stage] / blocks
+
+
+def bubble_s(stage_micro_s: float, pp: int, virtual: int = 1,
+             fill: float | None = None) -> float:
     """The schedule's idle time a step: (N - 1) / V of one micro-batch's forward and backward
-    on the stage (1F1B and interleaved alike; Narayanan et al., section 2.2)."""
-    return (pp - 1) / virtual * stage_micro_s
+    on the slowest stage (1F1B and interleaved alike; Narayanan et al., section 2.2), the fill
+    and drain of the other N - 1 stages. With stages of unequal time, the first micro-batch
+    still passes every other stage on the way in and the last on the way out, each at its own
+    pace: ``fill`` is those N - 1 stages' micro-batch time in the slowest's (``fill_stages``;
+    N - 1 when they are equal)."""
+    return (pp - 1 if fill is None else fill) / virtual * stage_micro_s
+
+
+def fill_stages(layout_times: list[float]) -> float:
+    """``bubble_s``'s ``fill``: every stage's micro-batch time but the slowest's, over the
+    slowest's (the step of M micro-batches is M T_max + sum_s T_s - T_max for 1F1B)."""
+    slowest = max(layout_times)
+    return (sum(layout_times) - slowest) / slowest if slowest > 0 else len(layout_times) - 1
 
 
 def interleaved_data_parallel_s(reduce_s: float, gather_s: float, pp: int, virtual: int,

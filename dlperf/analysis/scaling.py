@@ -792,6 +792,9 @@ class ScaleConfig:
     # the interleaved schedule's transfers beside the chunks' compute (Megatron-Core's
     # --overlap-p2p-communication, its default with virtual stages; pipeline.p2p_exposed_s)
     pp_overlap_p2p: bool = False
+    # the other stages' fill and drain in micro-batches of the slowest stage (None: pp - 1,
+    # stages of equal time; pipeline.fill_stages for an uneven layout)
+    pp_fill: float | None = None
     # with pipeline stages, the gradient bytes of a tied embedding that the first and the
     # last stage both hold (Megatron-LM's word embeddings), all-reduced between them each step
     pp_tied_bytes: int = 0
@@ -868,6 +871,10 @@ class ScaleConfig:
             raise DlperfError(f"--pp {self.pp}: pipeline stages split the GPUs: give a number "
                               f"of stages (and virtual stages) of at least 1 whose product "
                               f"with --tp ({self.tp}) divides --gpus ({self.gpus})")
+        if self.pp_fill is not None and not (finite_number(self.pp_fill)
+                                             and 0 <= self.pp_fill <= self.pp - 1):
+            raise DlperfError(f"the pipeline's fill of {self.pp_fill!r} stages: give the other "
+                              f"stages' time in the slowest's, 0 to {self.pp - 1}")
         if self.cp < 1 or self.gpus % (self.tp * self.pp * self.cp):
             raise DlperfError(f"--cp {self.cp}: context-parallel ranks split the GPUs: give a "
                               f"size whose product with --tp ({self.tp}) and --pp ({self.pp}) "
@@ -1002,7 +1009,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     dcfg = cfg if tp == pp == cp == 1 else replace(
         cfg, gpus=cfg.gpus // (tp * pp), tp=1, tp_collectives=(), tp_regions=(),
         tp_row_regions=(), pp=1,
-        pp_virtual=1, pp_tied_bytes=0, cp=1, cp_kv_bytes=0, cp_layers=0,
+        pp_virtual=1, pp_fill=None, pp_tied_bytes=0, cp=1, cp_kv_bytes=0, cp_layers=0,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
     single_s = step.single_s
@@ -1132,7 +1139,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         tp_s = accum * micro_exposed
         biggest = max((b for _, _, b, _ in cfg.tp_collectives), default=0)
         group = replace(cfg, gpus=tp, gpus_per_node=tp, bn_group=1, pp=1, pp_virtual=1,
-                        p2p_bytes=0, cp=1)
+                        pp_fill=None, p2p_bytes=0, cp=1)
         comm["tensor_parallel"] = {
             "tp": tp, "collectives_per_micro_batch": sum(n for _, n, _, _ in cfg.tp_collectives),
             "sequence_parallel": all(k != "allreduce" for k, *_ in cfg.tp_collectives),
@@ -1180,7 +1187,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # exchanges)
         tp_micro = sum(comm[k]["exposed_s"] / accum for k in ("tensor_parallel",
                                                               "context_parallel") if k in comm)
-        bubble = bubble_s(micro_s + tp_micro, pp, cfg.pp_virtual)
+        bubble = bubble_s(micro_s + tp_micro, pp, cfg.pp_virtual, cfg.pp_fill)
         # a stage's replicas fill the node before the next stage starts: its boundary is
         # between nodes unless a node holds more than one stage
         crosses = tp * dcfg.gpus >= cfg.gpus_per_node
@@ -1196,7 +1203,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         p2p = p2p_exposed_s(accum, pp, cfg.pp_virtual, each, micro_s / (2 * cfg.pp_virtual),
                             cfg.pp_overlap_p2p)
         comm["pipeline"] = {"pp": pp, "virtual": cfg.pp_virtual, "micro_batches": accum,
-                            "bubble_s": bubble, "p2p_transfers": transfers,
+                            "bubble_s": bubble,
+                            "fill_stages": pp - 1 if cfg.pp_fill is None else cfg.pp_fill,
+                            "p2p_transfers": transfers,
                             "p2p_bytes_each": cfg.p2p_bytes, "p2p_s": transfers * each,
                             "p2p_exposed_s": p2p, "p2p_overlap": cfg.pp_overlap_p2p,
                             "p2p_between_nodes": crosses,

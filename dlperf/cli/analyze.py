@@ -3,8 +3,8 @@ with --measure, measured beside predicted."""
 
 from __future__ import annotations
 
-from dlperf.cli.common import (batch_size_arg, new_console, output_file, positive_float,
-                               positive_int)
+from dlperf.cli.common import (batch_size_arg, new_console, nonnegative_int, output_file,
+                               positive_float, positive_int)
 from dlperf.errors import DlperfError
 
 
@@ -147,6 +147,15 @@ def add_parser(sub) -> None:
     s.add_argument("--pp-virtual", type=positive_int, default=1, metavar="V",
                    help="with --pp: virtual stages per GPU (Megatron-LM's interleaved "
                         "schedule: V chunks of blocks a GPU, the bubble V times smaller) [1]")
+    s.add_argument("--pp-first-layers", type=nonnegative_int, default=None, metavar="N",
+                   help="with --pp: the first stage's blocks, fewer than the others' because "
+                        "it also runs the embedding (Megatron-Core's "
+                        "--decoder-first-pipeline-num-layers; Llama 3's 405B: 7 of 126 on 16 "
+                        "stages); the stages between share the rest equally [an equal share]")
+    s.add_argument("--pp-last-layers", type=nonnegative_int, default=None, metavar="N",
+                   help="with --pp: the last stage's blocks, fewer because it also runs the "
+                        "output layer and the loss (--decoder-last-pipeline-num-layers) "
+                        "[an equal share]")
     s.add_argument("--pp-overlap-p2p", action="store_true",
                    help="with --pp-virtual > 1: the stages' sends and receives beside the "
                         "chunks' compute (Megatron-Core's --overlap-p2p-communication, its "
@@ -304,6 +313,11 @@ def run(args) -> int:
                           "Megatron-LM "
                           "does, not under autocast: add --precision fsdp (fp32 master "
                           "weights) or --precision half")
+    uneven = [flag for flag, n in (("--pp-first-layers", args.pp_first_layers),
+                                   ("--pp-last-layers", args.pp_last_layers)) if n is not None]
+    if uneven and args.pp == 1:
+        raise DlperfError(f"{' and '.join(uneven)} describe{'s' if len(uneven) == 1 else ''} "
+                          "a pipeline's stages: add --pp N (N > 1)")
     if args.pp_overlap_p2p and args.pp_virtual == 1:
         raise DlperfError("--pp-overlap-p2p overlaps the interleaved schedule's transfers "
                           "(Megatron-Core overlaps none in 1F1B): add --pp-virtual V (V > 1)")
@@ -362,8 +376,8 @@ def run(args) -> int:
                                                                       model_input.dtype)
     costs, uncounted, seconds, memory = capture_costs(model, cfg, input_dtype)  # once for all
     analysis = predict_on(costs, uncounted, cfg, spec, seconds, memory=memory)
-    stage = (_pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory)
-             if args.pp > 1 else None)
+    stage = (_pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory,
+                             scale_setup[3]) if args.pp > 1 else None)
     if args.tp > 1:
         between = ("all the tokens between them (no sequence parallelism: norms, dropouts "
                    "and residual adds whole on every rank)" if args.no_sequence_parallel else
@@ -388,20 +402,25 @@ def run(args) -> int:
                       "scale-out at the end.", style="yellow")
     render(analysis, console, top=args.top, macs=args.macs)
     if stage is not None:
+        layout = scale_setup[3]
         console.print(f"--pp {args.pp}: the step above is the whole model on one rank; the "
                       f"scale-out below times its slowest pipeline stage (stage {stage[2]} of "
-                      f"{args.pp}: {gpt.layers // args.pp} blocks"
+                      f"{args.pp}: {layout[stage[2]]} blocks"
                       + (", the embeddings" if stage[2] == 0 else "")
                       + (", the output layer and the loss" if stage[2] == args.pp - 1 else "")
-                      + f") over {args.grad_accum} micro-batches, and the memory of the first "
-                      "(the most any stage holds).", style="yellow")
+                      + f") over {args.grad_accum} micro-batches"
+                      + ("" if len(set(layout)) == 1 else
+                         f" (stages of {', '.join(map(str, layout))} blocks: the others' "
+                         f"fill and drain count {stage[4]:.2f} of its micro-batches)")
+                      + ", and the memory of the stage that holds the most.", style="yellow")
     result = analysis.to_dict()
     if len(specs) > 1:
         others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds, memory=memory)
                                for s in specs[1:]]
         result["comparison"] = render_comparison(others, console)
     if args.gpus:
-        result["scale_out"] = _scale_out(args, analysis, model, console, scale_setup, stage)
+        result["scale_out"] = _scale_out(args, analysis, model, console, scale_setup, stage,
+                                         gpt)
     if args.measure:
         result["measurement"] = _measure(args, cfg, spec, gpt, input_dtype, console).to_dict()
     if args.json:
@@ -423,7 +442,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     """--gpus: the interconnects and the ScaleConfig, checked before the capture, so that a
     mistyped interconnect file or flag stops the command before the model is traced.
     ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its collectives)."""
-    from dlperf.analysis.scaling import ScaleConfig, tensor_parallel_collectives
+    from dlperf.analysis.scaling import ScaleConfig
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
     from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
@@ -445,6 +464,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         names.append(names[0])
     node, network = (get_interconnect(n) for n in names[:2])
     act_bytes = 2 if args.dtype in ("bf16", "fp16") else 4
+    layout = None
     if args.pp > 1 or args.pp_virtual > 1:
         if gpt is None:
             raise DlperfError("--pp: only for gpt and its presets (its stages are the "
@@ -452,24 +472,16 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         from dlperf.analysis.pipeline import check
 
         try:
-            check(gpt.layers, args.pp, args.pp_virtual)
+            layout = check(gpt.layers, args.pp, args.pp_virtual, args.pp_first_layers,
+                           args.pp_last_layers)
         except ValueError as exc:
             raise DlperfError(f"--pp {args.pp}: {exc}") from None
-    # a stage's share of the blocks (the +1 of the embedding or the output layer kept)
-    collectives = () if args.tp == 1 else tensor_parallel_collectives(
-        gpt.layers // args.pp, tokens, gpt.d_model, act_bytes,
-        # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
-        # saves the collectives' outputs
-        recompute=args.activation_checkpointing == "full",
-        sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl)
-    # context parallel: a layer's K and V on one rank for a micro-batch (of the local tokens,
-    # the rank's share of the K/V heads), what each exchange moves
-    kv_bytes = (2 * tokens * (gpt.kv_heads or gpt.heads) // args.tp * gpt.head_dim * act_bytes
-                if args.cp > 1 else 0)
+    # a stage's exchanges: the most blocks any holds until the slowest is known (_scale_out)
+    exchanges = _stage_exchanges(args, gpt, tokens, act_bytes,
+                                 max(layout) if layout else gpt and gpt.layers)
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
-                      cp=args.cp, cp_comm=args.cp_comm or "p2p", cp_kv_bytes=kv_bytes,
-                      cp_layers=gpt.layers // args.pp if args.cp > 1 else 0,
-                      tp=args.tp, tp_collectives=collectives,
+                      cp=args.cp, cp_comm=args.cp_comm or "p2p", **exchanges,
+                      tp=args.tp,
                       tp_regions=column_parallel_regions(gpt) if args.tp > 1 else (),
                       tp_row_regions=row_parallel_regions(gpt) if args.tp > 1 else (),
                       pp=args.pp,
@@ -487,46 +499,74 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto)
-    return cfg, node, network
+    return cfg, node, network, layout
 
 
-def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory):
-    """--pp: the slowest pipeline stage's analysis and gradient parameters (analysis/
-    pipeline.py), its memory the first stage's (the most any stage holds)."""
+def _stage_exchanges(args, gpt, tokens: int, act_bytes: int, blocks: int | None) -> dict:
+    """The ScaleConfig fields of a stage's tensor- and context-parallel exchanges on a
+    micro-batch of ``tokens``, for a stage of ``blocks`` blocks (the whole decoder without
+    pipeline stages)."""
+    from dlperf.analysis.scaling import tensor_parallel_collectives
+
+    # (the +1 of the embedding or the output layer kept whatever the stage)
+    collectives = () if args.tp == 1 else tensor_parallel_collectives(
+        blocks, tokens, gpt.d_model, act_bytes,
+        # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
+        # saves the collectives' outputs
+        recompute=args.activation_checkpointing == "full",
+        sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl)
+    # context parallel: a layer's K and V on one rank for a micro-batch (of the local tokens,
+    # the rank's share of the K/V heads), what each exchange moves
+    kv_bytes = (2 * tokens * (gpt.kv_heads or gpt.heads) // args.tp * gpt.head_dim * act_bytes
+                if args.cp > 1 else 0)
+    return {"tp_collectives": collectives, "cp_kv_bytes": kv_bytes,
+            "cp_layers": blocks if args.cp > 1 else 0}
+
+
+def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory, layout):
+    """--pp: the slowest pipeline stage's analysis, gradient parameters and index, the tied
+    embedding's gradient bytes and the other stages' fill in its micro-batches (analysis/
+    pipeline.py; ``layout``: the blocks of each stage); its memory that of the stage holding
+    the most (the first of equal stages, the second after a lighter first)."""
     from dlperf.analysis.api import predict_on
     from dlperf.analysis.capture import block_paths
-    from dlperf.analysis.pipeline import (modules_before, ordered_blocks, stage_costs,
-                                          stage_memory, stage_of_costs, stage_params)
+    from dlperf.analysis.pipeline import (fill_stages, in_flight_share, modules_before,
+                                          ordered_blocks, stage_costs, stage_memory,
+                                          stage_of_costs, stage_params)
 
+    pp = len(layout)
     blocks = ordered_blocks(block_paths(n for n, _ in model.named_parameters()))
-    stages = stage_of_costs(costs, blocks, args.pp)
+    stages = stage_of_costs(costs, blocks, layout)
     grad_bytes = 2 if cfg.precision == "half" else 4
     # every name of a parameter: a tied embedding is on the first stage and the last
     params, tied = stage_params(
         [(n, id(p), p.numel() * grad_bytes)
          for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad],
-        blocks, args.pp, modules_before(costs, blocks))
+        blocks, layout, modules_before(costs, blocks))
     # (a share of the model's parameters, each once: a tied copy is extra on its stage)
     total = sum(b for _, b, _ in params) - tied or 1
-    held = stage_memory(memory, sum(b for _, b, s in params if s == 0) / total, args.pp,
-                        args.pp_virtual)
-    best = None
-    for k in sorted({0, min(1, args.pp - 1), args.pp - 1}):  # first, a middle one, last
-        share = sum(b for _, b, s in params if s == k) / total
-        analysis = predict_on(stage_costs(costs, stages, k, share), uncounted, cfg, spec,
-                              seconds, memory=held)
-        t = analysis.totals()["predicted_time_s"]
-        if best is None or t > best[0]:
-            best = (t, k, analysis)
-    _, k, analysis = best
-    return analysis, [(n, b) for n, b, s in params if s == k], k, tied
+    share = {k: sum(b for _, b, s in params if s == k) / total for k in range(pp)}
+    held = max((stage_memory(memory, share[k], pp, args.pp_virtual,
+                             in_flight_share(layout, k)) for k in sorted({0, 1})),
+               key=lambda m: m["total_bytes"] if m else 0)
+    # the first, a middle one (every one between holds as many blocks) and the last
+    times, analyses = {}, {}
+    for k in sorted({0, min(1, pp - 1), pp - 1}):
+        analyses[k] = predict_on(stage_costs(costs, stages, k, share[k]), uncounted, cfg,
+                                 spec, seconds, memory=held)
+        # a micro-batch's forward and backward on the stage (its update is once a step)
+        times[k] = sum(p.time_s for p in analyses[k].predictions
+                       if p.cost.phase != "optimizer")
+    k = max(times, key=lambda i: (times[i], -i))
+    fill = fill_stages([times[min(i, 1) if i < pp - 1 else pp - 1] for i in range(pp)])
+    return analyses[k], [(n, b) for n, b, s in params if s == k], k, tied, fill
 
 
-def _scale_out(args, analysis, model, console, setup, stage=None) -> dict:
+def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> dict:
     """--gpus: the scaling curve of this analysis (one capture, reused), and the requested
     scale's row; ``setup``: what ``_scale_setup`` checked before the capture; ``stage``:
-    with --pp, the slowest stage's analysis, parameters and index, and the tied embedding's
-    gradient bytes (``_pipeline_stage``)."""
+    with --pp, what ``_pipeline_stage`` found of the slowest stage; ``gpt``: the decoder's
+    config (the stage's exchanges)."""
     from dataclasses import replace
 
     from dlperf.analysis.report import render_scaling
@@ -534,10 +574,14 @@ def _scale_out(args, analysis, model, console, setup, stage=None) -> dict:
     from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
                                               load_scale_out)
 
-    cfg, node, network = setup
+    cfg, node, network, layout = setup
     if stage is not None:
-        analysis, params, _, tied = stage
-        cfg = replace(cfg, pp_tied_bytes=tied)
+        analysis, params, k, tied, fill = stage
+        act_bytes = 2 if args.dtype in ("bf16", "fp16") else 4
+        # the slowest stage's own exchanges, and the other stages' share of the bubble
+        cfg = replace(cfg, pp_tied_bytes=tied, pp_fill=fill, **_stage_exchanges(
+            args, gpt, analysis.config.input_shape[0] * analysis.config.input_shape[1],
+            act_bytes, layout[k]))
     else:
         # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
         grad_bytes = 2 if analysis.config.precision == "half" else 4

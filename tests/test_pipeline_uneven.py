@@ -1,0 +1,185 @@
+"""Uneven pipeline stages (analyze --pp-first-layers / --pp-last-layers): the layout of the
+blocks (Megatron-Core's --decoder-first/last-pipeline-num-layers, Llama 3's 405B), the stage
+of each kernel and parameter under it, and the bubble of stages of unequal time, checked
+against a discrete-event run of the 1F1B schedule written here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlperf.analysis import pipeline
+from dlperf.analysis.scaling import ScaleConfig, scale_out
+from dlperf.errors import DlperfError
+from test_pipeline import _capture, _second_stage
+
+
+def test_the_layout_by_hand_and_what_megatron_refuses():
+    # Llama 3 405B (arXiv 2407.21783, section 3.3.2): 126 blocks on 16 stages of 8 chunks,
+    # one block fewer on the first and the last: (126 - 7 - 7) / 14 = 8 on each between,
+    # one a chunk
+    assert pipeline.check(126, 16, 8, 7, 7) == (7,) + (8,) * 14 + (7,)
+    # equal stages as before: 96 / 8
+    assert pipeline.check(96, 8, 3) == (12,) * 8
+    # only the first given: the other two share 10 - 2 = 8
+    assert pipeline.check(10, 3, 1, first=2) == (2, 4, 4)
+    assert pipeline.check(10, 3, 1, last=0) == (5, 5, 0)
+    assert pipeline.check(10, 2, 1, 4, 6) == (4, 6)
+    for args, words in (((126, 16, 8, 6, 7), "do not split into 14 stages of 8 virtual"),
+                        ((10, 2, 1, 4, 5), "leave 1 of the 10 blocks on no stage"),
+                        ((10, 4, 1, 6, 6), "at most the model's 10"),
+                        ((10, 4, 1, -1, 3), "0 or more"),
+                        ((10, 1, 1, 2, None), "describe a pipeline")):
+        with pytest.raises(ValueError, match=words):
+            pipeline.check(*args)
+
+
+def test_kernels_and_parameters_follow_an_uneven_layout():
+    model, acfg, (costs, uncounted, seconds, memory) = _capture(layers=4)
+    blocks = [f"blocks.{i}" for i in range(4)]
+    # 3 stages: the first holds the embeddings and no block, then 3 blocks, then 1 and the
+    # output layer
+    layout = pipeline.check(4, 3, 1, 0, 1)
+    assert layout == (0, 3, 1)
+    stages = pipeline.stage_of_costs(costs, blocks, layout)
+    for c, s in zip(costs, stages):
+        if c.phase == "optimizer":
+            assert s is None
+        elif c.module.startswith(("blocks.0", "blocks.1", "blocks.2")):
+            assert s == 1, c
+        elif c.module.startswith("blocks.3"):
+            assert s == 2, c
+        elif c.module in ("tok", "pos"):
+            assert s == 0, c
+        elif c.module in ("ln_f", "head"):
+            assert s == 2, c
+    first = {c.module for c, s in zip(costs, stages) if s == 0 and c.phase == "forward"}
+    assert pipeline.param_stage("blocks.0.fc.weight", blocks, layout, first) == 1
+    assert pipeline.param_stage("blocks.3.fc.weight", blocks, layout, first) == 2
+    assert pipeline.param_stage("tok.weight", blocks, layout, first) == 0
+    # a number of stages is the equal layout, as before
+    assert pipeline.stage_of_costs(costs, blocks, 2) == pipeline.stage_of_costs(
+        costs, blocks, (2, 2))
+
+
+def test_the_stage_that_holds_the_most_activations():
+    # 1F1B: stage s keeps N - s micro-batches of its blocks. Equal stages: the first, one
+    # micro-batch of the whole model (4 x 8 / 32)
+    assert pipeline.in_flight_share((8, 8, 8, 8), 0) == 1.0
+    assert pipeline.in_flight_share((8, 8, 8, 8), 1) == pytest.approx(3 * 8 / 32)
+    # Llama 3's: the first 16 x 7 / 126 = 0.889, the second 15 x 8 / 126 = 0.952, the most
+    layout = pipeline.check(126, 16, 8, 7, 7)
+    assert pipeline.in_flight_share(layout, 0) == pytest.approx(112 / 126)
+    assert pipeline.in_flight_share(layout, 1) == pytest.approx(120 / 126)
+    memory = {"weights_bytes": 100, "gradients_bytes": 100, "optimizer_state_bytes": 200,
+              "activations_bytes": 1260, "total_bytes": 1660}
+    held = pipeline.stage_memory(memory, 0.5, 16, 1, 120 / 126)
+    assert held["activations_bytes"] == 1200 and held["total_bytes"] == 200 + 1200
+
+
+def one_f_one_b(forward: list[float], backward: list[float], micro_batches: int) -> float:
+    """The step of the 1F1B schedule (PipeDream-Flush, Megatron-LM's default) of stages with
+    their own forward and backward times, by running it: stage s runs N - s - 1 forwards, then
+    one forward and one backward in turn, then the backwards left; a forward waits for the
+    stage before, a backward for the stage after (the last stage's for its own forward)."""
+    pp = len(forward)
+    orders = []
+    for s in range(pp):
+        warm = min(pp - s - 1, micro_batches)
+        ops, f, b = [("F", i) for i in range(warm)], warm, 0
+        while b < micro_batches:
+            if f < micro_batches:
+                ops.append(("F", f))
+                f += 1
+            ops.append(("B", b))
+            b += 1
+        orders.append(ops)
+    done: dict[tuple, float] = {}
+    position, free = [0] * pp, [0.0] * pp
+    moved = True
+    while moved:
+        moved = False
+        for s in range(pp):
+            while position[s] < len(orders[s]):
+                kind, i = orders[s][position[s]]
+                if kind == "F":
+                    needs = ("F", s - 1, i) if s > 0 else None
+                else:
+                    needs = ("B", s + 1, i) if s < pp - 1 else ("F", s, i)
+                if needs is not None and needs not in done:
+                    break
+                start = max(free[s], done[needs] if needs else 0.0)
+                free[s] = done[(kind, s, i)] = start + (forward[s] if kind == "F"
+                                                        else backward[s])
+                position[s] += 1
+                moved = True
+    assert position == [len(o) for o in orders]  # the schedule ran to its end
+    return max(free)
+
+
+@pytest.mark.parametrize("times", [
+    [1.0] * 8,  # equal stages: (M + N - 1) T
+    [7 / 8] + [1.0] * 14 + [7.65 / 8],  # Llama 3's: lighter first and last
+    [0.5] + [1.0] * 7,  # a first stage of the embedding alone
+    [1.0] * 7 + [1.3],  # a heavy last stage (the output layer)
+])
+@pytest.mark.parametrize("micro_batches", [8, 32])
+def test_the_bubble_of_unequal_stages_against_the_schedule_run(times, micro_batches):
+    forward, backward = times, [2 * t for t in times]
+    slowest = max(f + b for f, b in zip(forward, backward))
+    fill = pipeline.fill_stages([f + b for f, b in zip(forward, backward)])
+    predicted = micro_batches * slowest + pipeline.bubble_s(slowest, len(times), 1, fill)
+    ran = one_f_one_b(forward, backward, micro_batches)
+    assert predicted == pytest.approx(ran, rel=0.003)
+    # the stages' time as if each were the slowest, the bubble before: as much or more
+    assert micro_batches * slowest + pipeline.bubble_s(slowest, len(times)) >= ran - 1e-9
+
+
+def test_fill_stages_by_hand():
+    # every stage but one slowest (8) over it: (7 + 13 x 8 + 7.65) / 8 = 14.83125
+    assert pipeline.fill_stages([7.0] + [8.0] * 14 + [7.65]) == pytest.approx(
+        (7 + 13 * 8 + 7.65) / 8)
+    assert pipeline.fill_stages([2.0, 2.0, 2.0]) == 2.0
+    assert pipeline.bubble_s(2.0, 16, 8, fill=14.5) == pytest.approx(14.5 / 8 * 2)
+
+
+def test_the_scale_out_charges_the_fill_it_is_given():
+    stage, params, node, net = _second_stage()
+    base = dict(gpus=4, pp=4, grad_accum=8, step_cv=0.0)
+    even = scale_out(stage, params, ScaleConfig(**base), node, net)
+    light = scale_out(stage, params, ScaleConfig(**base, pp_fill=1.5), node, net)
+    pe, pl = (r["communication"]["pipeline"] for r in (even, light))
+    assert pe["fill_stages"] == 3 and pl["fill_stages"] == 1.5
+    assert pl["bubble_s"] == pytest.approx(pe["bubble_s"] / 2)
+    assert even["step_s"] - light["step_s"] == pytest.approx(pe["bubble_s"] / 2)
+    for fill in (-0.5, 3.5, float("nan")):
+        with pytest.raises(DlperfError, match="fill"):
+            ScaleConfig(**base, pp_fill=fill)
+
+
+def test_analyze_with_uneven_stages(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "uneven.json"
+    common = ["analyze", "gpt2", "--layers", "10", "--d-model", "256", "--heads", "8",
+              "--vocab", "1024",
+              "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16", "--train",
+              "--device", "a100-80gb", "--top", "1"]
+    code, out, err = run_cli(common + ["--gpus", "8", "--pp", "4", "--pp-first-layers", "2",
+                                       "--pp-last-layers", "2", "--grad-accum", "8",
+                                       "--json", str(path)], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "stages of 2, 3, 3, 2 blocks" in text
+    pipe = json.loads(path.read_text())["scale_out"]["at_requested_scale"][
+        "communication"]["pipeline"]
+    # a middle stage of 3 blocks is the slowest; the others count less than 3 of it
+    assert pipe["slowest_stage"] in (1, 2) and 1.5 < pipe["fill_stages"] < 3
+    for extra, words in ((["--pp-first-layers", "2"], "describes a pipeline's stages"),
+                         (["--gpus", "8", "--pp", "4", "--pp-first-layers", "3"],
+                          "do not split into 3 stages"),
+                         (["--gpus", "8", "--pp", "4", "--pp-first-layers", "6",
+                           "--pp-last-layers", "6"], "at most the model's 10")):
+        code, out, err = run_cli(common + extra, capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
