@@ -3,7 +3,7 @@ results (issues #11 and #14).
 
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
 tp-kempnerforge-h200.json and tp-{megatron-2020,megatron-2022,narayanan-2021,
-megatron-core-2024}.json (rerun
+megatron-core-2024,llama3-405b}.json (rerun
 them first: validate_published.py, validate_scaling.py, validate_tp.py) and condenses them
 per device and class of workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
 prediction on a preset.
@@ -37,7 +37,7 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
     megatron = [results / f"tp-{name}.json"
                 for name in ("megatron-2020", "megatron-2022", "narayanan-2021",
-                             "megatron-core-2024")]
+                             "megatron-core-2024", "llama3-405b")]
     if tp.exists():
         record["tensor_parallel"] = build_tensor_parallel(
             json.loads(tp.read_text())["results"],

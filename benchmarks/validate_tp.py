@@ -90,6 +90,25 @@ micro-batch size of the rows without pipeline stages (one sequence, or all of a 
 in one micro-batch) and the pipelined rows' schedule (1F1B, or interleaved at one block a
 chunk). The attention share is TransformerEngine's cuDNN kernel's (``MCORE_ATTENTION``).
 
+``llama3-405b`` (-> results/tp-llama3-405b.json, ~4 minutes).
+Source: Grattafiori et al., "The Llama 3 Herd of Models" (arXiv 2407.21783), section 3.3 and
+Table 4 (the same figures on Meta's SC'24 slides): Llama 3 405B (dlperf's llama3-405b) in
+BF16 on H100 SXM, 8 a server on NVLink, RoCE at 400 Gb/s between GPUs, TP 8 x PP 16, 16M
+tokens a step, teraFLOP/s per GPU: 430 on 8,192 GPUs at 8K tokens (64 data-parallel groups of
+32 sequences), 400 on 16,384 (128 of 16), 380 on 16,384 at 128K with all-gather context
+parallelism over 16 GPUs (8 groups of 16). The paper's pipeline: the interleaved schedule,
+one block fewer on the first and the last stage, whose first and last chunk hold only the
+embedding and the output layer with the loss (so one block a chunk, V = 8:
+--pp-first-layers 7 --pp-last-layers 7), asynchronous transfers, no activation
+checkpointing at 8K; FSDP keeping the weights gathered through the step (the distributed
+optimizer's traffic), FP32 gradients reduce-scattered in FP32 (--precision fsdp). Not
+published, so run both ways: the micro-batch size (1 or 2 sequences), and the stack (Meta's
+own: "eager", PyTorch's tensor parallelism with every collective exposed and the Hopper
+presets' attention; "overlapped", the Megatron-Core 2024 reading above), and the FLOP count
+(the causal half of the attention or the whole matrix: ``llama3_flops_per_token``). Measures:
+each row's rate, 16,384 GPUs over 8,192 at 8K (the bubble grows as each group's micro-batches
+halve), and 128K with context parallelism over 8K on 16,384 GPUs.
+
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
 megatron-core-2024|llama3-405b] [OUT.json]

@@ -227,12 +227,14 @@ def test_analyze_cp_prints_and_saves_the_context_parallel_scale_out(tmp_path, ca
     report = " ".join(page.read_text().split())
     assert "4-way context parallel, K and V by an all-gather" in report
     assert "of its 4 ranks without their collectives" in report
+    assert "Context parallelism is checked against one published run" in report
     text = " ".join(out.split())
     assert "--cp 4: what follows is one context-parallel rank's step: 32 of each sequence's" \
         in text
     assert "4-way context parallel in the node, DDP over 4 replicas" in text
     assert "context-parallel all-gathers and reduce-scatters of K and V 4 of" in text
-    assert "not yet checked against a published run" in text
+    # what the one published context-parallel run says (Llama 3 405B's 128K row)
+    assert "Context parallelism is checked against one published run, Llama 3 405B" in text
     data = json.loads(path.read_text())
     assert data["config"]["input_shape"] == [2, 32]  # a rank's share of each sequence
     here = data["scale_out"]["at_requested_scale"]

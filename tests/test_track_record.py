@@ -299,3 +299,45 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
     assert ("(3 runs, 48-1,536 GPUs; run as --tp-impl te --distributed-optimizer, interleaved "
             "pipelines with --pp-overlap-p2p), dlperf predicted 0.91-1.04x the measured rate "
             "(median 0.98x)") in text
+
+
+def test_llama3_record_and_the_context_parallel_sentence():
+    from dlperf.hardware.track_record import (build_tensor_parallel, describe_context_parallel,
+                                              describe_tensor_parallel)
+
+    pairs = [{"measured": 0.70, "predicted": 0.95, "ratio": 0.95 / 0.70}]
+    megatron = {"tp_over_tp1": [{"ratio": 1.04}]}
+
+    def row(label, cp, stack, micro, causal, full):
+        return {"row": label, "cp": cp, "seq": 131072 if cp > 1 else 8192, "gpus": 16384,
+                "stack": stack, "micro_batch": micro, "ratio_causal": causal,
+                "ratio_full": full}
+
+    # the overlapped stack's 8K rows at micro-batch 1 span 0.96 (causal) to 1.01 (full);
+    # the rows of micro-batch 2 and the eager stack's 8K rows are not read
+    rows = [row("8K a", 1, "overlapped", 1, 0.96, 0.99), row("8K b", 1, "overlapped", 1, 0.97,
+                                                              1.01),
+            row("8K a", 1, "overlapped", 2, 0.50, 0.50), row("8K a", 1, "eager", 1, 0.8, 0.8),
+            row("CP", 16, "overlapped", 1, 0.75, 1.06), row("CP", 16, "overlapped", 2, 0.7, 0.9),
+            row("CP", 16, "eager", 1, 0.54, 0.76), row("CP", 16, "eager", 2, 0.50, 0.69)]
+    relative = [{"stack": "overlapped", "micro_batch": 1, "count": "causal",
+                 "measure": "16,384 over 8,192 GPUs at 8K", "measured": 0.930,
+                 "predicted": 0.943}]
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron,
+                                  llama3={"rows": rows, "relative": relative})
+    m = entry["llama3"]
+    assert (m["rate_low"], m["rate_high"]) == (0.96, 1.01)
+    assert (m["cp_causal"], m["cp_full"]) == (0.75, 1.06)
+    # the eager stack's CP rows at micro-batch 1 only: 0.54 causal to 0.76 full
+    assert (m["cp_eager_low"], m["cp_eager_high"]) == (0.54, 0.76)
+    assert entry["sources"] == 3
+    text = describe_tensor_parallel({"tensor_parallel": entry})
+    assert "three published sources" in text
+    assert "0.96-1.01x the 8K rows' rate and a fall to 0.943 of it" in text
+    assert "where 0.930 was measured" in text
+    cp = describe_context_parallel({"tensor_parallel": entry})
+    assert "Llama 3 405B at 128K tokens with CP 16 (all-gather) on 16,384 H100s" in cp
+    assert "0.75x its rate counting the causal half" in cp and "1.06x counting the whole" in cp
+    assert "0.54-0.76x with PyTorch's collectives exposed" in cp
+    # no such record: says that nothing has checked it
+    assert "not yet checked against a published run" in describe_context_parallel({})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from dlperf.hardware.track_record import describe_tensor_parallel
+from dlperf.hardware.track_record import describe_context_parallel, describe_tensor_parallel
 from dlperf.units import seconds, si
 
 
@@ -215,8 +215,7 @@ def _scaling_section(scale_out: dict) -> str:
             + (f" ({cp['cp']}-way context parallel, K and V by "
                + ("a ring beside the attention kernels" if cp["comm"] == "p2p"
                   else "an all-gather")
-               + f": {cp['exposed_s'] * 1e3:.2f} ms exposed a step; not yet checked against "
-               "a published run)" if cp else "")
+               + f": {cp['exposed_s'] * 1e3:.2f} ms exposed a step)" if cp else "")
             + (f" ({tp['tp']}-way tensor parallel in each node"
                + (f"; {tp['beside_gemms']:,} of its collectives a micro-batch beside the "
                   "backward's GEMMs, Megatron's way" if tp.get("beside_gemms") else "")
@@ -239,6 +238,7 @@ def _scaling_section(scale_out: dict) -> str:
                "charge" if (here.get("loader_processes_per_core") or 0) > 1 else "")
             + ". Red points: a limit other than compute.</p>"
             + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out)
+            + (_record_p(describe_context_parallel(), True) if cp else "")
             + (_record_p(text, True) if tp and (text := describe_tensor_parallel()) else ""))
 
 

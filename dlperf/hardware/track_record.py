@@ -267,7 +267,8 @@ def describe_scale_out(spec, record: dict | None = None,
 
 def build_tensor_parallel(result: dict, megatron: dict | None = None,
                           megatron2022: dict | None = None, narayanan: dict | None = None,
-                          megatron_core: dict | None = None) -> dict:
+                          megatron_core: dict | None = None, llama3: dict | None = None
+                          ) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
     results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
     as many GPUs, measured and predicted, as the losses TP costs; ``megatron``'s (2020), each
@@ -276,7 +277,10 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
     over full recompute, measured and predicted; and the pipelined runs of it and of
     ``narayanan`` (2021), dlperf's rate over the measured one; ``megatron_core``'s (2024),
     each run's predicted teraFLOP/s per GPU over the measured in the reading its file holds
-    consistent (its "consistent" rows)."""
+    consistent (its "consistent" rows); ``llama3``'s (Llama 3 405B, 2024), in the stack
+    reading of Megatron-Core's (--tp-impl te) with micro-batches of one sequence: the 8K rows'
+    rate, their fall from 8,192 to 16,384 GPUs, and the context-parallel row's rate under
+    both FLOP counts (and under the eager reading)."""
     pairs = result["tp_over_fsdp"]
     measured = [1 - p["measured"] for p in pairs]
     predicted = [1 - p["predicted"] for p in pairs]
@@ -310,8 +314,10 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
             "median": statistics.median(ratios),
             "gpus_low": min(gpus), "gpus_high": max(gpus),
             "source": "Megatron-Core's 1.7B-462B GPTs on H100s (2024)"}
+    if llama3 is not None:
+        entry["llama3"] = _llama3_entry(llama3)
     entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan,
-                                                       megatron_core))
+                                                       megatron_core, llama3))
     if piped:
         gpus = [r["gpus"] for r in (megatron2022 or {}).get("iterations", []) if r["pp"] > 1]
         gpus += [r["gpus"] for r in (narayanan or {}).get("rows", [])]
@@ -319,6 +325,27 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
                               "rate_high": max(piped), "gpus_low": min(gpus),
                               "gpus_high": max(gpus)}
     return entry
+
+
+def _llama3_entry(result: dict) -> dict:
+    """``build_tensor_parallel``'s Llama 3 entry from validate_tp.py's tp-llama3-405b.json."""
+    def rows(stack: str, cp: bool) -> list[dict]:
+        return [r for r in result["rows"] if r["stack"] == stack and r["micro_batch"] == 1
+                and (r["cp"] > 1) == cp]
+
+    eight = rows("overlapped", False)
+    fall = [x for x in result["relative"] if x["stack"] == "overlapped"
+            and x["micro_batch"] == 1 and x["count"] == "causal" and "over 8,192" in x["measure"]]
+    (cp,) = rows("overlapped", True)
+    eager = rows("eager", True)
+    return {"source": "Llama 3 405B's pre-training on 8,192-16,384 H100s (2024)",
+            "rate_low": min(r["ratio_causal"] for r in eight),
+            "rate_high": max(r["ratio_full"] for r in eight),
+            "fall_measured": fall[0]["measured"], "fall_predicted": fall[0]["predicted"],
+            "cp_causal": cp["ratio_causal"], "cp_full": cp["ratio_full"],
+            "cp_seq": cp["seq"], "cp": cp["cp"], "cp_gpus": cp["gpus"],
+            "cp_eager_low": min(r["ratio_causal"] for r in eager),
+            "cp_eager_high": max(r["ratio_full"] for r in eager)}
 
 
 def _megatron_2022(m: dict) -> str:
@@ -347,6 +374,35 @@ def _megatron_core(m: dict) -> str:
             f"the measured rate (median {m['median']:.2f}x). ")
 
 
+def _llama3(m: dict) -> str:
+    """describe_tensor_parallel's sentence on Llama 3 405B's runs."""
+    return (f"On {m['source']} (TP 8 x PP 16, run as --tp-impl te with micro-batches of one "
+            f"sequence), dlperf predicted {m['rate_low']:.2f}-{m['rate_high']:.2f}x the 8K "
+            f"rows' rate and a fall to {m['fall_predicted']:.3f} of it from 8,192 to 16,384 "
+            f"GPUs where {m['fall_measured']:.3f} was measured. ")
+
+
+def describe_context_parallel(record: dict | None = None) -> str:
+    """What published runs say of ``analyze --cp`` (printed under every context-parallel
+    prediction): Llama 3 405B's 128K row where the record has it, else that none has checked
+    it."""
+    record = load_scale_out() if record is None else record
+    m = (record.get("tensor_parallel") or {}).get("llama3")
+    if m is None:
+        return ("Context parallelism is not yet checked against a published run: its "
+                "exchanges are timed at the interconnect's rates and the ring's beside equal "
+                "attention kernels, as TransformerEngine and Llama 3 describe them.")
+    return (f"Context parallelism is checked against one published run, Llama 3 405B at "
+            f"{m['cp_seq'] // 1024}K tokens with CP {m['cp']} (all-gather) on "
+            f"{m['cp_gpus']:,} H100s: predicted {m['cp_causal']:.2f}x its rate counting the "
+            f"causal half of the attention's FLOPs and {m['cp_full']:.2f}x counting the whole "
+            "matrix (the paper does not say which), with Megatron-Core's overlapped stack and "
+            f"cuDNN's attention; {m['cp_eager_low']:.2f}-{m['cp_eager_high']:.2f}x with "
+            "PyTorch's collectives exposed and FlashAttention-2's speed. At long sequences "
+            "the attention kernel's speed decides most of the rate: give yours with "
+            "--efficiency attention=F.")
+
+
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
     """What the published tensor-parallel runs say of ``analyze --tp`` (printed under every
     tensor-parallel prediction), from the scale-out record; None when it has none."""
@@ -363,11 +419,13 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
     if m is None:
         return (f"Tensor parallelism is the least checked part of this model: in the one "
                 f"published source it is checked against ({s['source']}), {kempner}.")
-    sources = {2: "two", 3: "three", 4: "four", 5: "five"}.get(s.get("sources", 2), "several")
+    sources = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}.get(s.get("sources", 2),
+                                                                       "several")
     return (f"Tensor parallelism is checked against {sources} published sources. {m['source']} "
             f"({m['runs']} runs): each TP=N run's rate per GPU over TP=1's was predicted "
             f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. "
             + (_megatron_2022(s["megatron_2022"]) if s.get("megatron_2022") else "")
             + (_pipelined(s["pipelined"]) if s.get("pipelined") else "")
             + (_megatron_core(s["megatron_core"]) if s.get("megatron_core") else "")
+            + (_llama3(s["llama3"]) if s.get("llama3") else "")
             + f"In {s['source']}, {kempner}.")
