@@ -141,6 +141,8 @@ def test_fill_stages_by_hand():
     assert pipeline.fill_stages([7.0] + [8.0] * 14 + [7.65]) == pytest.approx(
         (7 + 13 * 8 + 7.65) / 8)
     assert pipeline.fill_stages([2.0, 2.0, 2.0]) == 2.0
+    # 0.1 x 3 sums to 0.30000000000000004: equal stages still fill exactly N - 1
+    assert pipeline.fill_stages([0.1, 0.1, 0.1, 0.1]) == 3
     assert pipeline.bubble_s(2.0, 16, 8, fill=14.5) == pytest.approx(14.5 / 8 * 2)
 
 
@@ -183,3 +185,28 @@ def test_analyze_with_uneven_stages(tmp_path, capsys):
                            "--pp-last-layers", "6"], "at most the model's 10")):
         code, out, err = run_cli(common + extra, capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_last_stage_of_no_blocks_with_context_parallelism(tmp_path, capsys):
+    from conftest import run_cli
+
+    path = tmp_path / "nolast.json"
+
+    def slowest(vocab: int) -> tuple[int, int]:
+        code, out, err = run_cli(
+            ["analyze", "gpt2", "--layers", "4", "--d-model", "256", "--heads", "8",
+             "--vocab", str(vocab), "--seq-len", "128", "--batch-size", "2", "--dtype",
+             "bf16", "--train", "--device", "a100-80gb", "--top", "1", "--gpus", "8", "--pp",
+             "2", "--pp-last-layers", "0", "--cp", "2", "--grad-accum", "4", "--json",
+             str(path)], capsys)
+        assert code == 0, err
+        comm = json.loads(path.read_text())["scale_out"]["at_requested_scale"]["communication"]
+        return comm["pipeline"]["slowest_stage"], comm["context_parallel"][
+            "exchanges_per_micro_batch"]
+
+    # a small output layer: the 4 blocks' stage is the slowest, each block's ring 3 transfers
+    # (cp - 1 forward, cp - 1 backward, the last gradient home): 12
+    assert slowest(8192) == (0, 12)
+    # a vocabulary of 65,536 x 256: the output layer and the loss alone are the slowest
+    # stage, which holds no attention and exchanges no K or V
+    assert slowest(65536) == (1, 0)

@@ -254,8 +254,9 @@ def bubble_s(stage_micro_s: float, pp: int, virtual: int = 1,
 def fill_stages(layout_times: list[float]) -> float:
     """``bubble_s``'s ``fill``: every stage's micro-batch time but the slowest's, over the
     slowest's (the step of M micro-batches is M T_max + sum_s T_s - T_max for 1F1B)."""
-    slowest = max(layout_times)
-    return (sum(layout_times) - slowest) / slowest if slowest > 0 else len(layout_times) - 1
+    slowest, most = max(layout_times), len(layout_times) - 1
+    # (equal stages: exactly N - 1, not a rounding above it that ScaleConfig would refuse)
+    return min(most, (sum(layout_times) - slowest) / slowest) if slowest > 0 else most
 
 
 def interleaved_data_parallel_s(reduce_s: float, gather_s: float, pp: int, virtual: int,

@@ -699,15 +699,17 @@ def context_parallel_s(predictions, cp: int, comm: str, kv_bytes: float, layers:
     attention = {phase: sum(p.time_s for p in predictions if p.cost.phase == phase
                             and p.cost.op in ("attention", "attention_backward"))
                  for phase in ("forward", "dgrad", "recompute")}
+    # (a pipeline stage of no blocks, the embedding or the output layer alone: no exchanges)
+    per = max(layers, 1) * cp  # a layer's attention kernel's share of the stage's
     if comm == "p2p":
         x = link.latency_s + kv_bytes / link.bus_bandwidth
         steps = cp - 1
         # (phase, transfers a layer, seconds each, the kernel each runs beside)
-        plan = [("forward", steps, x, attention["forward"] / (layers * cp)),
-                ("dgrad", steps, 2 * x, attention["dgrad"] / (layers * cp)),
+        plan = [("forward", steps, x, attention["forward"] / per),
+                ("dgrad", steps, 2 * x, attention["dgrad"] / per),
                 ("dgrad", 1, x, 0.0)]  # the last gradient sent home
         if attention["recompute"]:
-            plan.append(("recompute", steps, x, attention["recompute"] / (layers * cp)))
+            plan.append(("recompute", steps, x, attention["recompute"] / per))
     elif comm == "allgather":
         t = collective(cp * kv_bytes)
         plan = [("forward", 1, t, 0.0), ("dgrad", 1, t, 0.0)]
@@ -882,7 +884,9 @@ class ScaleConfig:
         if self.cp_comm not in CP_COMMS:
             raise DlperfError(f"--cp-comm {self.cp_comm!r}: choose one of "
                               f"{', '.join(CP_COMMS)}")
-        if self.cp > 1 and (self.cp_layers < 1 or self.cp_kv_bytes <= 0):
+        # (a pipeline stage may hold no blocks: the embedding or the output layer alone)
+        if self.cp > 1 and (self.cp_layers < (0 if self.pp > 1 else 1)
+                            or self.cp_kv_bytes <= 0):
             raise DlperfError(f"--cp {self.cp} needs the blocks of a stage (cp_layers) and "
                               "the bytes of a layer's K and V (cp_kv_bytes) to time the "
                               "exchanges")
