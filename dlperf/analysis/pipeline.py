@@ -13,10 +13,16 @@ stage's share of the parameters. The pipeline's step (one optimizer step of M mi
 is then the slowest stage's M micro-batches plus the schedule's bubble, (N - 1) / V of one
 micro-batch's forward and backward on that stage (the fill and drain both schedules pay:
 Narayanan et al., section 2.2.1, bubble fraction (N - 1) / (V M)), plus the point-to-point
-sends of the activations between stages (``p2p_transfers``). What the first stage holds is the
-most any stage does: in 1F1B it keeps N micro-batches' activations of its L / N blocks (one
-micro-batch of the whole model's), and the interleaved schedule 1 + (N - 1) / (N V) times that
+sends of the activations between stages (``p2p_transfers``). Of equal stages the first holds
+the most: in 1F1B it keeps N micro-batches' activations of its L / N blocks (one micro-batch
+of the whole model's), and the interleaved schedule 1 + (N - 1) / (N V) times that
 (Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.3).
+
+The first and the last stage may hold fewer blocks than the others (``check``'s layout:
+Megatron-Core's uneven pipeline, Llama 3's 405B), for the embedding and the output layer they
+also run. The stages then take unequal time, and the bubble counts each at its own pace
+(``fill_stages``); after a lighter first stage the second holds the most activations
+(``in_flight_share``).
 
 A tied embedding (GPT-2's and Megatron's GPT: the output layer reuses the input embedding's
 weights) is on the first stage and the last: Megatron-LM keeps a copy on the last stage and
@@ -132,9 +138,10 @@ def modules_before(costs: list, blocks: list[str]) -> set[str]:
 
 def stage_of_costs(costs: list, blocks: list[str], pp) -> list[int | None]:
     """The stage of each kernel: a block's by its index (``pp``: the layout, ``check``'s, or
-    a number of stages of L / N consecutive blocks each); outside the blocks, the first stage for what the forward runs before the first block (and
-    the backward of those modules), the last for the rest; None for the optimizer's update
-    (every stage runs its share: ``stage_costs``)."""
+    a number of stages of L / N consecutive blocks each); outside the blocks, the first stage
+    for what the forward runs before the first block (and the backward of those modules), the
+    last for the rest; None for the optimizer's update (every stage runs its share:
+    ``stage_costs``)."""
     from dlperf.analysis.capture import block_path
 
     layout = even_layout(len(blocks), pp)
