@@ -821,7 +821,9 @@ def llama3_405b(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for (label, gpus, cp, seq, groups, sequences, tflops), stack, micro in tqdm(
                 runs, desc="llama 3 405b"):
-            here = _analyze(llama3_args(gpus, cp, seq, sequences, micro, stack), tmp)
+            whole = _analyze(llama3_args(gpus, cp, seq, sequences, micro, stack), tmp,
+                             whole=True)
+            here = whole["scale_out"]["at_requested_scale"]
             tokens = here["per_gpu_samples_per_s"] * seq
             comm = here["communication"]
             row = {"row": label, "gpus": gpus, "cp": cp, "seq": seq,
@@ -836,7 +838,11 @@ def llama3_405b(out: Path) -> None:
                    "exposed_comm_s": here["exposed_comm_s"],
                    "straggler_s": here["straggler_s"],
                    "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get(
-                       "total_bytes")}
+                       "total_bytes"),
+                   # one micro-batch's saved activations a block on one rank (the whole
+                   # model's capture over its blocks): what the memory above is made of
+                   "activations_bytes_per_block": whole["memory"]["activations_bytes"]
+                   / LLAMA3_LAYERS}
             for count, causal in (("causal", True), ("full", False)):
                 predicted = tokens * llama3_flops_per_token(seq, causal) / 1e12
                 row[f"predicted_tflops_{count}"] = predicted

@@ -36,6 +36,7 @@ Megatron-Core's --overlap-p2p-communication) and the tied embedding's all-reduce
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 
@@ -100,8 +101,6 @@ def boundaries(layout) -> list[int]:
 
 def _stage_of_block(i: int, starts: list[int]) -> int:
     """The stage of block ``i`` (``starts``: ``boundaries``); a stage of no blocks holds none."""
-    import bisect
-
     return bisect.bisect_right(starts, i) - 1
 
 

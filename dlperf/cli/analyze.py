@@ -3,6 +3,7 @@ with --measure, measured beside predicted."""
 
 from __future__ import annotations
 
+from dlperf.analysis.gemm import ELEMENT_BYTES
 from dlperf.cli.common import (batch_size_arg, new_console, nonnegative_int, output_file,
                                positive_float, positive_int)
 from dlperf.errors import DlperfError
@@ -463,7 +464,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     if len(names) == 1:
         names.append(names[0])
     node, network = (get_interconnect(n) for n in names[:2])
-    act_bytes = 2 if args.dtype in ("bf16", "fp16") else 4
+    act_bytes = ELEMENT_BYTES[args.dtype]
     layout = None
     if args.pp > 1 or args.pp_virtual > 1:
         if gpt is None:
@@ -477,7 +478,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         except ValueError as exc:
             raise DlperfError(f"--pp {args.pp}: {exc}") from None
     # a stage's exchanges: the most blocks any holds until the slowest is known (_scale_out)
-    exchanges = _stage_exchanges(args, gpt, tokens, act_bytes,
+    exchanges = _stage_exchanges(args, gpt, tokens,
                                  max(layout) if layout else gpt and gpt.layers)
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       cp=args.cp, cp_comm=args.cp_comm or "p2p", **exchanges,
@@ -502,12 +503,13 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
     return cfg, node, network, layout
 
 
-def _stage_exchanges(args, gpt, tokens: int, act_bytes: int, blocks: int | None) -> dict:
+def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
     """The ScaleConfig fields of a stage's tensor- and context-parallel exchanges on a
     micro-batch of ``tokens``, for a stage of ``blocks`` blocks (the whole decoder without
-    pipeline stages)."""
+    pipeline stages), in the activations' dtype."""
     from dlperf.analysis.scaling import tensor_parallel_collectives
 
+    act_bytes = ELEMENT_BYTES[args.dtype]
     # (the +1 of the embedding or the output layer kept whatever the stage)
     collectives = () if args.tp == 1 else tensor_parallel_collectives(
         blocks, tokens, gpt.d_model, act_bytes,
@@ -577,11 +579,10 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
     cfg, node, network, layout = setup
     if stage is not None:
         analysis, params, k, tied, fill = stage
-        act_bytes = 2 if args.dtype in ("bf16", "fp16") else 4
         # the slowest stage's own exchanges, and the other stages' share of the bubble
         cfg = replace(cfg, pp_tied_bytes=tied, pp_fill=fill, **_stage_exchanges(
             args, gpt, analysis.config.input_shape[0] * analysis.config.input_shape[1],
-            act_bytes, layout[k]))
+            layout[k]))
     else:
         # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
         grad_bytes = 2 if analysis.config.precision == "half" else 4
