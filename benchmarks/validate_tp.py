@@ -107,7 +107,8 @@ own: "eager", PyTorch's tensor parallelism with every collective exposed and the
 presets' attention; "overlapped", the Megatron-Core 2024 reading above), and the FLOP count
 (the causal half of the attention or the whole matrix: ``llama3_flops_per_token``). Measures:
 each row's rate, 16,384 GPUs over 8,192 at 8K (the bubble grows as each group's micro-batches
-halve), and 128K with context parallelism over 8K on 16,384 GPUs.
+halve), and 128K with context parallelism over 8K on 16,384 GPUs; and each row's memory a GPU
+(the run at 8K fit in 80 GB without recompute).
 
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
@@ -766,9 +767,11 @@ LLAMA3_LAYERS, LLAMA3_DIM, LLAMA3_VOCAB = 126, 16384, 128256
 LLAMA3_BLOCK_PARAMS = (2 * LLAMA3_DIM ** 2 + 2 * LLAMA3_DIM * 8 * 128 + 3 * LLAMA3_DIM * 53248
                        + 2 * LLAMA3_DIM)  # 3,187,703,808 a block
 # the two readings of the stack the paper leaves open (not chosen after the rows were run):
-# "eager": PyTorch's tensor parallelism with every collective exposed (--tp-impl torch) and
-# the Hopper presets' FlashAttention-2 share; "overlapped": the Megatron-Core 2024 reading
-# (--tp-impl te, cuDNN's attention share MCORE_ATTENTION, chosen for that source)
+# "eager": PyTorch's tensor parallelism with every collective exposed (--tp-impl torch),
+# torchtitan's unfused kernels and the Hopper presets' FlashAttention-2 share; "overlapped":
+# the Megatron-Core 2024 reading (--tp-impl te: its overlapped collectives and its fused
+# RMSNorm, SwiGLU and rotary kernels, models/fused.py; cuDNN's attention share
+# MCORE_ATTENTION, chosen for that source)
 LLAMA3_STACKS = {"eager": ["--tp-impl", "torch"],
                  "overlapped": ["--tp-impl", "te", "--efficiency",
                                 f"attention={MCORE_ATTENTION}"]}
@@ -839,6 +842,8 @@ def llama3_405b(out: Path) -> None:
                    "straggler_s": here["straggler_s"],
                    "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get(
                        "total_bytes"),
+                   # the stage's gradients, held whole in FP32 (part of the memory above)
+                   "gradient_bytes_per_gpu": comm["gradient_bytes"],
                    # one micro-batch's saved activations a block on one rank (the whole
                    # model's capture over its blocks): what the memory above is made of
                    "activations_bytes_per_block": whole["memory"]["activations_bytes"]
@@ -872,7 +877,8 @@ def llama3_405b(out: Path) -> None:
               f"{r['predicted_tflops_causal']:.0f} causal ({r['ratio_causal']:.2f}x), "
               f"{r['predicted_tflops_full']:.0f} full ({r['ratio_full']:.2f}x); bubble "
               f"{r['bubble_s']:.2f} s, TP {r['tp_exposed_s']:.2f} s, CP {r['cp_exposed_s']:.2f} s"
-              f" of {r['predicted_step_s']:.2f}")
+              f" of {r['predicted_step_s']:.2f}; "
+              f"{r['memory_per_gpu_bytes'] / 2**30:.1f} GiB a GPU")
     for x in relative:
         if x["count"] == "causal" or "CP" in x["measure"]:
             print(f"{x['measure']} ({x['stack']}, micro {x['micro_batch']}, {x['count']}): "

@@ -308,15 +308,17 @@ def test_llama3_record_and_the_context_parallel_sentence():
     pairs = [{"measured": 0.70, "predicted": 0.95, "ratio": 0.95 / 0.70}]
     megatron = {"tp_over_tp1": [{"ratio": 1.04}]}
 
-    def row(label, cp, stack, micro, causal, full):
-        return {"row": label, "cp": cp, "seq": 131072 if cp > 1 else 8192, "gpus": 16384,
+    def row(label, cp, stack, micro, causal, full, gpus=16384, memory=90 * 2**30):
+        return {"row": label, "cp": cp, "seq": 131072 if cp > 1 else 8192, "gpus": gpus,
                 "stack": stack, "micro_batch": micro, "ratio_causal": causal,
-                "ratio_full": full}
+                "ratio_full": full, "memory_per_gpu_bytes": memory,
+                "gradient_bytes_per_gpu": 11.9 * 2**30}
 
     # the overlapped stack's 8K rows at micro-batch 1 span 0.96 (causal) to 1.01 (full);
-    # the rows of micro-batch 2 and the eager stack's 8K rows are not read
-    rows = [row("8K a", 1, "overlapped", 1, 0.96, 0.99), row("8K b", 1, "overlapped", 1, 0.97,
-                                                              1.01),
+    # the rows of micro-batch 2 and the eager stack's 8K rows are not read; the memory is the
+    # row on the fewest GPUs' (8,192)
+    rows = [row("8K a", 1, "overlapped", 1, 0.96, 0.99, gpus=8192, memory=85.0 * 2**30),
+            row("8K b", 1, "overlapped", 1, 0.97, 1.01),
             row("8K a", 1, "overlapped", 2, 0.50, 0.50), row("8K a", 1, "eager", 1, 0.8, 0.8),
             row("CP", 16, "overlapped", 1, 0.75, 1.06), row("CP", 16, "overlapped", 2, 0.7, 0.9),
             row("CP", 16, "eager", 1, 0.54, 0.76), row("CP", 16, "eager", 2, 0.50, 0.69)]
@@ -335,6 +337,8 @@ def test_llama3_record_and_the_context_parallel_sentence():
     assert "three published sources" in text
     assert "0.96-1.01x the 8K rows' rate and a fall to 0.943 of it" in text
     assert "where 0.930 was measured" in text
+    assert ("it puts 85 GiB on each GPU of a run that fit in 80 GB without recompute, 12 GiB "
+            "of it the stage's whole FP32 gradients") in text
     cp = describe_context_parallel({"tensor_parallel": entry})
     assert "Llama 3 405B at 128K tokens with CP 16 (all-gather) on 16,384 H100s" in cp
     assert "0.75x its rate counting the causal half" in cp and "1.06x counting the whole" in cp

@@ -61,6 +61,11 @@ MEMORY_OPS_FLOPS_PER_ELEMENT = {
     "batch_norm_backward": 8, "native_layer_norm": 5, "native_layer_norm_backward": 8,
     "native_group_norm": 5, "native_group_norm_backward": 8, "_fused_rms_norm": 4,
     "_fused_rms_norm_backward": 6,
+    # the fused kernels of Megatron-Core's Llama block (models/fused.py): RMSNorm as above;
+    # silu(gate) x up, per output element sigmoid's exp, add and reciprocal and two multiplies
+    # (its backward about 8); the rotary embedding, two multiplies and an add an element
+    "te_rms_norm": 4, "te_rms_norm_backward": 6, "te_swiglu": 5, "te_swiglu_backward": 8,
+    "te_rope": 3, "te_rope_backward": 3,
     # softmax family: max, subtract, exp, sum, divide
     "_softmax": 5, "_log_softmax": 5, "_safe_softmax": 5, "_softmax_backward_data": 3,
     "_log_softmax_backward_data": 3,

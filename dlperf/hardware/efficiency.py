@@ -314,15 +314,16 @@ _CLASS_OF_OP = {
         "_adaptive_avg_pool2d")},
     **{op: "channel-norm" for op in _TWO_PASS_FORWARD},
     **{op: "channel-norm-backward" for op in _CHANNEL_NORM_BACKWARD},
-    **{op: "norm" for op in ("native_layer_norm", "_softmax", "_log_softmax")},
+    # (models/fused.py's RMSNorm: TransformerEngine's one-pass kernels, a row in registers)
+    **{op: "norm" for op in ("native_layer_norm", "_softmax", "_log_softmax", "te_rms_norm")},
     **{op: "reduction-backward" for op in (
         "native_layer_norm_backward", "_softmax_backward_data", "_log_softmax_backward_data",
-        "_adaptive_avg_pool2d_backward")},
+        "_adaptive_avg_pool2d_backward", "te_rms_norm_backward")},
     **{op: "transcendental" for op in (
         "gelu", "gelu_backward", "silu", "silu_backward", "sigmoid", "sigmoid_backward",
         "tanh", "tanh_backward", "exp", "erf", "log", "softplus", "softplus_backward",
         "mish", "mish_backward", "elu", "elu_backward", "log_sigmoid_forward",
-        "log_sigmoid_backward")},
+        "log_sigmoid_backward", "te_swiglu", "te_swiglu_backward")},
     **{op: "window" for op in (
         "max_pool2d_with_indices", "avg_pool2d", "max_pool3d_with_indices", "avg_pool3d")},
     **{op: "window-backward" for op in (

@@ -334,6 +334,7 @@ def _llama3_entry(result: dict) -> dict:
                 and (r["cp"] > 1) == cp]
 
     eight = rows("overlapped", False)
+    first = next(r for r in eight if r["gpus"] == min(x["gpus"] for x in eight))
     fall = [x for x in result["relative"] if x["stack"] == "overlapped"
             and x["micro_batch"] == 1 and x["count"] == "causal" and "over 8,192" in x["measure"]]
     (cp,) = rows("overlapped", True)
@@ -345,7 +346,11 @@ def _llama3_entry(result: dict) -> dict:
             "cp_causal": cp["ratio_causal"], "cp_full": cp["ratio_full"],
             "cp_seq": cp["seq"], "cp": cp["cp"], "cp_gpus": cp["gpus"],
             "cp_eager_low": min(r["ratio_causal"] for r in eager),
-            "cp_eager_high": max(r["ratio_full"] for r in eager)}
+            "cp_eager_high": max(r["ratio_full"] for r in eager),
+            # the 8K run's memory a GPU (it ran in 80 GB without recompute) and the part of it
+            # that is the stage's whole FP32 gradients
+            "memory_bytes": first["memory_per_gpu_bytes"],
+            "gradient_bytes": first["gradient_bytes_per_gpu"]}
 
 
 def _megatron_2022(m: dict) -> str:
@@ -379,7 +384,12 @@ def _llama3(m: dict) -> str:
     return (f"On {m['source']} (TP 8 x PP 16, run as --tp-impl te with micro-batches of one "
             f"sequence), dlperf predicted {m['rate_low']:.2f}-{m['rate_high']:.2f}x the 8K "
             f"rows' rate and a fall to {m['fall_predicted']:.3f} of it from 8,192 to 16,384 "
-            f"GPUs where {m['fall_measured']:.3f} was measured. ")
+            f"GPUs where {m['fall_measured']:.3f} was measured"
+            + (f"; it puts {m['memory_bytes'] / 2**30:.0f} GiB on each GPU of a run that fit "
+               f"in 80 GB without recompute, {m['gradient_bytes'] / 2**30:.0f} GiB of it the "
+               "stage's whole FP32 gradients, which Meta's FSDP shards and Megatron's "
+               "distributed optimizer (as dlperf runs it) keeps whole"
+               if "memory_bytes" in m else "") + ". ")
 
 
 def describe_context_parallel(record: dict | None = None) -> str:

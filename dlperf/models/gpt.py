@@ -70,6 +70,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope
+
 
 # How context parallelism moves K and V (GPTConfig.cp_comm): "p2p", TransformerEngine's ring
 # (Megatron-Core's default --cp-comm-type); "allgather", every rank's gathered before the
@@ -164,6 +166,15 @@ class GPTConfig:
         return self.heads // (self.kv_heads or self.heads)
 
     @property
+    def fused_kernels(self) -> bool:
+        """Whether a Llama block runs Megatron-Core's fused kernels on TransformerEngine
+        (``tp_impl="te"``; models/fused.py): RMSNorm, SwiGLU and the rotary embedding each one
+        kernel keeping only what it needs, and grouped-query attention without the copy of K
+        and V to the query heads (cuDNN's and flash attention's kernels take them as they are).
+        The GPT-2 form's LayerNorm and GELU are single kernels already."""
+        return self.tp_impl == "te"
+
+    @property
     def token_split(self) -> int:
         """Ranks the residual stream's tokens are split over between the split regions: tp
         with sequence parallelism, 1 (every rank holds them all) without it."""
@@ -214,7 +225,7 @@ class RMSNorm(nn.Module):
 
 def _norm(cfg: "GPTConfig") -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
+        return (FusedRMSNorm if cfg.fused_kernels else RMSNorm)(cfg.d_model, cfg.norm_eps)
     return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
 
 
@@ -238,10 +249,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig, training: bool,
            mask: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q, k, v [B, H, T, D]: one fused kernel (``sdpa``), or ``math``'s
-    kernels (module docstring) with ``mask`` [T, T] True above the diagonal (GPT.causal)."""
+    kernels (module docstring) with ``mask`` [T, T] True above the diagonal (GPT.causal). k
+    and v may have fewer heads than q (a divisor) for ``sdpa`` only: the kernel reads each
+    K/V head for its group of query heads."""
     p = cfg.dropout if training else 0.0
     if cfg.attention == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
+                                              enable_gqa=k.shape[1] != q.shape[1])
     t = q.shape[-2]
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
     probs = F.softmax(scores.masked_fill(mask[:t, :t], float("-inf")), dim=-1)
@@ -344,9 +358,11 @@ def cp_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig,
                 received, source = (_CPExchange.apply(k, 1), _CPExchange.apply(v, 1)), src
             keys, values = (x if len(ks) == 2 else x[:, :, :c] for x in received)
         query = q if qs == mine else q[:, :, :c] if qs == (mine[0],) else q[:, :, c:]
-        out = F.scaled_dot_product_attention(query, _repeat_heads(keys, groups),
-                                             _repeat_heads(values, groups), dropout_p=p,
-                                             is_causal=causal)
+        if not cfg.fused_kernels:  # (TransformerEngine's kernels take K and V as they are)
+            keys, values = _repeat_heads(keys, groups), _repeat_heads(values, groups)
+        out = F.scaled_dot_product_attention(query, keys, values, dropout_p=p,
+                                             is_causal=causal,
+                                             enable_gqa=keys.shape[1] != query.shape[1])
         parts = (out[:, :, :c], out[:, :, c:]) if qs == mine else (out,)
         for chunk, part in zip(qs, parts):
             i = mine.index(chunk)
@@ -395,13 +411,14 @@ class GQAttention(nn.Module):
         k = self.wk(x).view(b, t, self.kv_heads, self.head_dim)
         v = self.wv(x).view(b, t, self.kv_heads, self.head_dim)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            turn = fused_rope if self.cfg.fused_kernels else apply_rope
+            q, k = turn(q, *rope), turn(k, *rope)
         groups = self.heads // self.kv_heads
         if self.cfg.cp > 1:  # K and V cross the ranks before their repeat to the query heads
             y = cp_attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
                           self.training)
             return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
-        if groups > 1:
+        if groups > 1 and not (self.cfg.fused_kernels and self.cfg.attention == "sdpa"):
             k, v = (z[:, :, :, None].expand(b, t, self.kv_heads, groups, self.head_dim)
                     .reshape(b, t, self.heads, self.head_dim) for z in (k, v))
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
@@ -520,7 +537,9 @@ class Block(nn.Module):
         self.fc = _column(cfg, cfg.d_model, hidden, cfg.bias)
         if self.swiglu:  # Llama's w1 (fc), w3 (gate) and w2 (out): out(silu(fc(x)) * gate(x))
             self.gate = _column(cfg, cfg.d_model, hidden, cfg.bias)
-        self.act = nn.SiLU() if self.swiglu else nn.GELU(approximate="tanh")
+        # (the fused SwiGLU takes both GEMMs' outputs: one kernel, keeping only them)
+        self.act = ((FusedSwiGLU() if cfg.fused_kernels else nn.SiLU()) if self.swiglu
+                    else nn.GELU(approximate="tanh"))
         self.out = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
@@ -530,7 +549,10 @@ class Block(nn.Module):
         a = self.attn(_gather(self.ln1(x), self.gather), rope, mask)
         x = x + self.drop(_scatter(a, self.split))
         h = _gather(self.ln2(x), self.gather)
-        h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
+        if isinstance(self.act, FusedSwiGLU):
+            h = self.act(self.fc(h), self.gate(h))
+        else:
+            h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
         return x + self.drop(_scatter(self.out(h), self.split))
 
 

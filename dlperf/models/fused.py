@@ -1,0 +1,189 @@
+"""The fused kernels of a Llama block as Megatron-Core runs it on TransformerEngine's layers
+(models/gpt.py, ``tp_impl="te"``): each one op to the capture, so dlperf charges one kernel
+for it and counts what it keeps for the backward, as the real kernel does.
+
+Why hand-written: eager PyTorch has no such ops off the GPU (``F.rms_norm`` decomposes into
+ten elementwise kernels on meta and CPU tensors, there is no fused SwiGLU or rotary
+embedding), and what the unfused kernels keep is what made dlperf's count of a Llama 3 405B
+block 1.46x Megatron-Core's (0.72 GiB against 0.50 at TP 8, 8,192 tokens). Each op here is a
+``torch.library.custom_op`` with a real implementation (so a module built with them trains,
+and tests/test_fused_kernels.py checks their gradients against autograd's in float64), a fake
+one for meta tensors, and a backward that is itself one op.
+
+* ``rms_norm``: TransformerEngine's fused RMSNorm (the normalisation inside
+  ``LayerNormLinear`` / ``TELayerNormColumnParallelLinear``, Megatron-Core's
+  ``--normalization RMSNorm``): one pass reads x and writes the normalised output and the
+  FP32 reciprocal root mean square per token; it keeps x and that (transformer_engine/pytorch/
+  module/layernorm_linear.py saves ``inputmat``, ``mu``, ``rsigma``; the normalised output it
+  also keeps is the next GEMM's input, kept there). The backward is one pass too.
+* ``swiglu``: Megatron-Core's ``bias_swiglu_impl`` (megatron/core/fusions/
+  fused_bias_swiglu.py, on by default: ``--no-bias-swiglu-fusion`` turns it off): silu(gate)
+  x up in one pass, keeping only its input (the first MLP GEMM's output, gate and up); the
+  product is the second GEMM's input, kept there.
+* ``rope``: TransformerEngine's fused rotary embedding (``fused_apply_rotary_pos_emb``;
+  Megatron-Core's ``--no-rope-fusion`` turns it off): one pass in the input's dtype, keeping
+  only the angle tables (a buffer, not an activation). Pairs are (x[2i], x[2i+1]) as in
+  ``gpt.apply_rope`` (TransformerEngine rotates halves; the same kernel, the same traffic).
+
+Registering the ops is torch.library's process-wide registry: done once, at import.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+NAMESPACE = "dlperf"
+
+
+def _wide(x: Tensor) -> Tensor:
+    """x in FP32 (the fused kernels' arithmetic), or as it is if wider (float64 tests)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+# the op names the capture records (func._overloadpacket.__name__): analysis/costs.py charges
+# each as one memory-bound kernel
+OPS = ("te_rms_norm", "te_rms_norm_backward", "te_swiglu", "te_swiglu_backward", "te_rope",
+       "te_rope_backward")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_rms_norm", mutates_args=())
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    xf = _wide(x)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * rstd).to(x.dtype) * weight, rstd
+
+
+@_rms_norm.register_fake
+def _(x, weight, eps):
+    return (x.new_empty(x.shape, dtype=torch.result_type(x, weight)),
+            x.new_empty((*x.shape[:-1], 1), dtype=torch.promote_types(x.dtype, torch.float32)))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_rms_norm_backward", mutates_args=())
+def _rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor
+                       ) -> tuple[Tensor, Tensor]:
+    # y = n * w with n = x * rstd; dx = rstd (g w - n mean(g w n)); dw = sum(g n)
+    xf, g = _wide(x), _wide(grad)
+    n = xf * rstd
+    gw = g * _wide(weight)
+    dx = rstd * (gw - n * (gw * n).mean(-1, keepdim=True))
+    dw = (g * n).reshape(-1, x.shape[-1]).sum(0)
+    return dx.to(x.dtype), dw.to(weight.dtype)
+
+
+@_rms_norm_backward.register_fake
+def _(grad, x, weight, rstd):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_backward(ctx, grad, _grad_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_norm_backward(grad, x, weight, rstd)
+    return dx, dw, None
+
+
+_rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_swiglu", mutates_args=())
+def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+@_swiglu.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape, dtype=torch.result_type(gate, up))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_swiglu_backward", mutates_args=())
+def _swiglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    gf, uf, g = _wide(gate), _wide(up), _wide(grad)
+    s = torch.sigmoid(gf)
+    silu = gf * s
+    return (g * uf * s * (1 + gf * (1 - s))).to(gate.dtype), (g * silu).to(up.dtype)
+
+
+@_swiglu_backward.register_fake
+def _(grad, gate, up):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_grad(ctx, grad):
+    gate, up = ctx.saved_tensors
+    return _swiglu_backward(grad, gate, up)
+
+
+_swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
+    """x [B, T, H, D] with each pair turned by +-angle (``sign``), in FP32, in x's dtype."""
+    t = x.shape[1]
+    c, s = cos[:t, None, :], sign * sin[:t, None, :]
+    x0, x1 = _wide(x).unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2).to(x.dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_rope", mutates_args=())
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return _rotate(x, cos, sin, 1.0)
+
+
+@_rope.register_fake
+def _(x, cos, sin):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_rope_backward", mutates_args=())
+def _rope_backward(grad: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return _rotate(grad, cos, sin, -1.0)  # a rotation's transpose turns the other way
+
+
+@_rope_backward.register_fake
+def _(grad, cos, sin):
+    return grad.new_empty(grad.shape)
+
+
+def _rope_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+def _rope_grad(ctx, grad):
+    cos, sin = ctx.saved_tensors
+    return _rope_backward(grad, cos, sin), None, None
+
+
+_rope.register_autograd(_rope_grad, setup_context=_rope_setup)
+
+
+class FusedRMSNorm(nn.Module):
+    """RMSNorm as one kernel (``rms_norm`` above): the same parameter as gpt.RMSNorm's."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _rms_norm(x, self.weight, self.eps)[0]
+
+
+class FusedSwiGLU(nn.Module):
+    """silu(gate) x up as one kernel (``swiglu`` above). A module, so the capture names its
+    kernels after it (its output marks the autograd nodes it owns)."""
+
+    def forward(self, gate: Tensor, up: Tensor) -> Tensor:
+        return _swiglu(gate, up)
+
+
+def fused_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, T, H, D] rotated as ``gpt.apply_rope`` does, in one kernel."""
+    return _rope(x, cos, sin)
