@@ -338,7 +338,7 @@ def test_llama3_record_and_the_context_parallel_sentence():
     assert "0.96-1.01x the 8K rows' rate and a fall to 0.943 of it" in text
     assert "where 0.930 was measured" in text
     assert ("it puts 85 GiB on each GPU of a run that fit in 80 GB without recompute, 12 GiB "
-            "of it the stage's whole FP32 gradients") in text
+            "of it the stage's FP32 gradients held whole through the micro-batches") in text
     cp = describe_context_parallel({"tensor_parallel": entry})
     assert "Llama 3 405B at 128K tokens with CP 16 (all-gather) on 16,384 H100s" in cp
     assert "0.75x its rate counting the causal half" in cp and "1.06x counting the whole" in cp

@@ -387,8 +387,8 @@ def _llama3(m: dict) -> str:
             f"GPUs where {m['fall_measured']:.3f} was measured"
             + (f"; it puts {m['memory_bytes'] / 2**30:.0f} GiB on each GPU of a run that fit "
                f"in 80 GB without recompute, {m['gradient_bytes'] / 2**30:.0f} GiB of it the "
-               "stage's whole FP32 gradients, which Meta's FSDP shards and Megatron's "
-               "distributed optimizer (as dlperf runs it) keeps whole"
+               "stage's FP32 gradients held whole through the micro-batches (the paper "
+               "accumulates them in FP32 and shards them, not saying when)"
                if "memory_bytes" in m else "") + ". ")
 
 
