@@ -29,6 +29,7 @@ OPTIONAL_INTS = ("loader_workers_per_gpu",)  # blank: unknown
 def read_rows(path: Path) -> list[dict]:
     from dlperf.analysis.costs import OPTIMIZER_IMPLS
     from dlperf.analysis.fusion import FUSIONS
+    from dlperf.analysis.scaling import KVSTORES
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
@@ -68,6 +69,11 @@ def read_rows(path: Path) -> list[dict]:
         # NCCL_ALGO / NCCL_PROTO of the run, when its NCCL lacked some (blank: all of today's)
         for key in ("nccl_algo", "nccl_proto"):
             row[key] = row.get(key) or None
+        # MXNet's device kvstore where the run reduced with it (blank: NCCL)
+        row["kvstore"] = row.get("kvstore") or None
+        if row["kvstore"] not in (None, *KVSTORES):
+            raise SystemExit(f"{path}: {row['id']}: kvstore must be one of "
+                             f"{', '.join(KVSTORES)} or blank (NCCL)")
     return rows
 
 
@@ -93,9 +99,11 @@ def capture(rows: list[dict]) -> list[tuple]:
     return out
 
 
-def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) -> list[dict]:
+def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
+          kvstore_op_s: float | None = None) -> list[dict]:
     """Each row with dlperf's scale-out prediction (``efficiency``: default, the shipped one;
-    ``step_cv``: the spread of one GPU's step, default scaling.STEP_CV)."""
+    ``step_cv``: the spread of one GPU's step, default scaling.STEP_CV; ``kvstore_op_s``: the
+    device kvstore's cost per operation, default scaling.MXNET_KVSTORE_OP_S)."""
     from dlperf.analysis.api import predict_on
     from dlperf.analysis.scaling import ScaleConfig, scale_out
     from dlperf.hardware.interconnect import get_interconnect
@@ -113,7 +121,9 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) 
                             loader_workers_per_gpu=row["loader_workers_per_gpu"],
                             overlap=row["overlap"],
                             bn_group=row["bn_group"], step_cv=step_cv,
-                            nccl_algo=row["nccl_algo"], nccl_proto=row["nccl_proto"])
+                            nccl_algo=row["nccl_algo"], nccl_proto=row["nccl_proto"],
+                            kvstore=row["kvstore"],
+                            kvstore_op_s=kvstore_op_s if row["kvstore"] else None)
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU
         per_sample = row["image_size"] if cfg.tokens else 1
@@ -135,6 +145,7 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None) 
                                            if measured_eff else None),
                     "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"],
                     "straggler_s": r["straggler_s"], "step_s": r["step_s"],
+                    "kvstore_ops": r["communication"].get("engine_ops"),
                     # the collectives the step runs, hidden or not (FSDP's on every
                     # micro-batch): their share of the step is what overlap must hide
                     "comm_s_per_step": r["communication"]["comm_s"]

@@ -219,7 +219,10 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         + f"{seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] != 'ddp' and here['grad_accum'] > 1 else 'step'}"
         + (f" (NCCL: {comm['nccl']} for the largest "
-           f"{'bucket' if comm['strategy'] == 'ddp' else 'unit'})" if comm.get("nccl") else "")
+           f"{'bucket' if comm['strategy'] == 'ddp' else 'unit'})" if comm.get("nccl") else
+           f" (MXNet's device kvstore: {comm['keys']:,} gradients, {comm['engine_ops']:,} "
+           f"engine operations at {comm['op_s'] * 1e6:.2f} us, not beside the backward)"
+           if comm.get("kvstore") else "")
         + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp or pipe or cp else ''}"
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")

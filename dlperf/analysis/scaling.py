@@ -541,6 +541,44 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
             "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
 
 
+# MXNet's device kvstore (`--kv-store device`; apache/mxnet src/kvstore/comm.h, CommDevice;
+# NVIDIA's MXNet ResNet-50 of 2018: its 18.12 README's runner and MLPerf v0.5's DGX-1 run):
+# one process drives a node's GPUs, and each gradient tensor (a key) is reduced on its own,
+# by the threaded engine, one operation at a time: its n copies into a merge buffer on the
+# GPU the key is assigned to (keys spread by size), one ElementwiseSum, the update (on the
+# kvstore), the copy back into the stored value and n copies out to the GPUs; on one GPU only
+# the last two and the update run, so n GPUs add 2 n operations a key. Each costs the engine's
+# scheduling and a launch: MXNET_KVSTORE_OP_S, fitted by benchmarks/fit_kvstore.py to NVIDIA's
+# 18.12 README (4 and 8 V100s of a DGX-1, fp16 and FP32: 18-20 ms a step at 8 GPUs whether the
+# gradients are 51 or 102 MB, so operations, not bytes, set the cost), the record blog's run
+# held out; the bytes move at the node's bus bandwidth (each GPU sends and receives
+# 2 (n - 1) / n of them, as in a ring). Not overlapped with the backward: the added time is
+# the same at batch 96 and 208 (results/kvstore-fit.json).
+KVSTORES = ("device",)
+MXNET_KVSTORE_OP_S = 5.43e-6  # results/kvstore-fit.json: 5.431 us
+
+
+def device_kvstore_ops(keys: int, gpus: int) -> int:
+    """Engine operations MXNet's device kvstore adds to a step on ``gpus`` GPUs over one GPU's:
+    2 n a key (see MXNET_KVSTORE_OP_S)."""
+    return keys * 2 * gpus if gpus > 1 else 0
+
+
+def device_kvstore_s(params: list[tuple[str, int]], gpus: int, node,
+                     op_s: float | None = None) -> dict:
+    """One step's reduction of the gradients ``params`` ([(name, bytes)], one key each) by
+    MXNet's device kvstore on ``gpus`` GPUs of ``node``: its engine operations at ``op_s``
+    each (None: MXNET_KVSTORE_OP_S) and its copies at the node's bus bandwidth, all exposed."""
+    op_s = MXNET_KVSTORE_OP_S if op_s is None else op_s
+    nbytes = sum(b for _, b in params)
+    ops = device_kvstore_ops(len(params), gpus)
+    copies = 2 * (gpus - 1) / gpus * nbytes / node.bus_bandwidth if gpus > 1 else 0.0
+    t = ops * op_s + copies
+    return {"kvstore": "device", "keys": len(params), "engine_ops": ops, "op_s": op_s,
+            "copy_s": copies, "comm_s": t, "exposed_s": t, "buckets": len(params),
+            "bucket_bytes": [max((b for _, b in params), default=0)]}
+
+
 # fsdp: full sharding (ZeRO-3); fsdp-grad-op: FSDP's SHARD_GRAD_OP (ZeRO-2), parameters
 # gathered once in the forward and kept until the backward has used them; hsdp: FSDP's
 # HYBRID_SHARD, full sharding inside each node and a replica per node
@@ -809,6 +847,11 @@ class ScaleConfig:
     cp_comm: str = "p2p"
     cp_kv_bytes: int = 0
     cp_layers: int = 0
+    # the gradients' reduction: NCCL's collectives (None), or MXNet's single-process device
+    # kvstore ("device": ``device_kvstore_s``), one node's GPUs driven by one process; and
+    # that kvstore's cost per engine operation (None: MXNET_KVSTORE_OP_S, the fitted one)
+    kvstore: str | None = None
+    kvstore_op_s: float | None = None
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -900,6 +943,20 @@ class ScaleConfig:
         if self.loader_workers_per_gpu is not None and self.loader_workers_per_gpu < 1:
             raise DlperfError("--loader-workers needs a count of at least 1 (the data "
                               "loader's worker processes per GPU)")
+        if self.kvstore is not None:
+            if self.kvstore not in KVSTORES:
+                raise DlperfError(f"--kvstore {self.kvstore!r}: choose one of "
+                                  f"{', '.join(KVSTORES)}")
+            if (self.strategy != "ddp" or self.distributed_optimizer or self.tp > 1
+                    or self.pp > 1 or self.cp > 1 or self.gpus > self.gpus_per_node):
+                raise DlperfError(f"--kvstore {self.kvstore} is MXNet's reduction inside one "
+                                  "node by one process: use it with --strategy ddp on at most "
+                                  f"--gpus-per-node ({self.gpus_per_node}) GPUs, without "
+                                  "--tp, --pp, --cp or --distributed-optimizer")
+            if self.kvstore_op_s is not None and not (finite_number(self.kvstore_op_s)
+                                                      and self.kvstore_op_s >= 0):
+                raise DlperfError(f"the kvstore's cost per operation {self.kvstore_op_s!r}: "
+                                  "give seconds, 0 or more")
 
     @staticmethod
     def _allowed(text: str | None, known: tuple[str, ...], flag: str) -> frozenset | None:
@@ -1034,6 +1091,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         exposed = 0.0
         optimizer_s = single_opt_s
         comm.update(comm_s=0.0, exposed_s=0.0)
+    elif cfg.kvstore == "device":
+        d = device_kvstore_s(params, dcfg.gpus, node, cfg.kvstore_op_s)
+        exposed = d["exposed_s"]
+        comm.update(d, bucket_copy_s=0.0, overlap=False, nccl=None)
     elif cfg.strategy == "ddp":
         on_cpu = not analysis.device.tensor_cores
         overlap = cfg.overlap and not on_cpu
@@ -1240,7 +1301,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     elif bubble > 0.05 * step_s and bubble >= exposed:
         limit = "pipeline bubble"
     elif exposed > 0.05 * step_s:
-        limit = "communication"
+        limit = ("communication (MXNet's device kvstore)" if cfg.kvstore == "device"
+                 else "communication")
     else:
         limit = "compute"
     # one GPU; with tensor parallelism, its tp ranks without their collectives
@@ -1285,7 +1347,8 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
             for n in CURVE if n % (cfg.tp * cfg.pp * cfg.cp) == 0 and (
-                cfg.strategy != "hsdp" or n <= cfg.gpus_per_node or n % cfg.gpus_per_node == 0)]
+                cfg.strategy != "hsdp" or n <= cfg.gpus_per_node or n % cfg.gpus_per_node == 0)
+            and (cfg.kvstore is None or n <= cfg.gpus_per_node)]  # (one process, one node)
 
 
 def scale_out_and_curve(analysis, params, cfg: ScaleConfig, node, network

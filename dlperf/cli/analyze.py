@@ -206,6 +206,11 @@ def add_parser(sub) -> None:
     s.add_argument("--nccl-proto", default=None, metavar="LIST",
                    help="NCCL_PROTO as the job sets it: LL, LL128, Simple, or ^ before the ones "
                         "left out [NCCL's own choice]")
+    s.add_argument("--kvstore", choices=("device",), default=None,
+                   help="reduce the gradients as MXNet's device kvstore does (--kv-store "
+                        "device: one process drives the node's GPUs, each gradient summed by "
+                        "copies between them, one engine operation at a time), not by NCCL; "
+                        "one node [NCCL]")
     s.add_argument("--step-cv", type=float, default=None, metavar="FRACTION",
                    help="the spread of one GPU's step time (coefficient of variation): every "
                         "synchronous step waits for the slowest GPU [0.01, fitted to the "
@@ -368,6 +373,8 @@ def run(args) -> int:
         raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb, --grad-as-bucket-view "
                           "and --distributed-optimizer shape the collectives of the "
                           "scale-out: add --gpus N")
+    if args.gpus is None and args.kvstore is not None:
+        raise DlperfError("--kvstore reduces the gradients of the scale-out: add --gpus N")
     if args.distributed_optimizer and args.strategy != "ddp":
         raise DlperfError(f"--distributed-optimizer is DDP's (Megatron-LM's); --strategy "
                           f"{args.strategy} shards the optimizer already: drop one of them")
@@ -499,7 +506,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       distributed_optimizer=args.distributed_optimizer,
                       bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
-                      nccl_proto=args.nccl_proto)
+                      nccl_proto=args.nccl_proto, kvstore=args.kvstore)
     return cfg, node, network, layout
 
 

@@ -1,0 +1,106 @@
+"""MXNet's device kvstore (scaling.device_kvstore_s, `analyze --kvstore device`): its engine
+operations and copies by hand, where it applies, its fit (benchmarks/fit_kvstore.py) and the
+record blog's DGX-1 it was held out of."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import load_benchmark
+
+from dlperf.analysis.scaling import (MXNET_KVSTORE_OP_S, ScaleConfig, device_kvstore_ops,
+                                     device_kvstore_s, scale_out, scaling_curve)
+from dlperf.errors import DlperfError
+from dlperf.hardware.interconnect import PRESETS, Interconnect
+
+ROOT = Path(__file__).resolve().parents[1]
+NODE = Interconnect("n", "node", 100e9, 1e-6, "node", "test")
+
+
+def test_engine_operations_and_copies_by_hand():
+    # ResNet-50's 161 gradient tensors on 8 GPUs: per key 8 copies in, a sum, the copy back
+    # to the stored value and 8 copies out, against one GPU's copy back, copy out and update
+    # (the update runs either way): 2 x 8 = 16 more a key, 2,576 a step
+    assert device_kvstore_ops(161, 8) == 2576
+    assert device_kvstore_ops(161, 4) == 1288
+    assert device_kvstore_ops(161, 1) == 0
+    # two keys of 1 and 3 MB on 4 GPUs at 100 GB/s and 5 us an operation: 16 operations
+    # (80 us) and 2 x 3/4 x 4 MB = 6 MB of copies (60 us) = 140 us, none beside the backward
+    d = device_kvstore_s([("a", 1_000_000), ("b", 3_000_000)], 4, NODE, op_s=5e-6)
+    assert d["engine_ops"] == 16 and d["keys"] == 2
+    assert d["copy_s"] == pytest.approx(60e-6)
+    assert d["comm_s"] == d["exposed_s"] == pytest.approx(140e-6)
+    assert device_kvstore_s([("a", 1_000_000)], 1, NODE)["comm_s"] == 0.0
+    # the shipped cost per operation by default
+    assert device_kvstore_s([("a", 8)], 2, NODE)["op_s"] == MXNET_KVSTORE_OP_S
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(strategy="fsdp"), dict(distributed_optimizer=True), dict(gpus=16),
+    dict(tp=2), dict(kvstore="local"), dict(kvstore_op_s=-1.0)])
+def test_the_kvstore_is_refused_where_mxnet_does_not_run_it(kwargs):
+    base = dict(gpus=8, kvstore="device")
+    with pytest.raises(DlperfError, match="kvstore"):
+        ScaleConfig(**{**base, **kwargs})
+
+
+def test_scale_out_under_the_kvstore_exposes_it_and_names_it():
+    from test_scaling import _resnet18_on_h100
+
+    analysis, params = _resnet18_on_h100()
+    nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    nccl = scale_out(analysis, params, ScaleConfig(gpus=8), nvlink, ndr)
+    kv = scale_out(analysis, params, ScaleConfig(gpus=8, kvstore="device", kvstore_op_s=1e-4),
+                   nvlink, ndr)
+    want = device_kvstore_s(params, 8, nvlink, 1e-4)["exposed_s"]  # 62 keys x 16 x 100 us
+    assert kv["exposed_comm_s"] == pytest.approx(want) and want > 0.09
+    assert kv["communication"]["kvstore"] == "device" and kv["communication"]["nccl"] is None
+    assert kv["limited_by"] == "communication (MXNet's device kvstore)"
+    assert kv["per_gpu_samples_per_s"] < nccl["per_gpu_samples_per_s"]
+    # the same single-GPU step underneath: one step is longer by the kvstore's time less the
+    # NCCL run's exposed all-reduce and bucket copies (the wait for the slowest GPU alike)
+    assert kv["step_s"] - nccl["step_s"] == pytest.approx(want - nccl["exposed_comm_s"])
+    # one process drives one node: the curve stops at its GPUs
+    curve = scaling_curve(analysis, params, ScaleConfig(gpus=8, kvstore="device"), nvlink, ndr)
+    assert [r["gpus"] for r in curve] == [1, 2, 4, 8]
+
+
+def test_least_squares_through_the_origin_by_hand():
+    fit = load_benchmark("fit_kvstore")
+    # x = [10, 20] operations, y = [1, 2] ms: sum(xy) / sum(x^2) = 50 / 500 = 0.1 ms = 1e-4 s
+    assert fit.fit([{"ops": 10, "residual_ms": 1.0}, {"ops": 20, "residual_ms": 2.0}]) == \
+        pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="more than one GPU"):
+        fit.fit([{"ops": 0, "residual_ms": 1.0}])
+
+
+def test_the_shipped_cost_is_the_saved_fit_and_the_record_is_held_out_within_5_percent():
+    saved = json.loads((ROOT / "benchmarks/results/kvstore-fit.json").read_text())["results"]
+    assert MXNET_KVSTORE_OP_S == pytest.approx(saved["op_s"], rel=1e-3)
+    rows = {r["id"]: r for r in saved["rows"]}
+    fitted = [r for r in rows.values() if r["role"] == "fit"]
+    assert len(fitted) == 4 and all(r["flag"] == "kvstore-fit" for r in fitted)
+    record = rows["record-dgx1-v100-x8"]
+    assert record["role"] == "held out"
+    # issue #14's proof: the blog's 7,850 img/s on one DGX-1, within 5%, the limit named
+    assert record["total_measured"] == pytest.approx(7850)
+    assert 0.95 <= record["total_predicted"] / 7850 <= 1.05
+    assert record["limited_by"] == "communication (MXNet's device kvstore)"
+
+
+def test_cli_kvstore(capsys):
+    from conftest import run_cli
+
+    code, _, err = run_cli(["analyze", "resnet18", "--train", "--kvstore", "device"], capsys)
+    assert code == 2 and "--kvstore reduces the gradients of the scale-out: add --gpus" in err
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "32",
+                              "--device", "v100-sxm2", "--dtype", "fp16", "--gpus", "8",
+                              "--kvstore", "device", "--top", "1"], capsys)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "MXNet's device kvstore: 62 gradients, 992 engine operations" in flat
+    code, _, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "16", "--kvstore",
+                            "device"], capsys)
+    assert code == 2 and "at most --gpus-per-node (8) GPUs" in err
