@@ -59,7 +59,10 @@ Written for analysis: it is ordinary PyTorch, so the same module trains, and dlp
 the kernels a language-model user runs (QKV projection, attention, MLP, LM head over the vocab).
 The Llama form runs the kernels of torchtitan's Llama (torchtitan/models/llama/model.py, 2024):
 RMSNorm computed in FP32 from its elementwise ops, rotary embedding in FP32, K and V heads
-repeated to the query heads before attention, separate q, k, v projections.
+repeated to the query heads before attention, separate q, k, v projections. Under
+``tp_impl="te"`` it runs Megatron-Core's fused kernels instead (``GPTConfig.fused_kernels``,
+models/fused.py): RMSNorm, SwiGLU and the rotary embedding one kernel each, K and V given to
+the attention kernel as they are.
 """
 
 from __future__ import annotations
@@ -391,7 +394,8 @@ class Attention(nn.Module):
 
 class GQAttention(nn.Module):
     """Llama's attention: q, k, v projections (k and v with kv_heads heads), rotary positions
-    on q and k, k and v repeated to the query heads (a copy, as ``repeat_kv``), causal SDPA."""
+    on q and k, k and v repeated to the query heads (a copy, as ``repeat_kv``; not under
+    ``fused_kernels`` with SDPA, whose kernel reads them per group), causal SDPA."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
