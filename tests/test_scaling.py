@@ -705,6 +705,44 @@ def test_memory_per_gpu_under_ddp_and_fsdp():
     assert memory_per_gpu(None, params, "fsdp", 8) is None
 
 
+def test_memory_per_gpu_says_what_it_is_made_of(capsys):
+    from conftest import run_cli
+
+    from dlperf.analysis.html import memory_parts
+    from dlperf.analysis.scaling import memory_per_gpu
+
+    memory = {"weights_bytes": 4e9, "gradients_bytes": 4e9, "optimizer_state_bytes": 4e9,
+              "activations_bytes": 10e9, "total_bytes": 22e9}
+    params = [("blocks.0.w", int(3e9)), ("blocks.1.w", int(1e9))]
+    parts = ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes")
+    # DDP on 8: everything whole, and the buckets' second copy of the gradients (26 GB)
+    ddp = memory_per_gpu(memory, params, "ddp", 8)
+    assert [ddp[k] for k in parts] == [4e9, 4e9, 4e9, 10e9] and ddp["ddp_bucket_bytes"] == 4e9
+    # the distributed optimizer beside a 2 GB half copy of the model: the fp32 masters and the
+    # state 1/8 (0.5 GB each), the half copy whole (weights 2.5 GB), no buckets: 17 GB, as
+    # 22 GB - ((4 + 4) x 7/8 - 2) was before the parts were kept
+    do = memory_per_gpu(memory, params, "ddp", 8, bucket_view=True, optimizer_sharded=True,
+                        model_copy_bytes=2e9)
+    assert (do["weights_bytes"], do["optimizer_state_bytes"]) == (2.5e9, 0.5e9)
+    assert do["total_bytes"] == pytest.approx(17e9)
+    # FSDP on 8: each state 1/8, the gathered root (none) + 2 x the largest block (3 GB)
+    fsdp = memory_per_gpu(memory, params, "fsdp", 8)
+    assert [fsdp[k] for k in parts] == [0.5e9, 0.5e9, 0.5e9, 10e9]
+    assert fsdp["gathered_bytes"] == 6e9 and fsdp["total_bytes"] == pytest.approx(17.5e9)
+    for m in (ddp, do, fsdp):  # the parts add up to the total
+        assert sum(v for k, v in m.items() if k.endswith("_bytes") and k not in (
+            "total_bytes", "sharded_state_bytes")) == pytest.approx(m["total_bytes"])
+    # 4e9 B = 3.73 GiB, 10e9 = 9.31 GiB; a part under a GiB in MiB, an absent one left out
+    assert memory_parts(ddp) == (": weights 3.73 GiB, gradients 3.73 GiB, DDP's buckets "
+                                 "3.73 GiB, optimizer state 3.73 GiB, activations 9.31 GiB")
+    assert memory_parts(do) == (": weights 2.33 GiB, gradients 3.73 GiB, optimizer state "
+                                "477 MiB, activations 9.31 GiB")
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "32", "--gpus",
+                              "8", "--top", "1"], capsys)
+    assert code == 0, err
+    assert "GiB: weights " in " ".join(out.split())
+
+
 def _unit_collectives(params, ratio: float, gpus: int = 8) -> float:
     """NCCL's time for one collective per FSDP unit of ``params``, ``ratio`` of each unit's
     gradient bytes, on ``gpus`` H100s in nodes of 8 over NDR."""

@@ -7,7 +7,24 @@ import html
 import math
 
 from dlperf.hardware.track_record import describe_context_parallel, describe_tensor_parallel
-from dlperf.units import seconds, si
+from dlperf.units import gib, seconds, si
+
+
+# the parts of a GPU's memory at the scale-out (scaling.memory_per_gpu), in the order shown
+MEMORY_PARTS = (("weights_bytes", "weights"), ("gradients_bytes", "gradients"),
+                ("ddp_bucket_bytes", "DDP's buckets"),
+                ("optimizer_state_bytes", "optimizer state"),
+                ("gathered_bytes", "gathered parameters"), ("activations_bytes", "activations"))
+
+
+def memory_parts(memory: dict) -> str:
+    """": weights 6.12 GiB, gradients 11.9 GiB, ...": what a GPU's memory at the scale-out is
+    made of, the parts it holds (none: ""); under a GiB in MiB."""
+    def size(nbytes: float) -> str:
+        return gib(nbytes) if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
+
+    shown = [f"{name} {size(memory[key])}" for key, name in MEMORY_PARTS if memory.get(key)]
+    return f": {', '.join(shown)}" if shown else ""
 
 
 def _record_html(analysis) -> str:
@@ -233,6 +250,9 @@ def _scaling_section(scale_out: dict) -> str:
                f"{here['gpu_decode_samples_per_s']:,.0f} samples/s per GPU; on the host it "
                f"needs {here['host_cores_needed_per_gpu']:.1f} cores per GPU)"
                if here["input_bound"] else "")
+            + (f"; memory per GPU ~{gib(m['total_bytes'])}"
+               + (" (does not fit)" if m.get("fits") is False else "") + memory_parts(m)
+               if (m := here.get("memory_per_gpu")) else "")
             + (f". The loaders' workers outnumber the node's cores "
                f"{here['loader_processes_per_core']:.1f} to 1, which this prediction does not "
                "charge" if (here.get("loader_processes_per_core") or 0) > 1 else "")

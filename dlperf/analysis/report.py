@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dlperf.analysis.html import dtype_label
+from dlperf.analysis.html import dtype_label, memory_parts
 from dlperf.hardware.track_record import describe_context_parallel, describe_tensor_parallel
 from dlperf.hardware.track_record import describe as describe_record
 from dlperf.term import new_console, styled
@@ -237,7 +237,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            if here["input_bound"] else "")
         + (Text(f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}")
            + (styled(" [bold red](does not fit)[/]") if here["memory_per_gpu"].get("fits") is False
-              else "") if here.get("memory_per_gpu") else "") + ".")
+              else "") + memory_parts(here["memory_per_gpu"])
+           if here.get("memory_per_gpu") else "") + ".")
     if (here.get("memory_per_gpu") or {}).get("fits") is False and tokens_per_sample and not tp:
         console.print("It does not fit at this scale, and more data-parallel GPUs do not shrink "
                       "a GPU's activations: --activation-checkpointing keeps only the blocks' "

@@ -516,29 +516,43 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     the forward to the backward. ``optimizer_sharded`` (DDP under Megatron-LM's distributed
     optimizer): the optimizer state 1/n, the rest as DDP; with ``model_copy_bytes`` (the model
     in its half dtype beside fp32 master weights, FSDP-style mixed precision) the masters are
-    1/n too and the half copy is held whole, as Megatron's distributed optimizer keeps them."""
+    1/n too and the half copy is held whole, as Megatron's distributed optimizer keeps them.
+    Returns the total and its parts: weights, gradients, optimizer state and activations as
+    one GPU holds them, and DDP's buckets or FSDP's gathered parameters."""
     if memory is None:
         return None
     grads = sum(b for _, b in params)
-    states = memory["weights_bytes"] + memory["gradients_bytes"] + memory["optimizer_state_bytes"]
+    weights, gradients, state, activations = (
+        memory[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
+                            "activations_bytes"))
+    states = weights + gradients + state
+
+    def parts(**kw) -> dict:  # what each GPU holds, by kind, and their sum
+        out = {"weights_bytes": weights, "gradients_bytes": gradients,
+               "optimizer_state_bytes": state, "activations_bytes": activations, **kw}
+        out["total_bytes"] = sum(v for k, v in out.items() if k.endswith("_bytes"))
+        return out
+
     if strategy == "ddp" or gpus == 1:
         extra = grads if gpus > 1 and not bucket_view else 0
-        saved = ((memory["optimizer_state_bytes"] + (memory["weights_bytes"]
-                                                     if model_copy_bytes is not None else 0))
-                 * (1 - 1 / gpus) - (model_copy_bytes or 0) if optimizer_sharded else 0)
-        return {"total_bytes": memory["total_bytes"] + extra - saved, "ddp_bucket_bytes": extra,
-                **({"optimizer_state_bytes": memory["optimizer_state_bytes"] / gpus}
-                   if optimizer_sharded else {})}
+        if not optimizer_sharded:
+            return parts(ddp_bucket_bytes=extra)
+        # the distributed optimizer: 1/n of the state (and of the fp32 masters beside the
+        # model's half copy, which is held whole)
+        return parts(ddp_bucket_bytes=extra, optimizer_state_bytes=state / gpus,
+                     weights_bytes=(weights / gpus + model_copy_bytes
+                                    if model_copy_bytes is not None else weights))
     if strategy == "fsdp-grad-op":
         gathered = gathered_bytes if gathered_bytes is not None else grads
-        return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
-                "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
-    ratio = gathered_bytes / grads if gathered_bytes is not None and grads else 1.0
-    units = unit_bytes(params) if units is None else units  # (``one_step`` has them)
-    blocks = [b for unit, b in units.items() if unit]
-    gathered = ratio * (units.get("", 0) + 2 * max(blocks, default=0))
-    return {"total_bytes": states / gpus + memory["activations_bytes"] + gathered,
-            "sharded_state_bytes": states / gpus, "gathered_bytes": gathered}
+    else:
+        ratio = gathered_bytes / grads if gathered_bytes is not None and grads else 1.0
+        units = unit_bytes(params) if units is None else units  # (``one_step`` has them)
+        blocks = [b for unit, b in units.items() if unit]
+        gathered = ratio * (units.get("", 0) + 2 * max(blocks, default=0))
+    out = parts(weights_bytes=weights / gpus, gradients_bytes=gradients / gpus,
+                optimizer_state_bytes=state / gpus, gathered_bytes=gathered)
+    out["sharded_state_bytes"] = states / gpus  # (of the total: the three above)
+    return out
 
 
 # MXNet's device kvstore (`--kv-store device`; apache/mxnet src/kvstore/comm.h, CommDevice;
