@@ -43,7 +43,7 @@ def test_the_schedule_by_hand():
     assert pipeline.in_flight(8) == 1.0 and pipeline.in_flight(8, 3) == pytest.approx(31 / 24)
     memory = {"parameters": 1000, "weights_bytes": 4000, "gradients_bytes": 4000,
               "optimizer_state_bytes": 8000, "activations_bytes": 2400, "total_bytes": 18400}
-    held = pipeline.stage_memory(memory, 0.25, 8, 3)
+    held = pipeline.stage_memory(memory, 0.25, pipeline.in_flight_share((3,) * 8, 0, 3))
     # a quarter of the 16,000 bytes of state, and 2,400 x 31 / 24 = 3,100 of activations
     assert held["total_bytes"] == 4000 + 3100 and held["parameters"] == 250
 

@@ -74,8 +74,21 @@ def test_the_stage_that_holds_the_most_activations():
     assert pipeline.in_flight_share(layout, 1) == pytest.approx(120 / 126)
     memory = {"weights_bytes": 100, "gradients_bytes": 100, "optimizer_state_bytes": 200,
               "activations_bytes": 1260, "total_bytes": 1660}
-    held = pipeline.stage_memory(memory, 0.5, 16, 1, 120 / 126)
+    held = pipeline.stage_memory(memory, 0.5, 120 / 126)
     assert held["activations_bytes"] == 1200 and held["total_bytes"] == 200 + 1200
+    # interleaved (Megatron's warm-up: 2 (N - s - 1) + (V - 1) N chunks, and one more held):
+    # Llama 3's first stage 30 + 112 + 1 = 143 chunks of 7 / 8 block, the second 28 + 112 +
+    # 1 = 141 of one block: 125.1 and 141 of 126 blocks, the second still the most
+    assert pipeline.in_flight_share(layout, 0, 8) == pytest.approx(143 * 7 / 8 / 126)
+    assert pipeline.in_flight_share(layout, 1, 8) == pytest.approx(141 / 126)
+    # equal stages: the first is Korthikanti's 1 + (N - 1) / (N V) (8 stages of 6 blocks,
+    # V = 3: 14 + 16 + 1 = 31 chunks of 2 blocks, 62 of 48), and the later ones hold less
+    assert pipeline.in_flight_share((6,) * 8, 0, 3) == pytest.approx(pipeline.in_flight(8, 3))
+    assert pipeline.in_flight_share((6,) * 8, 1, 3) < pipeline.in_flight_share((6,) * 8, 0, 3)
+    # no more in flight than the step's micro-batches: 2 of them on 4 stages (1F1B), or 2 x 3
+    # chunks interleaved
+    assert pipeline.in_flight_share((8, 8, 8, 8), 0, 1, 2) == pytest.approx(0.5)
+    assert pipeline.in_flight_share((6,) * 4, 0, 3, 2) == pytest.approx(6 * 2 / 24)
 
 
 def one_f_one_b(forward: list[float], backward: list[float], micro_batches: int) -> float:

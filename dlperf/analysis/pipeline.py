@@ -22,7 +22,7 @@ The first and the last stage may hold fewer blocks than the others (``check``'s 
 Megatron-Core's uneven pipeline, Llama 3's 405B), for the embedding and the output layer they
 also run. The stages then take unequal time, and the bubble counts each at its own pace
 (``fill_stages``); after a lighter first stage the second holds the most activations
-(``in_flight_share``).
+(``in_flight_share``: each stage's peak as Megatron's schedules keep it).
 
 A tied embedding (GPT-2's and Megatron's GPT: the output layer reuses the input embedding's
 weights) is on the first stage and the last: Megatron-LM keeps a copy on the last stage and
@@ -217,12 +217,10 @@ def in_flight(pp: int, virtual: int = 1) -> float:
     return 1.0 if virtual == 1 else 1.0 + (pp - 1) / (pp * virtual)
 
 
-def stage_memory(memory: dict | None, fraction: float, pp: int, virtual: int = 1,
-                 share: float = 1.0) -> dict | None:
+def stage_memory(memory: dict | None, fraction: float, share: float = 1.0) -> dict | None:
     """What a stage holds: its ``fraction`` of the weights, gradients and optimizer state, and
-    ``in_flight`` times ``share`` of one micro-batch's activations of the whole model (1 for
-    the first stage of equal ones: ``in_flight_share``; the interleaved schedule's extra is
-    taken as the first stage's for any stage)."""
+    ``share`` of one micro-batch's activations of the whole model (``in_flight_share``: 1 for
+    the first of equal stages under 1F1B, ``in_flight`` of them interleaved)."""
     if memory is None:
         return None
     out = dict(memory)
@@ -230,20 +228,33 @@ def stage_memory(memory: dict | None, fraction: float, pp: int, virtual: int = 1
         out[key] = int(memory[key] * fraction)
     if "parameters" in out:
         out["parameters"] = int(memory["parameters"] * fraction)
-    out["activations_bytes"] = int(memory["activations_bytes"] * in_flight(pp, virtual)
-                                   * share)
+    out["activations_bytes"] = int(memory["activations_bytes"] * share)
     out["total_bytes"] = sum(v for k, v in out.items() if k.endswith("_bytes")
                              and k != "total_bytes")
     return out
 
 
-def in_flight_share(layout, stage: int) -> float:
-    """Stage ``stage``'s activations in flight under 1F1B over one micro-batch of the whole
-    model's: it keeps N - s micro-batches (the first N, the last 1) of its share of the
-    blocks. 1 for the first of equal stages; with a lighter first stage (``check``'s uneven
-    layout) the second holds the most."""
-    blocks = sum(layout) or 1
-    return (len(layout) - stage) * layout[stage] / blocks
+def in_flight_share(layout, stage: int, virtual: int = 1,
+                    micro_batches: int | None = None) -> float:
+    """Stage ``stage``'s activations at their peak, over one micro-batch's of the whole model,
+    as Megatron's schedules keep them (megatron/core/pipeline_parallel/schedules.py,
+    ``get_pp_rank_microbatches``): under 1F1B stage s runs N - s - 1 warm-up forwards and
+    holds N - s micro-batches of its blocks (the first N, the last 1); interleaved, it runs
+    2 (N - s - 1) + (V - 1) N warm-up chunks and holds one more, each a V-th of its blocks,
+    so every stage keeps the V - 1 rounds of N chunks and the first the most of equal ones
+    (1 + (N - 1) / (N V) micro-batches: ``in_flight``). At most the step's ``micro_batches``
+    (x V chunks) are in flight. With a lighter first stage (``check``'s uneven layout) the
+    second holds the most."""
+    pp, blocks = len(layout), sum(layout) or 1
+    if virtual == 1:
+        held = pp - stage
+        cap = micro_batches
+    else:
+        held = 2 * (pp - stage - 1) + (virtual - 1) * pp + 1
+        cap = None if micro_batches is None else micro_batches * virtual
+    if cap is not None:
+        held = min(held, cap)
+    return held * layout[stage] / virtual / blocks
 
 
 def bubble_s(stage_micro_s: float, pp: int, virtual: int = 1,

@@ -555,8 +555,9 @@ def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory, l
     # (a share of the model's parameters, each once: a tied copy is extra on its stage)
     total = sum(b for _, b, _ in params) - tied or 1
     share = {k: sum(b for _, b, s in params if s == k) / total for k in range(pp)}
-    held = max((stage_memory(memory, share[k], pp, args.pp_virtual,
-                             in_flight_share(layout, k)) for k in sorted({0, 1})),
+    held = max((stage_memory(memory, share[k],
+                             in_flight_share(layout, k, args.pp_virtual, args.grad_accum))
+                for k in sorted({0, 1})),
                key=lambda m: m["total_bytes"] if m else 0)
     # the first, a middle one (every one between holds as many blocks) and the last
     times, analyses = {}, {}
