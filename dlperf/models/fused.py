@@ -78,9 +78,14 @@ def _(grad, x, weight, rstd):
 def _rms_setup(ctx, inputs, output):
     x, weight, _ = inputs
     ctx.save_for_backward(x, weight, output[1])
+    # (rstd is for the backward only: no zeros made for its gradient, as TE makes none)
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
 
 
 def _rms_backward(ctx, grad, _grad_rstd):
+    if grad is None:  # (the output unused: nothing flows back)
+        return None, None, None
     x, weight, rstd = ctx.saved_tensors
     dx, dw = _rms_norm_backward(grad, x, weight, rstd)
     return dx, dw, None
