@@ -10,17 +10,17 @@ block 1.46x Megatron-Core's (0.72 GiB against 0.50 at TP 8, 8,192 tokens). Each 
 and tests/test_fused_kernels.py checks their gradients against autograd's in float64), a fake
 one for meta tensors, and a backward that is itself one op.
 
-* ``rms_norm``: TransformerEngine's fused RMSNorm (the normalisation inside
+* ``te_rms_norm``: TransformerEngine's fused RMSNorm (the normalisation inside
   ``LayerNormLinear`` / ``TELayerNormColumnParallelLinear``, Megatron-Core's
   ``--normalization RMSNorm``): one pass reads x and writes the normalised output and the
   FP32 reciprocal root mean square per token; it keeps x and that (transformer_engine/pytorch/
   module/layernorm_linear.py saves ``inputmat``, ``mu``, ``rsigma``; the normalised output it
   also keeps is the next GEMM's input, kept there). The backward is one pass too.
-* ``swiglu``: Megatron-Core's ``bias_swiglu_impl`` (megatron/core/fusions/
+* ``te_swiglu``: Megatron-Core's ``bias_swiglu_impl`` (megatron/core/fusions/
   fused_bias_swiglu.py, on by default: ``--no-bias-swiglu-fusion`` turns it off): silu(gate)
   x up in one pass, keeping only its input (the first MLP GEMM's output, gate and up); the
   product is the second GEMM's input, kept there.
-* ``rope``: TransformerEngine's fused rotary embedding (``fused_apply_rotary_pos_emb``;
+* ``te_rope``: TransformerEngine's fused rotary embedding (``fused_apply_rotary_pos_emb``;
   Megatron-Core's ``--no-rope-fusion`` turns it off): one pass in the input's dtype, keeping
   only the angle tables (a buffer, not an activation). Pairs are (x[2i], x[2i+1]) as in
   ``gpt.apply_rope`` (TransformerEngine rotates halves; the same kernel, the same traffic).
@@ -39,6 +39,8 @@ NAMESPACE = "dlperf"
 def _wide(x: Tensor) -> Tensor:
     """x in FP32 (the fused kernels' arithmetic), or as it is if wider (float64 tests)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 # the op names the capture records (func._overloadpacket.__name__): analysis/costs.py charges
 # each as one memory-bound kernel
 OPS = ("te_rms_norm", "te_rms_norm_backward", "te_swiglu", "te_swiglu_backward", "te_rope",
@@ -170,7 +172,7 @@ _rope.register_autograd(_rope_grad, setup_context=_rope_setup)
 
 
 class FusedRMSNorm(nn.Module):
-    """RMSNorm as one kernel (``rms_norm`` above): the same parameter as gpt.RMSNorm's."""
+    """RMSNorm as one kernel (``te_rms_norm`` above): the same parameter as gpt.RMSNorm's."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -182,7 +184,7 @@ class FusedRMSNorm(nn.Module):
 
 
 class FusedSwiGLU(nn.Module):
-    """silu(gate) x up as one kernel (``swiglu`` above). A module, so the capture names its
+    """silu(gate) x up as one kernel (``te_swiglu`` above). A module, so the capture names its
     kernels after it (its output marks the autograd nodes it owns)."""
 
     def forward(self, gate: Tensor, up: Tensor) -> Tensor:
