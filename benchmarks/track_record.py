@@ -2,11 +2,11 @@
 results (issues #11 and #14).
 
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
-tp-kempnerforge-h200.json and tp-{megatron-2020,megatron-2022,narayanan-2021,
-megatron-core-2024,llama3-405b}.json (rerun
-them first: validate_published.py, validate_scaling.py, validate_tp.py) and condenses them
-per device and class of workload (dlperf/hardware/track_record.py), the record `dlperf analyze` prints beside every
-prediction on a preset.
+tp-kempnerforge-h200.json, tp-{megatron-2020,megatron-2022,narayanan-2021,
+megatron-core-2024,llama3-405b}.json and kvstore-fit.json (rerun them first:
+validate_published.py, validate_scaling.py, validate_tp.py, fit_kvstore.py) and condenses
+them per device and class of workload (dlperf/hardware/track_record.py), the record `dlperf
+analyze` prints beside every prediction on a preset.
 
 Usage: python benchmarks/track_record.py
 """
@@ -30,7 +30,8 @@ def record_from_results(results: Path = RESULTS) -> dict:
 
 
 def scale_out_record_from_results(results: Path = RESULTS) -> dict:
-    from dlperf.hardware.track_record import build_scale_out, build_tensor_parallel
+    from dlperf.hardware.track_record import (build_kvstore, build_scale_out,
+                                              build_tensor_parallel)
 
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
@@ -38,6 +39,9 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     megatron = [results / f"tp-{name}.json"
                 for name in ("megatron-2020", "megatron-2022", "narayanan-2021",
                              "megatron-core-2024", "llama3-405b")]
+    kvstore = results / "kvstore-fit.json"  # benchmarks/fit_kvstore.py
+    if kvstore.exists():
+        record["kvstore"] = build_kvstore(json.loads(kvstore.read_text())["results"])
     if tp.exists():
         record["tensor_parallel"] = build_tensor_parallel(
             json.loads(tp.read_text())["results"],

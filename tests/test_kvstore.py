@@ -104,3 +104,29 @@ def test_cli_kvstore(capsys):
     code, _, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "16", "--kvstore",
                             "device"], capsys)
     assert code == 2 and "at most --gpus-per-node (8) GPUs" in err
+
+
+def test_the_record_says_what_the_kvstore_was_fitted_to_and_held_out_of(capsys):
+    from dlperf.hardware.track_record import build_kvstore, describe_kvstore
+
+    def row(id_, role, gpus, ratio, measured):
+        return {"id": id_, "role": role, "gpus": gpus, "per_gpu_ratio": ratio,
+                "total_measured": measured, "total_predicted": measured * ratio}
+
+    entry = build_kvstore({"op_s": 5.43e-6, "rows": [
+        row("a", "fit", 4, 0.871, 1559), row("b", "fit", 8, 1.034, 10263),
+        row("record", "held out", 8, 1.044, 7850)]})
+    assert [r["id"] for r in entry["fit"]] == ["a", "b"]
+    assert entry["held_out"][0]["predicted_total"] == pytest.approx(8195.4)
+    text = describe_kvstore({"kvstore": entry})
+    assert "5.43 us an engine operation, fitted to 2 runs" in text
+    assert "predicted 0.87-1.03x their rate per GPU" in text
+    assert "the record blog's DGX-1 (8 GPUs, 7,850 samples/s measured, 1.044x)" in text
+    assert describe_kvstore({}) is None
+    # printed under a --kvstore prediction, from the shipped record
+    from conftest import run_cli
+
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "32",
+                              "--gpus", "4", "--kvstore", "device", "--top", "1"], capsys)
+    assert code == 0, err
+    assert "held out, the record blog's DGX-1" in " ".join(out.split())

@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 import math
 
-from dlperf.hardware.track_record import describe_context_parallel, describe_tensor_parallel
+from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
+                                          describe_tensor_parallel)
 from dlperf.units import gib, seconds, si
 
 
@@ -259,6 +260,8 @@ def _scaling_section(scale_out: dict) -> str:
             + ". Red points: a limit other than compute.</p>"
             + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out)
             + (_record_p(describe_context_parallel(), True) if cp else "")
+            + (_record_p(text, False)
+               if here["communication"].get("kvstore") and (text := describe_kvstore()) else "")
             + (_record_p(text, True) if tp and (text := describe_tensor_parallel()) else ""))
 
 

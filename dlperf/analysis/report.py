@@ -7,7 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from dlperf.analysis.html import dtype_label, memory_parts
-from dlperf.hardware.track_record import describe_context_parallel, describe_tensor_parallel
+from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
+                                          describe_tensor_parallel)
 from dlperf.hardware.track_record import describe as describe_record
 from dlperf.term import new_console, styled
 from dlperf.units import gib, seconds, si
@@ -247,6 +248,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                       "N (each sequence over N GPUs) splits them N ways.", style="yellow")
     if cp:  # what the one published context-parallel run says (or that none has checked it)
         console.print(describe_context_parallel(), style="yellow")
+    if comm.get("kvstore") and (kv_record := describe_kvstore()):  # (fit_kvstore.py's runs)
+        console.print(kv_record, style="yellow")
     tp_record = describe_tensor_parallel() if tp else None
     if tp_record:  # what the published tensor-parallel runs say of this model (validate_tp.py)
         console.print(tp_record, style="yellow")

@@ -392,6 +392,36 @@ def _llama3(m: dict) -> str:
                if "memory_bytes" in m else "") + ". ")
 
 
+def build_kvstore(fit: dict) -> dict:
+    """The scale-out record's entry on MXNet's device kvstore, from benchmarks/fit_kvstore.py's
+    kvstore-fit.json: the fitted cost per operation, the rows it was fitted to and the rows
+    held out of it (the record blog's DGX-1), each predicted over measured."""
+    def rows(role: str) -> list[dict]:
+        return [{"id": r["id"], "gpus": r["gpus"], "ratio": r["per_gpu_ratio"],
+                 "measured_total": r["total_measured"],
+                 "predicted_total": r["total_predicted"]}
+                for r in fit["rows"] if r["role"] == role]
+
+    return {"op_s": fit["op_s"], "fit": rows("fit"), "held_out": rows("held out")}
+
+
+def describe_kvstore(record: dict | None = None) -> str | None:
+    """What the published runs say of ``analyze --kvstore device`` (printed under every such
+    prediction); None when the record has no kvstore entry."""
+    record = load_scale_out() if record is None else record
+    k = record.get("kvstore")
+    if not k or not k["fit"]:
+        return None
+    fit = [r["ratio"] for r in k["fit"]]
+    held = "; ".join(f"{r['gpus']} GPUs, {r['measured_total']:,.0f} samples/s measured, "
+                     f"{r['ratio']:.3f}x" for r in k["held_out"])
+    return (f"MXNet's device kvstore costs {k['op_s'] * 1e6:.2f} us an engine operation, "
+            f"fitted to {len(fit)} runs of NVIDIA's MXNet 18.12 ResNet-50 on a DGX-1 (4 and 8 "
+            f"V100s; predicted {min(fit):.2f}-{max(fit):.2f}x their rate per GPU, the one-GPU "
+            "prediction's error included)"
+            + (f"; held out, the record blog's DGX-1 ({held})" if held else "") + ".")
+
+
 def describe_context_parallel(record: dict | None = None) -> str:
     """What published runs say of ``analyze --cp`` (printed under every context-parallel
     prediction): Llama 3 405B's 128K row where the record has it, else that none has checked
