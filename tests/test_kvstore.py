@@ -39,7 +39,9 @@ def test_engine_operations_and_copies_by_hand():
 
 @pytest.mark.parametrize("kwargs", [
     dict(strategy="fsdp"), dict(distributed_optimizer=True), dict(gpus=16),
-    dict(tp=2), dict(kvstore="local"), dict(kvstore_op_s=-1.0)])
+    dict(tp=2), dict(kvstore="local"), dict(kvstore_op_s=-1.0), dict(bucket_cap_mb=10.0),
+    dict(bucket_view=True), dict(overlap=False), dict(nccl_algo="ring"),
+    dict(nccl_proto="Simple")])
 def test_the_kvstore_is_refused_where_mxnet_does_not_run_it(kwargs):
     base = dict(gpus=8, kvstore="device")
     with pytest.raises(DlperfError, match="kvstore"):
@@ -104,6 +106,9 @@ def test_cli_kvstore(capsys):
     code, _, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "16", "--kvstore",
                             "device"], capsys)
     assert code == 2 and "at most --gpus-per-node (8) GPUs" in err
+    code, _, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--kvstore",
+                            "device", "--bucket-cap-mb", "10", "--no-overlap"], capsys)
+    assert code == 2 and "--bucket-cap-mb, --no-overlap shape DDP's NCCL all-reduce" in err
 
 
 def test_the_record_says_what_the_kvstore_was_fitted_to_and_held_out_of(capsys):

@@ -967,6 +967,16 @@ class ScaleConfig:
                                   "node by one process: use it with --strategy ddp on at most "
                                   f"--gpus-per-node ({self.gpus_per_node}) GPUs, without "
                                   "--tp, --pp, --cp or --distributed-optimizer")
+            ignored = [flag for flag, given in (
+                ("--bucket-cap-mb", self.bucket_cap_mb is not None),
+                ("--grad-as-bucket-view", self.bucket_view), ("--no-overlap", not self.overlap),
+                ("--nccl-algo", self.nccl_algo is not None),
+                ("--nccl-proto", self.nccl_proto is not None)) if given]
+            if ignored:  # (they shape NCCL's all-reduce, which the kvstore does not run)
+                raise DlperfError(f"{', '.join(ignored)} shape{'s' if len(ignored) == 1 else ''}"
+                                  f" DDP's NCCL all-reduce; --kvstore {self.kvstore} reduces "
+                                  "each gradient on its own, after the backward, without NCCL: "
+                                  "drop one of them")
             if self.kvstore_op_s is not None and not (finite_number(self.kvstore_op_s)
                                                       and self.kvstore_op_s >= 0):
                 raise DlperfError(f"the kvstore's cost per operation {self.kvstore_op_s!r}: "
