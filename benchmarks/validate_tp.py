@@ -842,7 +842,11 @@ def llama3_405b(out: Path) -> None:
                    "straggler_s": here["straggler_s"],
                    "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get(
                        "total_bytes"),
-                   # the stage's gradients, held whole in FP32 (part of the memory above)
+                   # what the memory above is made of (scaling.memory_per_gpu's parts);
+                   # the stage's gradients, held whole in FP32, among them
+                   "memory_parts_bytes": {
+                       k: v for k, v in (here.get("memory_per_gpu") or {}).items()
+                       if k.endswith("_bytes") and k != "total_bytes"},
                    "gradient_bytes_per_gpu": comm["gradient_bytes"],
                    # one micro-batch's saved activations a block on one rank (the whole
                    # model's capture over its blocks): what the memory above is made of

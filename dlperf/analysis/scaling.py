@@ -589,8 +589,7 @@ def device_kvstore_s(params: list[tuple[str, int]], gpus: int, node,
     copies = 2 * (gpus - 1) / gpus * nbytes / node.bus_bandwidth if gpus > 1 else 0.0
     t = ops * op_s + copies
     return {"kvstore": "device", "keys": len(params), "engine_ops": ops, "op_s": op_s,
-            "copy_s": copies, "comm_s": t, "exposed_s": t, "buckets": len(params),
-            "bucket_bytes": [max((b for _, b in params), default=0)]}
+            "copy_s": copies, "comm_s": t, "exposed_s": t}
 
 
 # fsdp: full sharding (ZeRO-3); fsdp-grad-op: FSDP's SHARD_GRAD_OP (ZeRO-2), parameters

@@ -415,8 +415,9 @@ def describe_kvstore(record: dict | None = None) -> str | None:
     fit = [r["ratio"] for r in k["fit"]]
     held = "; ".join(f"{r['gpus']} GPUs, {r['measured_total']:,.0f} samples/s measured, "
                      f"{r['ratio']:.3f}x" for r in k["held_out"])
+    gpus = " and ".join(str(g) for g in sorted({r["gpus"] for r in k["fit"]}))
     return (f"MXNet's device kvstore costs {k['op_s'] * 1e6:.2f} us an engine operation, "
-            f"fitted to {len(fit)} runs of NVIDIA's MXNet 18.12 ResNet-50 on a DGX-1 (4 and 8 "
+            f"fitted to {len(fit)} runs of NVIDIA's MXNet 18.12 ResNet-50 on a DGX-1 ({gpus} "
             f"V100s; predicted {min(fit):.2f}-{max(fit):.2f}x their rate per GPU, the one-GPU "
             "prediction's error included)"
             + (f"; held out, the record blog's DGX-1 ({held})" if held else "") + ".")

@@ -131,17 +131,21 @@ def _swiglu_grad(ctx, grad):
 _swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
-    """x [B, T, H, D] with each pair turned by +-angle (``sign``), in FP32, in x's dtype."""
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, sign: float = 1.0) -> Tensor:
+    """x [B, T, H, D] with each pair (x[2i], x[2i+1]) turned by position t's angle (``sign``
+    -1: back), in FP32 (or wider), in x's dtype: the rotary embedding's arithmetic, which
+    gpt.apply_rope runs as its unfused kernels and ``te_rope`` as one."""
     t = x.shape[1]
-    c, s = cos[:t, None, :], sign * sin[:t, None, :]
+    c, s = cos[:t, None, :], sin[:t, None, :]
+    if sign < 0:  # (the forward does no extra kernel on the table)
+        s = -s
     x0, x1 = _wide(x).unflatten(-1, (-1, 2)).unbind(-1)
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2).to(x.dtype)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::te_rope", mutates_args=())
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    return _rotate(x, cos, sin, 1.0)
+    return rotate(x, cos, sin)
 
 
 @_rope.register_fake
@@ -151,7 +155,7 @@ def _(x, cos, sin):
 
 @torch.library.custom_op(f"{NAMESPACE}::te_rope_backward", mutates_args=())
 def _rope_backward(grad: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    return _rotate(grad, cos, sin, -1.0)  # a rotation's transpose turns the other way
+    return rotate(grad, cos, sin, -1.0)  # a rotation's transpose turns the other way
 
 
 @_rope_backward.register_fake

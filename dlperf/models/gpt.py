@@ -73,7 +73,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope
+from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope, rotate
 
 
 # How context parallelism moves K and V (GPTConfig.cp_comm): "p2p", TransformerEngine's ring
@@ -242,11 +242,9 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each pair (x[2i], x[2i+1]) of x [B, T, H, D] by position t's angle, in FP32 (the
-    complex multiply of Llama's ``apply_rotary_emb``, written with real tensors)."""
-    t = x.shape[1]
-    c, s = cos[:t, None, :], sin[:t, None, :]
-    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2).type_as(x)
+    complex multiply of Llama's ``apply_rotary_emb``, written with real tensors; its kernels
+    are models/fused.py's ``rotate``)."""
+    return rotate(x, cos, sin)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig, training: bool,
