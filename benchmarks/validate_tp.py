@@ -110,9 +110,31 @@ each row's rate, 16,384 GPUs over 8,192 at 8K (the bubble grows as each group's 
 halve), and 128K with context parallelism over 8K on 16,384 GPUs; and each row's memory a GPU
 (the run at 8K fit in 80 GB without recompute).
 
+``megatron-bridge-fp8`` (-> results/tp-megatron-bridge-fp8.json, ~3 minutes).
+Source: NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary-archive.md at commit 067f987d
+(2026-08-11), its DGX-H100 rows of Llama 3 70B and Llama 3.1 405B pre-training in FP8 with
+current scaling ("FP8-CS": TransformerEngine's Float8CurrentScaling, --fp8 current), 8,192
+tokens, micro-batch 1, Tokens / sec / GPU: 70B on 64 GPUs, TP 4 x PP 8 interleaved over 5
+virtual stages (data parallel over 2), global batch 128 in the 25.11 container (1,602) and
+256 in 26.02-26.04.01 (1,621-1,664); 405B on 1,024 GPUs, TP 8 x PP 8 interleaved over 8
+virtual stages x CP 2 (data parallel over 8), global batch 512 in 25.11 (292) and 1,536 in
+26.02-26.06 (311-328). The recipes (src/megatron/bridge/perf_recipes/llama/h100/*.py and
+recipes/llama/h100/llama3.py at that commit): Megatron-Core on TransformerEngine (--tp-impl
+te, the fused kernels of models/fused.py) with --tp-comm-overlap (userbuffers), the
+distributed optimizer overlapping its reduce-scatter and gather, FP32 gradients, no
+recompute, sequence parallelism; the 405B's pipeline split accounts for the embedding and the
+loss (one block fewer on the first and last stage: --pp-first-layers 15 --pp-last-layers 15);
+the 70B's 26.x recipe moves one block from the last chunk to a middle one
+("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"), which dlperf's stages cannot say: run on even stages of 10
+blocks (its last stage also runs the output layer: the prediction is slow by up to that
+layer's share). DGX H100: NVLink 4 inside, eight NDR 400 Gb/s NICs between. Attention is
+cuDNN's through TE, as in megatron-core-2024 (``MCORE_ATTENTION``; each row is also saved at
+the preset's share and at cuDNN's own). No BF16 run of these configurations is published:
+each row also saves dlperf's BF16 prediction of it, for the FP8 gain dlperf predicts.
+
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
-megatron-core-2024|llama3-405b] [OUT.json]
+megatron-core-2024|llama3-405b|megatron-bridge-fp8] [OUT.json]
 (default: every source, each to its file in benchmarks/results/)
 """
 
@@ -896,11 +918,107 @@ def llama3_405b(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+# Megatron-Bridge's DGX-H100 FP8-CS rows (the module docstring): (label, model, GPUs, TP, PP,
+# virtual stages, CP, first/last stage blocks or None, micro-batches a step per replica,
+# [(container, tokens/s per GPU, model TFLOP/s per GPU)])
+BRIDGE_FP8 = (
+    ("70B, 64 GPUs, GBS 128", "llama3-70b", 64, 4, 8, 5, 1, None, 64,
+     [("25.11", 1602, 719)]),
+    ("70B, 64 GPUs, GBS 256", "llama3-70b", 64, 4, 8, 5, 1, None, 128,
+     [("26.02", 1621, 728), ("26.02.01", 1639, 736), ("26.04", 1633, 734),
+      ("26.04.01", 1664, 731)]),
+    ("405B, 1,024 GPUs, GBS 512", "llama3-405b", 1024, 8, 8, 8, 2, 15, 64,
+     [("25.11", 292, 737)]),
+    ("405B, 1,024 GPUs, GBS 1,536", "llama3-405b", 1024, 8, 8, 8, 2, 15, 192,
+     [("26.02", 311, 784), ("26.04.01", 328, 827), ("26.06", 326, 822)]),
+)
+BRIDGE_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-fp8.json"
+# the attention shares each row is run at: cuDNN's through TE as read for Megatron-Core 2024
+# (the headline), the Hopper presets', cuDNN's own fraction of the peak
+BRIDGE_ATTENTION = {"mcore": MCORE_ATTENTION, "preset": MCORE_ATTENTION_BOUNDS[0],
+                    "cudnn": MCORE_ATTENTION_BOUNDS[1]}
+
+
+def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
+                ends: int | None, micro_batches: int, fp8: bool, attention: float
+                ) -> list[str]:
+    """`dlperf analyze` for one of Megatron-Bridge's H100 rows (``BRIDGE_FP8``), in FP8 with
+    current scaling or, for the predicted gain, in BF16."""
+    return (["analyze", model, "--train", "--dtype", "bf16", "--precision", "fsdp",
+             "--optimizer", "adamw", "--device", "h100-sxm", "--seq-len", "8192",
+             "--batch-size", "1", "--grad-accum", str(micro_batches), "--gpus", str(gpus),
+             "--tp", str(tp), "--pp", str(pp), "--pp-virtual", str(virtual),
+             "--pp-overlap-p2p", "--distributed-optimizer",
+             "--interconnect", "nvlink4-h100,ib-ndr", "--tp-impl", "te",
+             "--efficiency", f"attention={attention}", "--top", "1"]
+            + (["--pp-first-layers", str(ends), "--pp-last-layers", str(ends)] if ends else [])
+            + (["--cp", str(cp)] if cp > 1 else [])
+            + (["--fp8", "current"] if fp8 else []))
+
+
+def megatron_bridge_fp8(out: Path) -> None:
+    """Each row's tokens/s per GPU predicted in FP8 at the three attention shares, and in BF16
+    at the headline one, against the published rates (each container's, and their median)."""
+    import statistics
+
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for (label, model, gpus, tp, pp, virtual, cp, ends, micro, measured) in tqdm(
+                BRIDGE_FP8, desc="megatron-bridge fp8"):
+            runs = {}
+            for name, share in BRIDGE_ATTENTION.items():
+                runs[f"fp8_{name}"] = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp,
+                                                           ends, micro, True, share), tmp)
+            runs["bf16_mcore"] = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends,
+                                                      micro, False, MCORE_ATTENTION), tmp)
+            rate = statistics.median(m[1] for m in measured)
+            row = {"row": label, "model": model, "gpus": gpus, "tp": tp, "pp": pp,
+                   "virtual": virtual, "cp": cp, "micro_batches": micro,
+                   "measured": [{"container": c, "tokens_per_s_per_gpu": t,
+                                 "model_tflops_per_gpu": f} for c, t, f in measured],
+                   "measured_tokens_per_s_per_gpu": rate}
+            for key, here in runs.items():
+                tokens = here["per_gpu_samples_per_s"] * 8192
+                comm = here["communication"]
+                row[key] = {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
+                            "step_s": here["step_s"],
+                            "bubble_s": comm["pipeline"]["bubble_s"],
+                            "tp_exposed_s": comm["tensor_parallel"]["exposed_s"],
+                            "cp_exposed_s": (comm.get("context_parallel") or {}).get(
+                                "exposed_s", 0.0),
+                            "exposed_comm_s": here["exposed_comm_s"],
+                            "straggler_s": here["straggler_s"],
+                            "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get(
+                                "total_bytes")}
+            row["predicted_fp8_gain"] = (row["fp8_mcore"]["predicted_tokens_per_s_per_gpu"]
+                                         / row["bf16_mcore"]["predicted_tokens_per_s_per_gpu"])
+            rows.append(row)
+            print(f"{label:28s} measured {rate:,.0f} tokens/s a GPU "
+                  f"({min(m[1] for m in measured):,}-{max(m[1] for m in measured):,}); FP8 "
+                  f"predicted {row['fp8_mcore']['predicted_tokens_per_s_per_gpu']:,.0f} "
+                  f"({row['fp8_mcore']['ratio']:.2f}x; attention at the preset's share "
+                  f"{row['fp8_preset']['ratio']:.2f}x, at cuDNN's {row['fp8_cudnn']['ratio']:.2f}x)"
+                  f"; BF16 predicted {row['bf16_mcore']['predicted_tokens_per_s_per_gpu']:,.0f}"
+                  f" (FP8 gain {row['predicted_fp8_gain']:.2f}x); "
+                  f"{row['fp8_mcore']['memory_per_gpu_bytes'] / 2**30:.1f} GiB a GPU")
+    save_result(out, "validate-tp-megatron-bridge-fp8",
+                {"rows": [list(r) for r in BRIDGE_FP8], "attention": BRIDGE_ATTENTION,
+                 "args_70b": bridge_args(*BRIDGE_FP8[0][1:9], True, MCORE_ATTENTION),
+                 "args_405b": bridge_args(*BRIDGE_FP8[2][1:9], True, MCORE_ATTENTION)},
+                {"rows": rows})
+    print(f"Wrote {out}")
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
            "megatron-2022": (megatron2022, MEGATRON22_OUT),
            "narayanan-2021": (narayanan2021, NARAYANAN_OUT),
            "megatron-core-2024": (megatron_core_2024, MCORE24_OUT),
-           "llama3-405b": (llama3_405b, LLAMA3_OUT)}
+           "llama3-405b": (llama3_405b, LLAMA3_OUT),
+           "megatron-bridge-fp8": (megatron_bridge_fp8, BRIDGE_OUT)}
 
 
 def main(argv: list[str]) -> int:

@@ -11,13 +11,15 @@ import torch
 
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
-                                   optimizer_cost, scaled_optimizer)
+                                   optimizer_cost, scaled_optimizer, spread_costs)
 from dlperf.analysis.fusion import check_fusion, fuse_costs
 from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
 from dlperf.hardware.efficiency import efficiency_for
 from dlperf.hardware.specs import DeviceSpec, get_device
+from dlperf.models.fp8 import WEIGHT_OPS as FP8_WEIGHT_OPS
+from dlperf.models.fp8 import fp8_weight_bytes
 
 # --dtype -> the dtype autocast (or model.half()) uses; fp32: none
 DTYPES = {name: autocast_dtype(name) for name in MIXED}
@@ -68,6 +70,13 @@ class AnalysisConfig:
     # the step replayed as one CUDA graph: the CPU issues no kernel, so its per-kernel cost
     # (Efficiency.host_s) never leaves the GPU waiting; the GPU's own gap (launch_s) stays
     cuda_graphs: bool = False
+    # the recipe of the model's FP8 linear layers (models/fp8.py: the model carries them; this
+    # names them in the report), None without
+    fp8: str | None = None
+    # micro-batches that share one FP8 copy of each weight (models/fp8.py: Megatron-Core on
+    # TransformerEngine casts the weights in a step's first micro-batch and reuses the copies
+    # in the rest, so a micro-batch's forward carries 1/reuse of those casts; 1 otherwise)
+    fp8_weight_reuse: int = 1
 
 
 @dataclass
@@ -313,6 +322,11 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
     costs = fuse_costs(costs, cap.records, config.fusion)
+    if config.fp8_weight_reuse < 1:
+        raise DlperfError(f"fp8_weight_reuse {config.fp8_weight_reuse}: the micro-batches "
+                          "sharing one FP8 copy of the weights, at least 1")
+    if config.fp8_weight_reuse > 1:
+        costs = spread_costs(costs, FP8_WEIGHT_OPS, config.fp8_weight_reuse)
     trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
     if config.train and config.optimizer != "none":
         step = optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
@@ -465,7 +479,8 @@ def memory_footprint(model: torch.nn.Module, config: AnalysisConfig, activation_
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     train = config.train
     out = {"parameters": params,
-           "weights_bytes": params * element_bytes + buffers,
+           # (with the FP8 copies TransformerEngine keeps of its layers' weights)
+           "weights_bytes": params * element_bytes + buffers + fp8_weight_bytes(model),
            "gradients_bytes": trainable * element_bytes if train else 0,
            "optimizer_state_bytes": (OPTIMIZER_STATE_PER_PARAM[config.optimizer] * trainable
                                      * element_bytes if train else 0),

@@ -236,6 +236,7 @@ class _State:
         self.saved: dict = {}
         self.saved_owner: dict = {}  # key -> the module it was first saved in
         self.fused_saved: list[torch.Tensor] = []
+        self.weight_copies: list[torch.Tensor] = []  # WEIGHT_COPY_OPS' outputs, kept alive
         # Sorted (last sequence number created by a top-level torch call, module, region).
         self.seq_marks: list[int] = []
         self.seq_owner: list[tuple[str, str | None]] = []
@@ -390,6 +391,11 @@ def _sdpa_info(args, kwargs) -> dict:
             "mask": bound.get("attn_mask") is not None}
 
 
+# Ops that make a copy of a weight the backward reads (models/fp8.py: TransformerEngine's FP8
+# copies of a layer's weight): a backward op reading one computes a data gradient, as one
+# reading the weight itself or autocast's copy of it does (``Capture.weight_keys``).
+WEIGHT_COPY_OPS = frozenset({"fp8_weight_quantize"})
+
 # Ops whose output layout the caller chooses (memory_format=...) or that alias their input.
 _LAYOUT_EXPLICIT = frozenset({"_to_copy", "clone", "contiguous", "copy_", "empty_like",
                               "empty_strided", "as_strided", "view", "_unsafe_view"})
@@ -453,6 +459,11 @@ class _Recorder(TorchDispatchMode):
                 phase = "wgrad" if wgrad and region is None else "dgrad"
         else:
             module, region, phase = self.state.stack[-1], self.state.region, "forward"
+            if func._overloadpacket.__name__ in WEIGHT_COPY_OPS:
+                self.capture.weight_keys.update(o.key for o in outputs)
+                # held to the end, as parameters are: a freed copy's address (its key) would
+                # be reused by a later tensor and taken for a weight's
+                self.state.weight_copies.extend(_tensors(out))
         self.capture.records.append(OpRecord(
             index=len(self.capture.records), op=func._overloadpacket.__name__, module=module,
             module_type=self.capture.module_types.get(module, "loss" if module == "loss" else ""),

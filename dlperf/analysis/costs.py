@@ -66,6 +66,11 @@ MEMORY_OPS_FLOPS_PER_ELEMENT = {
     # (its backward about 8); the rotary embedding, two multiplies and an add an element
     "te_rms_norm": 4, "te_rms_norm_backward": 6, "te_swiglu": 5, "te_swiglu_backward": 8,
     "te_rope": 3, "te_rope_backward": 3,
+    # TransformerEngine's FP8 casts (models/fp8.py): the amax, |x| and a max an element; the
+    # cast (-transpose), a scale multiply and a conversion an element, whatever it writes
+    # (row-wise, column-wise or both); the transpose of FP8 data moves bytes only
+    "fp8_amax": 2, "fp8_weight_amax": 2, "fp8_quantize": 2, "fp8_weight_quantize": 2,
+    "fp8_transpose": 0,
     # softmax family: max, subtract, exp, sum, divide
     "_softmax": 5, "_log_softmax": 5, "_safe_softmax": 5, "_softmax_backward_data": 3,
     "_log_softmax_backward_data": 3,
@@ -531,3 +536,16 @@ def fused_optimizer(opt: Cost) -> Cost:
     return dataclasses.replace(opt, bytes=nbytes, kernels=launches, variant="", host_sync=False,
                                output_bytes=nbytes * (2 if opt.module_type == "sgd" else 3)
                                // (OPTIMIZER_BYTES_PER_PARAM[opt.module_type] // 4))
+
+
+def spread_costs(costs: list[Cost], ops, micro_batches: int) -> list[Cost]:
+    """``costs`` with the kernels named in ``ops`` spread over ``micro_batches``: work a step
+    does once (Megatron-Core's FP8 weight casts, in its first micro-batch) charged to each
+    micro-batch as 1/micro_batches of its FLOPs and bytes, so a step of that many micro-batches
+    carries it once. The kernel count stays whole: the per-launch cost is over-counted by a
+    few microseconds a layer a micro-batch."""
+    if micro_batches < 1:
+        raise ValueError(f"micro-batches must be at least 1, got {micro_batches}")
+    return [dataclasses.replace(c, flops=c.flops // micro_batches, bytes=c.bytes // micro_batches,
+                    output_bytes=c.output_bytes // micro_batches) if c.op in ops else c
+            for c in costs]

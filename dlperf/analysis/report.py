@@ -75,7 +75,8 @@ def _kernel_table(analysis, top: int, macs: bool) -> Table:
     table = Table(title=f"Top {top} kernels by predicted time: {cfg.model}, batch "
                         f"{analysis.batch_size}, {dtype_label(cfg, spec)}"
                         f"{' (half model)' if cfg.precision == 'half' else ''}"
-                        f"{' (FSDP mixed precision)' if cfg.precision == 'fsdp' else ''}, "
+                        f"{' (FSDP mixed precision)' if cfg.precision == 'fsdp' else ''}"
+                        f"{f', FP8 linear layers ({cfg.fp8} scaling)' if cfg.fp8 else ''}, "
                         f"{'train' if cfg.train else 'inference'} on {spec.display_name}",
                   title_justify="left", header_style="bold")
     for col, just in (("layer", "left"), ("op", "left"), ("phase", "left"),

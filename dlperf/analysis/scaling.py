@@ -605,8 +605,8 @@ DECODES = ("gpu", "cpu", "synthetic")
 
 def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
                                 recompute: bool, sequence_parallel: bool = True,
-                                impl: str = "torch") -> tuple[tuple[str, int, int, str | None],
-                                                              ...]:
+                                impl: str = "torch", fp8: bool = False
+                                ) -> tuple[tuple[str, int, int, str | None], ...]:
     """The collectives one micro-batch of ``tokens`` (batch x sequence) makes among the
     tensor-parallel ranks of a decoder of ``layers`` blocks (see the module docstring): (kind,
     count, bytes of the whole tensor, beside), ``beside`` None for a collective between
@@ -623,11 +623,17 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     all-reduce) run beside the weight-gradient GEMMs, and with sequence parallelism each of
     those layers also gathers its input again beside its data-gradient GEMM (2 L + 1
     all-gathers more). Each tensor is the residual stream, tokens x d_model in the activations'
-    dtype."""
+    dtype; under ``fp8`` (TransformerEngine's FP8 layers, ``impl`` "te" only; models/fp8.py)
+    the blocks' layers all-gather FP8 data, 1 byte an element (their inputs, and the
+    row-parallel layers' output gradients), while the reduce-scatters and the output layer's
+    and embedding's collectives stay in the activations' dtype."""
     if impl not in TP_IMPLS:
         raise ValueError(f"tensor-parallel implementation {impl!r}: one of "
                          f"{', '.join(TP_IMPLS)}")
+    if fp8 and impl != "te":
+        raise ValueError("FP8 layers are TransformerEngine's: impl must be 'te'")
     nbytes = tokens * d_model * act_bytes
+    gathered = tokens * d_model * (1 if fp8 else act_bytes)  # what the blocks' layers gather
     regions = 2 * layers + 1  # the split regions' column-parallel layers, the output layer's
     again = 2 * layers if recompute else 0
     if impl == "te":
@@ -641,12 +647,14 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
         return tuple(c for c in (
             ("allgather", 2, nbytes, None),  # the output layer's, the embedding's backward
             ("reducescatter", 1, nbytes, None),  # after the embedding
-            ("allgather", 2 * layers, nbytes, "fprop"),  # ring exchange beside QKV, FC1
+            ("allgather", 2 * layers, gathered, "fprop"),  # ring exchange beside QKV, FC1
             ("reducescatter", 2 * layers, nbytes, "row-fprop"),  # pipelined after proj, FC2
-            ("allgather", again, nbytes, "recompute"),
+            ("allgather", again, gathered, "recompute"),
             ("reducescatter", again, nbytes, "row-recompute"),
-            ("allgather", 2 * layers, nbytes, "row-dgrad"),  # ring beside proj's, FC2's dgrad
-            ("allgather", regions, nbytes, "dgrad"),  # bulk: the input again, beside dgrad
+            ("allgather", 2 * layers, gathered, "row-dgrad"),  # ring beside proj's, FC2's dgrad
+            # bulk: the input again, beside dgrad (the output layer's in the activations' dtype)
+            *((("allgather", 2 * layers, gathered, "dgrad"), ("allgather", 1, nbytes, "dgrad"))
+              if fp8 else (("allgather", regions, nbytes, "dgrad"),)),
             ("reducescatter", regions, nbytes, "wgrad"),  # bulk: dgrad's, beside wgrad
         ) if c[1])
     if impl == "torch":

@@ -138,7 +138,17 @@ def add_parser(sub) -> None:
                         "fsdp or half). te: Megatron-Core on TransformerEngine's layers with "
                         "--tp-comm-overlap (sequence parallel): as megatron, and the forward's "
                         "collectives and the output projections' backward ones chunked beside "
-                        "their GEMMs too [torch]")
+                        "their GEMMs too; with --tp 1, TransformerEngine's layers and "
+                        "Megatron-Core's fused kernels without tensor parallelism [torch]")
+    s.add_argument("--fp8", choices=("delayed", "current"), default=None,
+                   help="the blocks' linear layers in FP8 as TransformerEngine runs them on "
+                        "Hopper and later (needs --tp-impl te): E4M3 forward, E5M2 gradients, "
+                        "per-tensor scales from the amax history (delayed) or from each "
+                        "tensor's own amax, one more pass over it (current, Megatron-Bridge's "
+                        "FP8-CS); each input, weight and gradient cast to FP8 and its "
+                        "transpose, the weights once a step (the step's --grad-accum "
+                        "micro-batches reuse them), the tensor-parallel all-gathers in FP8; "
+                        "the output layer and attention stay in --dtype [off]")
     s.add_argument("--pp", type=positive_int, default=1, metavar="N",
                    help="pipeline parallel (gpt and its presets, --strategy ddp): the blocks "
                         "split into N stages of consecutive blocks on N GPUs (of --tp each), "
@@ -262,7 +272,7 @@ def _gpt_config(args):
              "vocab": args.vocab, "seq_len": args.seq_len, "attention": args.attention,
              "dropout": args.dropout, "tp": args.tp if args.tp > 1 else None,
              "sequence_parallel": False if args.no_sequence_parallel else None,
-             "tp_impl": args.tp_impl,
+             "tp_impl": args.tp_impl, "fp8": args.fp8,
              "tie_embeddings": False if args.untie_embeddings else None,
              "cp": args.cp if args.cp > 1 else None, "cp_comm": args.cp_comm}
     if args.model not in PRESETS:
@@ -310,7 +320,7 @@ def run(args) -> int:
         raise DlperfError(f"--pp {args.pp} splits the model over GPUs: add --gpus N (a "
                           "multiple of --tp x --pp)")
     for flag, given in (("--no-sequence-parallel", args.no_sequence_parallel),
-                        ("--tp-impl", args.tp_impl is not None)):
+                        ("--tp-impl", args.tp_impl not in (None, "te"))):
         if given and args.tp == 1:
             raise DlperfError(f"{flag} describes tensor parallelism: add --tp N (N > 1)")
     if (args.tp_impl in ("megatron", "te") and args.precision == "mixed"
@@ -327,6 +337,10 @@ def run(args) -> int:
     if args.pp_overlap_p2p and args.pp_virtual == 1:
         raise DlperfError("--pp-overlap-p2p overlaps the interleaved schedule's transfers "
                           "(Megatron-Core overlaps none in 1F1B): add --pp-virtual V (V > 1)")
+    if args.fp8 is not None and args.tp_impl != "te":
+        raise DlperfError("--fp8 runs TransformerEngine's FP8 layers (Megatron-Core's stack): "
+                          "add --tp-impl te (torchao's float8 is fast only under "
+                          "torch.compile, whose fused kernels dlperf does not model)")
     if args.tp_impl == "te" and args.no_sequence_parallel:
         raise DlperfError("--tp-impl te overlaps the collectives of sequence parallelism "
                           "(Megatron-LM refuses --tp-comm-overlap without it): drop "
@@ -350,7 +364,15 @@ def run(args) -> int:
                          activation_checkpointing=args.activation_checkpointing is not None,
                          checkpoint_policy=args.activation_checkpointing or "full",
                          fusion=args.fusion, cuda_graphs=args.cuda_graphs,
-                         optimizer_impl=args.optimizer_impl)
+                         optimizer_impl=args.optimizer_impl,
+                         fp8=args.fp8,
+                         # TE casts the weights in a step's first micro-batch only
+                         fp8_weight_reuse=args.grad_accum if args.fp8 else 1)
+    if args.fp8 is not None:
+        lacking = [s.name for s in specs if s.peak_flops("fp8") is None]
+        if lacking:
+            raise DlperfError(f"--fp8: {', '.join(lacking)} has no FP8 Tensor Cores (Hopper, "
+                              "Ada and later have them); drop --fp8 or choose such a --device")
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
         raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
                           "and an optimizer")
@@ -523,7 +545,7 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
         # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
         # saves the collectives' outputs
         recompute=args.activation_checkpointing == "full",
-        sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl)
+        sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl, fp8=gpt.fp8 is not None)
     # context parallel: a layer's K and V on one rank for a micro-batch (of the local tokens,
     # the rank's share of the K/V heads), what each exchange moves
     kv_bytes = (2 * tokens * (gpt.kv_heads or gpt.heads) // args.tp * gpt.head_dim * act_bytes

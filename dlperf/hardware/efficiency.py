@@ -311,7 +311,7 @@ CLASS_FALLBACK = {"channel-norm": "norm", "channel-norm-backward": "reduction-ba
 _CLASS_OF_OP = {
     **{op: "reduction" for op in (
         "mean", "sum", "amax", "amin", "var", "var_mean", "std", "norm", "linalg_vector_norm",
-        "_adaptive_avg_pool2d")},
+        "_adaptive_avg_pool2d", "fp8_amax", "fp8_weight_amax")},
     **{op: "channel-norm" for op in _TWO_PASS_FORWARD},
     **{op: "channel-norm-backward" for op in _CHANNEL_NORM_BACKWARD},
     # (models/fused.py's RMSNorm: TransformerEngine's one-pass kernels, a row in registers)

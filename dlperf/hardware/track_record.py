@@ -120,6 +120,8 @@ def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | Non
     text = f"Track record on {spec.display_name}: " + "; ".join(parts) + "."
     if spec.caveat:
         text += f" {spec.caveat}"
+    if getattr(config, "fp8", None) and (fp8 := describe_fp8()):
+        text += f" {fp8}"
     return text, warn
 
 
@@ -390,6 +392,44 @@ def _llama3(m: dict) -> str:
                "stage's FP32 gradients held whole through the micro-batches (the paper "
                "accumulates them in FP32 and shards them, not saying when)"
                if "memory_bytes" in m else "") + ". ")
+
+
+def build_fp8(result: dict) -> dict:
+    """The scale-out record's entry on FP8 training (``analyze --fp8``), from validate_tp.py's
+    tp-megatron-bridge-fp8.json: each published row's measured rate and dlperf's FP8
+    prediction over it (cuDNN's attention as read for Megatron-Core), and the FP8 gain over
+    BF16 dlperf predicts for the same configuration."""
+    return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s in FP8 with "
+                      "current scaling (NeMo 25.11-26.06)",
+            "rows": [{"row": r["row"], "model": r["model"], "gpus": r["gpus"],
+                      "measured": r["measured_tokens_per_s_per_gpu"],
+                      "containers": [m["container"] for m in r["measured"]],
+                      "ratio": r["fp8_mcore"]["ratio"],
+                      "predicted_gain": r["predicted_fp8_gain"]} for r in result["rows"]]}
+
+
+def describe_fp8(record: dict | None = None) -> str | None:
+    """What the published runs say of ``analyze --fp8`` (printed under every FP8 prediction);
+    None when the record has no FP8 entry."""
+    record = load_scale_out() if record is None else record
+    f = record.get("fp8")
+    if not f or not f["rows"]:
+        return None
+    by_model: dict[str, list[dict]] = {}
+    for r in f["rows"]:
+        by_model.setdefault(r["model"], []).append(r)
+    parts = []
+    for model, rows in by_model.items():
+        ratios = " and ".join(f"{r['ratio']:.2f}x" for r in rows)
+        parts.append(f"{model} on {rows[0]['gpus']:,} GPUs {ratios}")
+    gains = [r["predicted_gain"] for r in f["rows"]]
+    return (f"FP8 (--fp8) is checked against one published source, {f['source']}, run as "
+            f"--tp-impl te: dlperf predicted {'; '.join(parts)} the measured rate (the 70B's "
+            "last stage runs the output layer beside as many blocks as the others, where "
+            "Megatron-Bridge's layout moves one of them: read its rate as slow by up to that "
+            f"layer's share). Its FP8 gain over BF16 for those runs, {min(gains):.2f}-"
+            f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "
+            "it against.")
 
 
 def build_kvstore(fit: dict) -> dict:

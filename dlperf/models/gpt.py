@@ -73,6 +73,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dlperf.models.fp8 import RECIPES as FP8_RECIPES
+from dlperf.models.fp8 import Fp8Linear, call, shared_cast
 from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope, rotate
 
 
@@ -115,6 +117,10 @@ class GPTConfig:
     # (Llama 3's; Megatron-Core's all_gather)
     cp: int = 1
     cp_comm: str = "p2p"
+    # the blocks' linear layers in FP8 as TransformerEngine runs them (models/fp8.py): None
+    # (BF16/FP16 GEMMs), "delayed" or "current" scaling; the output layer stays in the model's
+    # dtype (Megatron-Core's is not a TE layer). Needs tp_impl "te".
+    fp8: str | None = None
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -147,6 +153,11 @@ class GPTConfig:
             if value % self.tp:
                 raise ValueError(f"tensor parallel over {self.tp} GPUs splits the {name} "
                                  f"({value}): give a tensor-parallel size that divides it")
+        if self.fp8 is not None and self.fp8 not in FP8_RECIPES:
+            raise ValueError(f"GPT fp8 must be one of {', '.join(FP8_RECIPES)}, "
+                             f"got {self.fp8!r}")
+        if self.fp8 is not None and self.tp_impl != "te":
+            raise ValueError("FP8 layers are TransformerEngine's: tp_impl must be 'te'")
         if self.cp < 1:
             raise ValueError(f"context-parallel ranks must be at least 1, got {self.cp}")
         if self.cp > 1 and self.seq_len % (2 * self.cp):
@@ -378,7 +389,7 @@ class Attention(nn.Module):
         self.heads, self.head_dim = cfg.local_heads, cfg.head_dim  # this rank's heads
         width = self.heads * self.head_dim  # d_model / tp
         self.qkv = _column(cfg, cfg.d_model, 3 * width, cfg.bias)
-        self.proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
+        self.proj = _row(cfg, width, cfg.d_model, cfg.bias)
 
     def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
         qkv = self.qkv(x)  # (x: this rank's shard of the tokens when the projection gathers)
@@ -404,14 +415,15 @@ class GQAttention(nn.Module):
         self.wq = _column(cfg, cfg.d_model, self.heads * self.head_dim, cfg.bias)
         self.wk = _column(cfg, cfg.d_model, self.kv_heads * self.head_dim, cfg.bias)
         self.wv = _column(cfg, cfg.d_model, self.kv_heads * self.head_dim, cfg.bias)
-        self.wo = nn.Linear(self.heads * self.head_dim, cfg.d_model, bias=cfg.bias)
+        self.wo = _row(cfg, self.heads * self.head_dim, cfg.d_model, cfg.bias)
 
     def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
-        q = self.wq(x)  # (x: this rank's shard of the tokens when the projections gather)
+        cast = shared_cast(self.wq, x)  # FP8: x cast once for the three (Megatron's linear_qkv)
+        q = call(self.wq, x, cast)  # (x: this rank's shard of the tokens when they gather)
         b, t, _ = q.shape
         q = q.view(b, t, self.heads, self.head_dim)
-        k = self.wk(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.wv(x).view(b, t, self.kv_heads, self.head_dim)
+        k = call(self.wk, x, cast).view(b, t, self.kv_heads, self.head_dim)
+        v = call(self.wv, x, cast).view(b, t, self.kv_heads, self.head_dim)
         if rope is not None:
             turn = fused_rope if self.cfg.fused_kernels else apply_rope
             q, k = turn(q, *rope), turn(k, *rope)
@@ -507,12 +519,30 @@ class ColumnParallelLinear(nn.Linear):
         return _MegatronColumn.apply(x, self.weight, self.bias, self.tp)
 
 
-def _column(cfg: GPTConfig, d_in: int, d_out: int, bias: bool) -> nn.Linear:
+def _column(cfg: GPTConfig, d_in: int, d_out: int, bias: bool, fp8: bool = True) -> nn.Linear:
     """A column-parallel layer: plain (its input gathered before it, or whole) or Megatron's
-    (``cfg.regather`` > 1: it gathers its input itself and keeps the shard)."""
+    (``cfg.regather`` > 1: it gathers its input itself and keeps the shard); in FP8 under
+    ``cfg.fp8`` unless ``fp8`` is False (the output layer)."""
+    if cfg.fp8 is not None and fp8:
+        return Fp8Linear(d_in, d_out, bias, cfg.fp8, gather=cfg.regather)
     if cfg.regather > 1:
         return ColumnParallelLinear(d_in, d_out, bias, cfg.regather)
     return nn.Linear(d_in, d_out, bias=bias)
+
+
+def _row(cfg: GPTConfig, d_in: int, d_out: int, bias: bool) -> nn.Linear:
+    """A row-parallel layer: plain (the block reduce-scatters its output after it), or in FP8
+    under ``cfg.fp8``, reduce-scattering its output itself as TE's row-parallel layer does
+    (and all-gathering its FP8 output gradient in the backward)."""
+    if cfg.fp8 is not None:
+        return Fp8Linear(d_in, d_out, bias, cfg.fp8, scatter=cfg.token_split)
+    return nn.Linear(d_in, d_out, bias=bias)
+
+
+def _row_split(cfg: GPTConfig) -> int:
+    """Ranks the block reduce-scatters a row-parallel layer's output over: none where the
+    layer does it itself (FP8)."""
+    return 1 if cfg.fp8 is not None else cfg.token_split
 
 
 def _gather(x: torch.Tensor, tp: int) -> torch.Tensor:
@@ -527,6 +557,7 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.split = cfg.token_split  # the ranks the residual stream's tokens are split over
+        self.scatter = _row_split(cfg)  # the ranks the block reduce-scatters a region over
         # the ranks the split regions gather their input from here (1: the layers gather it
         # themselves, Megatron's way, or it is whole)
         self.gather = 1 if cfg.regather > 1 else self.split
@@ -542,20 +573,21 @@ class Block(nn.Module):
         # (the fused SwiGLU takes both GEMMs' outputs: one kernel, keeping only them)
         self.act = ((FusedSwiGLU() if cfg.fused_kernels else nn.SiLU()) if self.swiglu
                     else nn.GELU(approximate="tanh"))
-        self.out = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.out = _row(cfg, hidden, cfg.d_model, cfg.bias)
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
         # x: this rank's tokens of the residual stream (all of them when tp is 1 or without
         # sequence parallelism)
         a = self.attn(_gather(self.ln1(x), self.gather), rope, mask)
-        x = x + self.drop(_scatter(a, self.split))
+        x = x + self.drop(_scatter(a, self.scatter))
         h = _gather(self.ln2(x), self.gather)
+        cast = shared_cast(self.fc, h) if self.swiglu else None  # FP8: Megatron's linear_fc1
         if isinstance(self.act, FusedSwiGLU):
-            h = self.act(self.fc(h), self.gate(h))
+            h = self.act(call(self.fc, h, cast), call(self.gate, h, cast))
         else:
             h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
-        return x + self.drop(_scatter(self.out(h), self.split))
+        return x + self.drop(_scatter(self.out(h), self.scatter))
 
 
 class GPT(nn.Module):
@@ -576,7 +608,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = _norm(cfg)
-        self.head = _column(cfg, cfg.d_model, cfg.local_vocab, False)
+        self.head = _column(cfg, cfg.d_model, cfg.local_vocab, False, fp8=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok.weight
 

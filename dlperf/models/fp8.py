@@ -1,0 +1,249 @@
+"""FP8 linear layers as TransformerEngine runs them on Hopper (per-tensor scaling), for a
+decoder under Megatron-Core (models/gpt.py, ``GPTConfig.fp8``; ``dlperf analyze --fp8``).
+
+Why hand-written: PyTorch has the FP8 GEMM (``torch._scaled_mm``, which the capture records
+and costs/roofline charge at the GPU's FP8 Tensor Core rate) but not TransformerEngine's
+quantization kernels, and what a layer casts, keeps and gathers is what FP8 training costs
+beside its GEMMs. Each kernel is one ``torch.library.custom_op`` with a real implementation
+(so a layer built with them trains on a CPU and tests/test_fp8.py checks its numbers against a
+float64 product of the quantized operands) and a fake one for meta tensors.
+
+What one layer runs (transformer_engine/pytorch/module/linear.py and layernorm_linear.py, an
+``fp8_autocast`` with ``Format.HYBRID``: E4M3 in the forward, E5M2 for gradients):
+
+* forward: the input quantized (row-wise for the forward GEMM and column-wise, i.e. its
+  transpose, for the weight-gradient GEMM: TE's fused cast-transpose kernel), the weight
+  quantized the same way, one FP8 GEMM (Hopper's FP8 GEMMs take only "TN" operands, hence the
+  transposed copies);
+* backward: the output gradient quantized (row-wise for the data-gradient GEMM, column-wise for
+  the weight-gradient GEMM), two FP8 GEMMs;
+* kept for the backward: the input's column-wise FP8 copy (1 byte an element, where a BF16
+  layer keeps 2) and the weight's FP8 copies (module state: ``memory_footprint`` counts them
+  as weights, 2 bytes a parameter).
+
+The two recipes differ in where the scale comes from. ``delayed`` (``DelayedScaling``): from
+the amax history of earlier steps, so one cast kernel a tensor, which also records this
+tensor's amax. ``current`` (``Float8CurrentScaling``; Megatron-Bridge's "FP8-CS"): from this
+tensor's own amax, so an amax kernel (a reduction over the tensor) before each cast.
+
+Under sequence parallelism (``gather``/``scatter`` > 1, Megatron-Core's column- and row-parallel
+layers) TE gathers in FP8: a column-parallel layer quantizes its shard of the tokens row-wise
+only, all-gathers the FP8 data, keeps the shard and gathers it again in the backward, where it
+transposes the gathered FP8 data for the weight gradient; a row-parallel layer reduce-scatters
+its BF16 output and, in the backward, quantizes its shard of the gradient, all-gathers it in
+FP8 and transposes it. The collectives are allocations here (as gpt.py's stand-ins); the
+scale-out times them at 1 byte an element (analysis/scaling.py, tensor_parallel_collectives).
+
+Not modelled: a delayed recipe's norm that writes FP8 itself (TE fuses the cast into the
+RMSNorm/LayerNorm kernel before a ``LayerNormLinear``; here the norm writes BF16 and the layer
+casts it: one extra read and write of the norm's output, under 1% of a Llama step), and the
+once-a-step amax-history update (a few small kernels a step).
+
+Registering the ops is torch.library's process-wide registry: done once, at import.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from dlperf.models.fused import NAMESPACE
+
+RECIPES = ("delayed", "current")
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+_MAX = {E4M3: 448.0, E5M2: 57344.0}  # the largest finite value of each format
+
+# the op names the capture records: analysis/costs.py charges each as one memory-bound kernel.
+# The weight's casts have names of their own because Megatron-Core casts a weight once a step
+# (TE's ``is_first_microbatch``: the FP8 copies are cached for the step's other micro-batches),
+# so ``api.capture_costs`` spreads them over ``AnalysisConfig.fp8_weight_reuse`` micro-batches.
+OPS = ("fp8_amax", "fp8_quantize", "fp8_transpose", "fp8_weight_amax", "fp8_weight_quantize")
+WEIGHT_OPS = ("fp8_weight_amax", "fp8_weight_quantize")
+# kernels TransformerEngine requires FP8 GEMM operands' dimensions to be multiples of
+# (``assert_dim_for_fp8_exec``: 16 for the inner dimension, 16 bytes of FP8; the guide's rule)
+ALIGN = 16
+
+
+def _amax_impl(x: Tensor) -> Tensor:
+    return x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+
+
+def _quantize_impl(x: Tensor, amax: Tensor | None, e5m2: bool, rowwise: bool,
+                   columnwise: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """x [M, K] -> (FP8 data [M, K] or empty, its transpose [K, M] or empty, the inverse scale
+    the GEMM multiplies back by). Without ``amax`` (the delayed recipe) the kernel takes this
+    tensor's amax itself, as a stand-in for the history's."""
+    fmt = E5M2 if e5m2 else E4M3
+    top = _MAX[fmt]
+    a = _amax_impl(x) if amax is None else amax.float()
+    scale = torch.where(a > 0, top / a, torch.ones_like(a))
+    q = (x.float() * scale).clamp(-top, top).to(fmt)
+    empty = x.new_empty((0,), dtype=fmt)
+    return (q if rowwise else empty, q.t().contiguous() if columnwise else empty,
+            scale.reciprocal())
+
+
+def _quantize_fake(x, amax, e5m2, rowwise, columnwise):
+    fmt = E5M2 if e5m2 else E4M3
+    m, k = x.shape
+    return (x.new_empty((m, k) if rowwise else (0,), dtype=fmt),
+            x.new_empty((k, m) if columnwise else (0,), dtype=fmt),
+            x.new_empty((), dtype=torch.float32))
+
+
+def _register(name: str, fn, fake):
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=())
+    op.register_fake(fake)
+    return op
+
+
+def _amax_fn(x: Tensor) -> Tensor:
+    return _amax_impl(x)
+
+
+def _quantize_fn(x: Tensor, amax: Tensor | None, e5m2: bool, rowwise: bool,
+                 columnwise: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _quantize_impl(x, amax, e5m2, rowwise, columnwise)
+
+
+def _transpose_fn(data: Tensor) -> Tensor:
+    return data.t().contiguous()
+
+
+def _amax_fake(x):
+    return x.new_empty((), dtype=torch.float32)
+
+
+def _transpose_fake(data):
+    return data.new_empty((data.shape[1], data.shape[0]))
+
+
+_amax = _register("fp8_amax", _amax_fn, _amax_fake)
+_quantize = _register("fp8_quantize", _quantize_fn, _quantize_fake)
+_transpose = _register("fp8_transpose", _transpose_fn, _transpose_fake)
+_weight_amax = _register("fp8_weight_amax", _amax_fn, _amax_fake)
+_weight_quantize = _register("fp8_weight_quantize", _quantize_fn, _quantize_fake)
+
+
+def _cast(x: Tensor, recipe: str, e5m2: bool, rowwise: bool, columnwise: bool,
+          weight: bool = False):
+    """One tensor's quantization: an amax kernel first under the current recipe."""
+    amax_op, quantize_op = (_weight_amax, _weight_quantize) if weight else (_amax, _quantize)
+    amax = amax_op(x) if recipe == "current" else None
+    return quantize_op(x, amax, e5m2, rowwise, columnwise)
+
+
+def _stand_in(t: Tensor, rows: int) -> Tensor:
+    """A collective's result along the tokens (first) dimension: allocated, no kernel."""
+    return t.new_empty((rows, *t.shape[1:]))
+
+
+class SharedCast:
+    """One input's FP8 cast, shared by the layers that read that input (Llama's q, k and v
+    projections; SwiGLU's two input layers): Megatron-Core runs each group as one TE layer
+    (``linear_qkv``, ``linear_fc1``) that casts, keeps and gathers its input once. ``total``
+    is the GEMMs' operand (all-gathered under ``gather`` > 1), ``keep`` what the backward
+    needs (the column-wise copy, or the row-wise shard it gathers again), ``scale_inv`` the
+    GEMMs' factor; ``x_t`` is the gathered input's transpose, made by the group's first
+    backward and used by the rest."""
+
+    def __init__(self, x: Tensor, recipe: str, gather: int = 1):
+        x2 = x.detach().reshape(-1, x.shape[-1])  # (the layers' Function carries x's gradient)
+        if gather > 1:  # row-wise only: TE gathers FP8 row-wise data and transposes it later
+            xq, _, self.scale_inv = _cast(x2, recipe, False, True, False)
+            self.total, self.keep = _stand_in(xq, xq.shape[0] * gather), xq
+        else:
+            self.total, self.keep, self.scale_inv = _cast(x2, recipe, False, True, True)
+        self.gather, self.shape, self.x_t = gather, x.shape, None
+
+    def transposed(self) -> Tensor:
+        """The column-wise operand of the weight-gradient GEMMs [K, M']."""
+        if self.gather == 1:
+            return self.keep
+        if self.x_t is None:  # the re-gather (an allocation) and one transpose kernel
+            self.x_t = _transpose(_stand_in(self.keep, self.keep.shape[0] * self.gather))
+        return self.x_t
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    """y = x Wᵀ (+ b) with FP8 GEMMs, as the module docstring describes, on ``cast`` (x's
+    ``SharedCast``; x [..., K] is this rank's tokens); ``scatter``: ranks the output is
+    reduce-scattered over (1: none)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe: str, cast: SharedCast, scatter: int):
+        wq, wq_t, sw = _cast(weight, recipe, False, True, True, weight=True)
+        y = torch._scaled_mm(cast.total, wq.t(), cast.scale_inv, sw, bias=bias,
+                             out_dtype=x.dtype)  # [M', N]
+        if scatter > 1:
+            y = _stand_in(y, y.shape[0] // scatter)
+        ctx.save_for_backward(cast.keep, cast.scale_inv)
+        # TE's cached FP8 weight: module state (api.memory_footprint), not an activation
+        ctx.weight_fp8 = (wq_t, sw)
+        ctx.recipe, ctx.cast, ctx.scatter = recipe, cast, scatter
+        ctx.has_bias = bias is not None
+        lead = x.shape[:-1]
+        rows = lead[-1] * cast.gather // scatter
+        return y.reshape(*lead[:-1], rows, y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        _keep, sx = ctx.saved_tensors
+        wq_t, sw = ctx.weight_fp8
+        cast = ctx.cast
+        n = grad.shape[-1]
+        g2 = grad.reshape(-1, n)
+        if ctx.scatter > 1:  # this rank's tokens of the gradient, all-gathered in FP8
+            gq, _, sg = _cast(g2, ctx.recipe, True, True, False)
+            g_total = _stand_in(gq, gq.shape[0] * ctx.scatter)
+            g_t = _transpose(g_total)
+        else:
+            g_total, g_t, sg = _cast(g2, ctx.recipe, True, True, True)
+        dx = torch._scaled_mm(g_total, wq_t.t(), sg, sw, out_dtype=grad.dtype)  # [M', K]
+        if cast.gather > 1:
+            dx = _stand_in(dx, dx.shape[0] // cast.gather)  # its reduce-scatter
+        dw = torch._scaled_mm(g_t, cast.transposed().t(), sg, sx,
+                              out_dtype=grad.dtype)  # [N, K]
+        db = g2.sum(0) if ctx.has_bias else None  # (TE fuses it into the cast: Llama has none)
+        return dx.reshape(cast.shape), dw, db, None, None, None
+
+
+class Fp8Linear(nn.Linear):
+    """nn.Linear whose GEMMs run in FP8 (``_Fp8LinearFn``); the same parameters. ``gather`` /
+    ``scatter``: Megatron-Core's column- / row-parallel layer under sequence parallelism, which
+    all-gathers its input (reduce-scatters its output) itself. ``forward(x, cast)``: ``cast``
+    is x's ``SharedCast`` when other layers read x too (``self.cast(x)`` makes one)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, recipe: str,
+                 gather: int = 1, scatter: int = 1):
+        if recipe not in RECIPES:
+            raise ValueError(f"FP8 recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        if in_features % ALIGN or out_features % ALIGN:
+            raise ValueError(f"an FP8 linear layer needs its sizes to be multiples of {ALIGN} "
+                             f"(TransformerEngine refuses others), got {in_features} x "
+                             f"{out_features}")
+        super().__init__(in_features, out_features, bias=bias)
+        self.recipe, self.gather, self.scatter = recipe, gather, scatter
+
+    def cast(self, x: Tensor) -> SharedCast:
+        return SharedCast(x, self.recipe, self.gather)
+
+    def forward(self, x: Tensor, cast: SharedCast | None = None) -> Tensor:
+        return _Fp8LinearFn.apply(x, self.weight, self.bias, self.recipe,
+                                  cast or self.cast(x), self.scatter)
+
+
+def shared_cast(layer: nn.Module, x: Tensor) -> SharedCast | None:
+    """x's cast for the group of layers that ``layer`` starts (None unless it is FP8)."""
+    return layer.cast(x) if isinstance(layer, Fp8Linear) else None
+
+
+def call(layer: nn.Module, x: Tensor, cast: SharedCast | None) -> Tensor:
+    """``layer(x)``, on x's shared cast where there is one."""
+    return layer(x) if cast is None else layer(x, cast)
+
+
+def fp8_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the FP8 weight copies TE keeps through a step: row-wise and column-wise, one
+    byte an element each, for every FP8 layer (its weight shared with no other layer)."""
+    return sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, Fp8Linear))
