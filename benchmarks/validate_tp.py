@@ -110,27 +110,31 @@ each row's rate, 16,384 GPUs over 8,192 at 8K (the bubble grows as each group's 
 halve), and 128K with context parallelism over 8K on 16,384 GPUs; and each row's memory a GPU
 (the run at 8K fit in 80 GB without recompute).
 
-``megatron-bridge-fp8`` (-> results/tp-megatron-bridge-fp8.json, ~3 minutes).
+``megatron-bridge-fp8`` (-> results/tp-megatron-bridge-fp8.json, ~4 minutes).
 Source: NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary-archive.md at commit 067f987d
-(2026-08-11), its DGX-H100 rows of Llama 3 70B and Llama 3.1 405B pre-training in FP8 with
-current scaling ("FP8-CS": TransformerEngine's Float8CurrentScaling, --fp8 current), 8,192
-tokens, micro-batch 1, Tokens / sec / GPU: 70B on 64 GPUs, TP 4 x PP 8 interleaved over 5
-virtual stages (data parallel over 2), global batch 128 in the 25.11 container (1,602) and
-256 in 26.02-26.04.01 (1,621-1,664); 405B on 1,024 GPUs, TP 8 x PP 8 interleaved over 8
-virtual stages x CP 2 (data parallel over 8), global batch 512 in 25.11 (292) and 1,536 in
-26.02-26.06 (311-328). The recipes (src/megatron/bridge/perf_recipes/llama/h100/*.py and
-recipes/llama/h100/llama3.py at that commit): Megatron-Core on TransformerEngine (--tp-impl
-te, the fused kernels of models/fused.py) with --tp-comm-overlap (userbuffers), the
-distributed optimizer overlapping its reduce-scatter and gather, FP32 gradients, no
-recompute, sequence parallelism; the 405B's pipeline split accounts for the embedding and the
-loss (one block fewer on the first and last stage: --pp-first-layers 15 --pp-last-layers 15);
-the 70B's 26.x recipe moves one block from the last chunk to a middle one
-("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"), which dlperf's stages cannot say: run on even stages of 10
-blocks (its last stage also runs the output layer: the prediction is slow by up to that
-layer's share). DGX H100: NVLink 4 inside, eight NDR 400 Gb/s NICs between. Attention is
-cuDNN's through TE, as in megatron-core-2024 (``MCORE_ATTENTION``; each row is also saved at
-the preset's share and at cuDNN's own). No BF16 run of these configurations is published:
-each row also saves dlperf's BF16 prediction of it, for the FP8 gain dlperf predicts.
+(2026-08-11), its DGX-H100 rows of Llama 3 8B and 70B and Llama 3.1 405B pre-training in FP8
+with current scaling ("FP8-CS": TransformerEngine's Float8CurrentScaling, --fp8 current),
+8,192 tokens, micro-batch 1, Tokens / sec / GPU: 8B on the 8 GPUs of one node, sharded by
+Megatron-FSDP (the table's FSDP 8: --strategy fsdp), global batch 128 (16 micro-batches a
+GPU) in 25.11 (14,451); 70B on 64 GPUs, TP 4 x PP 8 interleaved over 5 virtual stages (data
+parallel over 2), global batch 128 in the 25.11 container (1,602) and 256 in 26.02-26.04.01
+(1,621-1,664); 405B on 1,024 GPUs, TP 8 x PP 8 interleaved over 8 virtual stages x CP 2
+(data parallel over 8), global batch 512 in 25.11 (292) and 1,536 in 26.02-26.06 (311-328).
+The recipes (src/megatron/bridge/perf_recipes/llama/h100/*.py and recipes/llama/h100/
+llama3.py at that commit): Megatron-Core on TransformerEngine (--tp-impl te, the fused
+kernels of models/fused.py), FP32 gradients; the 70B and 405B with --tp-comm-overlap
+(userbuffers), sequence parallelism, the distributed optimizer overlapping its reduce-scatter
+and gather, no recompute (the 8B recipe at that commit, of a later container than its row,
+recomputes 5 of its 32 blocks; the row does not say: run without). The 405B's pipeline split
+accounts for the embedding and the loss (one block fewer on the first and last stage:
+--pp-first-layers 15 --pp-last-layers 15); the 70B's 26.x recipe moves one block from the
+last chunk to a middle one ("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"), which dlperf's stages cannot
+say: run on even stages of 10 blocks (its last stage also runs the output layer: the
+prediction is slow by up to that layer's share). DGX H100: NVLink 4 inside, eight NDR
+400 Gb/s NICs between. Attention is cuDNN's through TE, as in megatron-core-2024
+(``MCORE_ATTENTION``; each row is also saved at the preset's share and at cuDNN's own). No
+BF16 run of these configurations is published: each row also saves dlperf's BF16 prediction
+of it, for the FP8 gain dlperf predicts.
 
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
@@ -920,8 +924,12 @@ def llama3_405b(out: Path) -> None:
 
 # Megatron-Bridge's DGX-H100 FP8-CS rows (the module docstring): (label, model, GPUs, TP, PP,
 # virtual stages, CP, first/last stage blocks or None, micro-batches a step per replica,
-# [(container, tokens/s per GPU, model TFLOP/s per GPU)])
+# [(container, tokens/s per GPU, model TFLOP/s per GPU)]); the 8B's row shards the model
+# with Megatron-FSDP over the 8 GPUs of a node (its table's FSDP 8: --strategy fsdp) where
+# the others run the distributed optimizer
 BRIDGE_FP8 = (
+    ("8B, 8 GPUs, GBS 128, FSDP", "llama3-8b", 8, 1, 1, 1, 1, None, 16,
+     [("25.11", 14451, 744)]),
     ("70B, 64 GPUs, GBS 128", "llama3-70b", 64, 4, 8, 5, 1, None, 64,
      [("25.11", 1602, 719)]),
     ("70B, 64 GPUs, GBS 256", "llama3-70b", 64, 4, 8, 5, 1, None, 128,
@@ -944,13 +952,14 @@ def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
                 ) -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's H100 rows (``BRIDGE_FP8``), in FP8 with
     current scaling or, for the predicted gain, in BF16."""
+    sharded = ["--strategy", "fsdp"] if tp == pp == 1 else [
+        "--tp", str(tp), "--pp", str(pp), "--pp-virtual", str(virtual), "--pp-overlap-p2p",
+        "--distributed-optimizer"]
     return (["analyze", model, "--train", "--dtype", "bf16", "--precision", "fsdp",
              "--optimizer", "adamw", "--device", "h100-sxm", "--seq-len", "8192",
-             "--batch-size", "1", "--grad-accum", str(micro_batches), "--gpus", str(gpus),
-             "--tp", str(tp), "--pp", str(pp), "--pp-virtual", str(virtual),
-             "--pp-overlap-p2p", "--distributed-optimizer",
-             "--interconnect", "nvlink4-h100,ib-ndr", "--tp-impl", "te",
-             "--efficiency", f"attention={attention}", "--top", "1"]
+             "--batch-size", "1", "--grad-accum", str(micro_batches), "--gpus", str(gpus)]
+            + sharded + ["--interconnect", "nvlink4-h100,ib-ndr", "--tp-impl", "te",
+                         "--efficiency", f"attention={attention}", "--top", "1"]
             + (["--pp-first-layers", str(ends), "--pp-last-layers", str(ends)] if ends else [])
             + (["--cp", str(cp)] if cp > 1 else [])
             + (["--fp8", "current"] if fp8 else []))
@@ -986,8 +995,9 @@ def megatron_bridge_fp8(out: Path) -> None:
                 comm = here["communication"]
                 row[key] = {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
                             "step_s": here["step_s"],
-                            "bubble_s": comm["pipeline"]["bubble_s"],
-                            "tp_exposed_s": comm["tensor_parallel"]["exposed_s"],
+                            "bubble_s": (comm.get("pipeline") or {}).get("bubble_s", 0.0),
+                            "tp_exposed_s": (comm.get("tensor_parallel") or {}).get(
+                                "exposed_s", 0.0),
                             "cp_exposed_s": (comm.get("context_parallel") or {}).get(
                                 "exposed_s", 0.0),
                             "exposed_comm_s": here["exposed_comm_s"],
@@ -1007,9 +1017,10 @@ def megatron_bridge_fp8(out: Path) -> None:
                   f"{row['fp8_mcore']['memory_per_gpu_bytes'] / 2**30:.1f} GiB a GPU")
     save_result(out, "validate-tp-megatron-bridge-fp8",
                 {"rows": [list(r) for r in BRIDGE_FP8], "attention": BRIDGE_ATTENTION,
-                 "args_70b": bridge_args(*BRIDGE_FP8[0][1:9], True, MCORE_ATTENTION),
-                 "args_405b": bridge_args(*BRIDGE_FP8[2][1:9], True, MCORE_ATTENTION)},
-                {"rows": rows})
+                 "args_8b": bridge_args(*BRIDGE_FP8[0][1:9], True, MCORE_ATTENTION),
+                 "args_70b": bridge_args(*BRIDGE_FP8[1][1:9], True, MCORE_ATTENTION),
+                 "args_405b": bridge_args(*BRIDGE_FP8[3][1:9], True, MCORE_ATTENTION)},
+                {"rows": rows, "cudnn_attention": BRIDGE_ATTENTION["cudnn"]})
     print(f"Wrote {out}")
 
 

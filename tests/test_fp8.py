@@ -255,12 +255,15 @@ def test_the_record_says_what_fp8_was_checked_against():
     def row(model, gpus, ratio, gain):
         return {"row": model, "model": model, "gpus": gpus,
                 "measured_tokens_per_s_per_gpu": 1000.0, "measured": [{"container": "25.11"}],
-                "fp8_mcore": {"ratio": ratio}, "predicted_fp8_gain": gain}
+                "fp8_mcore": {"ratio": ratio}, "fp8_cudnn": {"ratio": ratio + 0.1},
+                "predicted_fp8_gain": gain}
 
     entry = build_fp8({"rows": [row("big", 1024, 1.02, 1.64), row("big", 1024, 0.93, 1.60),
-                                row("small", 64, 0.85, 1.46)]})
+                                row("small", 64, 0.85, 1.46)], "cudnn_attention": 0.5})
     text = describe_fp8({"fp8": entry})
     assert "big on 1,024 GPUs 1.02x and 0.93x; small on 64 GPUs 0.85x the measured rate" in text
+    assert "0.95-1.12x with the attention kernel at cuDNN's own speed (--efficiency " \
+           "attention=0.5)" in text
     assert "1.46-1.64x" in text
     assert describe_fp8({}) is None
     # the shipped record holds the saved validation's rows

@@ -405,7 +405,9 @@ def build_fp8(result: dict) -> dict:
                       "measured": r["measured_tokens_per_s_per_gpu"],
                       "containers": [m["container"] for m in r["measured"]],
                       "ratio": r["fp8_mcore"]["ratio"],
-                      "predicted_gain": r["predicted_fp8_gain"]} for r in result["rows"]]}
+                      "ratio_cudnn": r["fp8_cudnn"]["ratio"],
+                      "predicted_gain": r["predicted_fp8_gain"]} for r in result["rows"]],
+            "cudnn_attention": result.get("cudnn_attention")}
 
 
 def describe_fp8(record: dict | None = None) -> str | None:
@@ -423,11 +425,15 @@ def describe_fp8(record: dict | None = None) -> str | None:
         ratios = " and ".join(f"{r['ratio']:.2f}x" for r in rows)
         parts.append(f"{model} on {rows[0]['gpus']:,} GPUs {ratios}")
     gains = [r["predicted_gain"] for r in f["rows"]]
+    cudnn = [r["ratio_cudnn"] for r in f["rows"] if r.get("ratio_cudnn") is not None]
+    share = f.get("cudnn_attention")
     return (f"FP8 (--fp8) is checked against one published source, {f['source']}, run as "
-            f"--tp-impl te: dlperf predicted {'; '.join(parts)} the measured rate (the 70B's "
-            "last stage runs the output layer beside as many blocks as the others, where "
-            "Megatron-Bridge's layout moves one of them: read its rate as slow by up to that "
-            f"layer's share). Its FP8 gain over BF16 for those runs, {min(gains):.2f}-"
+            f"--tp-impl te: dlperf predicted {'; '.join(parts)} the measured rate"
+            + (f", and {min(cudnn):.2f}-{max(cudnn):.2f}x with the attention kernel at "
+               f"cuDNN's own speed (--efficiency attention={share}): the newer the stack, the "
+               "faster its attention, and the more of an FP8 step it is"
+               if cudnn and share else "")
+            + f". dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
             f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "
             "it against.")
 
