@@ -980,8 +980,17 @@ def megatron_bridge_fp8(out: Path) -> None:
                 BRIDGE_FP8, desc="megatron-bridge fp8"):
             runs = {}
             for name, share in BRIDGE_ATTENTION.items():
-                runs[f"fp8_{name}"] = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp,
-                                                           ends, micro, True, share), tmp)
+                whole = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends, micro,
+                                             True, share), tmp, whole=True)
+                runs[f"fp8_{name}"] = whole["scale_out"]["at_requested_scale"]
+                if name == "mcore":  # one rank's kernels: a block's time, the output layer's
+                    kernels = whole["layers"]
+                    blocks = {k["module"].split(".")[1] for k in kernels
+                              if k["module"].startswith("blocks.")}
+                    block_s = sum(k["predicted_time_s"] for k in kernels
+                                  if k["module"].startswith("blocks.")) / len(blocks)
+                    output_s = sum(k["predicted_time_s"] for k in kernels
+                                   if k["module"].split(".")[0] in ("ln_f", "head", "loss"))
             runs["bf16_mcore"] = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends,
                                                       micro, False, MCORE_ATTENTION), tmp)
             rate = statistics.median(m[1] for m in measured)
@@ -1004,6 +1013,9 @@ def megatron_bridge_fp8(out: Path) -> None:
                             "straggler_s": here["straggler_s"],
                             "memory_per_gpu_bytes": (here.get("memory_per_gpu") or {}).get(
                                 "total_bytes")}
+            # a block's predicted forward and backward on one rank, and the output layer's
+            # (its norm, GEMMs and loss) in blocks: what the last stage runs beside its blocks
+            row["block_s"], row["output_layer_blocks"] = block_s, output_s / block_s
             row["predicted_fp8_gain"] = (row["fp8_mcore"]["predicted_tokens_per_s_per_gpu"]
                                          / row["bf16_mcore"]["predicted_tokens_per_s_per_gpu"])
             rows.append(row)
