@@ -128,10 +128,10 @@ and gather, no recompute (the 8B recipe at that commit, of a later container tha
 recomputes 5 of its 32 blocks; the row does not say: run without). The 405B's pipeline split
 accounts for the embedding and the loss (one block fewer on the first and last stage:
 --pp-first-layers 15 --pp-last-layers 15); the 70B's 26.x recipe moves one block from the
-last chunk to a middle one ("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"), which dlperf's stages cannot
-say: run on even stages of 10 blocks (its last stage also runs the output layer: the
-prediction is slow by up to that layer's share). DGX H100: NVLink 4 inside, eight NDR
-400 Gb/s NICs between. Attention is cuDNN's through TE, as in megatron-core-2024
+last chunk to a middle one ("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL": --pp-layout, stages of 10, 10,
+10, 11, 10, 10, 10 and 9 blocks); its 25.11 row's layout is not published: run on even
+stages of 10 blocks (the last also runs the output layer: slow by up to that layer's share).
+DGX H100: NVLink 4 inside, eight NDR 400 Gb/s NICs between. Attention is cuDNN's through TE, as in megatron-core-2024
 (``MCORE_ATTENTION``; each row is also saved at the preset's share and at cuDNN's own). No
 BF16 run of these configurations is published: each row also saves dlperf's BF16 prediction
 of it, for the FP8 gain dlperf predicts.
@@ -922,8 +922,11 @@ def llama3_405b(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+# the 26.x recipe's pipeline_model_parallel_layout for the 70B (--pp-layout)
+BRIDGE_70B_LAYOUT = "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
 # Megatron-Bridge's DGX-H100 FP8-CS rows (the module docstring): (label, model, GPUs, TP, PP,
-# virtual stages, CP, first/last stage blocks or None, micro-batches a step per replica,
+# virtual stages, CP, first/last stage blocks (or a --pp-layout) or None, micro-batches a
+# step per replica,
 # [(container, tokens/s per GPU, model TFLOP/s per GPU)]); the 8B's row shards the model
 # with Megatron-FSDP over the 8 GPUs of a node (its table's FSDP 8: --strategy fsdp) where
 # the others run the distributed optimizer
@@ -932,7 +935,7 @@ BRIDGE_FP8 = (
      [("25.11", 14451, 744)]),
     ("70B, 64 GPUs, GBS 128", "llama3-70b", 64, 4, 8, 5, 1, None, 64,
      [("25.11", 1602, 719)]),
-    ("70B, 64 GPUs, GBS 256", "llama3-70b", 64, 4, 8, 5, 1, None, 128,
+    ("70B, 64 GPUs, GBS 256", "llama3-70b", 64, 4, 8, 5, 1, BRIDGE_70B_LAYOUT, 128,
      [("26.02", 1621, 728), ("26.02.01", 1639, 736), ("26.04", 1633, 734),
       ("26.04.01", 1664, 731)]),
     ("405B, 1,024 GPUs, GBS 512", "llama3-405b", 1024, 8, 8, 8, 2, 15, 64,
@@ -948,7 +951,7 @@ BRIDGE_ATTENTION = {"mcore": MCORE_ATTENTION, "preset": MCORE_ATTENTION_BOUNDS[0
 
 
 def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
-                ends: int | None, micro_batches: int, fp8: bool, attention: float
+                ends: int | str | None, micro_batches: int, fp8: bool, attention: float
                 ) -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's H100 rows (``BRIDGE_FP8``), in FP8 with
     current scaling or, for the predicted gain, in BF16."""
@@ -960,7 +963,8 @@ def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
              "--batch-size", "1", "--grad-accum", str(micro_batches), "--gpus", str(gpus)]
             + sharded + ["--interconnect", "nvlink4-h100,ib-ndr", "--tp-impl", "te",
                          "--efficiency", f"attention={attention}", "--top", "1"]
-            + (["--pp-first-layers", str(ends), "--pp-last-layers", str(ends)] if ends else [])
+            + (["--pp-layout", ends] if isinstance(ends, str) else
+               ["--pp-first-layers", str(ends), "--pp-last-layers", str(ends)] if ends else [])
             + (["--cp", str(cp)] if cp > 1 else [])
             + (["--fp8", "current"] if fp8 else []))
 

@@ -223,3 +223,51 @@ def test_a_last_stage_of_no_blocks_with_context_parallelism(tmp_path, capsys):
     # a vocabulary of 65,536 x 256: the output layer and the loss alone are the slowest
     # stage, which holds no attention and exchanges no K or V
     assert slowest(65536) == (1, 0)
+
+
+def test_megatron_cores_layout_string_by_hand():
+    # Megatron-Bridge's Llama 3 70B (80 blocks, PP 8 x 5 virtual): chunk 0 "Et*2" (the
+    # embedding and 2 blocks), 34 chunks of 2, one of 3 (chunk 35: stage 35 mod 8 = 3), 3 of
+    # 2, the last "tL" (1 block, the output layer: stage 7). Stage 3: 4 x 2 + 3 = 11 blocks,
+    # stage 7: 4 x 2 + 1 = 9, the rest 10
+    assert pipeline.parse_layout("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 80, 8) == (
+        (10, 10, 10, 11, 10, 10, 10, 9), 5)
+    # the Llama 3 405B split as a layout is check's (one block fewer on the first and last)
+    layout, virtual = pipeline.parse_layout("Et|(tt|)*62,tL", 126, 8)
+    assert virtual == 8 and layout == pipeline.check(126, 8, 8, 15, 15)
+    for text, layers, pp, words in (("Et|tt|tL", 4, 2, "3 chunks do not split over 2"),
+                                    ("tE|ttL", 3, 2, "embedding (E) comes once, first"),
+                                    ("Et|tL|t", 3, 3, "(L) come once, last"),
+                                    ("Et|ttL", 4, 2, "places 3 blocks; the model has 4"),
+                                    ("Et|tmL", 3, 2, "no MTP layers"),
+                                    ("(Et|tL", 2, 2, "cannot unroll")):
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            pipeline.parse_layout(text, layers, pp)
+
+
+def test_a_layout_string_runs_as_the_first_and_last_stage_flags_do(tmp_path, capsys):
+    from conftest import run_cli
+
+    common = ["analyze", "gpt2", "--layers", "10", "--d-model", "256", "--heads", "8",
+              "--vocab", "1024", "--seq-len", "128", "--batch-size", "2", "--dtype", "bf16",
+              "--train", "--device", "a100-80gb", "--top", "1", "--gpus", "8", "--pp", "2",
+              "--pp-virtual", "2", "--grad-accum", "8"]
+    rates = []
+    # stage 0: chunks 0 and 2 (2 + 2 blocks and the embedding), stage 1: chunks 1 and 3
+    # (3 + 3 and the output layer): check's (4, 6)
+    for extra in (["--pp-first-layers", "4"], ["--pp-layout", "Ett|ttt|tt|tttL"]):
+        path = tmp_path / "r.json"
+        code, out, err = run_cli(common + extra + ["--json", str(path)], capsys)
+        assert code == 0, err
+        assert "stages of 4, 6 blocks" in " ".join(out.split())
+        here = json.loads(path.read_text())["scale_out"]["at_requested_scale"]
+        rates.append((here["per_gpu_samples_per_s"], here["communication"]["pipeline"]))
+    assert rates[0] == rates[1]
+    base = common[:common.index("--pp-virtual")]
+    for extra, words in ((["--pp-virtual", "1", "--pp-layout", "Ett|ttt|tt|tttL"],
+                          "has 2 chunks a stage over --pp 2: give --pp-virtual 2"),
+                         (["--pp-virtual", "2", "--pp-layout", "Ett|ttt|tt|tttL",
+                           "--pp-first-layers", "4"], "drop --pp-first-layers"),
+                         (["--pp-layout", "Et|ttttttttL"], "places 9 blocks; the model has 10")):
+        code, out, err = run_cli(base + extra, capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 
 
 def check(layers: int, pp: int, virtual: int = 1, first: int | None = None,
@@ -88,6 +89,48 @@ def check(layers: int, pp: int, virtual: int = 1, first: int | None = None,
     each = rest // between if between else 0
     return ((each if first is None else first,) + (each,) * (pp - 2)
             + (each if last is None else last,))
+
+
+# Megatron-Core's --pipeline-model-parallel-layout characters (megatron/core/transformer/
+# pipeline_parallel_layer_layout.py): the embedding, a decoder block, the output layer and loss
+_LAYOUT_CHARS = {"E": "embedding", "t": "block", "L": "loss"}
+_REPEAT = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+
+
+def parse_layout(text: str, layers: int, pp: int) -> tuple[tuple[int, ...], int]:
+    """Megatron-Core's pipeline layout string (``--pipeline-model-parallel-layout``, e.g.
+    Megatron-Bridge's Llama 3 70B "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL") as ``check``'s layout:
+    the blocks of each of the ``pp`` stages, and the virtual stages it gives. The string's
+    chunks, separated by "|", go to the stages in turn (chunk i to stage i mod pp, as
+    Megatron's interleaved schedule places them), so it has V x pp of them; "t" is a block,
+    "E" the embedding (first in the first chunk), "L" the output layer and loss (last in the
+    last), "(...)*n" and "x*n" repeat, commas are cosmetic. ValueError says what is wrong."""
+    flat = text.replace(",", "")
+    if not flat or set(flat) - set(_LAYOUT_CHARS) - set("|()*0123456789"):
+        raise ValueError(f"layout {text!r}: use t (a block), E (the embedding), L (the output "
+                         "layer and loss), | between chunks, (...)*n and x*n to repeat "
+                         "(Megatron-Core's --pipeline-model-parallel-layout; no MTP layers)")
+    for pattern in _REPEAT:
+        flat = pattern.sub(lambda m: m.group(1) * int(m.group(2)), flat)
+    chunks = flat.split("|")
+    if set("()*0123456789") & set(flat) or len(chunks) % pp:
+        raise ValueError(f"layout {text!r}: {len(chunks)} chunks" + (
+            f" do not split over {pp} stages (give a multiple of --pp)"
+            if len(chunks) % pp else " with a repeat it cannot unroll"))
+    joined = "".join(chunks)
+    if joined.count("E") != 1 or not chunks[0].startswith("E"):
+        raise ValueError(f"layout {text!r}: the embedding (E) comes once, first in the first "
+                         "chunk")
+    if joined.count("L") != 1 or not chunks[-1].endswith("L"):
+        raise ValueError(f"layout {text!r}: the output layer and loss (L) come once, last in "
+                         "the last chunk")
+    if joined.count("t") != layers:
+        raise ValueError(f"layout {text!r} places {joined.count('t')} blocks; the model has "
+                         f"{layers}")
+    stages = [0] * pp
+    for i, chunk in enumerate(chunks):
+        stages[i % pp] += chunk.count("t")
+    return tuple(stages), len(chunks) // pp
 
 
 def boundaries(layout) -> list[int]:

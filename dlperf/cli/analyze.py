@@ -167,6 +167,13 @@ def add_parser(sub) -> None:
                    help="with --pp: the last stage's blocks, fewer because it also runs the "
                         "output layer and the loss (--decoder-last-pipeline-num-layers) "
                         "[an equal share]")
+    s.add_argument("--pp-layout", default=None, metavar="LAYOUT",
+                   help="with --pp: Megatron-Core's --pipeline-model-parallel-layout, each "
+                        "chunk's blocks (t), the embedding (E, first) and the output layer "
+                        "and loss (L, last), chunks split by |, (...)*n and x*n repeating; "
+                        "chunk i runs on stage i mod --pp, --pp-virtual chunks a stage (e.g. "
+                        "Megatron-Bridge's Llama 3 70B on 8 x 5: "
+                        "'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL') [equal stages]")
     s.add_argument("--pp-overlap-p2p", action="store_true",
                    help="with --pp-virtual > 1: the stages' sends and receives beside the "
                         "chunks' compute (Megatron-Core's --overlap-p2p-communication, its "
@@ -330,10 +337,14 @@ def run(args) -> int:
                           "does, not under autocast: add --precision fsdp (fp32 master "
                           "weights) or --precision half")
     uneven = [flag for flag, n in (("--pp-first-layers", args.pp_first_layers),
-                                   ("--pp-last-layers", args.pp_last_layers)) if n is not None]
+                                   ("--pp-last-layers", args.pp_last_layers),
+                                   ("--pp-layout", args.pp_layout)) if n is not None]
     if uneven and args.pp == 1:
         raise DlperfError(f"{' and '.join(uneven)} describe{'s' if len(uneven) == 1 else ''} "
                           "a pipeline's stages: add --pp N (N > 1)")
+    if args.pp_layout is not None and len(uneven) > 1:
+        raise DlperfError("--pp-layout places every block itself: drop --pp-first-layers and "
+                          "--pp-last-layers")
     if args.pp_overlap_p2p and args.pp_virtual == 1:
         raise DlperfError("--pp-overlap-p2p overlaps the interleaved schedule's transfers "
                           "(Megatron-Core overlaps none in 1F1B): add --pp-virtual V (V > 1)")
@@ -499,13 +510,22 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
         if gpt is None:
             raise DlperfError("--pp: only for gpt and its presets (its stages are the "
                               "decoder's blocks)")
-        from dlperf.analysis.pipeline import check
+        from dlperf.analysis.pipeline import check, parse_layout
 
-        try:
-            layout = check(gpt.layers, args.pp, args.pp_virtual, args.pp_first_layers,
-                           args.pp_last_layers)
-        except ValueError as exc:
-            raise DlperfError(f"--pp {args.pp}: {exc}") from None
+        if args.pp_layout is not None:
+            try:
+                layout, virtual = parse_layout(args.pp_layout, gpt.layers, args.pp)
+            except ValueError as exc:
+                raise DlperfError(f"--pp-layout: {exc}") from None
+            if virtual != args.pp_virtual:
+                raise DlperfError(f"--pp-layout has {virtual} chunks a stage over --pp "
+                                  f"{args.pp}: give --pp-virtual {virtual}")
+        else:
+            try:
+                layout = check(gpt.layers, args.pp, args.pp_virtual, args.pp_first_layers,
+                               args.pp_last_layers)
+            except ValueError as exc:
+                raise DlperfError(f"--pp {args.pp}: {exc}") from None
     # a stage's exchanges: the most blocks any holds until the slowest is known (_scale_out)
     exchanges = _stage_exchanges(args, gpt, tokens,
                                  max(layout) if layout else gpt and gpt.layers)
@@ -558,7 +578,8 @@ def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory, l
     """--pp: the slowest pipeline stage's analysis, gradient parameters and index, the tied
     embedding's gradient bytes and the other stages' fill in its micro-batches (analysis/
     pipeline.py; ``layout``: the blocks of each stage); its memory that of the stage holding
-    the most (the first of equal stages, the second after a lighter first)."""
+    the most (the first of equal stages, the second after a lighter first; any, under
+    --pp-layout)."""
     from dlperf.analysis.api import predict_on
     from dlperf.analysis.capture import block_paths
     from dlperf.analysis.pipeline import (fill_stages, in_flight_share, modules_before,
@@ -579,18 +600,23 @@ def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory, l
     share = {k: sum(b for _, b, s in params if s == k) / total for k in range(pp)}
     held = max((stage_memory(memory, share[k],
                              in_flight_share(layout, k, args.pp_virtual, args.grad_accum))
-                for k in sorted({0, 1})),
+                for k in range(pp)),
                key=lambda m: m["total_bytes"] if m else 0)
-    # the first, a middle one (every one between holds as many blocks) and the last
+    # each distinct stage once: its blocks, and whether it also runs the embedding (the first)
+    # or the output layer and loss (the last); the first of equal ones stands for the rest
+    first_of: dict[tuple, int] = {}
+    for i in range(pp):
+        first_of.setdefault((layout[i], i == 0, i == pp - 1), i)
     times, analyses = {}, {}
-    for k in sorted({0, min(1, pp - 1), pp - 1}):
+    for k in sorted(first_of.values()):
         analyses[k] = predict_on(stage_costs(costs, stages, k, share[k]), uncounted, cfg,
                                  spec, seconds, memory=held)
         # a micro-batch's forward and backward on the stage (its update is once a step)
         times[k] = sum(p.time_s for p in analyses[k].predictions
                        if p.cost.phase != "optimizer")
     k = max(times, key=lambda i: (times[i], -i))
-    fill = fill_stages([times[min(i, 1) if i < pp - 1 else pp - 1] for i in range(pp)])
+    fill = fill_stages([times[first_of[(layout[i], i == 0, i == pp - 1)]]
+                        for i in range(pp)])
     return analyses[k], [(n, b) for n, b, s in params if s == k], k, tied, fill
 
 
