@@ -44,12 +44,20 @@ def _record_p(text: str, warn: bool) -> str:
     return f'<p class="record" style="{style}">{html.escape(text)}</p>'
 
 
-def dtype_label(cfg, spec) -> str:
+def fp8_label(cfg) -> str:
+    """', FP8 linear layers (<recipe> scaling)' under --fp8, else ''."""
+    return f", FP8 linear layers ({cfg.fp8} scaling)" if getattr(cfg, "fp8", None) else ""
+
+
+def dtype_label(cfg, spec, fp8: bool = True) -> str:
     """The math the step runs in, as the reports title it: '+tf32' only where the device has
-    TF32 (on a V100 or a Turing card torch's allow_tf32 changes nothing: FP32 on CUDA cores)."""
+    TF32 (on a V100 or a Turing card torch's allow_tf32 changes nothing: FP32 on CUDA cores);
+    the FP8 layers' recipe under --fp8 (``fp8``: False for a caller that places it itself)."""
+    fp8 = fp8_label(cfg) if fp8 else ""
     if not cfg.tf32:
-        return cfg.dtype
-    return f"{cfg.dtype} +tf32" if "tf32" in spec.peak else f"{cfg.dtype} (no TF32 on this device)"
+        return cfg.dtype + fp8
+    return (f"{cfg.dtype} +tf32" if "tf32" in spec.peak
+            else f"{cfg.dtype} (no TF32 on this device)") + fp8
 
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 760, 460, 70, 50, 20, 20
 COLORS = {"compute": "#1f77b4", "memory": "#d62728", "none": "#999999"}

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dlperf.analysis.html import dtype_label, memory_parts
+from dlperf.analysis.html import dtype_label, fp8_label, memory_parts
 from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
                                           describe_tensor_parallel)
 from dlperf.hardware.track_record import describe as describe_record
@@ -73,10 +73,10 @@ def _kernel_table(analysis, top: int, macs: bool) -> Table:
     work = "MACs" if macs else "FLOPs"
     scale = 0.5 if macs else 1.0
     table = Table(title=f"Top {top} kernels by predicted time: {cfg.model}, batch "
-                        f"{analysis.batch_size}, {dtype_label(cfg, spec)}"
+                        f"{analysis.batch_size}, {dtype_label(cfg, spec, fp8=False)}"
                         f"{' (half model)' if cfg.precision == 'half' else ''}"
                         f"{' (FSDP mixed precision)' if cfg.precision == 'fsdp' else ''}"
-                        f"{f', FP8 linear layers ({cfg.fp8} scaling)' if cfg.fp8 else ''}, "
+                        f"{fp8_label(cfg)}, "
                         f"{'train' if cfg.train else 'inference'} on {spec.display_name}",
                   title_justify="left", header_style="bold")
     for col, just in (("layer", "left"), ("op", "left"), ("phase", "left"),
