@@ -997,6 +997,9 @@ def megatron_bridge_fp8(out: Path) -> None:
                                    if k["module"].split(".")[0] in ("ln_f", "head", "loss"))
             runs["bf16_mcore"] = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends,
                                                       micro, False, MCORE_ATTENTION), tmp)
+            if isinstance(ends, str):  # the same on even stages: what the layout is worth
+                runs["fp8_mcore_even_stages"] = _analyze(bridge_args(
+                    model, gpus, tp, pp, virtual, cp, None, micro, True, MCORE_ATTENTION), tmp)
             rate = statistics.median(m[1] for m in measured)
             row = {"row": label, "model": model, "gpus": gpus, "tp": tp, "pp": pp,
                    "virtual": virtual, "cp": cp, "micro_batches": micro,
