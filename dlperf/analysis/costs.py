@@ -546,6 +546,7 @@ def spread_costs(costs: list[Cost], ops, micro_batches: int) -> list[Cost]:
     few microseconds a layer a micro-batch."""
     if micro_batches < 1:
         raise ValueError(f"micro-batches must be at least 1, got {micro_batches}")
-    return [dataclasses.replace(c, flops=c.flops // micro_batches, bytes=c.bytes // micro_batches,
-                    output_bytes=c.output_bytes // micro_batches) if c.op in ops else c
-            for c in costs]
+    return [dataclasses.replace(c, flops=c.flops // micro_batches,
+                                bytes=c.bytes // micro_batches,
+                                output_bytes=c.output_bytes // micro_batches)
+            if c.op in ops else c for c in costs]

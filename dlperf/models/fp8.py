@@ -59,8 +59,8 @@ _MAX = {E4M3: 448.0, E5M2: 57344.0}  # the largest finite value of each format
 # so ``api.capture_costs`` spreads them over ``AnalysisConfig.fp8_weight_reuse`` micro-batches.
 OPS = ("fp8_amax", "fp8_quantize", "fp8_transpose", "fp8_weight_amax", "fp8_weight_quantize")
 WEIGHT_OPS = ("fp8_weight_amax", "fp8_weight_quantize")
-# kernels TransformerEngine requires FP8 GEMM operands' dimensions to be multiples of
-# (``assert_dim_for_fp8_exec``: 16 for the inner dimension, 16 bytes of FP8; the guide's rule)
+# what TransformerEngine requires an FP8 layer's sizes to be multiples of
+# (``assert_dim_for_fp8_exec``): 16 elements, 16 bytes of FP8, the guide's alignment rule
 ALIGN = 16
 
 

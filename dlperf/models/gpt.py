@@ -62,7 +62,8 @@ RMSNorm computed in FP32 from its elementwise ops, rotary embedding in FP32, K a
 repeated to the query heads before attention, separate q, k, v projections. Under
 ``tp_impl="te"`` it runs Megatron-Core's fused kernels instead (``GPTConfig.fused_kernels``,
 models/fused.py): RMSNorm, SwiGLU and the rotary embedding one kernel each, K and V given to
-the attention kernel as they are.
+the attention kernel as they are; with ``fp8`` its blocks' linear layers are TransformerEngine's
+FP8 layers (models/fp8.py), q, k and v sharing one cast of their input, as SwiGLU's two do.
 """
 
 from __future__ import annotations
