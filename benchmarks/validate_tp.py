@@ -110,7 +110,7 @@ each row's rate, 16,384 GPUs over 8,192 at 8K (the bubble grows as each group's 
 halve), and 128K with context parallelism over 8K on 16,384 GPUs; and each row's memory a GPU
 (the run at 8K fit in 80 GB without recompute).
 
-``megatron-bridge-fp8`` (-> results/tp-megatron-bridge-fp8.json, ~4 minutes).
+``megatron-bridge-fp8`` (-> results/tp-megatron-bridge-fp8.json, ~6 minutes).
 Source: NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary-archive.md at commit 067f987d
 (2026-08-11), its DGX-H100 rows of Llama 3 8B and 70B and Llama 3.1 405B pre-training in FP8
 with current scaling ("FP8-CS": TransformerEngine's Float8CurrentScaling, --fp8 current),
@@ -134,7 +134,12 @@ stages of 10 blocks (the last also runs the output layer: slow by up to that lay
 DGX H100: NVLink 4 inside, eight NDR 400 Gb/s NICs between. Attention is cuDNN's through TE, as in megatron-core-2024
 (``MCORE_ATTENTION``; each row is also saved at the preset's share and at cuDNN's own). No
 BF16 run of these configurations is published: each row also saves dlperf's BF16 prediction
-of it, for the FP8 gain dlperf predicts.
+of it, for the FP8 gain dlperf predicts. The same table's DGX-B200 rows of 25.11 run on the
+b200 preset at its own shares (no reading of a 2025 stack's Blackwell attention is
+published), their FP8 GEMMs of any layout (no transposes: models/fp8.py): 8B on 8 GPUs, data
+parallel with the distributed optimizer (FSDP 0), micro-batch 2, 8 micro-batches (30,624);
+405B on 128 GPUs, TP 4 x PP 8 x 8 virtual x CP 2 (data parallel over 2), 32 micro-batches
+(661).
 
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
@@ -942,27 +947,40 @@ BRIDGE_FP8 = (
      [("25.11", 292, 737)]),
     ("405B, 1,024 GPUs, GBS 1,536", "llama3-405b", 1024, 8, 8, 8, 2, 15, 192,
      [("26.02", 311, 784), ("26.04.01", 328, 827), ("26.06", 326, 822)]),
+    # DGX-B200 (the same table, 25.11): Blackwell's FP8 GEMMs take any layout (no transposes)
+    ("8B, 8 B200s, MBS 2, GBS 128", "llama3-8b", 8, 1, 1, 1, 1, None, 8,
+     [("25.11", 30624, 1576)], "b200", 2),
+    ("405B, 128 B200s, GBS 64", "llama3-405b", 128, 4, 8, 8, 2, 15, 32,
+     [("25.11", 661, 1667)], "b200", 1),
 )
+# each device's interconnect (DGX H100 and DGX B200: NVLink inside, eight 400 Gb/s NDR NICs
+# between) and attention shares; the B200 rows run at the preset's shares (no 2025 reading of
+# cuDNN's Blackwell attention is published), the H100 rows at three (BRIDGE_ATTENTION)
+BRIDGE_INTERCONNECT = {"h100-sxm": "nvlink4-h100,ib-ndr", "b200": "nvlink5-b200,ib-ndr"}
 BRIDGE_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-fp8.json"
 # the attention shares each row is run at: cuDNN's through TE as read for Megatron-Core 2024
 # (the headline), the Hopper presets', cuDNN's own fraction of the peak
 BRIDGE_ATTENTION = {"mcore": MCORE_ATTENTION, "preset": MCORE_ATTENTION_BOUNDS[0],
                     "cudnn": MCORE_ATTENTION_BOUNDS[1]}
+BRIDGE_ATTENTION_B200 = {"mcore": None}  # the headline: the preset's own shares
 
 
 def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
-                ends: int | str | None, micro_batches: int, fp8: bool, attention: float
+                ends: int | str | None, micro_batches: int, fp8: bool,
+                attention: float | None, device: str = "h100-sxm", micro: int = 1
                 ) -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's H100 rows (``BRIDGE_FP8``), in FP8 with
     current scaling or, for the predicted gain, in BF16."""
-    sharded = ["--strategy", "fsdp"] if tp == pp == 1 else [
+    sharded = ["--strategy", "fsdp"] if tp == pp == 1 and device == "h100-sxm" else [
+        "--distributed-optimizer"] if tp == pp == 1 else [
         "--tp", str(tp), "--pp", str(pp), "--pp-virtual", str(virtual), "--pp-overlap-p2p",
         "--distributed-optimizer"]
     return (["analyze", model, "--train", "--dtype", "bf16", "--precision", "fsdp",
-             "--optimizer", "adamw", "--device", "h100-sxm", "--seq-len", "8192",
-             "--batch-size", "1", "--grad-accum", str(micro_batches), "--gpus", str(gpus)]
-            + sharded + ["--interconnect", "nvlink4-h100,ib-ndr", "--tp-impl", "te",
-                         "--efficiency", f"attention={attention}", "--top", "1"]
+             "--optimizer", "adamw", "--device", device, "--seq-len", "8192",
+             "--batch-size", str(micro), "--grad-accum", str(micro_batches), "--gpus", str(gpus)]
+            + sharded + ["--interconnect", BRIDGE_INTERCONNECT[device], "--tp-impl", "te",
+                         "--top", "1"]
+            + (["--efficiency", f"attention={attention}"] if attention is not None else [])
             + (["--pp-layout", ends] if isinstance(ends, str) else
                ["--pp-first-layers", str(ends), "--pp-last-layers", str(ends)] if ends else [])
             + (["--cp", str(cp)] if cp > 1 else [])
@@ -980,12 +998,14 @@ def megatron_bridge_fp8(out: Path) -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for (label, model, gpus, tp, pp, virtual, cp, ends, micro, measured) in tqdm(
+        for (label, model, gpus, tp, pp, virtual, cp, ends, micro, measured, *where) in tqdm(
                 BRIDGE_FP8, desc="megatron-bridge fp8"):
+            device, batch = where or ("h100-sxm", 1)
+            shares = BRIDGE_ATTENTION if device == "h100-sxm" else BRIDGE_ATTENTION_B200
             runs = {}
-            for name, share in BRIDGE_ATTENTION.items():
+            for name, share in shares.items():
                 whole = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends, micro,
-                                             True, share), tmp, whole=True)
+                                             True, share, device, batch), tmp, whole=True)
                 runs[f"fp8_{name}"] = whole["scale_out"]["at_requested_scale"]
                 if name == "mcore":  # one rank's kernels: a block's time, the output layer's
                     kernels = whole["layers"]
@@ -996,18 +1016,21 @@ def megatron_bridge_fp8(out: Path) -> None:
                     output_s = sum(k["predicted_time_s"] for k in kernels
                                    if k["module"].split(".")[0] in ("ln_f", "head", "loss"))
             runs["bf16_mcore"] = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends,
-                                                      micro, False, MCORE_ATTENTION), tmp)
+                                                      micro, False, shares["mcore"], device,
+                                                      batch), tmp)
             if isinstance(ends, str):  # the same on even stages: what the layout is worth
                 runs["fp8_mcore_even_stages"] = _analyze(bridge_args(
-                    model, gpus, tp, pp, virtual, cp, None, micro, True, MCORE_ATTENTION), tmp)
+                    model, gpus, tp, pp, virtual, cp, None, micro, True, shares["mcore"],
+                    device, batch), tmp)
             rate = statistics.median(m[1] for m in measured)
-            row = {"row": label, "model": model, "gpus": gpus, "tp": tp, "pp": pp,
+            row = {"row": label, "device": device, "model": model, "gpus": gpus, "tp": tp,
+                   "pp": pp, "micro_batch": batch,
                    "virtual": virtual, "cp": cp, "micro_batches": micro,
                    "measured": [{"container": c, "tokens_per_s_per_gpu": t,
                                  "model_tflops_per_gpu": f} for c, t, f in measured],
                    "measured_tokens_per_s_per_gpu": rate}
             for key, here in runs.items():
-                tokens = here["per_gpu_samples_per_s"] * 8192
+                tokens = here["per_gpu_samples_per_s"] * 8192  # (samples: sequences)
                 comm = here["communication"]
                 row[key] = {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
                             "step_s": here["step_s"],
@@ -1029,8 +1052,10 @@ def megatron_bridge_fp8(out: Path) -> None:
             print(f"{label:28s} measured {rate:,.0f} tokens/s a GPU "
                   f"({min(m[1] for m in measured):,}-{max(m[1] for m in measured):,}); FP8 "
                   f"predicted {row['fp8_mcore']['predicted_tokens_per_s_per_gpu']:,.0f} "
-                  f"({row['fp8_mcore']['ratio']:.2f}x; attention at the preset's share "
-                  f"{row['fp8_preset']['ratio']:.2f}x, at cuDNN's {row['fp8_cudnn']['ratio']:.2f}x)"
+                  f"({row['fp8_mcore']['ratio']:.2f}x"
+                  + (f"; attention at the preset's share {row['fp8_preset']['ratio']:.2f}x, "
+                     f"at cuDNN's {row['fp8_cudnn']['ratio']:.2f}x" if "fp8_cudnn" in row else "")
+                  + ")"
                   f"; BF16 predicted {row['bf16_mcore']['predicted_tokens_per_s_per_gpu']:,.0f}"
                   f" (FP8 gain {row['predicted_fp8_gain']:.2f}x); "
                   f"{row['fp8_mcore']['memory_per_gpu_bytes'] / 2**30:.1f} GiB a GPU")
@@ -1038,7 +1063,9 @@ def megatron_bridge_fp8(out: Path) -> None:
                 {"rows": [list(r) for r in BRIDGE_FP8], "attention": BRIDGE_ATTENTION,
                  "args_8b": bridge_args(*BRIDGE_FP8[0][1:9], True, MCORE_ATTENTION),
                  "args_70b": bridge_args(*BRIDGE_FP8[1][1:9], True, MCORE_ATTENTION),
-                 "args_405b": bridge_args(*BRIDGE_FP8[3][1:9], True, MCORE_ATTENTION)},
+                 "args_405b": bridge_args(*BRIDGE_FP8[3][1:9], True, MCORE_ATTENTION),
+                 "args_8b_b200": bridge_args(*BRIDGE_FP8[5][1:9], True, None,
+                                             *BRIDGE_FP8[5][10:])},
                 {"rows": rows, "cudnn_attention": BRIDGE_ATTENTION["cudnn"]})
     print(f"Wrote {out}")
 

@@ -35,12 +35,15 @@ def _dequantized(x: torch.Tensor, fmt) -> torch.Tensor:
     return q.double() / scale
 
 
+@pytest.mark.parametrize("tn_only", (True, False))
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
-def test_the_layer_is_the_product_of_its_quantized_operands(recipe):
+def test_the_layer_is_the_product_of_its_quantized_operands(recipe, tn_only):
     # forward: E4M3 input and weight; backward: the E5M2 gradient against each of them, FP32
-    # accumulation (_scaled_mm's) against float64: agreement to FP32 rounding
+    # accumulation (_scaled_mm's) against float64: agreement to FP32 rounding. Hopper's TN
+    # GEMMs on the transposed copies and Blackwell's any-layout ones on the row-wise data
+    # compute the same
     torch.manual_seed(0)
-    layer = fp8.Fp8Linear(32, 48, False, recipe)
+    layer = fp8.Fp8Linear(32, 48, False, recipe, tn_only=tn_only)
     x = torch.randn(2, 5, 32, requires_grad=True)
     y = layer(x)
     xd, wd = _dequantized(x.detach(), torch.float8_e4m3fn), _dequantized(
@@ -130,6 +133,34 @@ def test_the_kernels_of_each_block_by_hand(tp, recipe):
     if tp > 1:
         expected[("fp8_transpose", "dgrad")] = 4 * blocks
     assert dict(c) == expected
+
+
+@pytest.mark.parametrize("tp", (1, 2))
+def test_blackwell_makes_no_transposes(tp):
+    # FP8 GEMMs of any layout (Blackwell): the same casts, each writing the row-wise data
+    # only, no transpose kernels even under sequence parallelism, the gradient GEMMs read
+    # the row-wise data (fp8_gemm), one FP8 copy of each weight
+    cfg = _llama(tp, "current", fp8_tn_only=False)
+    c = _counts(_capture(cfg))
+    assert ("fp8_transpose", "dgrad") not in c
+    assert c[("fp8_gemm", "dgrad")] == c[("fp8_gemm", "wgrad")] == 14
+    assert c[("_scaled_mm", "forward")] == 14 and ("_scaled_mm", "dgrad") not in c
+    assert c[("fp8_quantize", "forward")] == 8 and c[("fp8_quantize", "dgrad")] == 14
+    per_block = 2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64
+    assert fp8.fp8_weight_bytes(GPT(cfg)) == 2 * per_block // tp
+    # and the costs: each gradient GEMM's shape is the TN one's, on the FP8 units
+    spec = get_device("b200")
+    acfg = AnalysisConfig(model="llama", input_shape=(3, 32), dtype="bf16", precision="fsdp",
+                          optimizer="adamw", tokens=True)
+    costs, unc, s, mem = capture_costs(GPT(cfg), acfg, torch.long)
+    assert not unc
+    hopper, _, _, _ = capture_costs(GPT(_llama(tp, "current")), acfg, torch.long)
+    def shapes(cs, ops):
+        return Counter((c.phase, c.gemm.m, c.gemm.n, c.gemm.k) for c in cs if c.op in ops)
+
+    assert shapes(costs, ("_scaled_mm", "fp8_gemm")) == shapes(hopper, ("_scaled_mm",))
+    analysis = predict_on(costs, unc, acfg, spec, s, memory=mem)
+    assert {p.unit for p in analysis.predictions if p.cost.op == "fp8_gemm"} == {"fp8"}
 
 
 def test_gradient_gemms_are_told_apart_when_tokens_equal_the_width():
@@ -228,6 +259,9 @@ def test_cli_fp8(capsys, tmp_path):
     code, _, err = run_cli(LLAMA + ["--fp8", "current", "--tp-impl", "te", "--device",
                                     "a100-80gb"], capsys)
     assert code == 2 and "a100-80gb has no FP8" in err
+    code, _, err = run_cli(LLAMA + ["--fp8", "current", "--tp-impl", "te", "--device",
+                                    "h100-sxm,b200"], capsys)
+    assert code == 2 and "compare Blackwell GPUs with Blackwell GPUs" in err
     code, _, err = run_cli(["analyze", "resnet18", "--train", "--fp8", "current",
                             "--tp-impl", "te", "--precision", "fsdp"], capsys)
     assert code == 2 and "--fp8" in err and "only for gpt" in err
@@ -258,13 +292,17 @@ def test_the_record_says_what_fp8_was_checked_against():
                 "fp8_mcore": {"ratio": ratio}, "fp8_cudnn": {"ratio": ratio + 0.1},
                 "predicted_fp8_gain": gain}
 
+    blackwell = {**row("big", 128, 0.9, 1.7), "device": "b200"}
+    del blackwell["fp8_cudnn"]
     entry = build_fp8({"rows": [row("big", 1024, 1.02, 1.64), row("big", 1024, 0.93, 1.60),
-                                row("small", 64, 0.85, 1.46)], "cudnn_attention": 0.5})
+                                row("small", 64, 0.85, 1.46), blackwell],
+                       "cudnn_attention": 0.5})
     text = describe_fp8({"fp8": entry})
-    assert "big on 1,024 GPUs 1.02x and 0.93x; small on 64 GPUs 0.85x the measured rate" in text
-    assert "0.95-1.12x with the attention kernel at cuDNN's own speed (--efficiency " \
-           "attention=0.5)" in text
-    assert "1.46-1.64x" in text
+    assert ("big on 1,024 H100s 1.02x and 0.93x; small on 64 H100s 0.85x; big on 128 B200s "
+            "0.90x the measured rate") in text
+    assert "the H100 rows 0.95-1.12x with the attention kernel at cuDNN's own speed " \
+           "(--efficiency attention=0.5)" in text
+    assert "1.46-1.70x" in text
     assert describe_fp8({}) is None
     # the shipped record holds the saved validation's rows
     assert [r["ratio"] for r in load_scale_out()["fp8"]["rows"]] == [

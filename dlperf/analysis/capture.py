@@ -142,12 +142,25 @@ class Capture:
     blocks: frozenset = frozenset()
 
 
+# A storage's identity: a number given to its Python object the first time the capture sees
+# it. PyTorch keeps that object exactly as long as the storage lives, so a storage allocated
+# later at a freed one's address gets a new number. The address alone (``_cdata``) was reused
+# by the allocator, and the data flow read through the keys (analysis/fusion.py: which batch
+# norm's output an add reads) then joined unrelated tensors as the process's history had it:
+# a ResNet-50 fusion test passed alone and failed within the suite. (A counter, not state:
+# the numbers only need to differ.)
+_STORAGE_IDS = itertools.count(1)
+
+
 def _storage(t: torch.Tensor) -> tuple[int, int]:
     """(identity, bytes) of the storage under ``t``: views of one tensor share it. Tensors
     without storage (sparse, nested) stand for themselves."""
     try:
         storage = t.untyped_storage()
-        return storage._cdata, storage.nbytes()
+        key = getattr(storage, "_dlperf_key", None)
+        if key is None:
+            key = storage._dlperf_key = next(_STORAGE_IDS)
+        return key, storage.nbytes()
     except (RuntimeError, NotImplementedError):
         return id(t), t.numel() * t.element_size()
 

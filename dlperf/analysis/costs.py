@@ -100,7 +100,8 @@ POOL_OPS = frozenset({"max_pool2d_with_indices", "max_pool2d", "avg_pool2d", "ma
                       "max_pool3d_with_indices", "avg_pool3d", "max_pool1d", "avg_pool1d"})
 
 GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot",
-                      "convolution", "convolution_backward", "_int_mm", "_scaled_mm"})
+                      "convolution", "convolution_backward", "_int_mm", "_scaled_mm",
+                      "fp8_gemm"})
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,11 @@ def _matmul_cost(r: OpRecord) -> Cost:
     if op in ("mm", "_int_mm", "_scaled_mm"):
         a, b = ins[0], ins[1]
         shape = GemmShape(b.shape[1], a.shape[0], a.shape[1])
+    elif op == "fp8_gemm":  # models/fp8.py: op(a) op(b), each transposed where its flag says
+        a, b = ins[0], ins[1]
+        trans_a, trans_b = r.args[4], r.args[5]
+        m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+        shape = GemmShape(b.shape[0] if trans_b else b.shape[1], m, k)
     elif op == "addmm":
         a, b = ins[1], ins[2]
         shape = GemmShape(b.shape[1], a.shape[0], a.shape[1])

@@ -300,6 +300,8 @@ def _gpt_config(args):
 
 
 def run(args) -> int:
+    import dataclasses
+
     import torch
 
     output_file(args.json, "--json")
@@ -307,6 +309,7 @@ def run(args) -> int:
 
     from dlperf.analysis.api import (AnalysisConfig, capture_costs, default_batch_size,
                                      default_optimizer, predict_on)
+    from dlperf.analysis.nccl import generation
     from dlperf.analysis.report import render, render_comparison
     from dlperf.files import write_json_atomic
     from dlperf.models.registry import build_model, parse_input_shape
@@ -362,6 +365,19 @@ def run(args) -> int:
     gpt = _gpt_config(args)
     specs = _specs(args, console)
     spec = specs[0]
+    if args.fp8 is not None:
+        lacking = [s.name for s in specs if s.peak_flops("fp8") is None]
+        if lacking:
+            raise DlperfError(f"--fp8: {', '.join(lacking)} has no FP8 Tensor Cores (Hopper, "
+                              "Ada and later have them); drop --fp8 or choose such a --device")
+        # Blackwell's FP8 GEMMs take any layout, Hopper's and Ada's only TN: the capture
+        # (one for every --device) makes the transposes or not
+        kinds = {generation(s.name) < 3 for s in specs}
+        if len(kinds) > 1:
+            raise DlperfError("--fp8 --device: compare Blackwell GPUs with Blackwell GPUs and "
+                              "Hopper or Ada GPUs with each other (their FP8 GEMMs take "
+                              "different operand layouts, so their casts differ)")
+        gpt = dataclasses.replace(gpt, fp8_tn_only=kinds.pop())
     model, model_input = build_model(args.model, gpt=gpt, num_classes=args.num_classes)
     sample_shape = (parse_input_shape(args.input_shape) if args.input_shape is not None
                      else model_input.shape)
@@ -379,11 +395,6 @@ def run(args) -> int:
                          fp8=args.fp8,
                          # TE casts the weights in a step's first micro-batch only
                          fp8_weight_reuse=args.grad_accum if args.fp8 else 1)
-    if args.fp8 is not None:
-        lacking = [s.name for s in specs if s.peak_flops("fp8") is None]
-        if lacking:
-            raise DlperfError(f"--fp8: {', '.join(lacking)} has no FP8 Tensor Cores (Hopper, "
-                              "Ada and later have them); drop --fp8 or choose such a --device")
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
         raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
                           "and an optimizer")

@@ -394,18 +394,23 @@ def _llama3(m: dict) -> str:
                if "memory_bytes" in m else "") + ". ")
 
 
+# how the FP8 record names the GPUs of its rows
+DEVICE_NAMES = {"h100-sxm": "H100s", "b200": "B200s"}
+
+
 def build_fp8(result: dict) -> dict:
     """The scale-out record's entry on FP8 training (``analyze --fp8``), from validate_tp.py's
     tp-megatron-bridge-fp8.json: each published row's measured rate and dlperf's FP8
     prediction over it (cuDNN's attention as read for Megatron-Core), and the FP8 gain over
     BF16 dlperf predicts for the same configuration."""
-    return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s in FP8 with "
-                      "current scaling (NeMo 25.11-26.06)",
+    return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s and DGX B200s in "
+                      "FP8 with current scaling (NeMo 25.11-26.06)",
             "rows": [{"row": r["row"], "model": r["model"], "gpus": r["gpus"],
+                      "device": r.get("device", "h100-sxm"),
                       "measured": r["measured_tokens_per_s_per_gpu"],
                       "containers": [m["container"] for m in r["measured"]],
                       "ratio": r["fp8_mcore"]["ratio"],
-                      "ratio_cudnn": r["fp8_cudnn"]["ratio"],
+                      "ratio_cudnn": (r.get("fp8_cudnn") or {}).get("ratio"),
                       "predicted_gain": r["predicted_fp8_gain"]} for r in result["rows"]],
             "cudnn_attention": result.get("cudnn_attention")}
 
@@ -417,21 +422,21 @@ def describe_fp8(record: dict | None = None) -> str | None:
     f = record.get("fp8")
     if not f or not f["rows"]:
         return None
-    by_model: dict[str, list[dict]] = {}
+    by_model: dict[tuple, list[dict]] = {}
     for r in f["rows"]:
-        by_model.setdefault(r["model"], []).append(r)
+        by_model.setdefault((r["model"], r["gpus"], r.get("device", "h100-sxm")), []).append(r)
     parts = []
-    for model, rows in by_model.items():
+    for (model, gpus, device), rows in by_model.items():
         ratios = " and ".join(f"{r['ratio']:.2f}x" for r in rows)
-        parts.append(f"{model} on {rows[0]['gpus']:,} GPUs {ratios}")
+        parts.append(f"{model} on {gpus:,} {DEVICE_NAMES.get(device, device)} {ratios}")
     gains = [r["predicted_gain"] for r in f["rows"]]
     cudnn = [r["ratio_cudnn"] for r in f["rows"] if r.get("ratio_cudnn") is not None]
     share = f.get("cudnn_attention")
     return (f"FP8 (--fp8) is checked against one published source, {f['source']}, run as "
             f"--tp-impl te: dlperf predicted {'; '.join(parts)} the measured rate"
-            + (f", and {min(cudnn):.2f}-{max(cudnn):.2f}x with the attention kernel at "
-               f"cuDNN's own speed (--efficiency attention={share}): the newer the stack, the "
-               "faster its attention, and the more of an FP8 step it is"
+            + (f", and the H100 rows {min(cudnn):.2f}-{max(cudnn):.2f}x with the attention "
+               f"kernel at cuDNN's own speed (--efficiency attention={share}): the newer the "
+               "stack, the faster its attention, and the more of an FP8 step it is"
                if cudnn and share else "")
             + f". dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
             f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "

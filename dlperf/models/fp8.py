@@ -34,6 +34,10 @@ its BF16 output and, in the backward, quantizes its shard of the gradient, all-g
 FP8 and transposes it. The collectives are allocations here (as gpt.py's stand-ins); the
 scale-out times them at 1 byte an element (analysis/scaling.py, tensor_parallel_collectives).
 
+On Blackwell and later (``tn_only=False``: TE's ``nvte_is_non_tn_fp8_gemm_supported``) FP8
+GEMMs take any operand layout: the casts write the row-wise data only, no transposes are
+made, the gradient GEMMs read the row-wise data (``fp8_gemm``), and a weight has one FP8 copy.
+
 Not modelled: a delayed recipe's norm that writes FP8 itself (TE fuses the cast into the
 RMSNorm/LayerNorm kernel before a ``LayerNormLinear``; here the norm writes BF16 and the layer
 casts it: one extra read and write of the norm's output, under 1% of a Llama step), and the
@@ -57,7 +61,8 @@ _MAX = {E4M3: 448.0, E5M2: 57344.0}  # the largest finite value of each format
 # The weight's casts have names of their own because Megatron-Core casts a weight once a step
 # (TE's ``is_first_microbatch``: the FP8 copies are cached for the step's other micro-batches),
 # so ``api.capture_costs`` spreads them over ``AnalysisConfig.fp8_weight_reuse`` micro-batches.
-OPS = ("fp8_amax", "fp8_quantize", "fp8_transpose", "fp8_weight_amax", "fp8_weight_quantize")
+OPS = ("fp8_amax", "fp8_quantize", "fp8_transpose", "fp8_weight_amax", "fp8_weight_quantize",
+       "fp8_gemm")
 WEIGHT_OPS = ("fp8_weight_amax", "fp8_weight_quantize")
 # what TransformerEngine requires an FP8 layer's sizes to be multiples of
 # (``assert_dim_for_fp8_exec``): 16 elements, 16 bytes of FP8, the guide's alignment rule
@@ -118,11 +123,28 @@ def _transpose_fake(data):
     return data.new_empty((data.shape[1], data.shape[0]))
 
 
+def _gemm_fn(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, trans_a: bool,
+             trans_b: bool, out_dtype: torch.dtype) -> Tensor:
+    """op(a) op(b) in FP8 with any operand layout (Blackwell's FP8 GEMMs; Hopper's take only
+    the TN form ``torch._scaled_mm`` does): op(t) is t transposed where asked."""
+    a = a.t() if trans_a else a
+    b = b.t() if trans_b else b
+    return torch._scaled_mm(a.contiguous(), b.t().contiguous().t(), scale_a, scale_b,
+                            out_dtype=out_dtype)
+
+
+def _gemm_fake(a, b, scale_a, scale_b, trans_a, trans_b, out_dtype):
+    m = a.shape[1] if trans_a else a.shape[0]
+    n = b.shape[0] if trans_b else b.shape[1]
+    return a.new_empty((m, n), dtype=out_dtype)
+
+
 _amax = _register("fp8_amax", _amax_fn, _amax_fake)
 _quantize = _register("fp8_quantize", _quantize_fn, _quantize_fake)
 _transpose = _register("fp8_transpose", _transpose_fn, _transpose_fake)
 _weight_amax = _register("fp8_weight_amax", _amax_fn, _amax_fake)
 _weight_quantize = _register("fp8_weight_quantize", _quantize_fn, _quantize_fake)
+_gemm = _register("fp8_gemm", _gemm_fn, _gemm_fake)
 
 
 def _cast(x: Tensor, recipe: str, e5m2: bool, rowwise: bool, columnwise: bool,
@@ -147,21 +169,26 @@ class SharedCast:
     GEMMs' factor; ``x_t`` is the gathered input's transpose, made by the group's first
     backward and used by the rest."""
 
-    def __init__(self, x: Tensor, recipe: str, gather: int = 1):
+    def __init__(self, x: Tensor, recipe: str, gather: int = 1, tn_only: bool = True):
         x2 = x.detach().reshape(-1, x.shape[-1])  # (the layers' Function carries x's gradient)
-        if gather > 1:  # row-wise only: TE gathers FP8 row-wise data and transposes it later
+        if gather > 1 or not tn_only:
+            # row-wise only: TE gathers FP8 row-wise data and transposes it later; a GPU whose
+            # FP8 GEMMs take any layout needs no transpose at all
             xq, _, self.scale_inv = _cast(x2, recipe, False, True, False)
-            self.total, self.keep = _stand_in(xq, xq.shape[0] * gather), xq
+            self.total, self.keep = _stand_in(xq, xq.shape[0] * gather) if gather > 1 else xq, xq
         else:
             self.total, self.keep, self.scale_inv = _cast(x2, recipe, False, True, True)
-        self.gather, self.shape, self.x_t = gather, x.shape, None
+        self.gather, self.tn_only, self.shape, self.x_t = gather, tn_only, x.shape, None
 
-    def transposed(self) -> Tensor:
-        """The column-wise operand of the weight-gradient GEMMs [K, M']."""
+    def wgrad_operand(self) -> Tensor:
+        """The input as the weight-gradient GEMMs read it: its column-wise copy [K, M'] (TN
+        GEMMs), or its row-wise data [M', K] (any-layout GEMMs), re-gathered once for the
+        group under sequence parallelism."""
         if self.gather == 1:
             return self.keep
-        if self.x_t is None:  # the re-gather (an allocation) and one transpose kernel
-            self.x_t = _transpose(_stand_in(self.keep, self.keep.shape[0] * self.gather))
+        if self.x_t is None:  # the re-gather (an allocation), and on TN GPUs one transpose
+            total = _stand_in(self.keep, self.keep.shape[0] * self.gather)
+            self.x_t = _transpose(total) if self.tn_only else total
         return self.x_t
 
 
@@ -172,14 +199,14 @@ class _Fp8LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, recipe: str, cast: SharedCast, scatter: int):
-        wq, wq_t, sw = _cast(weight, recipe, False, True, True, weight=True)
+        wq, wq_t, sw = _cast(weight, recipe, False, True, cast.tn_only, weight=True)
         y = torch._scaled_mm(cast.total, wq.t(), cast.scale_inv, sw, bias=bias,
                              out_dtype=x.dtype)  # [M', N]
         if scatter > 1:
             y = _stand_in(y, y.shape[0] // scatter)
         ctx.save_for_backward(cast.keep, cast.scale_inv)
         # TE's cached FP8 weight: module state (api.memory_footprint), not an activation
-        ctx.weight_fp8 = (wq_t, sw)
+        ctx.weight_fp8 = (wq_t if cast.tn_only else wq, sw)
         ctx.recipe, ctx.cast, ctx.scatter = recipe, cast, scatter
         ctx.has_bias = bias is not None
         lead = x.shape[:-1]
@@ -189,21 +216,28 @@ class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         _keep, sx = ctx.saved_tensors
-        wq_t, sw = ctx.weight_fp8
+        wq, sw = ctx.weight_fp8  # W^T [K, N] on TN GPUs, W [N, K] on any-layout ones
         cast = ctx.cast
+        tn = cast.tn_only
         n = grad.shape[-1]
         g2 = grad.reshape(-1, n)
-        if ctx.scatter > 1:  # this rank's tokens of the gradient, all-gathered in FP8
+        if ctx.scatter > 1 or not tn:
+            # row-wise only (this rank's tokens of the gradient all-gathered in FP8, then, on
+            # TN GPUs, transposed)
             gq, _, sg = _cast(g2, ctx.recipe, True, True, False)
-            g_total = _stand_in(gq, gq.shape[0] * ctx.scatter)
-            g_t = _transpose(g_total)
+            g_total = _stand_in(gq, gq.shape[0] * ctx.scatter) if ctx.scatter > 1 else gq
+            g_t = _transpose(g_total) if tn else None
         else:
             g_total, g_t, sg = _cast(g2, ctx.recipe, True, True, True)
-        dx = torch._scaled_mm(g_total, wq_t.t(), sg, sw, out_dtype=grad.dtype)  # [M', K]
+        x_w = cast.wgrad_operand()
+        if tn:  # Hopper: TN operands, the transposed copies
+            dx = torch._scaled_mm(g_total, wq.t(), sg, sw, out_dtype=grad.dtype)  # [M', K]
+            dw = torch._scaled_mm(g_t, x_w.t(), sg, sx, out_dtype=grad.dtype)  # [N, K]
+        else:  # Blackwell: G W and G^T X from the row-wise data
+            dx = _gemm(g_total, wq, sg, sw, False, False, grad.dtype)
+            dw = _gemm(g_total, x_w, sg, sx, True, False, grad.dtype)
         if cast.gather > 1:
             dx = _stand_in(dx, dx.shape[0] // cast.gather)  # its reduce-scatter
-        dw = torch._scaled_mm(g_t, cast.transposed().t(), sg, sx,
-                              out_dtype=grad.dtype)  # [N, K]
         db = g2.sum(0) if ctx.has_bias else None  # (TE fuses it into the cast: Llama has none)
         return dx.reshape(cast.shape), dw, db, None, None, None
 
@@ -215,7 +249,7 @@ class Fp8Linear(nn.Linear):
     is x's ``SharedCast`` when other layers read x too (``self.cast(x)`` makes one)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, recipe: str,
-                 gather: int = 1, scatter: int = 1):
+                 gather: int = 1, scatter: int = 1, tn_only: bool = True):
         if recipe not in RECIPES:
             raise ValueError(f"FP8 recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
         if in_features % ALIGN or out_features % ALIGN:
@@ -224,9 +258,10 @@ class Fp8Linear(nn.Linear):
                              f"{out_features}")
         super().__init__(in_features, out_features, bias=bias)
         self.recipe, self.gather, self.scatter = recipe, gather, scatter
+        self.tn_only = tn_only
 
     def cast(self, x: Tensor) -> SharedCast:
-        return SharedCast(x, self.recipe, self.gather)
+        return SharedCast(x, self.recipe, self.gather, self.tn_only)
 
     def forward(self, x: Tensor, cast: SharedCast | None = None) -> Tensor:
         return _Fp8LinearFn.apply(x, self.weight, self.bias, self.recipe,
@@ -244,6 +279,8 @@ def call(layer: nn.Module, x: Tensor, cast: SharedCast | None) -> Tensor:
 
 
 def fp8_weight_bytes(model: nn.Module) -> int:
-    """Bytes of the FP8 weight copies TE keeps through a step: row-wise and column-wise, one
-    byte an element each, for every FP8 layer (its weight shared with no other layer)."""
-    return sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, Fp8Linear))
+    """Bytes of the FP8 weight copies TE keeps through a step, one byte an element: row-wise
+    and column-wise on TN GPUs, row-wise only where FP8 GEMMs take any layout, for every FP8
+    layer (its weight shared with no other layer)."""
+    return sum((2 if m.tn_only else 1) * m.weight.numel() for m in model.modules()
+               if isinstance(m, Fp8Linear))

@@ -122,6 +122,9 @@ class GPTConfig:
     # (BF16/FP16 GEMMs), "delayed" or "current" scaling; the output layer stays in the model's
     # dtype (Megatron-Core's is not a TE layer). Needs tp_impl "te".
     fp8: str | None = None
+    # whether the GPU's FP8 GEMMs take only "TN" operands (Hopper, Ada: the casts also write
+    # transposes) or any layout (Blackwell and later)
+    fp8_tn_only: bool = True
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -525,7 +528,8 @@ def _column(cfg: GPTConfig, d_in: int, d_out: int, bias: bool, fp8: bool = True)
     (``cfg.regather`` > 1: it gathers its input itself and keeps the shard); in FP8 under
     ``cfg.fp8`` unless ``fp8`` is False (the output layer)."""
     if cfg.fp8 is not None and fp8:
-        return Fp8Linear(d_in, d_out, bias, cfg.fp8, gather=cfg.regather)
+        return Fp8Linear(d_in, d_out, bias, cfg.fp8, gather=cfg.regather,
+                         tn_only=cfg.fp8_tn_only)
     if cfg.regather > 1:
         return ColumnParallelLinear(d_in, d_out, bias, cfg.regather)
     return nn.Linear(d_in, d_out, bias=bias)
@@ -536,7 +540,8 @@ def _row(cfg: GPTConfig, d_in: int, d_out: int, bias: bool) -> nn.Linear:
     under ``cfg.fp8``, reduce-scattering its output itself as TE's row-parallel layer does
     (and all-gathering its FP8 output gradient in the backward)."""
     if cfg.fp8 is not None:
-        return Fp8Linear(d_in, d_out, bias, cfg.fp8, scatter=cfg.token_split)
+        return Fp8Linear(d_in, d_out, bias, cfg.fp8, scatter=cfg.token_split,
+                         tn_only=cfg.fp8_tn_only)
     return nn.Linear(d_in, d_out, bias=bias)
 
 
