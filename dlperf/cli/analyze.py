@@ -370,8 +370,10 @@ def run(args) -> int:
         if lacking:
             raise DlperfError(f"--fp8: {', '.join(lacking)} has no FP8 Tensor Cores (Hopper, "
                               "Ada and later have them); drop --fp8 or choose such a --device")
-        # Blackwell's FP8 GEMMs take any layout, Hopper's and Ada's only TN: the capture
-        # (one for every --device) makes the transposes or not
+        # datacenter Blackwell's FP8 GEMMs (sm 10.x: B200, B300, GB200) take any layout,
+        # Hopper's, Ada's and sm 12.x Blackwell's only TN (TransformerEngine's
+        # nvte_is_non_tn_fp8_gemm_supported): the capture (one for every --device) makes the
+        # transposes or not; of the presets, the b200 is the only one of the first kind
         kinds = {generation(s.name) < 3 for s in specs}
         if len(kinds) > 1:
             raise DlperfError("--fp8 --device: compare Blackwell GPUs with Blackwell GPUs and "

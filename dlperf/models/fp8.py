@@ -34,8 +34,9 @@ its BF16 output and, in the backward, quantizes its shard of the gradient, all-g
 FP8 and transposes it. The collectives are allocations here (as gpt.py's stand-ins); the
 scale-out times them at 1 byte an element (analysis/scaling.py, tensor_parallel_collectives).
 
-On Blackwell and later (``tn_only=False``: TE's ``nvte_is_non_tn_fp8_gemm_supported``) FP8
-GEMMs take any operand layout: the casts write the row-wise data only, no transposes are
+On datacenter Blackwell (sm 10.x: B200, B300, GB200; ``tn_only=False``: TE's
+``nvte_is_non_tn_fp8_gemm_supported``, which excludes sm 12.x parts) FP8 GEMMs take any
+operand layout: the casts write the row-wise data only, no transposes are
 made, the gradient GEMMs read the row-wise data (``fp8_gemm``), and a weight has one FP8 copy.
 
 Not modelled: a delayed recipe's norm that writes FP8 itself (TE fuses the cast into the
