@@ -932,12 +932,13 @@ BRIDGE_70B_LAYOUT = "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
 # Megatron-Bridge's DGX-H100 FP8-CS rows (the module docstring): (label, model, GPUs, TP, PP,
 # virtual stages, CP, first/last stage blocks (or a --pp-layout) or None, micro-batches a
 # step per replica,
-# [(container, tokens/s per GPU, model TFLOP/s per GPU)]); the 8B's row shards the model
-# with Megatron-FSDP over the 8 GPUs of a node (its table's FSDP 8: --strategy fsdp) where
-# the others run the distributed optimizer
+# [(container, tokens/s per GPU, model TFLOP/s per GPU)], and where not the H100 rows'
+# default (h100-sxm, micro-batch 1, ddp): device, micro-batch, strategy); the 8B H100 row
+# shards the model with Megatron-FSDP over the 8 GPUs of a node (its table's FSDP 8:
+# --strategy fsdp) where the others run the distributed optimizer
 BRIDGE_FP8 = (
     ("8B, 8 GPUs, GBS 128, FSDP", "llama3-8b", 8, 1, 1, 1, 1, None, 16,
-     [("25.11", 14451, 744)]),
+     [("25.11", 14451, 744)], "h100-sxm", 1, "fsdp"),
     ("70B, 64 GPUs, GBS 128", "llama3-70b", 64, 4, 8, 5, 1, None, 64,
      [("25.11", 1602, 719)]),
     ("70B, 64 GPUs, GBS 256", "llama3-70b", 64, 4, 8, 5, 1, BRIDGE_70B_LAYOUT, 128,
@@ -949,7 +950,7 @@ BRIDGE_FP8 = (
      [("26.02", 311, 784), ("26.04.01", 328, 827), ("26.06", 326, 822)]),
     # DGX-B200 (the same table, 25.11): Blackwell's FP8 GEMMs take any layout (no transposes)
     ("8B, 8 B200s, MBS 2, GBS 128", "llama3-8b", 8, 1, 1, 1, 1, None, 8,
-     [("25.11", 30624, 1576)], "b200", 2),
+     [("25.11", 30624, 1576)], "b200", 2, "ddp"),
     ("405B, 128 B200s, GBS 64", "llama3-405b", 128, 4, 8, 8, 2, 15, 32,
      [("25.11", 661, 1667)], "b200", 1),
 )
@@ -967,11 +968,11 @@ BRIDGE_ATTENTION_B200 = {"mcore": None}  # the headline: the preset's own shares
 
 def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
                 ends: int | str | None, micro_batches: int, fp8: bool,
-                attention: float | None, device: str = "h100-sxm", micro: int = 1
-                ) -> list[str]:
+                attention: float | None, device: str = "h100-sxm", micro: int = 1,
+                strategy: str = "ddp") -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's H100 rows (``BRIDGE_FP8``), in FP8 with
     current scaling or, for the predicted gain, in BF16."""
-    sharded = ["--strategy", "fsdp"] if tp == pp == 1 and device == "h100-sxm" else [
+    sharded = ["--strategy", "fsdp"] if strategy == "fsdp" else [
         "--distributed-optimizer"] if tp == pp == 1 else [
         "--tp", str(tp), "--pp", str(pp), "--pp-virtual", str(virtual), "--pp-overlap-p2p",
         "--distributed-optimizer"]
@@ -1000,12 +1001,13 @@ def megatron_bridge_fp8(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for (label, model, gpus, tp, pp, virtual, cp, ends, micro, measured, *where) in tqdm(
                 BRIDGE_FP8, desc="megatron-bridge fp8"):
-            device, batch = where or ("h100-sxm", 1)
+            device, batch, strategy = where or ("h100-sxm", 1, "ddp")
             shares = BRIDGE_ATTENTION if device == "h100-sxm" else BRIDGE_ATTENTION_B200
             runs = {}
             for name, share in shares.items():
                 whole = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends, micro,
-                                             True, share, device, batch), tmp, whole=True)
+                                             True, share, device, batch, strategy), tmp,
+                                 whole=True)
                 runs[f"fp8_{name}"] = whole["scale_out"]["at_requested_scale"]
                 if name == "mcore":  # one rank's kernels: a block's time, the output layer's
                     kernels = whole["layers"]
@@ -1017,11 +1019,11 @@ def megatron_bridge_fp8(out: Path) -> None:
                                    if k["module"].split(".")[0] in ("ln_f", "head", "loss"))
             runs["bf16_mcore"] = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends,
                                                       micro, False, shares["mcore"], device,
-                                                      batch), tmp)
+                                                      batch, strategy), tmp)
             if isinstance(ends, str):  # the same on even stages: what the layout is worth
                 runs["fp8_mcore_even_stages"] = _analyze(bridge_args(
                     model, gpus, tp, pp, virtual, cp, None, micro, True, shares["mcore"],
-                    device, batch), tmp)
+                    device, batch, strategy), tmp)
             rate = statistics.median(m[1] for m in measured)
             row = {"row": label, "device": device, "model": model, "gpus": gpus, "tp": tp,
                    "pp": pp, "micro_batch": batch,
@@ -1061,7 +1063,8 @@ def megatron_bridge_fp8(out: Path) -> None:
                   f"{row['fp8_mcore']['memory_per_gpu_bytes'] / 2**30:.1f} GiB a GPU")
     save_result(out, "validate-tp-megatron-bridge-fp8",
                 {"rows": [list(r) for r in BRIDGE_FP8], "attention": BRIDGE_ATTENTION,
-                 "args_8b": bridge_args(*BRIDGE_FP8[0][1:9], True, MCORE_ATTENTION),
+                 "args_8b": bridge_args(*BRIDGE_FP8[0][1:9], True, MCORE_ATTENTION,
+                                        *BRIDGE_FP8[0][10:]),
                  "args_70b": bridge_args(*BRIDGE_FP8[1][1:9], True, MCORE_ATTENTION),
                  "args_405b": bridge_args(*BRIDGE_FP8[3][1:9], True, MCORE_ATTENTION),
                  "args_8b_b200": bridge_args(*BRIDGE_FP8[5][1:9], True, None,

@@ -92,8 +92,9 @@ def check(layers: int, pp: int, virtual: int = 1, first: int | None = None,
 
 
 # Megatron-Core's --pipeline-model-parallel-layout characters (megatron/core/transformer/
-# pipeline_parallel_layer_layout.py): the embedding, a decoder block, the output layer and loss
-_LAYOUT_CHARS = {"E": "embedding", "t": "block", "L": "loss"}
+# pipeline_parallel_layer_layout.py): E the embedding, t a decoder block, L the output layer and
+# loss; | between chunks, (...)*n and x*n repeating
+_LAYOUT_CHARS = frozenset("EtL|()*0123456789")
 _REPEAT = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
 
 
@@ -106,7 +107,7 @@ def parse_layout(text: str, layers: int, pp: int) -> tuple[tuple[int, ...], int]
     "E" the embedding (first in the first chunk), "L" the output layer and loss (last in the
     last), "(...)*n" and "x*n" repeat, commas are cosmetic. ValueError says what is wrong."""
     flat = text.replace(",", "")
-    if not flat or set(flat) - set(_LAYOUT_CHARS) - set("|()*0123456789"):
+    if not flat or set(flat) - _LAYOUT_CHARS:
         raise ValueError(f"layout {text!r}: use t (a block), E (the embedding), L (the output "
                          "layer and loss), | between chunks, (...)*n and x*n to repeat "
                          "(Megatron-Core's --pipeline-model-parallel-layout; no MTP layers)")

@@ -58,12 +58,12 @@ RECIPES = ("delayed", "current")
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _MAX = {E4M3: 448.0, E5M2: 57344.0}  # the largest finite value of each format
 
-# the op names the capture records: analysis/costs.py charges each as one memory-bound kernel.
-# The weight's casts have names of their own because Megatron-Core casts a weight once a step
-# (TE's ``is_first_microbatch``: the FP8 copies are cached for the step's other micro-batches),
-# so ``api.capture_costs`` spreads them over ``AnalysisConfig.fp8_weight_reuse`` micro-batches.
-OPS = ("fp8_amax", "fp8_quantize", "fp8_transpose", "fp8_weight_amax", "fp8_weight_quantize",
-       "fp8_gemm")
+# The ops below are recorded by their names (fp8_amax, fp8_quantize, fp8_transpose, fp8_gemm,
+# and the weight's casts): analysis/costs.py charges each cast as one memory-bound kernel and
+# fp8_gemm as a GEMM. The weight's casts have names of their own because Megatron-Core casts a
+# weight once a step (TE's ``is_first_microbatch``: the FP8 copies are cached for the step's
+# other micro-batches), so ``api.capture_costs`` spreads them over
+# ``AnalysisConfig.fp8_weight_reuse`` micro-batches.
 WEIGHT_OPS = ("fp8_weight_amax", "fp8_weight_quantize")
 # what TransformerEngine requires an FP8 layer's sizes to be multiples of
 # (``assert_dim_for_fp8_exec``): 16 elements, 16 bytes of FP8, the guide's alignment rule
@@ -103,15 +103,6 @@ def _register(name: str, fn, fake):
     return op
 
 
-def _amax_fn(x: Tensor) -> Tensor:
-    return _amax_impl(x)
-
-
-def _quantize_fn(x: Tensor, amax: Tensor | None, e5m2: bool, rowwise: bool,
-                 columnwise: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _quantize_impl(x, amax, e5m2, rowwise, columnwise)
-
-
 def _transpose_fn(data: Tensor) -> Tensor:
     return data.t().contiguous()
 
@@ -140,11 +131,11 @@ def _gemm_fake(a, b, scale_a, scale_b, trans_a, trans_b, out_dtype):
     return a.new_empty((m, n), dtype=out_dtype)
 
 
-_amax = _register("fp8_amax", _amax_fn, _amax_fake)
-_quantize = _register("fp8_quantize", _quantize_fn, _quantize_fake)
+_amax = _register("fp8_amax", _amax_impl, _amax_fake)
+_quantize = _register("fp8_quantize", _quantize_impl, _quantize_fake)
 _transpose = _register("fp8_transpose", _transpose_fn, _transpose_fake)
-_weight_amax = _register("fp8_weight_amax", _amax_fn, _amax_fake)
-_weight_quantize = _register("fp8_weight_quantize", _quantize_fn, _quantize_fake)
+_weight_amax = _register("fp8_weight_amax", _amax_impl, _amax_fake)
+_weight_quantize = _register("fp8_weight_quantize", _quantize_impl, _quantize_fake)
 _gemm = _register("fp8_gemm", _gemm_fn, _gemm_fake)
 
 
