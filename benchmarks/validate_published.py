@@ -88,13 +88,14 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
         dtype, tf32, precision = PRECISIONS[row["precision"]]
         checkpointing = bool(row.get("activation_checkpointing"))
         policy = row.get("checkpoint_policy") or "full"
+        every = int(row.get("checkpoint_every") or 1)  # every n-th block checkpointed
         # the batch-norm stack (analysis/fusion.py) and CUDA graphs: optional columns
         fusion = row.get("fusion") or "none"
         graphs = csv_bool(row.get("cuda_graphs"), False)
         fused = not _before_sdpa(row)
         # how torch.optim ran the update (optional column; blank: fused, dlperf's default)
         impl = row.get("optimizer_impl") or "fused"
-        key = (row["model"], fused, checkpointing, policy, row["image_size"],
+        key = (row["model"], fused, checkpointing, policy, every, row["image_size"],
                row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion, impl)
         # a GPT preset is built for the row's sequence length (its learned positions)
         gpt = gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS \
@@ -112,7 +113,8 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              channels_last=row["layout"] == "nhwc", optimizer=row["optimizer"],
                              device=row["device"], precision=precision, tokens=tokens,
                              activation_checkpointing=checkpointing,
-                             checkpoint_policy=policy, fusion=fusion, cuda_graphs=graphs,
+                             checkpoint_policy=policy, checkpoint_every=every,
+                             fusion=fusion, cuda_graphs=graphs,
                              optimizer_impl=impl)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]

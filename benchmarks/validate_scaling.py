@@ -8,6 +8,9 @@ figure of the same system, predicted vs measured scaling efficiency (the scale-o
 
 Usage: python benchmarks/validate_scaling.py [TABLE.csv] [OUT.json]
 (default: benchmarks/validation/published_scaling.csv -> benchmarks/results/validation-scaling.json)
+Another reading of one source's assumptions, to its own OUT.json:
+    python benchmarks/validate_scaling.py TABLE OUT --source NAME [--interconnect OLD=NEW]
+        [--set COLUMN=VALUE]
 """
 
 from __future__ import annotations
@@ -45,11 +48,18 @@ def read_rows(path: Path) -> list[dict]:
         for key in OPTIONAL_INTS:
             row[key] = int(row[key]) if row.get(key) else None
         value = row["activation_checkpointing"]
-        if value not in ("true", "false", "selective-op", "selective-attention"):
+        # every-N: every N-th block fully checkpointed (fms-fsdp, torchtitan's layer mode)
+        every = value.removeprefix("every-")
+        if value not in ("true", "false", "selective-op", "selective-attention") and not (
+                value.startswith("every-") and every.isdigit() and int(every) >= 1):
             raise SystemExit(f"{path}: {row['id']}: activation_checkpointing must be true, "
-                             f"false, selective-op or selective-attention, not {value!r}")
+                             f"false, selective-op, selective-attention or every-N, not "
+                             f"{value!r}")
         row["activation_checkpointing"] = value != "false"
         row["checkpoint_policy"] = value if value.startswith("selective") else "full"
+        row["checkpoint_every"] = int(every) if value.startswith("every-") else 1
+        # FSDP's reduce_dtype (optional column; blank: the gradients' own dtype)
+        row["reduce_dtype"] = row.get("reduce_dtype") or None
         # optional columns (blank: eager PyTorch, no graphs, DDP's overlap, no batch-norm groups)
         row["fusion"] = row.get("fusion") or "none"
         if row["fusion"] not in FUSIONS:
@@ -122,7 +132,7 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
                             overlap=row["overlap"],
                             bn_group=row["bn_group"], step_cv=step_cv,
                             nccl_algo=row["nccl_algo"], nccl_proto=row["nccl_proto"],
-                            kvstore=row["kvstore"],
+                            kvstore=row["kvstore"], reduce_dtype=row["reduce_dtype"],
                             kvstore_op_s=kvstore_op_s if row["kvstore"] else None)
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU
@@ -175,7 +185,7 @@ def add_relative_scaling(rows: list[dict]) -> None:
     for r in rows:
         key = (r["source"], r["model"], r["device"], r["image_size"], r["batch"],
                r["precision"], r["strategy"], r["activation_checkpointing"],
-               r.get("checkpoint_policy"))
+               r.get("checkpoint_policy"), r.get("checkpoint_every"))
         groups.setdefault(key, []).append(r)
     for group in groups.values():
         base = min(group, key=lambda r: r["gpus"])
@@ -211,10 +221,50 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def reread(rows: list[dict], source: str | None, interconnects: list[str],
+           settings: list[str]) -> list[dict]:
+    """Another reading of a source's assumptions: its rows only (``source``), each
+    interconnect preset OLD read as NEW (``interconnects``: "OLD=NEW"), and parsed columns set
+    outright (``settings``: "COLUMN=VALUE", blank for None): e.g. a network a source states as
+    one figure read per GPU instead of per node, or FSDP's reduce_dtype as fp32."""
+    if source is not None:
+        rows = [r for r in rows if r["source"] == source]
+        if not rows:
+            raise SystemExit(f"--source {source}: no row of the table has it")
+    for pair in interconnects + settings:
+        if "=" not in pair:
+            raise SystemExit(f"{pair!r}: give OLD=NEW (--interconnect) or COLUMN=VALUE (--set)")
+    swaps = dict(p.split("=", 1) for p in interconnects)
+    values = dict(p.split("=", 1) for p in settings)
+    for r in rows:
+        r["interconnect"] = ",".join(swaps.get(n.strip(), n.strip())
+                                     for n in r["interconnect"].split(","))
+        for key, value in values.items():
+            if key not in r:
+                raise SystemExit(f"--set {key}: not a column of the table")
+            r[key] = value or None
+    return rows
+
+
 def main(argv: list[str]) -> int:
-    csv_path = Path(argv[0]) if argv else DEFAULT_CSV
-    out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    rows = predict(read_rows(csv_path))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("table", nargs="?", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("out", nargs="?", type=Path, default=None)
+    parser.add_argument("--source", help="score this source's rows only")
+    parser.add_argument("--interconnect", action="append", default=[], metavar="OLD=NEW",
+                        help="read every OLD interconnect preset as NEW (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="COLUMN=VALUE",
+                        help="set a column of every row (blank VALUE: none; repeatable)")
+    args = parser.parse_args(argv)
+    csv_path = args.table
+    reading = args.source or args.interconnect or args.set
+    if args.out is None and reading:
+        raise SystemExit("another reading of the table needs its own OUT.json (the default "
+                         "is the whole table's results)")
+    out_path = args.out or DEFAULT_OUT
+    rows = predict(reread(read_rows(csv_path), args.source, args.interconnect, args.set))
     add_relative_scaling(rows)
     print(f"{'id':26s} {'GPUs':>5s} {'meas/GPU':>9s} {'pred/GPU':>9s} {'ratio':>6s} "
           f"{'meas eff':>8s} {'pred eff':>8s}  limit / flag")
@@ -233,7 +283,9 @@ def main(argv: list[str]) -> int:
 
     save_result(out_path, "validation-scaling",
                 {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
-                            else csv_path)}, {"rows": rows, "summary": summary})
+                            else csv_path), "source": args.source,
+                 "interconnect": args.interconnect, "set": args.set},
+                {"rows": rows, "summary": summary})
     from dlperf.plots import predicted_vs_measured
 
     picture = predicted_vs_measured(

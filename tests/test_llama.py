@@ -36,6 +36,15 @@ def test_llama_presets_are_the_published_models_to_the_parameter():
     assert _count(PRESETS["llama2-70b"]) == 68_976_648_192
     assert _count(PRESETS["llama3-70b"]) == 70_553_706_496
     assert PRESETS["llama2-13b"].ffn_hidden == 13824
+    # Llama 2 34B (Table 1 of the paper; as Code Llama 34B and fms-fsdp's "34b" build it):
+    # hidden int(2 x 4 x 8192 / 3) = 21,845 up to a multiple of 256 = 22,016. Per layer: wq +
+    # wo 2 x 8192^2 = 134,217,728, wk + wv 2 x 8192 x 1024 = 16,777,216, MLP 3 x 8192 x
+    # 22,016 = 541,065,216, norms 16,384: 692,076,544; x 48 = 33,219,674,112, + 2 x 32,000 x
+    # 8,192 + 8,192 = 33,743,970,304 (Code Llama's 33.7 B)
+    assert PRESETS["llama2-34b"].ffn_hidden == 22016
+    assert _count(PRESETS["llama2-34b"]) == 48 * (2 * 8192**2 + 2 * 8192 * 1024
+                                                  + 3 * 8192 * 22016 + 2 * 8192) \
+        + 2 * 32000 * 8192 + 8192 == 33_743_970_304
     # Llama 3.1 405B: hidden int(2 x 4 x 16,384 / 3) = 43,690, x 1.2 = 52,428, up to a multiple
     # of 4,096: 53,248. Per layer: wq + wo 2 x 16,384^2 = 536,870,912, wk + wv 2 x 16,384 x
     # 1,024 = 33,554,432, MLP 3 x 16,384 x 53,248 = 2,617,245,696, norms 32,768: 3,187,703,808;
@@ -117,17 +126,83 @@ def test_llama_step_has_the_kernels_torchtitan_runs():
     assert not any("layer_norm" in p.cost.op for p in a.predictions)
 
 
-def _llama_analysis(policy):
+def _llama_analysis(policy, layers: int = 2, every: int = 1):
     from dlperf.analysis.api import AnalysisConfig, analyze_model
     from dlperf.models.gpt import gpt_config
 
-    cfg = gpt_config("llama3-8b", layers=2, seq_len=256)
+    cfg = gpt_config("llama3-8b", layers=layers, seq_len=256)
     with torch.device("meta"):
         model = GPT(cfg)
     return analyze_model(model, AnalysisConfig(
         model="llama3-8b", input_shape=(1, 256), dtype="bf16", train=True, tokens=True,
         device="h100-sxm", optimizer="adamw", activation_checkpointing=policy is not None,
-        checkpoint_policy=policy or "full"), input_dtype=torch.long)
+        checkpoint_policy=policy or "full", checkpoint_every=every), input_dtype=torch.long)
+
+
+def test_checkpointing_every_nth_block_recomputes_those_blocks_only():
+    # fms-fsdp's apply_fsdp_checkpointing and torchtitan's layer-selective AC count the blocks
+    # from 1 as they wrap them and checkpoint when count % n == 0: of 4 blocks, n = 2 takes
+    # blocks.1 and blocks.3, n = 3 blocks.2 alone, n = 1 all four.
+    from dlperf.analysis.api import every_nth_block
+
+    blocks = {f"blocks.{i}" for i in range(12)}
+    assert every_nth_block(blocks, 2) == {f"blocks.{i}" for i in (1, 3, 5, 7, 9, 11)}
+    # (model order, not string order: blocks.10 comes after blocks.9)
+    assert every_nth_block(blocks, 5) == {"blocks.4", "blocks.9"}
+    assert every_nth_block(blocks, 1) == blocks
+
+    runs = {e: _llama_analysis(None if e == 0 else "full", 6, max(e, 1))
+            for e in (0, 1, 2, 3, 6)}  # (0: no checkpointing)
+
+    def recomputed(a):
+        return {int(p.cost.module.split(".")[1]) for p in a.predictions
+                if p.cost.phase == "recompute"}
+
+    assert recomputed(runs[1]) == {0, 1, 2, 3, 4, 5}
+    assert recomputed(runs[2]) == {1, 3, 5}
+    assert recomputed(runs[3]) == {2, 5}
+    assert recomputed(runs[0]) == set()
+
+    # the recomputed FLOPs are exactly those of the checkpointed blocks (a decoder's blocks
+    # are equal): half of full's with n = 2, a third with n = 3
+    def flops(a):
+        return sum(p.cost.flops for p in a.predictions if p.cost.phase == "recompute")
+
+    assert flops(runs[2]) == flops(runs[1]) / 2 and flops(runs[3]) == flops(runs[1]) / 3
+    # memory at the peak, by hand, for 6 equal blocks each saving s, with input i (held by a
+    # checkpoint) and r = s - i recomputed in its backward, O outside the blocks:
+    #   full: O + 6 i + r (the last block's backward);
+    #   n = 2 (wraps 2, 4, 6): in the 6th's backward s + i + s + i + s before it, + i + r:
+    #     O + 3 s + 3 i + r;
+    #   n = 3 (wraps 3, 6): s + s + i + s + s, + i + r = O + 4 s + 2 i + r;
+    #   n = 6 (wraps the last only): O + 5 s + i + r = O + 6 s, nothing saved at the peak;
+    #   none: O + 6 s.
+    # So n2 - full = 3 (s - i) = 3 (n3 - n2) (up to the first block's input, which is the
+    # embedding's output: 128 KiB here), none - n3 = 2 s - 2 i - r = s - i = n3 - n2, and
+    # n6 = none.
+    act = {e: a.memory["activations_bytes"] for e, a in runs.items()}
+    assert act[1] < act[2] < act[3] < act[0]
+    assert act[2] - act[1] == pytest.approx(3 * (act[3] - act[2]), rel=1e-3)
+    assert act[0] - act[3] == act[3] - act[2]
+    assert act[6] == act[0]
+
+
+def test_checkpoint_every_refuses_what_it_cannot_mean(capsys):
+    from conftest import run_cli
+
+    base = ["analyze", "llama3-8b", "--layers", "4", "--seq-len", "128", "--batch-size", "1",
+            "--train"]
+    code, out, err = run_cli(base + ["--checkpoint-every", "2"], capsys)
+    assert code != 0 and "add --activation-checkpointing" in err and "Traceback" not in err
+    code, out, err = run_cli(base + ["--activation-checkpointing", "selective-op",
+                                     "--checkpoint-every", "2"], capsys)
+    assert code != 0 and "--activation-checkpointing full, not selective-op" in err
+    code, out, err = run_cli(base + ["--activation-checkpointing", "--checkpoint-every", "5"],
+                             capsys)
+    assert code != 0 and "has 4 blocks" in err and "at most 4" in err
+    code, out, err = run_cli(base + ["--activation-checkpointing", "--checkpoint-every", "2",
+                                     "--top", "1"], capsys)
+    assert code == 0, err
 
 
 def test_selective_op_checkpointing_recomputes_what_torchtitans_policy_does():

@@ -619,7 +619,8 @@ def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     for row in rows:
         assert row["source"] in header, row["id"]
         assert row["measured_per_gpu"] > 0 and row["gpus"] > 1 and row["grad_accum"] >= 1
-        assert row["strategy"] in ("ddp", "fsdp", "fsdp-grad-op") and get_device(row["device"])
+        assert row["strategy"] in ("ddp", "fsdp", "fsdp-grad-op", "hsdp")
+        assert get_device(row["device"])
         assert row["model"] in GPTS or not row["model"].startswith(("mpt", "gpt"))
         for name in row["interconnect"].split(","):
             get_interconnect(name.strip())
@@ -766,6 +767,38 @@ def test_fsdp_gathers_bf16_parameters_and_reduces_fp32_gradients():
     assert r["communication"]["comm_s"] == pytest.approx(expected)
     assert r["communication"]["all_gather_bytes"] == pytest.approx(2 * grads / 2 * 7 / 8)
     assert r["memory_per_gpu"]["total_bytes"] < analysis.memory["total_bytes"]
+
+
+def test_fsdp_reduce_dtype_bf16_halves_the_gradient_collectives_only():
+    from dlperf.analysis.scaling import sharded_collective_s, unit_bytes
+
+    analysis, params = _resnet18_on_h100()  # bf16 autocast, fp32 gradients
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    grads = sum(b for _, b in params)
+    units = unit_bytes(params)
+    fp32, bf16 = (scale_out(analysis, params, ScaleConfig(gpus=32, strategy="hsdp",
+                                                          reduce_dtype=d), node, net)
+                  for d in (None, "bf16"))
+    # FSDP1's MixedPrecision(reduce_dtype=bf16): per unit of b fp32 gradient bytes the
+    # reduce-scatter moves b/2 and HSDP's all-reduce of the node's shard b/16; the parameter
+    # gathers (b/2, bf16) are unchanged
+    expected = sum(2 * sharded_collective_s(b / 2, 8, 8, node, net, gen=2)
+                   + sharded_collective_s(b / 2, 8, 8, node, net, gen=2)
+                   + allreduce_s(b / 16, 4, 1, node, net, gen=2) for b in units.values())
+    assert bf16["communication"]["comm_s"] == pytest.approx(expected)
+    assert bf16["communication"]["comm_s"] < fp32["communication"]["comm_s"]
+    assert bf16["communication"]["reduce_scatter_bytes"] == pytest.approx(grads / 2 * 7 / 8)
+    assert bf16["communication"]["allreduce_bytes"] == pytest.approx(grads / 16 * 2 * 3 / 4)
+    assert bf16["communication"]["all_gather_bytes"] == pytest.approx(
+        fp32["communication"]["all_gather_bytes"])
+    # fp32 named is the default; DDP and an unknown dtype are refused, one line each
+    same = scale_out(analysis, params, ScaleConfig(gpus=32, strategy="hsdp",
+                                                   reduce_dtype="fp32"), node, net)
+    assert same["communication"]["comm_s"] == pytest.approx(fp32["communication"]["comm_s"])
+    with pytest.raises(DlperfError, match="use it with --strategy fsdp, hsdp or fsdp-grad-op"):
+        ScaleConfig(gpus=8, reduce_dtype="bf16")
+    with pytest.raises(DlperfError, match="choose fp32, bf16, fp16"):
+        ScaleConfig(gpus=8, strategy="fsdp", reduce_dtype="int8")
 
 
 def test_hsdp_shards_in_the_node_and_all_reduces_the_shards_between_nodes():

@@ -13,6 +13,7 @@ from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
                                    optimizer_cost, scaled_optimizer, spread_costs)
 from dlperf.analysis.fusion import check_fusion, fuse_costs
+from dlperf.analysis.pipeline import ordered_blocks
 from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
@@ -63,6 +64,10 @@ class AnalysisConfig:
     # other kernel recomputed) or "selective-attention" (Megatron-LM's selective recompute:
     # the attention core only); see kept_by_policy
     checkpoint_policy: str = "full"
+    # checkpoint every n-th block only (the n-th, 2n-th, ... counted from 1 in model order),
+    # the rest keeping their activations: fms-fsdp's selective_checkpointing, torchtitan's
+    # "selective" layer mode (selective_ac_option n); 1 = every block. With "full" only.
+    checkpoint_every: int = 1
     # the batch-norm stack the step runs (analysis/fusion.py): "none" (eager PyTorch: batch
     # norm, ReLU and add each a kernel), "bn-act" (batch norm + ReLU and batch norm + add +
     # ReLU one kernel each), "conv-bn" (batch-norm statistics and apply inside the convolutions)
@@ -280,6 +285,13 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     if config.checkpoint_policy not in CHECKPOINT_POLICIES:
         raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
                           f"{' or '.join(CHECKPOINT_POLICIES)}")
+    if config.checkpoint_every < 1:
+        raise DlperfError(f"--checkpoint-every {config.checkpoint_every}: the n of every n-th "
+                          "block checkpointed, at least 1")
+    if config.checkpoint_every > 1 and config.checkpoint_policy != "full":
+        raise DlperfError(f"--checkpoint-every {config.checkpoint_every} checkpoints whole "
+                          "blocks (fms-fsdp, torchtitan's layer mode): use it with "
+                          f"--activation-checkpointing full, not {config.checkpoint_policy}")
     check_fusion(config.fusion)
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
@@ -342,13 +354,28 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
             raise DlperfError(f"--activation-checkpointing: {config.model!r} has no blocks (a "
                               "numbered series of children, e.g. a module list's blocks.0, "
                               "blocks.1, ...) to checkpoint")
+        blocks = every_nth_block(blocks, config.checkpoint_every)
+        if not blocks:
+            raise DlperfError(f"--checkpoint-every {config.checkpoint_every}: {config.model!r} "
+                              f"has {len(cap.blocks)} blocks, so none would be checkpointed; "
+                              f"give at most {len(cap.blocks)}")
         costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy)
         activations = (attention_recomputed_activations(cap, costs, blocks)
                        if config.checkpoint_policy == "selective-attention" else
-                       checkpointed_activations(cap, blocks) + kept_bytes(
+                       checkpointed_activations(cap, blocks, cap.blocks) + kept_bytes(
                            costs, blocks, config.checkpoint_policy))
     memory = memory_footprint(model, config, activations, element_bytes=state_bytes)
     return costs, uncounted, time.perf_counter() - start, memory
+
+
+def every_nth_block(blocks, every: int) -> frozenset[str]:
+    """The blocks a checkpoint of every ``every``-th block wraps: counted from 1 in model
+    order, those whose count is a multiple of ``every`` (fms-fsdp's
+    ``apply_fsdp_checkpointing`` and torchtitan's layer-selective AC both count each
+    transformer block as they wrap it and checkpoint when ``count % every == 0``): every = 2
+    takes the 2nd, 4th, ... block, i.e. half of them; 1 takes all."""
+    return frozenset(b for i, b in enumerate(ordered_blocks(blocks), start=1)
+                     if i % every == 0)
 
 
 def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
@@ -444,22 +471,32 @@ def attention_recomputed_activations(cap, costs: list, blocks: set[str]) -> int:
     return cap.saved_bytes - sum(core.values()) + max(core.values(), default=0) + inputs
 
 
-def checkpointed_activations(cap, blocks: set[str]) -> int:
-    """What a checkpointed step keeps: everything saved outside the blocks, each block's input
-    (checkpoint holds it), and during the backward one block's own activations again (the
-    largest, recomputed; its input, when the block saves it, is already counted)."""
+def checkpointed_activations(cap, blocks: set[str], all_blocks=None) -> int:
+    """What a checkpointed step keeps at its peak: everything saved outside the blocks, each
+    checkpointed block's input (checkpoint holds it), all a block left unwrapped saves
+    (``all_blocks``: the model's blocks, when ``blocks`` is some of them: every_nth_block),
+    and during a checkpointed block's backward its own activations again (recomputed; its
+    input, when the block saves it, already counted), on top of what the blocks before it
+    hold then: the peak is the largest of the end of the forward and those moments."""
+    all_blocks = blocks if all_blocks is None else all_blocks
     inside: dict[str, int] = {}
     outside = 0
     for module, nbytes in cap.saved_by_module.items():
-        block = capture_mod.block_path(module, blocks)
-        if block in blocks:
+        block = capture_mod.block_path(module, all_blocks)
+        if block in all_blocks:
             inside[block] = inside.get(block, 0) + nbytes
         else:
             outside += nbytes
-    inputs = sum(cap.input_bytes.get(b, 0) for b in blocks)
-    replayed = max((n - cap.saved_sizes.get(cap.input_keys.get(b), 0) for b, n in inside.items()),
-                   default=0)
-    return outside + inputs + replayed
+    held = peak = outside  # (outside the blocks: held throughout, a bound)
+    for b in ordered_blocks(all_blocks):
+        if b in blocks:
+            kept = cap.input_bytes.get(b, 0)
+            replayed = inside.get(b, 0) - cap.saved_sizes.get(cap.input_keys.get(b), 0)
+            peak = max(peak, held + kept + replayed)
+        else:
+            kept = inside.get(b, 0)
+        held += kept
+    return max(peak, held)
 
 
 # optimizer state per trainable parameter, in parameter elements (SGD: momentum; AdamW: two
@@ -534,7 +571,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
             input_dtype: torch.dtype | None = None, optimizer: str = "auto",
             precision: str = "mixed", activation_checkpointing: bool = False,
             checkpoint_policy: str = "full", fusion: str = "none",
-            cuda_graphs: bool = False, optimizer_impl: str = "fused") -> Analysis:
+            cuda_graphs: bool = False, optimizer_impl: str = "fused",
+            checkpoint_every: int = 1) -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -545,7 +583,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     (AdamW for token models, SGD otherwise), as `dlperf analyze` counts it.
     ``activation_checkpointing``: recompute each block's forward in the backward;
     ``checkpoint_policy``: "full", "selective-op" or "selective-attention"
-    (``kept_by_policy``).
+    (``kept_by_policy``); ``checkpoint_every``: only every n-th block checkpointed
+    (``every_nth_block``).
     ``fusion``: the batch-norm stack, one of ``FUSIONS`` (analysis/fusion.py);
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
@@ -565,6 +604,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          optimizer=default_optimizer(tokens) if optimizer == "auto" else optimizer,
                          precision=precision, tokens=tokens and len(example_input_shape) == 2,
                          activation_checkpointing=activation_checkpointing,
-                         checkpoint_policy=checkpoint_policy, fusion=fusion,
-                         cuda_graphs=cuda_graphs, optimizer_impl=optimizer_impl)
+                         checkpoint_policy=checkpoint_policy, checkpoint_every=checkpoint_every,
+                         fusion=fusion, cuda_graphs=cuda_graphs,
+                         optimizer_impl=optimizer_impl)
     return analyze_model(model, cfg, spec, input_dtype)

@@ -88,6 +88,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dlperf.analysis.gemm import ELEMENT_BYTES
 from dlperf.errors import DlperfError, finite_number
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
@@ -601,11 +602,14 @@ TP_IMPLS = ("torch", "megatron", "te")
 # how context parallelism exchanges K and V (models/gpt.py CP_COMMS; context_parallel_s)
 CP_COMMS = ("p2p", "allgather")
 DECODES = ("gpu", "cpu", "synthetic")
+# FSDP's reduce_dtype (ScaleConfig.reduce_dtype)
+REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
                                 recompute: bool, sequence_parallel: bool = True,
-                                impl: str = "torch", fp8: bool = False
+                                impl: str = "torch", fp8: bool = False,
+                                recompute_every: int = 1
                                 ) -> tuple[tuple[str, int, int, str | None], ...]:
     """The collectives one micro-batch of ``tokens`` (batch x sequence) makes among the
     tensor-parallel ranks of a decoder of ``layers`` blocks (see the module docstring): (kind,
@@ -614,7 +618,8 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
 
     With sequence parallelism, all-gathers and reduce-scatters: forward 2 of each per block, a
     reduce-scatter after the embedding and an all-gather before the output layer (2 L + 1 of
-    each); the backward the same in reverse; a recomputed forward 2 of each per block again.
+    each); the backward the same in reverse; a recomputed forward 2 of each per block again
+    (per ``recompute_every``-th block, when only those are checkpointed).
     Without it (Megatron's original scheme), an all-reduce in each of those places instead of
     the pair (NCCL's ring all-reduce is a reduce-scatter then an all-gather): forward one after
     each split region and the embedding, backward one before each split region and the output
@@ -635,7 +640,8 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     nbytes = tokens * d_model * act_bytes
     gathered = tokens * d_model * (1 if fp8 else act_bytes)  # what the blocks' layers gather
     regions = 2 * layers + 1  # the split regions' column-parallel layers, the output layer's
-    again = 2 * layers if recompute else 0
+    # (a checkpoint of every n-th block replays the collectives of those blocks only)
+    again = 2 * (layers // recompute_every) if recompute else 0
     if impl == "te":
         if not sequence_parallel:
             raise ValueError("TransformerEngine's tensor-parallel overlap needs sequence "
@@ -822,6 +828,11 @@ class ScaleConfig:
     # state, the updated parameters all-gathered (in the model's dtype) beside the next
     # forward (--overlap-param-gather; after the update without overlap)
     distributed_optimizer: bool = False
+    # FSDP's reduce_dtype (MixedPrecision): the dtype the gradients are reduce-scattered (and
+    # under HSDP all-reduced between replicas) in; None: their own (fp32, or the model's dtype
+    # under --precision half). FSDP1's bf16 policies reduce in bf16 (fms-fsdp's bfSixteen,
+    # llama-recipes), torchtitan's FSDP2 and Composer's DEFAULT in fp32.
+    reduce_dtype: str | None = None
     # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
     # the backward, one small all-reduce each inside the node, on the step's critical path
@@ -899,6 +910,13 @@ class ScaleConfig:
         if (self.bucket_cap_mb is not None or self.bucket_view) and self.strategy != "ddp":
             raise DlperfError("--bucket-cap-mb and --grad-as-bucket-view shape DDP's gradient "
                               "buckets; FSDP communicates one collective per unit")
+        if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
+            raise DlperfError(f"--reduce-dtype {self.reduce_dtype!r}: choose "
+                              f"{', '.join(REDUCE_DTYPES)}")
+        if self.reduce_dtype is not None and self.strategy == "ddp":
+            raise DlperfError("--reduce-dtype is FSDP's reduce_dtype: use it with --strategy "
+                              "fsdp, hsdp or fsdp-grad-op (DDP reduces gradients in their own "
+                              "dtype; a compression hook is not modelled)")
         if (self.strategy == "hsdp" and self.gpus > self.gpus_per_node
                 and self.gpus % self.gpus_per_node):
             raise DlperfError(f"--strategy hsdp: {self.gpus} GPUs do not fill nodes of "
@@ -1181,7 +1199,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
         # (2 bytes), gradients reduced in fp32.
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
-        traffic = fsdp_traffic(gathered, grad_bytes, shard, gathers)
+        # what a gradient byte becomes on the wire under FSDP's reduce_dtype
+        cast = (ELEMENT_BYTES[cfg.reduce_dtype] / (2 if analysis.config.precision == "half"
+                                                  else 4) if cfg.reduce_dtype else 1.0)
+        traffic = fsdp_traffic(gathered, grad_bytes * cast, shard, gathers)
         grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0
         replicas = dcfg.gpus // shard  # HSDP's nodes, each a replica (1 under FSDP)
@@ -1196,9 +1217,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                                 cfg.protocols) if replicas > 1 else 0.0)
 
         gather = {u: collective(b * ratio) for u, b in grads.items()}
-        reduce = {u: collective(b) + across(b / shard) for u, b in grads.items()}
+        reduce = {u: collective(b * cast) + across(b * cast / shard) for u, b in grads.items()}
         if replicas > 1:
-            traffic["allreduce_bytes"] = grad_bytes / shard * 2 * (replicas - 1) / replicas
+            traffic["allreduce_bytes"] = (grad_bytes * cast / shard * 2 * (replicas - 1)
+                                          / replicas)
             traffic["replicas"] = replicas
         comm_s = sum(gathers * gather[u] + reduce[u] for u in grads)
         pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: gather.get(u, 0.0),

@@ -55,6 +55,11 @@ def add_parser(sub) -> None:
                         "every other matmul kept, the rest recomputed); selective-attention: "
                         "Megatron-LM's selective recompute (only the attention core, Q Kᵀ "
                         "to times V, recomputed; everything else kept) [full]")
+    a.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
+                   help="with --activation-checkpointing full: checkpoint only every N-th "
+                        "block (the N-th, 2N-th, ... in model order; the others keep their "
+                        "activations): fms-fsdp's --selective_checkpointing N, torchtitan's "
+                        "selective layer mode (selective_ac_option N) [1: every block]")
     a.add_argument("--fusion", choices=("none", "bn-act", "conv-bn", "megatron"),
                    default="none",
                    help="the fused kernels the step runs: none = eager PyTorch (batch norm, "
@@ -206,6 +211,12 @@ def add_parser(sub) -> None:
     s.add_argument("--grad-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True: gradients live in the buckets, so "
                         "they are neither copied in and out nor held twice")
+    s.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="--strategy fsdp/hsdp/fsdp-grad-op: the dtype FSDP reduces gradients "
+                        "in (MixedPrecision's reduce_dtype): bf16 halves the reduce-scatter "
+                        "(and HSDP's all-reduce) of fp32 gradients, as FSDP1's bf16 policies "
+                        "run it (fms-fsdp, llama-recipes) [the gradients' own: fp32, or the "
+                        "dtype under --precision half]")
     s.add_argument("--distributed-optimizer", action="store_true",
                    help="DDP as Megatron-LM's distributed optimizer runs it "
                         "(--use-distributed-optimizer): gradients reduce-scattered per bucket "
@@ -392,6 +403,7 @@ def run(args) -> int:
                                     else args.optimizer), precision=args.precision,
                          activation_checkpointing=args.activation_checkpointing is not None,
                          checkpoint_policy=args.activation_checkpointing or "full",
+                         checkpoint_every=args.checkpoint_every or 1,
                          fusion=args.fusion, cuda_graphs=args.cuda_graphs,
                          optimizer_impl=args.optimizer_impl,
                          fp8=args.fp8,
@@ -402,6 +414,9 @@ def run(args) -> int:
                           "and an optimizer")
     if args.tf32 and args.dtype != "fp32":
         raise DlperfError("--tf32 applies to --dtype fp32 only (bf16/fp16 already use Tensor Cores)")
+    if args.checkpoint_every is not None and args.activation_checkpointing is None:
+        raise DlperfError("--checkpoint-every N picks which blocks --activation-checkpointing "
+                          "full wraps: add --activation-checkpointing")
     if args.activation_checkpointing is not None and not args.train:
         raise DlperfError("--activation-checkpointing needs --train (it replays the forward in "
                           "the backward)")
@@ -559,7 +574,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       overlap=not args.no_overlap, bucket_cap_mb=args.bucket_cap_mb,
                       bucket_view=args.grad_as_bucket_view,
                       distributed_optimizer=args.distributed_optimizer,
-                      bn_group=args.bn_group,
+                      reduce_dtype=args.reduce_dtype, bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto, kvstore=args.kvstore)
     return cfg, node, network, layout
@@ -578,6 +593,7 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
         # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
         # saves the collectives' outputs
         recompute=args.activation_checkpointing == "full",
+        recompute_every=args.checkpoint_every or 1,
         sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl, fp8=gpt.fp8 is not None)
     # context parallel: a layer's K and V on one rank for a micro-batch (of the local tokens,
     # the rank's share of the K/V heads), what each exchange moves

@@ -103,6 +103,15 @@ PRESETS = {i.name: i for i in (
          "2407.21783, section 3.3.1)", latency_s=10e-6),
     _net("ethernet-25g", "25 GbE TCP, one NIC per node of 8 GPUs", 25.0, 1 / 8,
          "25 Gb Ethernet shared by 8 GPUs", latency_s=30e-6),
+    # A node's network given as one total (cloud instances, IBM's FSDP blog): its 8 GPUs share
+    # it, each reaching an eighth of it between nodes (NCCL runs one ring per NIC)
+    _net("roce-400g-per-node", "RoCE, 400 Gb/s per node of 8 GPUs", 400.0, 1 / 8,
+         "400 Gb/s of RDMA per node shared by 8 GPUs: IBM's A100 cluster of its 2024 FSDP "
+         "blog (pytorch.org/blog/maximizing-training, '128 A100 GPUs with 400Gbps')",
+         latency_s=10e-6),
+    _net("roce-800g-per-node", "RoCE, 800 Gb/s per node of 8 GPUs", 800.0, 1 / 8,
+         "800 Gb/s of RDMA per node shared by 8 GPUs: IBM's H100 cluster of the same blog "
+         "('96 GPUs and 800Gbps inter-node interconnect')", latency_s=10e-6),
 )}
 
 # The node interconnect a GPU preset's DGX/HGX system has (for --interconnect auto)
