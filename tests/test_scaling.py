@@ -601,6 +601,29 @@ def test_html_report_draws_the_scaling_curve(tmp_path, capsys):
     assert "<script" not in text
 
 
+def test_another_reading_of_a_source_swaps_only_what_it_names():
+    # validate_scaling.py --source S --interconnect OLD=NEW --set COLUMN=VALUE: one source's
+    # rows, each named preset read as another (the other of a pair kept), a column set
+    from conftest import ROOT, load_benchmark
+
+    vs = load_benchmark("validate_scaling")
+    rows = vs.read_rows(ROOT / "benchmarks/validation/published_scaling.csv")
+    ibm = vs.reread([dict(r) for r in rows], "ibm-fms-fsdp",
+                    ["roce-400g-per-node=roce-400g"], ["reduce_dtype="])
+    assert len(ibm) == 8 and {r["source"] for r in ibm} == {"ibm-fms-fsdp"}
+    a100 = [r for r in ibm if r["device"] == "a100-80gb"]
+    assert {r["interconnect"] for r in a100} == {"nvlink3-a100,roce-400g"}
+    assert {r["interconnect"] for r in ibm if r not in a100} == {
+        "nvlink4-h100,roce-800g-per-node"}
+    assert all(r["reduce_dtype"] is None for r in ibm)
+    assert all(r["reduce_dtype"] == "bf16" for r in rows if r["source"] == "ibm-fms-fsdp")
+    for bad, needle in ((("nobody", [], []), "no row of the table"),
+                        ((None, ["roce-400g"], []), "OLD=NEW"),
+                        ((None, [], ["colour=red"]), "not a column")):
+        with pytest.raises(SystemExit, match=needle):
+            vs.reread([dict(r) for r in rows], *bad)
+
+
 def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     # the table's rows name known presets, models and interconnects, cite a source its header
     # explains, and one row of each source runs through the script that scores them (all 26
