@@ -1197,7 +1197,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     else:  # FSDP: per unit, gathers in forward and backward, one reduce-scatter; prefetch
         # hides them behind the compute. Mixed precision as torchtitan, Composer's DEFAULT and
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
-        # (2 bytes), gradients reduced in fp32.
+        # (2 bytes), gradients reduced in fp32 (in ``reduce_dtype`` when one is given).
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
         # what a gradient byte becomes on the wire under FSDP's reduce_dtype
         cast = (ELEMENT_BYTES[cfg.reduce_dtype] / (2 if analysis.config.precision == "half"

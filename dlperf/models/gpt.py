@@ -672,7 +672,8 @@ def column_parallel_regions(cfg: GPTConfig) -> tuple[tuple[str, ...], ...]:
 #   multiple_of 256 / ffn_dim_multiplier) and Llama 3 / 3.1 (dim 4096/8192, 32/80 layers, 8 KV
 #   heads, vocabulary 128,256, hidden 14,336/28,672, rope theta 500,000; Llama 3.1 405B: dim
 #   16,384, 126 layers, 128 heads, multiplier 1.2, hidden 53,248) as torchtitan's
-#   ModelArgs builds them: no biases, untied output layer; 6,738,415,616 parameters for
+#   ModelArgs builds them (llama2-34b: the paper's unreleased 34B, 48 layers of 8,192 with 8
+#   KV heads and hidden 22,016, as Code Llama 34B and fms-fsdp's "34b" build it): no biases, untied output layer; 6,738,415,616 parameters for
 #   llama2-7b and 8,030,261,248 for llama3-8b (tests/test_gpt.py derives both by hand).
 def _llama_hidden(d_model: int, multiple_of: int, multiplier: float | None) -> int:
     """Llama's SwiGLU hidden size: 2/3 of 4 x d_model, times the multiplier, rounded up to a
