@@ -6,7 +6,7 @@ predicts every one of them 4-14% too slow, on both GPUs, whatever the network or
 dtype is read as (results/validation-ibm-fsdp-*.json), while MosaicML's MPT rows on the same
 GPUs sit at ~1.0x. A Llama block runs more memory-bound kernels than an MPT block (RMSNorm
 upcast to fp32 and back, rotary embeddings, SwiGLU's product: ~26% of the 7B's predicted step
-on an A100, against ~1.05 TB/s achieved of the A100's 2.04 TB/s in the shipped model, whose
+on an A100, results/predict-llama2-7b-a100.json, against ~1.05 TB/s achieved of the A100's 2.04 TB/s in the shipped model, whose
 memory terms were fitted to the single-GPU table's CNN and BERT rows).
 
 This script asks how fast those kernels would have to stream for the rows to fit: one
