@@ -93,6 +93,7 @@ def capture(rows: list[dict]) -> list[tuple]:
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
+    from dlperf.analysis.gemm import state_element_bytes
     from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
 
@@ -103,7 +104,7 @@ def capture(rows: list[dict]) -> list[tuple]:
         gpt = (gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS
                else None)
         model, _ = build_model(row["model"], gpt=gpt)
-        grad_bytes = 2 if cfg.precision == "half" else 4
+        grad_bytes = state_element_bytes(cfg.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()]
         out.append((row, cfg, costs, uncounted, seconds, params))
     return out
@@ -237,8 +238,9 @@ def reread(rows: list[dict], source: str | None, interconnects: list[str],
     swaps = dict(p.split("=", 1) for p in interconnects)
     values = dict(p.split("=", 1) for p in settings)
     for r in rows:
-        r["interconnect"] = ",".join(swaps.get(n.strip(), n.strip())
-                                     for n in r["interconnect"].split(","))
+        if swaps:
+            r["interconnect"] = ",".join(swaps.get(n.strip(), n.strip())
+                                         for n in r["interconnect"].split(","))
         for key, value in values.items():
             if key not in r:
                 raise SystemExit(f"--set {key}: not a column of the table")

@@ -13,6 +13,7 @@ from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
                                    optimizer_cost, scaled_optimizer, spread_costs)
 from dlperf.analysis.fusion import check_fusion, fuse_costs
+from dlperf.analysis.gemm import state_element_bytes
 from dlperf.analysis.pipeline import ordered_blocks
 from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.dtypes import MIXED, autocast_dtype
@@ -300,7 +301,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         raise DlperfError(f"--precision {config.precision} needs --dtype fp16 or bf16 (the "
                           "dtype the model computes in)")
     # the optimizer's parameters and state: in half only for a model cast to half
-    state_bytes = 2 if config.precision == "half" else 4
+    state_bytes = state_element_bytes(config.precision)
     if half is not None and input_dtype.is_floating_point:
         input_dtype = half  # model.half() is fed half inputs
     if config.train and not any(p.requires_grad for p in model.parameters()):

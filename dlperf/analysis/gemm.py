@@ -32,6 +32,13 @@ TILE_INTRINSIC_EFFICIENCY = {
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 
+def state_element_bytes(precision: str) -> int:
+    """Bytes per element of the parameters, their gradients and the optimizer state under
+    ``precision`` (AnalysisConfig.precision): 2 for a model cast to half ("half"), 4 otherwise
+    (autocast and FSDP's mixed precision keep them in fp32)."""
+    return 2 if precision == "half" else 4
+
+
 @dataclass(frozen=True)
 class GemmShape:
     """A GEMM C[M,N] = A[M,K] @ B[K,N], repeated ``batch`` times (bmm, groups)."""

@@ -88,7 +88,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dlperf.analysis.gemm import ELEMENT_BYTES
+from dlperf.analysis.gemm import ELEMENT_BYTES, state_element_bytes
 from dlperf.errors import DlperfError, finite_number
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
@@ -1200,8 +1200,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # (2 bytes), gradients reduced in fp32 (in ``reduce_dtype`` when one is given).
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
         # what a gradient byte becomes on the wire under FSDP's reduce_dtype
-        cast = (ELEMENT_BYTES[cfg.reduce_dtype] / (2 if analysis.config.precision == "half"
-                                                  else 4) if cfg.reduce_dtype else 1.0)
+        cast = (ELEMENT_BYTES[cfg.reduce_dtype]
+                / state_element_bytes(analysis.config.precision) if cfg.reduce_dtype else 1.0)
         traffic = fsdp_traffic(gathered, grad_bytes * cast, shard, gathers)
         grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0

@@ -3,7 +3,7 @@ with --measure, measured beside predicted."""
 
 from __future__ import annotations
 
-from dlperf.analysis.gemm import ELEMENT_BYTES
+from dlperf.analysis.gemm import ELEMENT_BYTES, state_element_bytes
 from dlperf.cli.common import (batch_size_arg, new_console, nonnegative_int, output_file,
                                positive_float, positive_int)
 from dlperf.errors import DlperfError
@@ -618,7 +618,7 @@ def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory, l
     pp = len(layout)
     blocks = ordered_blocks(block_paths(n for n, _ in model.named_parameters()))
     stages = stage_of_costs(costs, blocks, layout)
-    grad_bytes = 2 if cfg.precision == "half" else 4
+    grad_bytes = state_element_bytes(cfg.precision)
     # every name of a parameter: a tied embedding is on the first stage and the last
     params, tied = stage_params(
         [(n, id(p), p.numel() * grad_bytes)
@@ -670,7 +670,7 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
             layout[k]))
     else:
         # gradients in the parameters' dtype: fp32 under autocast, half with --precision half
-        grad_bytes = 2 if analysis.config.precision == "half" else 4
+        grad_bytes = state_element_bytes(analysis.config.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()
                   if p.requires_grad]
     here, curve = scale_out_and_curve(analysis, params, cfg, node, network)
