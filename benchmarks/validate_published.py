@@ -95,11 +95,15 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
         fused = not _before_sdpa(row)
         # how torch.optim ran the update (optional column; blank: fused, dlperf's default)
         impl = row.get("optimizer_impl") or "fused"
+        # whose rotary-embedding kernels a Llama row ran (optional column; blank: the preset's,
+        # torchtitan's complex multiply)
+        rope = row.get("rope") or None
         key = (row["model"], fused, checkpointing, policy, every, row["image_size"],
-               row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion, impl)
+               row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion, impl,
+               rope)
         # a GPT preset is built for the row's sequence length (its learned positions)
-        gpt = gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS \
-            else None
+        gpt = gpt_config(row["model"], seq_len=row["image_size"], rope=rope) \
+            if row["model"] in PRESETS else None
         if (row["model"], fused, gpt) not in models:
             model, model_input = build_model(row["model"], gpt=gpt)
             if not fused:

@@ -33,6 +33,7 @@ def read_rows(path: Path) -> list[dict]:
     from dlperf.analysis.costs import OPTIMIZER_IMPLS
     from dlperf.analysis.fusion import FUSIONS
     from dlperf.analysis.scaling import KVSTORES
+    from dlperf.models.gpt import ROPE_FORMS
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
@@ -60,6 +61,11 @@ def read_rows(path: Path) -> list[dict]:
         row["checkpoint_every"] = int(every) if value.startswith("every-") else 1
         # FSDP's reduce_dtype (optional column; blank: the gradients' own dtype)
         row["reduce_dtype"] = row.get("reduce_dtype") or None
+        # whose rotary-embedding kernels (optional column; blank: the preset's, complex)
+        row["rope"] = row.get("rope") or None
+        if row["rope"] not in (None, *ROPE_FORMS):
+            raise SystemExit(f"{path}: {row['id']}: rope must be one of "
+                             f"{', '.join(ROPE_FORMS)} or blank (complex)")
         # optional columns (blank: eager PyTorch, no graphs, DDP's overlap, no batch-norm groups)
         row["fusion"] = row.get("fusion") or "none"
         if row["fusion"] not in FUSIONS:
@@ -101,8 +107,8 @@ def capture(rows: list[dict]) -> list[tuple]:
                "measured_img_s": r["measured_per_gpu"]} for r in rows]
     out = []
     for row, (_, cfg, costs, uncounted, seconds) in zip(rows, vp.capture_rows(single)):
-        gpt = (gpt_config(row["model"], seq_len=row["image_size"]) if row["model"] in PRESETS
-               else None)
+        gpt = (gpt_config(row["model"], seq_len=row["image_size"], rope=row["rope"])
+               if row["model"] in PRESETS else None)
         model, _ = build_model(row["model"], gpt=gpt)
         grad_bytes = state_element_bytes(cfg.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dlperf.models.gpt import GPT, PRESETS, GPTConfig, apply_rope, rope_tables
+from dlperf.models.gpt import GPT, PRESETS, GPTConfig
 
 
 def _count(cfg):
@@ -55,20 +55,97 @@ def test_llama_presets_are_the_published_models_to_the_parameter():
         + 2 * 128256 * 16384 + 16384 == 405_853_388_800
 
 
-def test_rope_matches_a_complex_multiply_in_float64():
-    # torchtitan's apply_rotary_emb: view pairs as complex numbers, multiply by e^(i t f_j)
+def _rope_cfg(form, **kw):
+    fields = dict(layers=1, d_model=24, heads=3, vocab=50, seq_len=16, norm="rmsnorm",
+                  positions="rope", rope_theta=500000.0)
+    return GPTConfig(**{**fields, **kw}, rope=form)
+
+
+@pytest.mark.parametrize("form", ["complex", "matrix", "half"])
+def test_each_rope_form_is_a_complex_multiply_in_float64(form):
+    # the reference: pair (x[2j], x[2j+1]) as x[2j] + i x[2j+1], times e^(i t f_j) with
+    # f_j = theta^(-2j / D), in float64 (torchtitan's apply_rotary_emb, computed wide)
+    from dlperf.models.gpt import apply_rope, rope_buffers
+
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, 8)
-    cos, sin = rope_tables(8, 16, 500000.0)
-    ours = apply_rope(x, cos, sin).double()
     freqs = 1.0 / 500000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
     angles = torch.outer(torch.arange(5, dtype=torch.float64), freqs)
     z = torch.view_as_complex(x.double().reshape(2, 5, 3, 4, 2).contiguous())
     ref = torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)[None, :, None])
-    assert torch.allclose(ours, ref.reshape(2, 5, 3, 8), atol=1e-5)
+    ref = ref.reshape(2, 5, 3, 8)
+    tables = tuple(rope_buffers(_rope_cfg(form)).values())
+    if form == "half":
+        # rotate_half pairs feature j with j + D/2: the same rotation on features permuted
+        # that way (what the checkpoint converters do to q's and k's weights)
+        to_half = lambda t: t.unflatten(-1, (4, 2)).transpose(-1, -2).flatten(-2)  # noqa: E731
+        ours, ours_k = apply_rope(to_half(x), to_half(x), tables, form)
+        ours, ours_k = (t.unflatten(-1, (2, 4)).transpose(-1, -2).flatten(-2)
+                        for t in (ours, ours_k))
+    else:
+        ours, ours_k = apply_rope(x, x, tables, form)
+    assert ours.shape == ours_k.shape == x.shape and ours.is_contiguous() is (form != "matrix")
+    assert torch.allclose(ours.double(), ref, atol=1e-5)
+    assert torch.allclose(ours_k.double(), ref, atol=1e-5)
     # position 0 is not rotated; norms are kept
-    assert torch.allclose(ours[:, 0], x[:, 0].double(), atol=1e-6)
-    assert torch.allclose(ours.norm(dim=-1), x.double().norm(dim=-1), atol=1e-4)
+    assert torch.allclose(ours[:, 0], x[:, 0], atol=1e-6)
+    assert torch.allclose(ours.norm(dim=-1), x.norm(dim=-1), atol=1e-4)
+
+
+def _rope_forward_bytes(form):
+    """Bytes of the attention's non-GEMM forward kernels of one block in bf16: the rotary
+    embedding's (multi-head attention: no copy of K and V), and their kernel ops."""
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+
+    cfg = _rope_cfg(form, layers=1, d_model=256, heads=4, seq_len=64, tie_embeddings=False,
+                    mlp="swiglu", ffn_hidden=512)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    a = analyze_model(model, AnalysisConfig(model="llama", input_shape=(2, 64), dtype="bf16",
+                                            train=True, tokens=True, device="a100-80gb",
+                                            optimizer="adamw", precision="half"),
+                      input_dtype=torch.long)
+    costs = [p.cost for p in a.predictions if p.cost.phase == "forward"
+             and p.cost.module.startswith("blocks.0.attn")
+             and p.cost.kind not in ("gemm", "fused")]
+    return sum(c.bytes for c in costs), [c.op for c in costs]
+
+
+@pytest.mark.parametrize("form", ["complex", "matrix", "half"])
+def test_each_rope_form_moves_the_bytes_of_its_stack_counted_by_hand(form):
+    # q and k each [2, 64, 4, 64]: N = 32,768 elements in bf16 (2 B); D = 64, T = 64
+    n, t, d, b = 32_768, 64, 64, 2
+    total, ops = _rope_forward_bytes(form)
+    if form == "complex":
+        # per tensor: cast in (2 + 4 B a element), complex multiply (4 + 4, plus the complex64
+        # table T x D/2 x 8 B = 16,384), cast out (4 + 2): 20 N + 16,384 B; for q and k
+        # 2 x 671,744
+        assert ops == ["_to_copy", "mul", "_to_copy"] * 2
+        assert total == 2 * (20 * n + t * d // 2 * 8) == 1_343_488
+    elif form == "matrix":
+        # once: the positions (arange 64 x 8 B, repeat to 2 x 64: read 512, write 1,024) and the
+        # gather of the matrices (bf16 here, as the model's buffers are cast: the table T x
+        # D/2 x 4 x 2 B = 16,384 and the int64 positions 1,024 read, B T D/2 x 4 x 2 B =
+        # 32,768 written) and their cast to FP32 (32,768 + 65,536); per tensor: cast in 6 N,
+        # the broadcast product (read 4 N and the 65,536 B of matrices, write the
+        # [.., D/2, 2, 2] FP32 product: 8 N), its sum (8 N + 4 N), cast out 6 N: 36 N + 65,536
+        assert ops == ["arange", "repeat", "index", "_to_copy"] + [
+            "_to_copy", "mul", "sum", "_to_copy"] * 2
+        once = 512 + (512 + 1024) + (t * d // 2 * 4 * 2 + 1024 + b * t * d // 2 * 4 * 2) \
+            + (32_768 + 65_536)
+        assert once == 150_528
+        assert total == once + 2 * (36 * n + 65_536) == 2_640_896
+    else:
+        # per tensor: q cos (2 + 2 B, the bf16 table T x D x 2 B), the negated upper half
+        # (1 + 1), the concatenation (2 + 2), times sin (2 + 2, table), the sum (2 + 2 + 2):
+        # 20 N + 2 x 8,192; the residual stream is bf16 here, so no cast of the tables
+        assert ops == ["mul", "neg", "cat", "mul", "add"] * 2
+        assert total == 2 * (20 * n + 2 * t * d * 2) == 1_343_488
+
+
+def test_rope_form_is_checked():
+    with pytest.raises(ValueError, match="rope must be one of complex, matrix, half"):
+        _rope_cfg("rotary")
 
 
 def test_grouped_query_attention_repeats_kv_heads_and_trains():
@@ -203,6 +280,36 @@ def test_checkpoint_every_refuses_what_it_cannot_mean(capsys):
     code, out, err = run_cli(base + ["--activation-checkpointing", "--checkpoint-every", "2",
                                      "--top", "1"], capsys)
     assert code == 0, err
+
+
+def test_cli_rope_picks_the_stack_and_refuses_what_it_cannot_mean(capsys, tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    from dlperf.cli import build_parser
+    from dlperf.models.gpt import ROPE_FORMS
+
+    analyze = build_parser()._subparsers._group_actions[0].choices["analyze"]
+    flag = next(a for a in analyze._actions if "--rope" in a.option_strings)
+    assert tuple(flag.choices) == ROPE_FORMS  # the CLI's list is the model's
+    base = ["analyze", "llama2-7b", "--layers", "1", "--seq-len", "256", "--batch-size", "1",
+            "--train", "--dtype", "bf16", "--top", "1"]
+    step = {}
+    fsdp = ["--precision", "fsdp"]  # the residual stream in bf16, as FSDP's runs keep it
+    for form in ROPE_FORMS:
+        out_json = tmp_path / f"{form}.json"
+        code, out, err = run_cli(base + fsdp + ["--rope", form, "--json", str(out_json)],
+                                 capsys)
+        assert code == 0, err
+        step[form] = json.loads(out_json.read_text())["totals"]["bytes"]
+    # fms's FP32 rotation matrices move the most bytes (36 B per element of q and k against
+    # 20 B forward: test_each_rope_form_moves_the_bytes_of_its_stack_counted_by_hand)
+    assert step["matrix"] > step["complex"] and step["matrix"] > step["half"]
+    code, out, err = run_cli(["analyze", "gpt2", "--layers", "1", "--rope", "half"], capsys)
+    assert code != 0 and "--rope: gpt2 has learned positions" in err and "Traceback" not in err
+    code, out, err = run_cli(base + fsdp + ["--rope", "half", "--tp-impl", "te"], capsys)
+    assert code != 0 and "--tp-impl te runs TransformerEngine's fused one" in err
 
 
 def test_selective_op_checkpointing_recomputes_what_torchtitans_policy_does():

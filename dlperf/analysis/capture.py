@@ -38,7 +38,10 @@ from torch.utils._pytree import tree_flatten
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                torch.float64: "fp64", torch.int64: "int64", torch.int32: "int32",
                torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
-               torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8"}
+               torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8",
+               # torchtitan's rotary embedding multiplies complex64 (models/gpt.py, apply_rope)
+               torch.complex32: "complex32", torch.complex64: "complex64",
+               torch.complex128: "complex128"}
 
 # CUDA autocast op lists (PyTorch docs, "Autocast Op Reference", CUDA). Names are matched against
 # the torch function's __name__, which is the same for torch.f, Tensor.f and F.f.
@@ -85,7 +88,8 @@ class TensorMeta:
     @property
     def itemsize(self) -> int:
         return {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int64": 8, "int32": 4, "int16": 2,
-                "int8": 1, "uint8": 1, "bool": 1, "fp8": 1}.get(self.dtype, 4)
+                "int8": 1, "uint8": 1, "bool": 1, "fp8": 1, "complex32": 4, "complex64": 8,
+                "complex128": 16}.get(self.dtype, 4)
 
     @property
     def nbytes(self) -> int:

@@ -271,6 +271,12 @@ def add_parser(sub) -> None:
                         "math = Q Kᵀ, causal mask, softmax, dropout and times V as separate "
                         "kernels over the [batch, heads, T, T] scores (Megatron-LM 2019-21, "
                         "NVIDIA's BERT, nanoGPT without flash) [sdpa]")
+    g.add_argument("--rope", choices=("complex", "matrix", "half"), default=None,
+                   help="whose rotary-embedding kernels a Llama preset runs: complex = "
+                        "torchtitan's and Meta's complex64 multiply (20 B per element of q "
+                        "and k); matrix = IBM fms's 2x2 rotation matrices broadcast and summed "
+                        "in FP32 (36 B); half = Hugging Face transformers' rotate_half in the "
+                        "model's dtype [complex]")
     g.add_argument("--untie-embeddings", action="store_true",
                    help="the output layer its own weights, not the token embedding's "
                         "(Megatron-LM's --untie-embeddings-and-output-weights; Llama) [gpt2 "
@@ -292,7 +298,8 @@ def _gpt_config(args):
              "sequence_parallel": False if args.no_sequence_parallel else None,
              "tp_impl": args.tp_impl, "fp8": args.fp8,
              "tie_embeddings": False if args.untie_embeddings else None,
-             "cp": args.cp if args.cp > 1 else None, "cp_comm": args.cp_comm}
+             "cp": args.cp if args.cp > 1 else None, "cp_comm": args.cp_comm,
+             "rope": args.rope}
     if args.model not in PRESETS:
         prefix = {"sequence_parallel": "no-", "tie_embeddings": "un"}
         given = [f"--{prefix.get(k, '')}{k.replace('_', '-')}"
@@ -301,6 +308,12 @@ def _gpt_config(args):
             raise DlperfError(f"{', '.join(given)}: only for gpt and its presets "
                               f"({', '.join(PRESETS)}), not {args.model!r}")
         return None
+    if args.rope and PRESETS[args.model].positions != "rope":
+        raise DlperfError(f"--rope: {args.model} has learned positions, not rotary ones; "
+                          "drop --rope or pick a llama preset")
+    if args.rope and args.tp_impl == "te":
+        raise DlperfError("--rope picks the unfused rotary kernels; --tp-impl te runs "
+                          "TransformerEngine's fused one: drop one of them")
     try:
         return gpt_config(args.model, **flags)
     except ValueError as exc:

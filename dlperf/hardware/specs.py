@@ -149,8 +149,8 @@ _HOPPER_CAVEAT = (
     f"Its GEMM and fused-attention shares ({HOPPER_TENSOR_GEMM} and {HOPPER_ATTENTION} of the "
     "Tensor Core peak) are fitted to MosaicML's FSDP runs on H100s with a 2023 stack (PyTorch "
     "2.1, CUDA 12.1); newer stacks ran faster than predicted (torchtitan's 2024 FSDP2 runs by "
-    "7-10%, Lambda's BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B on two "
-    "and four H200s 1.6-1.7x, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
+    "3-5%, Lambda's BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B on two "
+    "and four H200s 1.6x, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
     "file's \"efficiency\") sets a stack's own values.")
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")

@@ -76,13 +76,16 @@ from torch.nn import functional as F
 
 from dlperf.models.fp8 import RECIPES as FP8_RECIPES
 from dlperf.models.fp8 import Fp8Linear, call, shared_cast
-from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope, rotate
+from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope
 
 
 # How context parallelism moves K and V (GPTConfig.cp_comm): "p2p", TransformerEngine's ring
 # (Megatron-Core's default --cp-comm-type); "allgather", every rank's gathered before the
 # attention (Llama 3's; Megatron-Core's all_gather)
 CP_COMMS = ("p2p", "allgather")
+# The unfused rotary embeddings of the stacks Llama is trained with: one rotation, three sets
+# of kernels, and their traffic differs by 2x (``apply_rope``).
+ROPE_FORMS = ("complex", "matrix", "half")
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,10 @@ class GPTConfig:
     positions: str = "learned"  # learned | rope
     kv_heads: int | None = None  # None: as heads (multi-head attention)
     rope_theta: float = 10000.0
+    # whose unfused rotary-embedding kernels (ROPE_FORMS; ``apply_rope``): "complex"
+    # (torchtitan's and Meta's reference Llama), "matrix" (IBM's fms), "half" (Hugging Face
+    # transformers' rotate_half); under ``fused_kernels`` one TransformerEngine kernel instead
+    rope: str = "complex"
     norm_eps: float = 1e-5
     tp: int = 1  # tensor-parallel ranks: this module is one of them (see the module docstring)
     # tp > 1: the residual stream split over the ranks' tokens between the split regions
@@ -134,7 +141,7 @@ class GPTConfig:
             raise ValueError(f"GPT d_model ({self.d_model}) must be divisible by heads "
                              f"({self.heads})")
         for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
-                              ("positions", ("learned", "rope")),
+                              ("positions", ("learned", "rope")), ("rope", ROPE_FORMS),
                               ("attention", ("sdpa", "math")),
                               ("tp_impl", ("torch", "megatron", "te")),
                               ("cp_comm", CP_COMMS)):
@@ -255,11 +262,74 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
     return angles.cos(), angles.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[2i], x[2i+1]) of x [B, T, H, D] by position t's angle, in FP32 (the
-    complex multiply of Llama's ``apply_rotary_emb``, written with real tensors; its kernels
-    are models/fused.py's ``rotate``)."""
-    return rotate(x, cos, sin)
+def rope_buffers(cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """The rotary tables a model of ``cfg`` keeps, by the form that reads them (FP32, or
+    complex64; non-persistent buffers, made once as each stack caches them)."""
+    cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+    if cfg.fused_kernels:  # TransformerEngine's kernel reads the half-width tables
+        return {"rope_cos": cos, "rope_sin": sin}
+    if cfg.rope == "complex":  # torchtitan's freqs_cis: torch.polar(1, angles), complex64
+        return {"rope_cis": torch.complex(cos, sin)}
+    if cfg.rope == "matrix":  # fms's cached_freqs: [[cos, -sin], [sin, cos]] per pair
+        return {"rope_rot": torch.stack((cos, -sin, sin, cos), 2).view(*cos.shape, 2, 2)}
+    # transformers' LlamaRotaryEmbedding: emb = cat(freqs, freqs), cos and sin of it
+    return {"rope_cos": torch.cat((cos, cos), -1), "rope_sin": torch.cat((sin, sin), -1)}
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, tables: tuple, form: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k [B, T, H, D] with each pair of features turned by position t's angle, as the
+    stack ``form`` writes it (the tables: ``rope_buffers``, as ``GPT.forward`` hands them);
+    the same rotation (tests/test_llama.py checks each form against a float64 complex
+    multiply), but not the same kernels:
+
+    * "complex": torchtitan's and Meta's ``apply_rotary_emb`` (torchtitan/models/llama/
+      model.py, 2024): the pairs viewed as complex64, one complex multiply by the table, cast
+      back. Per element of q: a cast in (2 + 4 B), the multiply (4 + 4 B), a cast out (4 +
+      2 B): 20 B, three kernels; its backward the same, plus autograd's copy of the
+      non-contiguous gradient before view_as_complex.
+    * "matrix": IBM's fms (``RotaryEmbedding.adjusted_qk`` of ibm-fms 0.0.3, 2024-01, which
+      fms-fsdp's published runs used): q and k transposed to [B, H, T, D] first, the positions
+      gathered from the [T, D/2, 2, 2] rotation matrices, each pair broadcast against its
+      matrix ([..., D/2, 2, 2] in FP32: twice q's elements) and summed, cast back and made
+      contiguous (already so): 36 B per element, and a gather of the matrices per call.
+    * "half": Hugging Face transformers' ``apply_rotary_pos_emb``: q cos + rotate_half(q) sin
+      in the tables' dtype (the residual stream's: the model's dtype, or FP32 under autocast,
+      where q is promoted), rotate_half a negation and a concatenation of q's halves.
+      (It pairs feature i with i + D/2, not 2i with 2i + 1: the checkpoint converters
+      permute the q and k weights to match, so the rotation is the same.)"""
+    if form == "complex":
+        cis = tables[0][:q.shape[1], None, :]  # reshape_for_broadcast: [1, T, 1, D/2]
+
+        def turn(x):
+            z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(z * cis).flatten(3).type_as(x)
+
+        return turn(q), turn(k)
+    if form == "matrix":
+        b, t = q.shape[:2]
+        positions = torch.arange(t, device=q.device).repeat(b, 1)
+        # [B, 1, T, D/2, 2, 2]; fms also reads the largest start position (a tiny reduction)
+        rot = tables[0][positions].unsqueeze(1)
+        rot = rot.float()
+
+        def turn(x):  # x [B, T, H, D] -> fms's [B, H, T, D] and back
+            xt = x.transpose(1, 2)
+            pairs = xt.float().reshape(*xt.shape[:-1], -1, 2)
+            out = rot.mul(pairs.unsqueeze(-2)).sum(5).flatten(3)
+            return out.type_as(x).contiguous().transpose(1, 2)
+
+        return turn(q), turn(k)
+    if form == "half":
+        cos, sin = (z[None, :q.shape[1], None, :] for z in tables)
+
+        def turn(x):
+            half = x.shape[-1] // 2
+            return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+        return turn(q), turn(k)
+    raise ValueError(f"rotary embedding form must be one of {', '.join(ROPE_FORMS)}, "
+                     f"got {form!r}")
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig, training: bool,
@@ -428,9 +498,10 @@ class GQAttention(nn.Module):
         q = q.view(b, t, self.heads, self.head_dim)
         k = call(self.wk, x, cast).view(b, t, self.kv_heads, self.head_dim)
         v = call(self.wv, x, cast).view(b, t, self.kv_heads, self.head_dim)
-        if rope is not None:
-            turn = fused_rope if self.cfg.fused_kernels else apply_rope
-            q, k = turn(q, *rope), turn(k, *rope)
+        if rope is not None and self.cfg.fused_kernels:
+            q, k = fused_rope(q, *rope), fused_rope(k, *rope)
+        elif rope is not None:
+            q, k = apply_rope(q, k, rope, self.cfg.rope)
         groups = self.heads // self.kv_heads
         if self.cfg.cp > 1:  # K and V cross the ranks before their repeat to the query heads
             y = cp_attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
@@ -604,9 +675,8 @@ class GPT(nn.Module):
         if cfg.positions == "learned":
             self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
         else:  # rotary tables: buffers, not parameters (Llama's freqs_cis)
-            cos, sin = rope_tables(cfg.d_model // cfg.heads, cfg.seq_len, cfg.rope_theta)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            for name, table in rope_buffers(cfg).items():
+                self.register_buffer(name, table, persistent=False)
         if cfg.attention == "math":  # the causal mask, made once (Megatron's ltor mask)
             self.register_buffer("causal", torch.ones(cfg.seq_len, cfg.seq_len,
                                                       dtype=torch.bool).triu(1),
@@ -626,13 +696,25 @@ class GPT(nn.Module):
         if self.cfg.positions == "learned":
             x, rope = x + self.pos(torch.arange(t // split, device=idx.device)), None
         else:
-            rope = (self.rope_cos, self.rope_sin)
+            rope = self._rope_tables(x.dtype)
         x = self.drop(x)
         mask = self.causal if self.cfg.attention == "math" else None
         for block in self.blocks:
             x = block(x, rope, mask)
         # [B, T, vocab / tp] logits (the loss runs vocabulary-parallel on them)
         return self.head(_gather(self.ln_f(x), 1 if self.cfg.regather > 1 else split))
+
+    def _rope_tables(self, dtype: torch.dtype) -> tuple:
+        """The rotary tables as the blocks read them (``apply_rope``): transformers casts its
+        cos and sin to the residual stream's ``dtype`` once a forward; the others read theirs
+        as kept."""
+        if self.cfg.fused_kernels:
+            return self.rope_cos, self.rope_sin
+        if self.cfg.rope == "complex":
+            return (self.rope_cis,)
+        if self.cfg.rope == "matrix":
+            return (self.rope_rot,)
+        return self.rope_cos.to(dtype), self.rope_sin.to(dtype)
 
 
 def row_parallel_regions(cfg: GPTConfig) -> tuple[tuple[str, ...], ...]:
