@@ -78,6 +78,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
     precision, layout, optimizer), shared by every device that row shape appears on."""
     from dlperf.analysis.api import AnalysisConfig, capture_costs
+    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
     from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
 
@@ -119,7 +120,11 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              activation_checkpointing=checkpointing,
                              checkpoint_policy=policy, checkpoint_every=every,
                              fusion=fusion, cuda_graphs=graphs,
-                             optimizer_impl=impl)
+                             optimizer_impl=impl,
+                             # the fused attention kernel of the row's stack (optional
+                             # column; blank: PyTorch's FlashAttention-2, the default)
+                             attention_kernel=row.get("attention_kernel")
+                             or DEFAULT_ATTENTION_KERNEL)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
         out.append((row, cfg, *captures[key]))

@@ -33,6 +33,7 @@ def read_rows(path: Path) -> list[dict]:
     from dlperf.analysis.costs import OPTIMIZER_IMPLS
     from dlperf.analysis.fusion import FUSIONS
     from dlperf.analysis.scaling import KVSTORES
+    from dlperf.hardware.efficiency import ATTENTION_KERNELS
     from dlperf.models.gpt import ROPE_FORMS
     from dlperf.provenance import load_sibling
 
@@ -61,6 +62,11 @@ def read_rows(path: Path) -> list[dict]:
         row["checkpoint_every"] = int(every) if value.startswith("every-") else 1
         # FSDP's reduce_dtype (optional column; blank: the gradients' own dtype)
         row["reduce_dtype"] = row.get("reduce_dtype") or None
+        # the fused attention kernel (optional column; blank: flash2, PyTorch's SDPA)
+        row["attention_kernel"] = row.get("attention_kernel") or None
+        if row["attention_kernel"] not in (None, *ATTENTION_KERNELS):
+            raise SystemExit(f"{path}: {row['id']}: attention_kernel must be one of "
+                             f"{', '.join(ATTENTION_KERNELS)} or blank (flash2)")
         # whose rotary-embedding kernels (optional column; blank: the preset's, complex)
         row["rope"] = row.get("rope") or None
         if row["rope"] not in (None, *ROPE_FORMS):

@@ -312,6 +312,36 @@ def test_cli_rope_picks_the_stack_and_refuses_what_it_cannot_mean(capsys, tmp_pa
     assert code != 0 and "--tp-impl te runs TransformerEngine's fused one" in err
 
 
+def test_cli_attention_kernel_sets_the_attention_share(capsys, tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    from dlperf.hardware.efficiency import ATTENTION_KERNELS
+
+    from dlperf.cli import build_parser
+
+    analyze = build_parser()._subparsers._group_actions[0].choices["analyze"]
+    flag = next(a for a in analyze._actions if "--attention-kernel" in a.option_strings)
+    assert tuple(flag.choices) == ATTENTION_KERNELS and flag.default == "flash2"
+    base = ["analyze", "llama3-8b", "--layers", "1", "--seq-len", "4096", "--batch-size", "1",
+            "--train", "--precision", "fsdp", "--device", "a100-80gb", "--top", "1"]
+    attention = {}
+    for kernel in ATTENTION_KERNELS:
+        out_json = tmp_path / f"{kernel}.json"
+        code, out, err = run_cli(base + ["--attention-kernel", kernel, "--json", str(out_json)],
+                                 capsys)
+        assert code == 0, err
+        layers = json.loads(out_json.read_text())["layers"]
+        attention[kernel] = sum(l["predicted_time_s"] for l in layers if l["kind"] == "fused")
+        assert f"attention: {kernel}" in out.replace("\n", " ") or kernel == "triton-2023"
+    # the same FLOPs at 0.553 and at 0.313 of the peak: 1.77x the time on the 2023 kernel
+    assert attention["triton-2023"] / attention["flash2"] == pytest.approx(0.553 / 0.313,
+                                                                          rel=0.02)
+    code, out, err = run_cli(base + ["--attention-kernel", "flash3"], capsys)
+    assert code != 0 and "invalid choice: 'flash3'" in err
+
+
 def test_selective_op_checkpointing_recomputes_what_torchtitans_policy_does():
     # torchtitan's op-level policy keeps the outputs of attention and of the 1st, 3rd, 5th and
     # 7th aten.mm of a block (q, v, w1, w2) and recomputes the rest: of the GEMMs, k, o and w3

@@ -18,7 +18,7 @@ from dlperf.analysis.pipeline import ordered_blocks
 from dlperf.analysis.roofline import Prediction, predict, step_time
 from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
-from dlperf.hardware.efficiency import efficiency_for
+from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL, efficiency_for
 from dlperf.hardware.specs import DeviceSpec, get_device
 from dlperf.models.fp8 import WEIGHT_OPS as FP8_WEIGHT_OPS
 from dlperf.models.fp8 import fp8_weight_bytes
@@ -83,6 +83,10 @@ class AnalysisConfig:
     # TransformerEngine casts the weights in a step's first micro-batch and reuses the copies
     # in the rest, so a micro-batch's forward carries 1/reuse of those casts; 1 otherwise)
     fp8_weight_reuse: int = 1
+    # the fused attention kernel the stack runs (hardware/efficiency.py ATTENTION_KERNELS):
+    # "flash2" (PyTorch's SDPA since 2.2: FlashAttention-2) or "triton-2023" (llm-foundry's
+    # Triton flash kernel, MosaicML's 2023 runs): its share of the Tensor Core peak
+    attention_kernel: str = DEFAULT_ATTENTION_KERNEL
 
 
 @dataclass
@@ -114,7 +118,7 @@ class Analysis:
     def model_constants(self):
         """The efficiency model the times were predicted with (the device's default when the
         analysis was not given one)."""
-        return self.efficiency or efficiency_for(self.device)
+        return self.efficiency or efficiency_for(self.device, self.config.attention_kernel)
 
     @property
     def host_s(self) -> float:
@@ -535,7 +539,7 @@ def predict_on(costs: list, uncounted: dict, config: AnalysisConfig, spec: Devic
     from dlperf.analysis.rules import findings
 
     config = dataclasses.replace(config, device=spec.name)
-    efficiency = efficiency or efficiency_for(spec)
+    efficiency = efficiency or efficiency_for(spec, config.attention_kernel)
     analysis = Analysis(device=spec, config=config,
                         predictions=[predict(c, spec, tf32=config.tf32, efficiency=efficiency)
                                      for c in costs],
@@ -573,7 +577,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
             precision: str = "mixed", activation_checkpointing: bool = False,
             checkpoint_policy: str = "full", fusion: str = "none",
             cuda_graphs: bool = False, optimizer_impl: str = "fused",
-            checkpoint_every: int = 1) -> Analysis:
+            checkpoint_every: int = 1,
+            attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -589,6 +594,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``fusion``: the batch-norm stack, one of ``FUSIONS`` (analysis/fusion.py);
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
+    ``attention_kernel``: the fused attention kernel, "flash2" or "triton-2023"
+    (``AnalysisConfig.attention_kernel``).
     """
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -607,5 +614,5 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          activation_checkpointing=activation_checkpointing,
                          checkpoint_policy=checkpoint_policy, checkpoint_every=checkpoint_every,
                          fusion=fusion, cuda_graphs=cuda_graphs,
-                         optimizer_impl=optimizer_impl)
+                         optimizer_impl=optimizer_impl, attention_kernel=attention_kernel)
     return analyze_model(model, cfg, spec, input_dtype)

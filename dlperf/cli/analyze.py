@@ -29,6 +29,13 @@ def add_parser(sub) -> None:
                         "fraction of the peak, e.g. tensor_gemm=0.779 or attention=0.35 for a "
                         "stack whose kernels you have measured; see `dlperf/hardware/"
                         "efficiency.py`); repeat for several")
+    a.add_argument("--attention-kernel", choices=("flash2", "triton-2023"), default="flash2",
+                   help="the fused attention kernel the stack runs, for its share of the Tensor "
+                        "Core peak: flash2 = PyTorch's scaled_dot_product_attention since 2.2 "
+                        "(FlashAttention-2: 0.553 on an A100, 0.322 on Hopper); triton-2023 = "
+                        "llm-foundry's Triton flash kernel of MosaicML's 2023 runs (0.313, "
+                        "0.187). GPUs without a calibrated share take 0.313 for both; "
+                        "--efficiency attention=X sets it outright [flash2]")
     a.add_argument("--batch-size", type=batch_size_arg, default=None,
                    help="samples per step [256 for image models, 8 for gpt]")
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
@@ -421,7 +428,8 @@ def run(args) -> int:
                          optimizer_impl=args.optimizer_impl,
                          fp8=args.fp8,
                          # TE casts the weights in a step's first micro-batch only
-                         fp8_weight_reuse=args.grad_accum if args.fp8 else 1)
+                         fp8_weight_reuse=args.grad_accum if args.fp8 else 1,
+                         attention_kernel=args.attention_kernel)
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
         raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
                           "and an optimizer")

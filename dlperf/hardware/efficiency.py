@@ -222,12 +222,28 @@ class Efficiency:
     host_s: float = 0.0
     # dtype -> {parameter: value} for kernels of that dtype (see the module docstring)
     by_dtype: dict = field(default_factory=dict)
+    # fused-attention kernel (ATTENTION_KERNELS) -> its share of the Tensor Core peak on this
+    # device, where one is known (``for_attention``); the others take ``attention``
+    by_attention: dict = field(default_factory=dict)
     source: str = ""
 
     def for_dtype(self, dtype: str) -> "Efficiency":
         """The parameters for a kernel of ``dtype``: this model with ``by_dtype[dtype]`` over it."""
         overrides = self.by_dtype.get(dtype)
         return replace(self, **overrides) if overrides else self
+
+    def for_attention(self, kernel: str) -> "Efficiency":
+        """This model with fused attention at ``kernel``'s share, where this device has one
+        (``by_attention``); else unchanged (``attention`` holds the generic share)."""
+        if kernel not in ATTENTION_KERNELS:
+            raise DlperfError(f"--attention-kernel {kernel!r}: choose "
+                              f"{' or '.join(ATTENTION_KERNELS)}")
+        share = self.by_attention.get(kernel)
+        if share is None or share == self.attention:
+            return self
+        note = f"attention: {kernel} {share}"
+        return replace(self, attention=share,
+                       source=f"{self.source}; {note}" if self.source else note)
 
     def math(self, math_class: str) -> float:
         return {"tensor-gemm": self.tensor_gemm, "tensor-conv": self.tensor_conv,
@@ -344,6 +360,7 @@ def memory_class_of(op: str, variant: str = "") -> str:
 FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.804,
                     memory=0.954, sm_bytes_per_clock=15.1, depthwise=0.426, launch_s=0.5e-6,
                     host_s=10e-6, attention=0.313, winograd=0.378,
+                    by_attention={"triton-2023": 0.313},
                     source="benchmarks/results/efficiency-fit.json, attention-fit.json")
 # Reading the fit (175 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
 # and FP32; refitted on 2026-12-02 when FP32 3x3 convolutions in NCHW got cuDNN's Winograd
@@ -414,6 +431,31 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 HOPPER_ATTENTION = 0.187
 HOPPER_TENSOR_GEMM = 0.578
 
+# Fused attention by kernel (``--attention-kernel``, ``AnalysisConfig.attention_kernel``): the
+# shares above are MosaicML's 2023 stack's, whose attention was llm-foundry's Triton flash
+# kernel ("triton-2023"). PyTorch's F.scaled_dot_product_attention runs FlashAttention-2 on
+# Ampere and Hopper since PyTorch 2.2 (2024-01; "flash2", the default: what an eager PyTorch
+# step calls today, and torchtitan's and IBM's fms-fsdp published Llama runs ran):
+# - A100: 0.553 of the Tensor Core peak, fitted to the 12 eager Llama FSDP rows on A100s
+#   (torchtitan's 8 on 64 GPUs, IBM's 4 on 128: 7B-70B, 4,096-8,192 tokens) with everything
+#   else as shipped, each row held out in turn giving 0.512-0.587; the rows' median error 6.1%
+#   -> 2.2% held out (benchmarks/experiment_llama_memory.py --param attention,
+#   results/experiment-llama-attention.json). Their errors had followed the attention's share
+#   of the step (Llama 3 8B at 8,192 tokens, 19-22% attention: 0.87-0.89x; Llama 2 70B, 6-8%:
+#   1.00-1.08x), which a memory rate does not. The FlashAttention-2 paper (arXiv 2307.08691)
+#   reports 50-73% of the A100's peak forward; 0.553 is forward and backward together.
+# - Hopper: 0.322, what the FlashAttention-3 paper (Shah et al., arXiv 2407.08608, figure 5)
+#   timed for FlashAttention-2 on an H100 SXM5 in BF16 at head size 128, causal, 4,096 tokens
+#   (319 TFLOP/s of 989.4; "35% utilization", its abstract says): written for Ampere's MMA
+#   instructions, it does not use Hopper's warpgroup MMA. IBM's 4 rows on 96 H100s alone fit
+#   0.406 (held out 0.388-0.433) with the 2023 stack's GEMM share beside it: they cannot
+#   separate the two, so the measured kernel's figure is shipped and the rows are its check.
+# Other GPUs have no calibrated share for either: they take ``attention`` (0.313).
+ATTENTION_KERNELS = ("flash2", "triton-2023")
+DEFAULT_ATTENTION_KERNEL = "flash2"
+A100_FLASH2_ATTENTION = 0.553
+HOPPER_FLASH2_ATTENTION = round(319 / 989.4, 3)  # 0.322
+
 # A measured profile (dlperf probe) already holds achieved rates: nothing left to discount.
 MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,
                       memory=1.0, source="measured by dlperf probe")
@@ -432,19 +474,22 @@ FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_co
              "transcendental", "gelu_tanh", "window", "window_backward", "misaligned")
 
 
-def efficiency_for(spec) -> Efficiency:
+def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Efficiency:
     """The efficiency model for ``spec``: measured profiles carry achieved rates; datasheet
     presets use the fitted parameters; a spec's own ``efficiency`` entries override either (the
     Hopper presets' GEMM and attention shares, a device file's table), and the source says
-    which."""
+    which. Fused attention runs at ``attention_kernel``'s share where the device has one
+    (ATTENTION_KERNELS), unless its ``efficiency`` sets ``attention`` itself (a device file,
+    ``--efficiency attention=...``): that one is the user's."""
     base = MEASURED if spec.measured else FITTED
     if spec.launch_overhead_s is not None:
         base = replace(base, launch_s=spec.launch_overhead_s)
     overrides = getattr(spec, "efficiency", None) or {}
-    if not overrides:
-        return base
-    own = f"{spec.name}'s own {', '.join(sorted(overrides))}"
-    return replace(base, **overrides, source=f"{base.source}; {own}" if base.source else own)
+    if overrides:
+        own = f"{spec.name}'s own {', '.join(sorted(overrides))}"
+        base = replace(base, **overrides,
+                       source=f"{base.source}; {own}" if base.source else own)
+    return base if "attention" in overrides else base.for_attention(attention_kernel)
 
 
 def check_overrides(overrides, origin: str) -> dict:
@@ -456,6 +501,9 @@ def check_overrides(overrides, origin: str) -> dict:
     for key, value in overrides.items():
         if key == "by_dtype":
             _check_by_dtype(value, origin)
+            continue
+        if key == "by_attention":
+            _check_by_attention(value, origin)
             continue
         if key not in PARAMETERS:
             raise DlperfError(f"{origin}: unknown efficiency parameter {key!r}; "
@@ -474,6 +522,20 @@ def check_overrides(overrides, origin: str) -> dict:
             raise DlperfError(f"{origin}: efficiency {key} is seconds per kernel; "
                               f"{value!r} is not plausible (microseconds: e.g. 3e-6)")
     return dict(overrides)
+
+
+def _check_by_attention(table, origin: str) -> None:
+    """``by_attention``: {kernel: share of the Tensor Core peak}, each in (0, 1]."""
+    if not isinstance(table, dict):
+        raise DlperfError(f"{origin}: efficiency by_attention must be a table of kernel -> "
+                          f"share, e.g. {{\"flash2\": 0.55}}")
+    for kernel, share in table.items():
+        if kernel not in ATTENTION_KERNELS:
+            raise DlperfError(f"{origin}: efficiency by_attention has unknown kernel "
+                              f"{kernel!r}; use one of {', '.join(ATTENTION_KERNELS)}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise DlperfError(f"{origin}: efficiency by_attention[{kernel!r}] is a share of "
+                              f"the Tensor Core peak in (0, 1], got {share!r}")
 
 
 def _check_by_dtype(table, origin: str) -> None:

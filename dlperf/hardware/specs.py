@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
-from dlperf.hardware.efficiency import HOPPER_ATTENTION, HOPPER_TENSOR_GEMM
+from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, FITTED, HOPPER_ATTENTION,
+                                         HOPPER_FLASH2_ATTENTION, HOPPER_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -141,16 +142,23 @@ _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-d
 # GEMM- and attention-bound decoder runs on H100s (hardware/efficiency.py, HOPPER_TENSOR_GEMM,
 # HOPPER_ATTENTION, and their fit): cuBLAS's GEMMs keep a smaller share of the Tensor Core peak
 # in sustained training than on an A100, and fused attention (flash attention written for
-# Ampere's MMA instructions) about half of its A100 share.
-_HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM, "attention": HOPPER_ATTENTION}
+# Ampere's MMA instructions) about half of its A100 share, by kernel (--attention-kernel:
+# PyTorch's FlashAttention-2, the 2023 stack's Triton kernel).
+_HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM,
+           "by_attention": {"flash2": HOPPER_FLASH2_ATTENTION, "triton-2023": HOPPER_ATTENTION}}
+# The A100s' fused attention by kernel: FlashAttention-2's share fitted to the eager Llama rows,
+# the Triton kernel's the generic fitted one (hardware/efficiency.py, A100_FLASH2_ATTENTION).
+_A100_ATTENTION = {"by_attention": {"flash2": A100_FLASH2_ATTENTION,
+                                    "triton-2023": FITTED.attention}}
 # Printed with every prediction on them (beside the track record): where the two shares come
 # from, and what the runs on newer stacks say of them (benchmarks/README.md, eighth session).
 _HOPPER_CAVEAT = (
-    f"Its GEMM and fused-attention shares ({HOPPER_TENSOR_GEMM} and {HOPPER_ATTENTION} of the "
-    "Tensor Core peak) are fitted to MosaicML's FSDP runs on H100s with a 2023 stack (PyTorch "
-    "2.1, CUDA 12.1); newer stacks ran faster than predicted (torchtitan's 2024 FSDP2 runs by "
-    "3-5%, Lambda's BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B on two "
-    "and four H200s 1.6x, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
+    f"Its GEMM share ({HOPPER_TENSOR_GEMM} of the Tensor Core peak) is fitted to MosaicML's "
+    "FSDP runs on H100s with a 2023 stack (PyTorch 2.1, CUDA 12.1), its fused attention is "
+    f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, the FlashAttention-3 paper's figure; "
+    f"--attention-kernel triton-2023: that stack's {HOPPER_ATTENTION}); newer stacks ran faster "
+    "than predicted (Lambda's BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B "
+    "on two and four H200s 1.5x, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
     "file's \"efficiency\") sets a stack's own values.")
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
@@ -236,7 +244,7 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
     _spec("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB", 108, 1410, 1555,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=40,
-          source=_A100,
+          source=_A100, efficiency=_A100_ATTENTION,
           notes="The SXM4 part's peaks and bandwidth at a 250 W board limit (SXM4: 400 W): "
                 "under sustained Tensor Core load its clock can fall below the 1,410 MHz "
                 "boost, which a datasheet preset does not know.",
@@ -244,15 +252,16 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
     _spec("a100-pcie-80gb", "NVIDIA A100 80GB PCIe", 108, 1410, 1935,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=80,
-          source=_A100, notes="The SXM4 part's peaks at a 300 W board limit, 1,935 GB/s."),
+          source=_A100, efficiency=_A100_ATTENTION,
+          notes="The SXM4 part's peaks at a 300 W board limit, 1,935 GB/s."),
     _spec("a100-40gb", "NVIDIA A100-SXM4-40GB", 108, 1410, 1555,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=40,
-          source=_A100),
+          source=_A100, efficiency=_A100_ATTENTION),
     _spec("a100-80gb", "NVIDIA A100-SXM4-80GB", 108, 1410, 2039,
           {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
           {"tf32": 312.0, "fp16": 624.0, "bf16": 624.0, "int8": 1248.0}, l2_mb=40, mem_gb=80,
-          source=_A100),
+          source=_A100, efficiency=_A100_ATTENTION),
     _spec("l4", "NVIDIA L4", 58, 2040, 300,
           {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0, "fp8": 242.5,
            "int8": 242.5},
