@@ -244,7 +244,9 @@ def test_by_attention_in_a_device_file_is_checked():
         "by_attention": {"flash2": 0.5}}
     for bad, needle in (({"by_attention": {"flash3": 0.5}}, "unknown kernel 'flash3'"),
                         ({"by_attention": {"flash2": 1.5}}, r"in \(0, 1\]"),
-                        ({"by_attention": 0.5}, "table of kernel -> share")):
+                        ({"by_attention": 0.5}, "table of kernel -> share"),
+                        ({"by_dtype": {"bf16": {"by_attention": {"flash2": 0.5}}}},
+                         "cannot nest by_attention")):
         with pytest.raises(DlperfError, match=needle):
             check_overrides(bad, "x.json")
 

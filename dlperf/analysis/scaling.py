@@ -474,8 +474,7 @@ def ddp_copy_s(grad_bytes: float, analysis) -> float:
     from dlperf.hardware.efficiency import efficiency_for
 
     spec = analysis.device
-    bandwidth = (analysis.efficiency or efficiency_for(spec, analysis.config.attention_kernel)
-                 ).bandwidth(spec)
+    bandwidth = (analysis.efficiency or efficiency_for(spec)).bandwidth(spec)  # (no attention)
     return 4 * grad_bytes / bandwidth
 
 

@@ -547,6 +547,8 @@ def _check_by_dtype(table, origin: str) -> None:
         if dtype not in KERNEL_DTYPES:
             raise DlperfError(f"{origin}: efficiency by_dtype has unknown dtype {dtype!r}; "
                               f"use one of {', '.join(KERNEL_DTYPES)}")
-        if isinstance(inner, dict) and "by_dtype" in inner:
-            raise DlperfError(f"{origin}: efficiency by_dtype[{dtype!r}] cannot nest by_dtype")
+        for nested in ("by_dtype", "by_attention"):
+            if isinstance(inner, dict) and nested in inner:
+                raise DlperfError(f"{origin}: efficiency by_dtype[{dtype!r}] cannot nest "
+                                  f"{nested}")
         check_overrides(inner, f"{origin}: efficiency by_dtype[{dtype!r}]")
