@@ -23,7 +23,8 @@ one for meta tensors, and a backward that is itself one op.
 * ``te_rope``: TransformerEngine's fused rotary embedding (``fused_apply_rotary_pos_emb``;
   Megatron-Core's ``--no-rope-fusion`` turns it off): one pass in the input's dtype, keeping
   only the angle tables (a buffer, not an activation). Pairs are (x[2i], x[2i+1]) as in
-  ``gpt.apply_rope`` (TransformerEngine rotates halves; the same kernel, the same traffic).
+  ``gpt.apply_rope``'s complex form (TransformerEngine rotates halves; the same kernel, the
+  same traffic).
 
 Registering the ops is torch.library's process-wide registry: done once, at import.
 """
@@ -134,7 +135,7 @@ _swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, sign: float = 1.0) -> Tensor:
     """x [B, T, H, D] with each pair (x[2i], x[2i+1]) turned by position t's angle (``sign``
     -1: back), in FP32 (or wider), in x's dtype: the rotary embedding's arithmetic, which
-    gpt.apply_rope runs as its unfused kernels and ``te_rope`` as one."""
+    ``te_rope`` runs as one kernel (gpt.apply_rope runs each stack's own unfused kernels)."""
     t = x.shape[1]
     c, s = cos[:t, None, :], sin[:t, None, :]
     if sign < 0:  # (the forward does no extra kernel on the table)
@@ -196,5 +197,5 @@ class FusedSwiGLU(nn.Module):
 
 
 def fused_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, T, H, D] rotated as ``gpt.apply_rope`` does, in one kernel."""
+    """x [B, T, H, D] rotated as ``gpt.apply_rope`` does (its complex form), in one kernel."""
     return _rope(x, cos, sin)

@@ -58,8 +58,9 @@ attention probabilities, and on each split region's output before its residual a
 Written for analysis: it is ordinary PyTorch, so the same module trains, and dlperf analyze sees
 the kernels a language-model user runs (QKV projection, attention, MLP, LM head over the vocab).
 The Llama form runs the kernels of torchtitan's Llama (torchtitan/models/llama/model.py, 2024):
-RMSNorm computed in FP32 from its elementwise ops, rotary embedding in FP32, K and V heads
-repeated to the query heads before attention, separate q, k, v projections. Under
+RMSNorm computed in FP32 from its elementwise ops, rotary embedding in FP32 (its complex
+multiply; ``rope`` picks another stack's kernels: ``apply_rope``), K and V heads repeated to
+the query heads before attention, separate q, k, v projections. Under
 ``tp_impl="te"`` it runs Megatron-Core's fused kernels instead (``GPTConfig.fused_kernels``,
 models/fused.py): RMSNorm, SwiGLU and the rotary embedding one kernel each, K and V given to
 the attention kernel as they are; with ``fp8`` its blocks' linear layers are TransformerEngine's
@@ -309,9 +310,9 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, tables: tuple, form: str
     if form == "matrix":
         b, t = q.shape[:2]
         positions = torch.arange(t, device=q.device).repeat(b, 1)
-        # [B, 1, T, D/2, 2, 2]; fms also reads the largest start position (a tiny reduction)
-        rot = tables[0][positions].unsqueeze(1)
-        rot = rot.float()
+        # [B, 1, T, D/2, 2, 2] (fms also takes the largest start position, a reduction over
+        # B elements: not counted)
+        rot = tables[0][positions].unsqueeze(1).float()
 
         def turn(x):  # x [B, T, H, D] -> fms's [B, H, T, D] and back
             xt = x.transpose(1, 2)
