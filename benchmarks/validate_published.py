@@ -79,7 +79,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     precision, layout, optimizer), shared by every device that row shape appears on."""
     from dlperf.analysis.api import AnalysisConfig, capture_costs
     from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
-    from dlperf.models.gpt import PRESETS, gpt_config
+    from dlperf.models.gpt import PRESETS, gpt_config, preset_attention_kernel
     from dlperf.models.registry import build_model
 
     captures: dict[tuple, tuple] = {}
@@ -122,8 +122,9 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              fusion=fusion, cuda_graphs=graphs,
                              optimizer_impl=impl,
                              # the fused attention kernel of the row's stack (optional
-                             # column; blank: PyTorch's FlashAttention-2, the default)
+                             # column; blank: the preset's, else PyTorch's FlashAttention-2)
                              attention_kernel=row.get("attention_kernel")
+                             or preset_attention_kernel(row["model"])
                              or DEFAULT_ATTENTION_KERNEL)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]

@@ -323,7 +323,7 @@ def test_cli_attention_kernel_sets_the_attention_share(capsys, tmp_path):
 
     analyze = build_parser()._subparsers._group_actions[0].choices["analyze"]
     flag = next(a for a in analyze._actions if "--attention-kernel" in a.option_strings)
-    assert tuple(flag.choices) == ATTENTION_KERNELS and flag.default == "flash2"
+    assert tuple(flag.choices) == ATTENTION_KERNELS and flag.default is None  # (the preset's)
     base = ["analyze", "llama3-8b", "--layers", "1", "--seq-len", "4096", "--batch-size", "1",
             "--train", "--precision", "fsdp", "--device", "a100-80gb", "--top", "1"]
     attention = {}
@@ -340,6 +340,14 @@ def test_cli_attention_kernel_sets_the_attention_share(capsys, tmp_path):
                                                                           rel=0.02)
     code, out, err = run_cli(base + ["--attention-kernel", "flash3"], capsys)
     assert code != 0 and "invalid choice: 'flash3'" in err
+    # the MPT presets default to the kernel MosaicML's published runs used; a flag overrides
+    mpt = ["analyze", "mpt-125m", "--layers", "1", "--seq-len", "512", "--batch-size", "1",
+           "--train", "--precision", "fsdp", "--device", "a100-80gb", "--top", "1"]
+    for extra, kernel in (([], "triton-2023"), (["--attention-kernel", "flash2"], "flash2")):
+        out_json = tmp_path / f"mpt-{kernel}.json"
+        code, out, err = run_cli(mpt + extra + ["--json", str(out_json)], capsys)
+        assert code == 0, err
+        assert json.loads(out_json.read_text())["config"]["attention_kernel"] == kernel
 
 
 def test_selective_op_checkpointing_recomputes_what_torchtitans_policy_does():

@@ -578,7 +578,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
             checkpoint_policy: str = "full", fusion: str = "none",
             cuda_graphs: bool = False, optimizer_impl: str = "fused",
             checkpoint_every: int = 1,
-            attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Analysis:
+            attention_kernel: str | None = None) -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -595,8 +595,11 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
     ``attention_kernel``: the fused attention kernel, "flash2" or "triton-2023"
-    (``AnalysisConfig.attention_kernel``).
+    (``AnalysisConfig.attention_kernel``); None: the preset's (``preset_attention_kernel``:
+    the MPT presets ran llm-foundry's Triton kernel), else "flash2".
     """
+    from dlperf.models.gpt import preset_attention_kernel
+
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
     if isinstance(model, str):
@@ -614,5 +617,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          activation_checkpointing=activation_checkpointing,
                          checkpoint_policy=checkpoint_policy, checkpoint_every=checkpoint_every,
                          fusion=fusion, cuda_graphs=cuda_graphs,
-                         optimizer_impl=optimizer_impl, attention_kernel=attention_kernel)
+                         optimizer_impl=optimizer_impl,
+                         attention_kernel=attention_kernel or preset_attention_kernel(name)
+                         or DEFAULT_ATTENTION_KERNEL)
     return analyze_model(model, cfg, spec, input_dtype)

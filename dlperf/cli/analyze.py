@@ -29,13 +29,14 @@ def add_parser(sub) -> None:
                         "fraction of the peak, e.g. tensor_gemm=0.779 or attention=0.35 for a "
                         "stack whose kernels you have measured; see `dlperf/hardware/"
                         "efficiency.py`); repeat for several")
-    a.add_argument("--attention-kernel", choices=("flash2", "triton-2023"), default="flash2",
+    a.add_argument("--attention-kernel", choices=("flash2", "triton-2023"), default=None,
                    help="the fused attention kernel the stack runs, for its share of the Tensor "
                         "Core peak: flash2 = PyTorch's scaled_dot_product_attention since 2.2 "
                         "(FlashAttention-2: 0.553 on an A100, 0.322 on Hopper); triton-2023 = "
                         "llm-foundry's Triton flash kernel of MosaicML's 2023 runs (0.313, "
                         "0.187). GPUs without a calibrated share take 0.313 for both; "
-                        "--efficiency attention=X sets it outright [flash2]")
+                        "--efficiency attention=X sets it outright [flash2; the mpt-* "
+                        "presets: triton-2023, as MosaicML's published runs]")
     a.add_argument("--batch-size", type=batch_size_arg, default=None,
                    help="samples per step [256 for image models, 8 for gpt]")
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
@@ -343,6 +344,8 @@ def run(args) -> int:
     from dlperf.analysis.nccl import generation
     from dlperf.analysis.report import render, render_comparison
     from dlperf.files import write_json_atomic
+    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
+    from dlperf.models.gpt import preset_attention_kernel
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
@@ -429,7 +432,8 @@ def run(args) -> int:
                          fp8=args.fp8,
                          # TE casts the weights in a step's first micro-batch only
                          fp8_weight_reuse=args.grad_accum if args.fp8 else 1,
-                         attention_kernel=args.attention_kernel)
+                         attention_kernel=args.attention_kernel
+                         or preset_attention_kernel(args.model) or DEFAULT_ATTENTION_KERNEL)
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
         raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
                           "and an optimizer")

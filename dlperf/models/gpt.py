@@ -803,6 +803,19 @@ PRESETS = {
 }
 
 
+# The fused attention kernel each preset's published runs used, where it is not PyTorch's
+# scaled_dot_product_attention (FlashAttention-2 since PyTorch 2.2, dlperf's default:
+# hardware/efficiency.py ATTENTION_KERNELS): MosaicML's MPT throughput tables ran llm-foundry's
+# Triton flash kernel (attn_impl triton, scripts/train/benchmarking/submit_benchmarks.py), so
+# the MPT presets, which reproduce those runs, time their attention at its share.
+PRESET_ATTENTION_KERNELS = {name: "triton-2023" for name in PRESETS if name.startswith("mpt-")}
+
+
+def preset_attention_kernel(name: str) -> str | None:
+    """The attention kernel the preset ``name`` was published with (None: PyTorch's SDPA)."""
+    return PRESET_ATTENTION_KERNELS.get(name)
+
+
 def gpt_config(name: str, **overrides) -> GPTConfig:
     """The preset ``name`` with the given fields replaced (None: keep the preset's)."""
     from dataclasses import replace
