@@ -78,8 +78,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
     precision, layout, optimizer), shared by every device that row shape appears on."""
     from dlperf.analysis.api import AnalysisConfig, capture_costs
-    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
-    from dlperf.models.gpt import PRESETS, gpt_config, preset_attention_kernel
+    from dlperf.models.gpt import PRESETS, default_attention_kernel, gpt_config
     from dlperf.models.registry import build_model
 
     captures: dict[tuple, tuple] = {}
@@ -124,8 +123,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              # the fused attention kernel of the row's stack (optional
                              # column; blank: the preset's, else PyTorch's FlashAttention-2)
                              attention_kernel=row.get("attention_kernel")
-                             or preset_attention_kernel(row["model"])
-                             or DEFAULT_ATTENTION_KERNEL)
+                             or default_attention_kernel(row["model"]))
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
         out.append((row, cfg, *captures[key]))

@@ -595,10 +595,10 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
     ``attention_kernel``: the fused attention kernel, "flash2" or "triton-2023"
-    (``AnalysisConfig.attention_kernel``); None: the preset's (``preset_attention_kernel``:
-    the MPT presets ran llm-foundry's Triton kernel), else "flash2".
+    (``AnalysisConfig.attention_kernel``); None: ``default_attention_kernel`` (the MPT
+    presets ran llm-foundry's Triton kernel; else "flash2").
     """
-    from dlperf.models.gpt import preset_attention_kernel
+    from dlperf.models.gpt import default_attention_kernel
 
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -618,6 +618,5 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          checkpoint_policy=checkpoint_policy, checkpoint_every=checkpoint_every,
                          fusion=fusion, cuda_graphs=cuda_graphs,
                          optimizer_impl=optimizer_impl,
-                         attention_kernel=attention_kernel or preset_attention_kernel(name)
-                         or DEFAULT_ATTENTION_KERNEL)
+                         attention_kernel=attention_kernel or default_attention_kernel(name))
     return analyze_model(model, cfg, spec, input_dtype)

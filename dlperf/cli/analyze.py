@@ -344,8 +344,7 @@ def run(args) -> int:
     from dlperf.analysis.nccl import generation
     from dlperf.analysis.report import render, render_comparison
     from dlperf.files import write_json_atomic
-    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
-    from dlperf.models.gpt import preset_attention_kernel
+    from dlperf.models.gpt import default_attention_kernel
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
@@ -433,7 +432,7 @@ def run(args) -> int:
                          # TE casts the weights in a step's first micro-batch only
                          fp8_weight_reuse=args.grad_accum if args.fp8 else 1,
                          attention_kernel=args.attention_kernel
-                         or preset_attention_kernel(args.model) or DEFAULT_ATTENTION_KERNEL)
+                         or default_attention_kernel(args.model))
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
         raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
                           "and an optimizer")

@@ -360,7 +360,6 @@ def memory_class_of(op: str, variant: str = "") -> str:
 FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.804,
                     memory=0.954, sm_bytes_per_clock=15.1, depthwise=0.426, launch_s=0.5e-6,
                     host_s=10e-6, attention=0.313, winograd=0.378,
-                    by_attention={"triton-2023": 0.313},
                     source="benchmarks/results/efficiency-fit.json, attention-fit.json")
 # Reading the fit (175 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
 # and FP32; refitted on 2026-12-02 when FP32 3x3 convolutions in NCHW got cuDNN's Winograd

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
-from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, FITTED, HOPPER_ATTENTION,
+from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, HOPPER_ATTENTION,
                                          HOPPER_FLASH2_ATTENTION, HOPPER_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -146,10 +146,9 @@ _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-d
 # PyTorch's FlashAttention-2, the 2023 stack's Triton kernel).
 _HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM,
            "by_attention": {"flash2": HOPPER_FLASH2_ATTENTION, "triton-2023": HOPPER_ATTENTION}}
-# The A100s' fused attention by kernel: FlashAttention-2's share fitted to the eager Llama rows,
-# the Triton kernel's the generic fitted one (hardware/efficiency.py, A100_FLASH2_ATTENTION).
-_A100_ATTENTION = {"by_attention": {"flash2": A100_FLASH2_ATTENTION,
-                                    "triton-2023": FITTED.attention}}
+# The A100s' FlashAttention-2 share, fitted to the eager Llama rows (hardware/efficiency.py,
+# A100_FLASH2_ATTENTION); the Triton kernel's is the generic fitted one, FITTED.attention.
+_A100_ATTENTION = {"by_attention": {"flash2": A100_FLASH2_ATTENTION}}
 # Printed with every prediction on them (beside the track record): where the two shares come
 # from, and what the runs on newer stacks say of them (benchmarks/README.md, eighth session).
 _HOPPER_CAVEAT = (

@@ -807,13 +807,17 @@ PRESETS = {
 # scaled_dot_product_attention (FlashAttention-2 since PyTorch 2.2, dlperf's default:
 # hardware/efficiency.py ATTENTION_KERNELS): MosaicML's MPT throughput tables ran llm-foundry's
 # Triton flash kernel (attn_impl triton, scripts/train/benchmarking/submit_benchmarks.py), so
-# the MPT presets, which reproduce those runs, time their attention at its share.
+# the MPT presets, which reproduce those runs, time their attention at its share
+# (``default_attention_kernel``).
 PRESET_ATTENTION_KERNELS = {name: "triton-2023" for name in PRESETS if name.startswith("mpt-")}
 
 
-def preset_attention_kernel(name: str) -> str | None:
-    """The attention kernel the preset ``name`` was published with (None: PyTorch's SDPA)."""
-    return PRESET_ATTENTION_KERNELS.get(name)
+def default_attention_kernel(name: str) -> str:
+    """The attention kernel to time model ``name`` with when none is given: its preset's
+    published one, else PyTorch's SDPA (``DEFAULT_ATTENTION_KERNEL``)."""
+    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
+
+    return PRESET_ATTENTION_KERNELS.get(name, DEFAULT_ATTENTION_KERNEL)
 
 
 def gpt_config(name: str, **overrides) -> GPTConfig:
