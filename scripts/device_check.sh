@@ -9,9 +9,9 @@
 # (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
 # then run: OUT=$OUT bash scripts/device_check.sh   with carry [".devext"] and
-# timeout_s 590. Issue #14's steps 0 and 0b come first (at most 150 + 60 s, ~135 s expected),
-# then issue #11's steps (1-4), at most 500 s by their timeouts (far less when all goes well);
-# the later steps use what is left of the call.
+# timeout_s 590. Issue #14's steps 0, 0b and 0c come first (at most 150 + 60 + 40 s, ~155 s
+# expected), then issue #11's steps (1-4), at most 500 s by their timeouts (far less when all
+# goes well); the later steps use what is left of the call.
 # Without the extension dlperf still runs (full-image decoding, no restart-marker cuts).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +63,12 @@ step timeout 150 $PY benchmarks/bench_host_issue_gpu.py /tmp/dlperf-host-issue.j
 #    beside a copy on a second stream (what an overlapped collective's traffic takes).
 step timeout 60 $PY benchmarks/bench_sustained_gemm_gpu.py /tmp/dlperf-sustained-gemm.json \
     --seconds 20
+# 0c. Issue #14: fused attention's share of the peak on this GPU (causal, bf16, head size 128,
+#    4,096 tokens; PyTorch's choice and each backend), against the shipped FlashAttention-2
+#    share (0.322 on Hopper, the FlashAttention-3 paper's timing). ~20 s.
+step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa.json \
+    --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
+                *H200*) echo h200;; *) echo h100-sxm;; esac)"
 
 # Issue #11 next (blocked, but these are the figures it waits for): predictions against
 # measurements.
@@ -84,7 +90,7 @@ step timeout 70 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --
     --measure --measure-steps 3 --top 10 --json /tmp/dlperf-fp32-nchw.json
 gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json \
     resnet50_fp32_nchw=/tmp/dlperf-fp32-nchw.json host_issue=/tmp/dlperf-host-issue.json \
-    sustained_gemm=/tmp/dlperf-sustained-gemm.json
+    sustained_gemm=/tmp/dlperf-sustained-gemm.json sdpa_share=/tmp/dlperf-sdpa.json
 
 # 4. The guide's figures on this GPU (fp16): GEMM alignment, tile/wave quantization, 512 vs 520;
 #    the padded stem, channels around 64, NCHW vs NHWC; measured with the prediction over them

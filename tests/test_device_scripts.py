@@ -168,3 +168,31 @@ def test_sustained_gemm_benchmark_runs_on_cpu(tmp_path):
     assert 0 < pred["tflops_own_share"] <= pred["tflops_table_share"]
     assert res["derived"]["sustained_over_predicted_own_share"] == pytest.approx(
         alone["summary"]["last_half_median_tflops"] / pred["tflops_own_share"])
+
+
+def test_sdpa_share_benchmark_counts_flops_as_dlperf_and_runs_on_cpu(tmp_path):
+    """benchmarks/bench_sdpa_gpu.py (issue #14, step 0c of the device run): the FLOPs are
+    attention_cost's, by hand, and on this CPU at a tiny size every backend that runs is
+    saved with its share of the preset's peak beside the shipped ones."""
+    bench = load_benchmark("bench_sdpa_gpu")
+    # causal, B 2, H 32, T 4,096, D 128: two matmuls of 2 B H T^2 D, half under the mask:
+    # 2 x 2 x 2 x 32 x 4,096^2 x 128 / 2 = 274,877,906,944; the backward's five matmuls 2.5x
+    flops = bench.attention_flops(2, 32, 4096, 128)
+    assert flops["forward"] == 2 * 2 * 2 * 32 * 4096**2 * 128 // 2 == 274_877_906_944
+    assert flops["dgrad"] == pytest.approx(2.5 * flops["forward"])
+    out = tmp_path / "sdpa.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sdpa_gpu.py"), str(out),
+                    "--device", "cpu", "--batch", "1", "--heads", "2", "--tokens", "64",
+                    "--head-dim", "16", "--iters", "2"], check=True, cwd=ROOT,
+                   capture_output=True)
+    saved = json.loads(out.read_text())
+    res = saved["results"]
+    assert saved["benchmark"] == "sdpa-share" and "git_commit" in saved["environment"]
+    assert res["shipped_share"] == {"flash2": 0.322, "triton-2023": 0.187}
+    ran = [r for r in res["backends"] if "error" not in r]
+    assert ran and ran[0]["backend"] == "default"
+    peak = res["peak_bf16_flops"]
+    for r in ran:
+        assert r["forward_share"] == pytest.approx(
+            res["flops"]["forward"] / r["forward_s"] / peak)
+        assert r["forward_backward_s"] > r["forward_s"] > 0
