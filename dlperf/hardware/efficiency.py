@@ -388,9 +388,9 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # 3.9%; results/attention-fit.json). Costed as autocast over fp32 weights, as until 2026-12-02,
 # the fit was 0.351 at 6.5% held out. 0.313 is what flash attention reached in that stack
 # (2023); the FlashAttention-2 paper (arXiv 2307.08691) reports 25-40% of the A100's peak for
-# FlashAttention and 50-73% (forward) for FlashAttention-2, so on a stack with FlashAttention-2
-# attention-heavy steps may run faster than predicted: a device file's "efficiency":
-# {"attention": ...} sets it.
+# FlashAttention and 50-73% (forward) for FlashAttention-2: the A100 presets time
+# FlashAttention-2 at its own share (``--attention-kernel flash2``, below), and 0.313 is the
+# generic share, the Triton kernel's ("triton-2023").
 
 # Hopper (the H100, H200 and GH200 presets carry both: hardware/specs.py): cuBLAS's GEMMs at
 # 0.578 of the Tensor Core peak and fused attention at 0.187, fitted together by

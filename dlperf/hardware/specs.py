@@ -138,12 +138,13 @@ def _spec(name, display, sms, clock, bw_gbs, peaks_t, sparse_t=None, l2_mb=None,
 
 
 _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
-# What the efficiency model knows of Hopper GPUs beyond the fitted defaults, both fitted to the
-# GEMM- and attention-bound decoder runs on H100s (hardware/efficiency.py, HOPPER_TENSOR_GEMM,
-# HOPPER_ATTENTION, and their fit): cuBLAS's GEMMs keep a smaller share of the Tensor Core peak
-# in sustained training than on an A100, and fused attention (flash attention written for
-# Ampere's MMA instructions) about half of its A100 share, by kernel (--attention-kernel:
-# PyTorch's FlashAttention-2, the 2023 stack's Triton kernel).
+# What the efficiency model knows of Hopper GPUs beyond the fitted defaults: the GEMM share and
+# the Triton attention kernel's, fitted together to the GEMM- and attention-bound decoder runs
+# on H100s (hardware/efficiency.py, HOPPER_TENSOR_GEMM, HOPPER_ATTENTION, and their fit), and
+# FlashAttention-2's from the FlashAttention-3 paper's timing (HOPPER_FLASH2_ATTENTION):
+# cuBLAS's GEMMs keep a smaller share of the Tensor Core peak in sustained training than on an
+# A100, and fused attention (kernels written for Ampere's MMA instructions) about half of its
+# A100 share, by kernel (--attention-kernel).
 _HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM,
            "by_attention": {"flash2": HOPPER_FLASH2_ATTENTION, "triton-2023": HOPPER_ATTENTION}}
 # The A100s' FlashAttention-2 share, fitted to the eager Llama rows (hardware/efficiency.py,
