@@ -140,6 +140,12 @@ its own forward/backward balance); ``dlperf probe --sweep`` fills it from a bf16
 CPU. Empty for the presets: on a GPU the precision picks the unit (Tensor Cores or CUDA cores)
 and the unit picks the fraction.
 
+Per attention kernel: ``by_attention`` maps a fused attention kernel (ATTENTION_KERNELS:
+PyTorch's FlashAttention-2, llm-foundry's 2023 Triton kernel) to its share of the Tensor Core
+peak on the device, where one is known; ``efficiency_for(spec, kernel)`` puts it in
+``attention`` (``for_attention``), unless the spec sets ``attention`` outright. The A100 and
+Hopper presets carry it (below); other GPUs take the generic ``attention`` for both kernels.
+
 Host: ``launch_s`` is the GPU's own gap per kernel; ``host_s`` the CPU's time to issue one
 (eager PyTorch), which bounds the step when the GPU's kernels are shorter (roofline.step_time).
 ``conv_launch_s`` is a fixed time more for every convolution kernel (forward, dgrad, wgrad): a
