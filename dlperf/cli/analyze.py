@@ -7,6 +7,7 @@ from dlperf.analysis.gemm import ELEMENT_BYTES, state_element_bytes
 from dlperf.cli.common import (batch_size_arg, new_console, nonnegative_int, output_file,
                                positive_float, positive_int)
 from dlperf.errors import DlperfError
+from dlperf.hardware.efficiency import ATTENTION_KERNELS
 
 
 def add_parser(sub) -> None:
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
                         "fraction of the peak, e.g. tensor_gemm=0.779 or attention=0.35 for a "
                         "stack whose kernels you have measured; see `dlperf/hardware/"
                         "efficiency.py`); repeat for several")
-    a.add_argument("--attention-kernel", choices=("flash2", "triton-2023"), default=None,
+    a.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
                    help="the fused attention kernel the stack runs, for its share of the Tensor "
                         "Core peak: flash2 = PyTorch's scaled_dot_product_attention since 2.2 "
                         "(FlashAttention-2: 0.553 on an A100, 0.322 on Hopper); triton-2023 = "
