@@ -338,7 +338,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           f"{list(config.input_shape)}: {first[:300]} "
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
-    costs = fuse_costs(costs, cap.records, config.fusion)
+    costs = fuse_costs(costs, cap.records, config.fusion, cap.blocks)
     if config.fp8_weight_reuse < 1:
         raise DlperfError(f"fp8_weight_reuse {config.fp8_weight_reuse}: the micro-batches "
                           "sharing one FP8 copy of the weights, at least 1")

@@ -77,6 +77,8 @@ class TensorMeta:
     stride: tuple[int, ...]
     key: int  # storage identity: views of one tensor share it (parameters stay alive, so a
     #           parameter's key is never reused by another live tensor during a capture)
+    offset: int = 0  # where in its storage the view starts (elements): q, k and v split from
+    #                  one projection's output share a key, shape and stride, not an offset
 
     @property
     def numel(self) -> int:
@@ -171,8 +173,12 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 def _meta(t: torch.Tensor) -> TensorMeta:
     key = _storage(t)[0]
+    try:
+        offset = t.storage_offset()
+    except (RuntimeError, NotImplementedError):  # no strided storage (sparse, nested)
+        offset = 0
     return TensorMeta(tuple(t.shape), DTYPE_NAMES.get(t.dtype, str(t.dtype)), tuple(t.stride()),
-                      key)
+                      key, offset)
 
 
 _NUMBERED = re.compile(r"(.*?)(\d+)")

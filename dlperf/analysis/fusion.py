@@ -68,7 +68,8 @@ import dataclasses
 from dlperf.analysis.capture import OpRecord
 from dlperf.analysis.costs import FREE_OPS, Cost
 
-FUSIONS = ("none", "bn-act", "conv-bn", "megatron")
+FUSIONS = ("none", "bn-act", "conv-bn", "megatron", "compile", "compile-blocks")
+COMPILED = frozenset({"compile", "compile-blocks"})
 BN_FORWARD = frozenset({"native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm"})
 RELU = frozenset({"relu", "relu_"})
 ADD = frozenset({"add", "add_"})
@@ -286,12 +287,18 @@ def _megatron(costs: list[Cost], records: list[OpRecord], flow) -> list[Cost]:
     return [new.get(c.records[0], c) if len(c.records) == 1 else c for c in costs]
 
 
-def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str) -> list[Cost]:
+def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str,
+               blocks: frozenset = frozenset()) -> list[Cost]:
     """``costs`` (in execution order, each naming its ``records``) as the fused stack ``level``
-    runs them (see the module docstring); ``none`` returns them unchanged."""
+    runs them (see the module docstring); ``none`` returns them unchanged. ``blocks``: the
+    model's blocks (``capture.block_paths``), where the compiled levels' kernels end."""
     check_fusion(level)
     if level == "none":
         return list(costs)
+    if level in COMPILED:
+        from dlperf.analysis.compiled import compile_costs
+
+        return compile_costs(costs, records, blocks, whole_model=level == "compile")
     flow = _dataflow(records)
     if level == "megatron":
         return _megatron(costs, records, flow)

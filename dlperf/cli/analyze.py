@@ -69,7 +69,8 @@ def add_parser(sub) -> None:
                         "block (the N-th, 2N-th, ... in model order; the others keep their "
                         "activations): fms-fsdp's --selective_checkpointing N, torchtitan's "
                         "selective layer mode (selective_ac_option N) [1: every block]")
-    a.add_argument("--fusion", choices=("none", "bn-act", "conv-bn", "megatron"),
+    a.add_argument("--fusion", choices=("none", "bn-act", "conv-bn", "megatron", "compile",
+                                        "compile-blocks"),
                    default="none",
                    help="the fused kernels the step runs: none = eager PyTorch (batch norm, "
                         "ReLU and the residual add a kernel each); bn-act = batch norm + ReLU "
@@ -78,7 +79,12 @@ def add_parser(sub) -> None:
                         "apply inside the convolutions (cuDNN's fused conv-BN ops, NVIDIA's "
                         "MLPerf ResNet-50); megatron = a decoder's attention scale, causal "
                         "mask and softmax one kernel, and each split region's dropout one "
-                        "kernel with its residual add (Megatron-LM's fused kernels) [none]")
+                        "kernel with its residual add (Megatron-LM's fused kernels); compile = "
+                        "torch.compile(model): the memory-bound kernels between two library "
+                        "kernels (GEMM, convolution, attention) fused as Inductor generates "
+                        "them, pointwise work recomputed in the backward rather than saved; "
+                        "compile-blocks = the same inside each block only, the rest eager "
+                        "(torchtitan's per-block compile) [none]")
     a.add_argument("--cuda-graphs", action="store_true",
                    help="the step replayed as a CUDA graph: no CPU issue time per kernel")
     a.add_argument("--train", action="store_true",

@@ -1,0 +1,309 @@
+"""A training step as torch.compile's Inductor runs it: the memory-bound kernels of each stretch
+between two library kernels fused into generated ones (``--fusion compile`` and
+``compile-blocks``; issue #14). Pure functions over the capture's records and their costs.
+
+Eager PyTorch runs one kernel per memory-bound op, each reading its inputs from memory and
+writing its output there: a Llama block's RMSNorm alone is seven kernels (a cast, a square, a
+mean, an add, an rsqrt, two multiplies) and its SwiGLU three (the guide's section on
+memory-bound layers: fuse them). Inductor keeps the GEMMs, convolutions and fused attention in
+their libraries (cuBLAS, cuDNN, FlashAttention: "extern kernels") and generates Triton kernels
+for everything between them, fusing producer and consumer so that a tensor made and used inside
+one kernel never goes to memory. The model here:
+
+* **Fused kernels.** Two memory-bound kernels fuse when one reads what the other wrote, both
+  in one graph (the forward, or the backward: AOTAutograd compiles them apart) and one block
+  (``capture.block_paths``: torchtitan and KempnerForge compile each transformer block on its
+  own, ``apply_compile``; and a checkpointed block's recompute replays its own kernels only),
+  and no library kernel lies on a path between them (``groups``: Inductor's fusion-cycle
+  check). Eager PyTorch's issue order does not matter: SwiGLU's SiLU, issued before the
+  second projection's GEMM, fuses with the product after it. Inductor may fuse less (a
+  reduction followed by pointwise work over another shape can take two kernels, the second
+  reading the reduction's small output) or, horizontally, more (independent kernels reading
+  one tensor); on a transformer the groups are what it generates: one kernel per norm (with
+  the residual add before it), per SwiGLU, per rotary embedding.
+* **Traffic.** A fused kernel reads each tensor it takes from outside once (tensors told apart
+  by storage, offset, shape and stride, so q and k split from one projection are two reads)
+  and writes each tensor that something outside it reads: a library kernel, another fused
+  kernel, the backward, or nothing the step records (a parameter's gradient, the loss). A
+  member's read of a tensor is capped at what its own eager kernel reads (a gather: the
+  negative log-likelihood reads one log-probability per target, not the N x C input).
+* **Recompute instead of save.** AOTAutograd's partitioner (``min_cut_rematerialization_
+  partition``, torch.compile's default for training) saves the fewest bytes for the backward
+  and recomputes cheap pointwise work there. So a forward tensor made by a pointwise kernel
+  (or a copy or a fill) whose only readers outside its kernel are memory-bound kernels of the
+  backward is not written: the backward's kernel recomputes it, reading its sources (the
+  tensors its forward kernel read to make it) instead. A reduction's output (a norm's rstd:
+  small) and anything a library kernel of the backward reads (a GEMM's saved input) are
+  written.
+* **Rates.** A fused kernel runs at the device's streaming bandwidth (generated code, not
+  ATen's kernels: hardware/efficiency.py's memory classes describe the eager ones), one launch.
+
+``compile`` (``torch.compile(model)``) fuses everywhere in the model, its root too (embedding,
+final norm, output head), but not the loss, which trainers compute outside the compiled module;
+``compile-blocks`` only inside the blocks, the root's kernels staying eager as torchtitan's
+per-block compile leaves them. Library kernels, the optimizer (compiled apart, if
+at all; dlperf charges its own fused or foreach kernels) and TransformerEngine's own fused ops
+are left as they are.
+
+Not modelled: Inductor's GEMM epilogue fusion and autotuned Triton GEMMs (off by default:
+``max_autotune``), CUDA graphs (``mode="reduce-overhead"``: ``--cuda-graphs``), the activation
+memory the partitioner saves (the footprint stays eager's), and graph breaks (a model that
+breaks its graph fuses less).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dlperf.analysis.capture import OpRecord, TensorMeta, block_path
+from dlperf.analysis.costs import FREE_OPS, Cost
+
+# the kernels Inductor generates code for (and so may fuse): memory-bound ones
+FUSIBLE_KINDS = frozenset({"memory", "copy", "transpose", "fill"})
+COMPILED_OP = "compiled"  # the op name of a generated kernel (streams: efficiency.py's default)
+
+
+def fusible(c: Cost) -> bool:
+    """Whether Inductor generates this kernel (see the module docstring): a memory-bound kernel
+    of one op, not a convolution's own (its bias gradient runs inside cuDNN's call), not the
+    optimizer's, not a TransformerEngine kernel (an opaque custom op to the compiler)."""
+    return (len(c.records) == 1 and c.kind in FUSIBLE_KINDS and c.phase != "optimizer"
+            and not c.op.startswith(("convolution", "te_")))
+
+
+def _graph(r: OpRecord) -> str:
+    return "forward" if r.phase == "forward" else "backward"
+
+
+def _flow(records: list[OpRecord]) -> tuple[dict, dict]:
+    """(producer, readers): for each (record, input position) the record that last wrote that
+    storage, in any phase (a backward record reading a forward one's output reads what autograd
+    saved); for each (record, storage key) it wrote, the records that read it before it was
+    overwritten. Views, reshapes and other ops that run no kernel pass their input's writer
+    on."""
+    writer: dict[int, int] = {}
+    producer: dict[tuple[int, int], int] = {}
+    readers: dict[tuple[int, int], set[int]] = {}
+    for r in records:
+        if r.is_view or r.op in FREE_OPS:
+            # no kernel: what it outputs (a view, a reshape) was written by its input's writer
+            w = writer.get(r.inputs[0].key) if r.inputs else None
+            for t in r.outputs:
+                if w is not None:
+                    writer[t.key] = w
+                else:
+                    writer.pop(t.key, None)
+            continue
+        for pos, t in enumerate(r.inputs):
+            w = writer.get(t.key)
+            if w is not None:
+                producer[(r.index, pos)] = w
+                readers.setdefault((w, t.key), set()).add(r.index)
+        for t in r.outputs:
+            writer[t.key] = r.index
+    return producer, readers
+
+
+def _tensor_id(t: TensorMeta) -> tuple:
+    return (t.key, t.offset, t.shape, t.stride)
+
+
+def groups(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
+           whole_model: bool = True, flow: tuple[dict, dict] | None = None) -> list[list[int]]:
+    """The positions in ``costs`` of each fused kernel's members (module docstring), ordered
+    by their first member; a kernel of one member is listed too (compiling it still changes
+    what it writes).
+
+    Within one unit (a graph of one block), a memory-bound kernel fuses with the one whose
+    output it reads (vertical fusion), then kernels that read one tensor fuse (horizontal
+    fusion, Inductor's shared-read score), each merge only if no library kernel would have to
+    run between two members: none is both a descendant of a member and an ancestor of another
+    (Inductor's fusion-cycle check). Eager PyTorch's issue order does not matter: SwiGLU's
+    SiLU, issued before the second projection's GEMM, fuses with the product after it."""
+    by_index = {r.index: r for r in records}
+    producer, _ = flow or _flow(records)
+    # (the loss is computed outside the compiled module, by torchtitan and fms-fsdp alike)
+    member = {c.records[0]: pos for pos, c in enumerate(costs)
+              if fusible(c) and c.module != "loss"}
+    kernel = {i for c in costs for i in c.records}  # records that run a kernel
+    units: dict[tuple, list[OpRecord]] = {}
+    for r in records:
+        if r.is_view or (r.index not in kernel and r.op in FREE_OPS):
+            continue
+        units.setdefault((_graph(r), block_path(r.module, blocks)), []).append(r)
+    found: list[list[int]] = []
+    for (_, block), rs in units.items():
+        if not whole_model and block == "":
+            continue
+        found.extend(_unit_groups(rs, member, producer))
+    return sorted(found)
+
+
+def _unit_groups(rs: list[OpRecord], member: dict, producer: dict) -> list[list[int]]:
+    """``groups`` inside one unit (its records ``rs``, in order). Every kernel of the unit is a
+    group at first (a library kernel stays one); two groups merge only where no other group
+    would depend on one and feed the other, following the groups' own dependencies (so the
+    merged kernels can still run in some order). A group holds reductions to one shape at
+    most: Inductor runs a reduction over other axes (a norm's weight gradient, summed over the
+    tokens, beside its input gradient, summed over the features) as a kernel of its own,
+    which reads its inputs again."""
+    bit = {r.index: 1 << n for n, r in enumerate(rs)}
+    anc: dict[int, int] = {}  # record -> its ancestors in the unit (a bit set)
+    inputs: dict[int, list] = {}
+    for r in rs:
+        a, ins = 0, []
+        for pos, t in enumerate(r.inputs):
+            p = producer.get((r.index, pos))
+            if p in bit:
+                a |= bit[p] | anc[p]
+                ins.append(p)
+            else:
+                ins.append(_tensor_id(t))  # from outside the unit
+        anc[r.index], inputs[r.index] = a, ins
+    desc = {r.index: 0 for r in rs}  # record -> its descendants in the unit
+    for r in reversed(rs):
+        for p in inputs[r.index]:
+            if p in desc:
+                desc[p] |= bit[r.index] | desc[r.index]
+    fused = [r.index for r in rs if r.index in member]
+    by_index = {r.index: r for r in rs}
+    group = {r.index: r.index for r in rs}
+    bits = {i: bit[i] for i in group}  # group root -> its members
+    above = dict(anc)  # group root -> its members' ancestors
+    below = dict(desc)  # ... descendants
+    reduces = {i: _reduced_shapes(by_index[i]) for i in fused}
+    roots = set(group)
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    def reach(start: int, side: dict, skip: tuple) -> int:
+        # what the groups reached from ``start`` reach in turn, to a fixed point
+        changed = True
+        while changed:
+            changed = False
+            for c in roots:
+                if c not in skip and bits[c] & start and side[c] & ~start:
+                    start |= side[c]
+                    changed = True
+        return start
+
+    def merge(a: int, b: int) -> None:
+        a, b = root(a), root(b)
+        if a == b:
+            return
+        shapes = reduces[a] | reduces[b]
+        if len(shapes) > 1:
+            return  # reductions over other axes: kernels apart
+        members = bits[a] | bits[b]
+        down = reach((below[a] | below[b]) & ~members, below, (a, b))
+        up = reach((above[a] | above[b]) & ~members, above, (a, b))
+        if any(bits[c] & down and bits[c] & up for c in roots if c not in (a, b)):
+            return  # another kernel would have to run between two members
+        group[b] = a
+        roots.discard(b)
+        bits[a], reduces[a] = members, shapes
+        above[a], below[a] = above[a] | above[b], below[a] | below[b]
+
+    for i in fused:  # vertical: producer and consumer
+        for p in inputs[i]:
+            if p in member and p in bit:
+                merge(p, i)
+    readers: dict = {}  # horizontal: kernels that read one tensor (a library kernel's output,
+    for i in fused:    # or one from outside the unit)
+        for t in inputs[i]:
+            if not (isinstance(t, int) and t in member):
+                readers.setdefault(t, []).append(i)
+    for ids in readers.values():
+        for i in ids[1:]:
+            merge(ids[0], i)
+    out: dict[int, list[int]] = {}
+    for i in fused:
+        out.setdefault(root(i), []).append(member[i])
+    return [sorted(v) for v in out.values()]
+
+
+def compile_costs(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
+                  whole_model: bool = True) -> list[Cost]:
+    """``costs`` with each group's kernels (``groups``) as the one generated kernel that replaces
+    them: the group's first cost becomes one ``compiled`` cost (all its records, its traffic and
+    FLOPs), the others stay in place with nothing left (``variant`` "fused")."""
+    by_index = {r.index: r for r in records}
+    producer, readers = _flow(records)
+    free = {r.index for r in records if r.op in FREE_OPS}  # no kernel: reading is not using
+    fusible_records = {c.records[0] for c in costs if fusible(c) and c.module != "loss"}
+    recomputed: dict[int, list[TensorMeta]] = {}  # forward record -> the tensors it is made of
+    new: dict[int, Cost] = {}
+    for group in groups(costs, records, blocks, whole_model, (producer, readers)):
+        members = [costs[p] for p in group]
+        new.update(_kernel(members, group, by_index, producer, readers, free, fusible_records,
+                           recomputed))
+    return [new.get(p, c) for p, c in enumerate(costs)]
+
+
+def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer: dict,
+             readers: dict, free: set, fusible_records: set, recomputed: dict) -> dict:
+    inside = {c.records[0] for c in members}
+    graph = _graph(by_index[members[0].records[0]])
+    sources: dict[int, list[TensorMeta]] = {}
+
+    def made_of(index: int) -> list[TensorMeta]:  # the outside tensors a member is made from
+        if index not in sources:
+            r = by_index[index]
+            found: list[TensorMeta] = []
+            for pos, t in enumerate(r.inputs):
+                p = producer.get((index, pos))
+                found.extend(made_of(p) if p in inside else recomputed.get(p, [t]))
+            sources[index] = found
+        return sources[index]
+
+    reads: dict[tuple, int] = {}
+    for c in members:
+        r = by_index[c.records[0]]
+        outside = [(producer.get((r.index, pos)), t) for pos, t in enumerate(r.inputs)
+                   if producer.get((r.index, pos)) not in inside]
+        # a member reads no more than its eager kernel did (a gather reads what it picks)
+        budget = max(0, c.bytes - c.output_bytes)
+        total = sum(t.nbytes for _, t in outside) or 1
+        scale = min(1.0, budget / total)
+        for p, t in outside:
+            for s in recomputed.get(p, [t]):
+                tid = _tensor_id(s)
+                reads[tid] = max(reads.get(tid, 0), int(s.nbytes * scale))
+    writes = 0
+    for c in members:
+        r = by_index[c.records[0]]
+        for t in r.outputs:
+            used = readers.get((r.index, t.key), set()) - free
+            away = used - inside
+            if used and not away:
+                continue  # made and used inside the kernel
+            later = {_graph(by_index[i]) for i in away}
+            if (graph == "forward" and away and later == {"backward"}
+                    and away <= fusible_records):
+                made = made_of(r.index)
+                if all(m.numel <= t.numel for m in made):  # pointwise work, no reduction
+                    recomputed[r.index] = made  # the backward makes it again
+                    continue
+            writes += t.nbytes
+    first = members[0]
+    biggest = max(members, key=lambda c: c.bytes)
+    merged = dataclasses.replace(
+        first, op=COMPILED_OP, kind="memory", flops=sum(c.flops for c in members),
+        bytes=sum(reads.values()) + writes, output_bytes=writes, kernels=1,
+        dtype=biggest.dtype, records=tuple(i for c in members for i in c.records),
+        variant="", host_sync=False)
+    out = {positions[0]: merged}
+    for p, c in zip(positions[1:], members[1:]):
+        out[p] = dataclasses.replace(c, flops=0, bytes=0, output_bytes=0, kernels=0,
+                                     variant="fused")
+    return out
+
+
+def _reduced_shapes(r: OpRecord) -> frozenset:
+    """The output shape of a reduction (an output smaller than the largest input), as a set:
+    empty for pointwise work, copies and fills."""
+    largest = max((t.numel for t in r.inputs), default=0)
+    return frozenset(t.shape for t in r.outputs[:1] if t.numel < largest)
