@@ -212,6 +212,27 @@ def add_relative_scaling(rows: list[dict]) -> None:
             r["relative_ratio"] = r["relative_predicted"] / r["relative_measured"]
 
 
+COMPILED_SUFFIX = "-compile"
+
+
+def compile_pairs(rows: list[dict]) -> list[dict]:
+    """Each compiled row beside its eager sibling (the same id without "-compile", the source
+    having run both): torch.compile's speed-up as published and as predicted, and their
+    ratio, which leaves out what the two rows share (the GPU's shares, the network)."""
+    by_id = {r["id"]: r for r in rows}
+    out = []
+    for r in rows:
+        eager = by_id.get(r["id"].removesuffix(COMPILED_SUFFIX))
+        if not r["id"].endswith(COMPILED_SUFFIX) or eager is None:
+            continue
+        measured = r["measured_per_gpu"] / eager["measured_per_gpu"]
+        predicted = r["predicted_per_gpu"] / eager["predicted_per_gpu"]
+        out.append({"compiled": r["id"], "eager": eager["id"], "fusion": r["fusion"],
+                    "measured_speedup": measured, "predicted_speedup": predicted,
+                    "ratio": predicted / measured})
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     def stats(group, key):
         values = [r[key] for r in group if r.get(key) is not None]
@@ -293,13 +314,19 @@ def main(argv: list[str]) -> int:
                  f"(pred/meas {v['median_ratio']:.2f}), worst {v['max_abs_error']:.1%}"
                  for key, v in block.items() if v]
         print(f"{name:22s} " + "; ".join(parts))
+    pairs = compile_pairs(rows)
+    if pairs:
+        print("torch.compile's speed-up, published and predicted (compiled / eager per GPU):")
+    for p in pairs:
+        print(f"  {p['compiled']:34s} {p['fusion']:15s} measured {p['measured_speedup']:.3f}"
+              f"  predicted {p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")
     from dlperf.provenance import save_result
 
     save_result(out_path, "validation-scaling",
                 {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
                             else csv_path), "source": args.source,
                  "interconnect": args.interconnect, "set": args.set},
-                {"rows": rows, "summary": summary})
+                {"rows": rows, "summary": summary, "compile_pairs": pairs})
     from dlperf.plots import predicted_vs_measured
 
     picture = predicted_vs_measured(

@@ -9,9 +9,10 @@ the script that ran it (benchmarks/mfu_scaling/mfu_bench.sh, commit 9f3f03a0): L
 (its "7B": dlperf's llama3-8b), 4,096 tokens, FSDP2 in bf16 (--precision fsdp), full
 activation checkpointing, fused AdamW, torch.compile on, nodes of four H200 141 GB (NVLink
 inside, InfiniBand between: ib-ndr assumed), tensor parallel with sequence parallelism inside
-a node. The eager model is slow on this compiled 2026 stack in absolute terms (the scaling
-table's kempnerforge-h200 rows: 0.59-0.61x), so the measure here is relative: each
-tensor-parallel run's tokens/s per GPU over the FSDP run on as many GPUs, measured and
+a node; torch.compile of the whole model (--fusion compile, since 2026-12-03). dlperf is slow
+on this 2026 stack in absolute terms (the scaling table's kempnerforge-h200 rows: 0.59-0.61x
+eager, see benchmarks/README.md for the compiled reading), so the measure here is relative:
+each tensor-parallel run's tokens/s per GPU over the FSDP run on as many GPUs, measured and
 predicted.
 
 ``megatron`` (-> results/tp-megatron-2020.json, ~1 minute).
@@ -163,7 +164,7 @@ MCORE24_OUT = ROOT / "benchmarks/results/tp-megatron-core-2024.json"
 BASE = ["analyze", "llama3-8b", "--device", "h200", "--seq-len", "4096", "--dtype", "bf16",
         "--precision", "fsdp", "--train", "--activation-checkpointing", "full",
         "--optimizer", "adamw", "--gpus-per-node", "4", "--interconnect", "nvlink4-h200,ib-ndr",
-        "--top", "1"]
+        "--fusion", "compile", "--top", "1"]
 # (run, GPUs, tp, strategy, batch, micro-batches, measured tokens/s over all GPUs), as
 # mfu_bench.sh ran them (experiments 02, 03, 04, 05, 06, 07, 10, 12)
 RUNS = (

@@ -162,6 +162,37 @@ def test_relative_scaling_compares_one_configuration_across_gpu_counts():
     assert by_id["c64"]["relative_ratio"] is None
 
 
+def test_compile_pairs_compare_the_published_and_predicted_speedups():
+    vs = load_benchmark("validate_scaling")
+    rows = [{"id": "a", "fusion": "none", "measured_per_gpu": 100.0, "predicted_per_gpu": 90.0},
+            {"id": "a-compile", "fusion": "compile", "measured_per_gpu": 120.0,
+             "predicted_per_gpu": 117.0},
+            # a compiled row without an eager sibling: no pair
+            {"id": "b-compile", "fusion": "compile", "measured_per_gpu": 1.0,
+             "predicted_per_gpu": 1.0}]
+    (pair,) = vs.compile_pairs(rows)
+    # measured 120 / 100 = 1.2; predicted 117 / 90 = 1.3; ratio 1.3 / 1.2
+    assert (pair["compiled"], pair["eager"]) == ("a-compile", "a")
+    assert pair["measured_speedup"] == pytest.approx(1.2)
+    assert pair["predicted_speedup"] == pytest.approx(1.3)
+    assert pair["ratio"] == pytest.approx(1.3 / 1.2)
+
+
+def test_ibm_compile_rows_are_the_blogs_mfu_times_tokens_per_mfu():
+    # pytorch.org/blog/maximizing-training-throughput gives MFU only; tokens/s per GPU are the
+    # MFU times the earlier blog's tokens per MFU for the model and GPU: 7B A100 compiled
+    # 3,700 x 0.68 / 0.57 = 4,414.0; 70B H100 at 464 GPUs eager 800 x 0.32 / 0.34 = 752.9,
+    # compiled 800 x 0.38 / 0.34 = 894.1
+    vs = load_benchmark("validate_scaling")
+    rows = {r["id"]: r for r in vs.read_rows(ROOT / "benchmarks/validation/published_scaling.csv")}
+    assert rows["ibm-llama2-7b-a100-x128-compile"]["measured_per_gpu"] == 4414
+    assert rows["ibm-llama2-70b-h100-x464"]["measured_per_gpu"] == 753
+    assert rows["ibm-llama2-70b-h100-x464-compile"]["measured_per_gpu"] == 894
+    for id_, row in rows.items():
+        if id_.endswith("-compile"):
+            assert row["fusion"] in ("compile", "compile-blocks"), id_
+
+
 def test_added_ms_reads_scaling_loss_as_time_per_step():
     vs = load_benchmark("validate_scaling")
     # the record blog's DGX-1: 256 images a step, 1,075 img/s on one V100, 7,850 / 8 = 981.25

@@ -69,9 +69,11 @@ class AnalysisConfig:
     # the rest keeping their activations: fms-fsdp's selective_checkpointing, torchtitan's
     # "selective" layer mode (selective_ac_option n); 1 = every block. With "full" only.
     checkpoint_every: int = 1
-    # the batch-norm stack the step runs (analysis/fusion.py): "none" (eager PyTorch: batch
+    # the fused kernels the step runs (analysis/fusion.py): "none" (eager PyTorch: batch
     # norm, ReLU and add each a kernel), "bn-act" (batch norm + ReLU and batch norm + add +
-    # ReLU one kernel each), "conv-bn" (batch-norm statistics and apply inside the convolutions)
+    # ReLU one kernel each), "conv-bn" (batch-norm statistics and apply inside the
+    # convolutions), "megatron" (Megatron-LM's decoder kernels), "compile" / "compile-blocks"
+    # (torch.compile of the model / of each block: analysis/compiled.py)
     fusion: str = "none"
     # the step replayed as one CUDA graph: the CPU issues no kernel, so its per-kernel cost
     # (Efficiency.host_s) never leaves the GPU waiting; the GPU's own gap (launch_s) stays
@@ -591,7 +593,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``checkpoint_policy``: "full", "selective-op" or "selective-attention"
     (``kept_by_policy``); ``checkpoint_every``: only every n-th block checkpointed
     (``every_nth_block``).
-    ``fusion``: the batch-norm stack, one of ``FUSIONS`` (analysis/fusion.py);
+    ``fusion``: the fused kernels, one of ``FUSIONS`` (analysis/fusion.py; "compile" for
+    torch.compile, analysis/compiled.py);
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
     ``attention_kernel``: the fused attention kernel, "flash2" or "triton-2023"

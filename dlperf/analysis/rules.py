@@ -224,7 +224,8 @@ def _fusion(analysis, step_s) -> list[Finding]:
 
 def _fusion_hint(analysis) -> str:
     """Which --fusion level predicts this model's step fused: the batch-norm stacks for a
-    network with batch norms, Megatron's kernels for a decoder's masked softmax."""
+    network with batch norms, Megatron's kernels for a decoder's masked softmax, else
+    torch.compile's (analysis/compiled.py)."""
     ops = {p.cost.op for p in analysis.predictions}
     if ops & {"native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm"}:
         return (" `dlperf analyze --fusion bn-act` (or conv-bn) predicts the step with batch "
@@ -232,7 +233,8 @@ def _fusion_hint(analysis) -> str:
     if "masked_fill" in ops and "_softmax" in ops:
         return (" `dlperf analyze --fusion megatron` predicts the step with Megatron-LM's "
                 "fused scale-mask-softmax and bias+dropout+add.")
-    return ""
+    return (" `dlperf analyze --fusion compile` predicts the step as torch.compile fuses it "
+            "(every memory-bound kernel between two GEMMs or attention kernels in one).")
 
 
 def _pad(value: int, multiple: int) -> int:

@@ -393,8 +393,8 @@ def run(args) -> int:
                           "(Megatron-Core overlaps none in 1F1B): add --pp-virtual V (V > 1)")
     if args.fp8 is not None and args.tp_impl != "te":
         raise DlperfError("--fp8 runs TransformerEngine's FP8 layers (Megatron-Core's stack): "
-                          "add --tp-impl te (torchao's float8 is fast only under "
-                          "torch.compile, whose fused kernels dlperf does not model)")
+                          "add --tp-impl te (torchao's float8 casts its tensors in "
+                          "torch.compile's generated kernels, which --fp8 does not model yet)")
     if args.tp_impl == "te" and args.no_sequence_parallel:
         raise DlperfError("--tp-impl te overlaps the collectives of sequence parallelism "
                           "(Megatron-LM refuses --tp-comm-overlap without it): drop "
