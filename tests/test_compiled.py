@@ -8,22 +8,16 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import load_benchmark
 from dlperf.analysis.api import AnalysisConfig, capture_costs
 from dlperf.analysis.compiled import COMPILED_OP, fusible
 
-N, D, F = 4, 8, 16
+# the small modules (and the comparison with Inductor's own kernels) of the benchmark
+CK = load_benchmark("compile_kernels_cpu")
+SwiGLU, Norm, NormWeight, Cycle, Halves, TwoSums = (
+    CK.SwiGLU, CK.Norm, CK.NormWeight, CK.Cycle, CK.Halves, CK.TwoSums)
+N, D, F = CK.N, CK.D, CK.F  # 4 tokens, 8 features, 16 hidden
 ND, NF = N * D * 4, N * F * 4  # one fp32 activation: 4 x 8 x 4 = 128 B; 4 x 16 x 4 = 256 B
-
-
-class SwiGLU(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w1 = nn.Linear(D, F, bias=False)
-        self.w3 = nn.Linear(D, F, bias=False)
-        self.w2 = nn.Linear(F, D, bias=False)
-
-    def forward(self, x):
-        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
 
 
 class Blocks(nn.Module):
@@ -98,36 +92,12 @@ def test_compile_blocks_leaves_the_root_eager():
     assert _compiled(blocks, "blocks.1") == _compiled(whole, "blocks.1")
 
 
-class Cycle(nn.Module):
-    """a = relu(x); b = a W; c = (a + b) * 2: the add needs the GEMM, which needs the relu."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(D, D, bias=False)
-        self.out = nn.Linear(D, D, bias=False)
-
-    def forward(self, x):
-        a = torch.relu(x)
-        return self.out((a + self.lin(a)) * 2)
-
-
 def test_no_fusion_through_a_library_kernel():
     costs = _costs(Blocks(Cycle), "compile")
     ks = _compiled(costs, "blocks.1")
     # relu alone (reads x, writes a for the GEMM and the add: 2 x 128 B); add and mul one
     # kernel (reads a and b, writes c: 3 x 128 B)
     assert sorted((len(k.records), k.bytes) for k in ks) == [(1, 2 * ND), (2, 3 * ND)]
-
-
-class TwoSums(nn.Module):
-    """Reductions of x over either axis, added: Inductor's two kernels."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(D, D, bias=False)
-
-    def forward(self, x):
-        return self.lin(x.sum(0, keepdim=True) + x.sum(1, keepdim=True))
 
 
 def test_reductions_over_other_axes_stay_apart():
@@ -137,35 +107,11 @@ def test_reductions_over_other_axes_stay_apart():
     assert sorted((len(k.records), k.bytes) for k in ks) == [(1, ND + 16), (2, 2 * ND + 16)]
 
 
-class Halves(nn.Module):
-    """One projection split into two halves of one shape and stride, multiplied."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(D, 2 * D, bias=False)
-        self.out = nn.Linear(D, D, bias=False)
-
-    def forward(self, x):
-        a, b = self.lin(x).chunk(2, dim=-1)
-        return self.out(a * b)
-
-
 def test_views_at_other_offsets_are_other_reads():
     # a and b share storage, shape and stride, not their offset: two reads (2 x 128 B) and
     # the product written (128 B), as eager's mul moves
     (k,) = _compiled(_costs(Blocks(Halves), "compile"), "blocks.1")
     assert k.bytes == 3 * ND
-
-
-class Norm(nn.Module):
-    """RMSNorm without a weight, then a projection."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(D, D, bias=False)
-
-    def forward(self, x):
-        return self.lin(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
 
 
 def test_a_reductions_result_is_saved_not_recomputed():
@@ -210,36 +156,6 @@ def test_small_llama_compiled():
     assert sum(len(c.records) for c in fwd) > 20
 
 
-class NormWeight(nn.Module):
-    """RMSNorm with its weight (a gradient summed over the tokens), then a projection."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(D))
-        self.lin = nn.Linear(D, D, bias=False)
-
-    def forward(self, x):
-        return self.lin(self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)))
-
-
-def _inductor_kernels(module) -> list[int]:
-    """The kernels Inductor generates for ``module``'s forward and backward on this CPU (its
-    C++ backend: the scheduler's fusion decisions are the GPU's, the code another)."""
-    import re
-
-    from torch._inductor.utils import run_and_get_code
-
-    torch._dynamo.reset()
-    compiled = torch.compile(module)
-    x = torch.randn(N, D)  # (the input takes no gradient, as in dlperf's capture)
-    try:
-        _, codes = run_and_get_code(lambda: compiled(x).sum().backward())
-    except Exception as exc:  # no C++ toolchain for Inductor here
-        pytest.skip(f"torch.compile cannot build on this machine: {type(exc).__name__}")
-    return [len(re.findall(r"\n\s+cpp_fused_\w+\(", code[code.index("def call("):]))
-            for code in codes]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("make", [SwiGLU, Norm, NormWeight, Cycle, Halves])
 def test_fused_kernels_are_the_ones_inductor_generates(make):
@@ -250,9 +166,8 @@ def test_fused_kernels_are_the_ones_inductor_generates(make):
     # (Not TwoSums: Inductor's C++ backend puts loops over other axes in one function, where
     # a Triton kernel reduces over one: dlperf follows the GPU.)
     torch.manual_seed(0)
-    cfg = AnalysisConfig(model="m", input_shape=(N, D), dtype="fp32", train=True,
-                         optimizer="none", fusion="compile")
-    costs = capture_costs(make(), cfg)[0]
-    ours = [sum(1 for c in costs if c.op == COMPILED_OP and (c.phase == "forward") == fwd)
-            for fwd in (True, False)]
-    assert ours == _inductor_kernels(make())
+    try:
+        theirs = CK.inductor_kernels(make(), torch.randn(N, D))
+    except Exception as exc:  # no C++ toolchain for Inductor here
+        pytest.skip(f"torch.compile cannot build on this machine: {type(exc).__name__}")
+    assert CK.dlperf_kernels(make(), (N, D)) == theirs

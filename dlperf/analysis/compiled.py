@@ -42,8 +42,18 @@ one kernel never goes to memory. The model here:
 final norm, output head), but not the loss, which trainers compute outside the compiled module;
 ``compile-blocks`` only inside the blocks, the root's kernels staying eager as torchtitan's
 per-block compile leaves them. Library kernels, the optimizer (compiled apart, if
-at all; dlperf charges its own fused or foreach kernels) and TransformerEngine's own fused ops
-are left as they are.
+at all; dlperf charges its own fused or foreach kernels), TransformerEngine's own fused ops and
+complex-valued work (Inductor generates no code for complex operators: torchtitan's rotary
+multiply runs as ATen's kernel, ``generated``) are left as they are.
+
+Against Inductor's own output (its C++ backend on a CPU, ``benchmarks/compile_kernels_cpu.py``):
+the same fused kernels for SwiGLU, RMSNorm (with and without its weight), a GEMM between two
+elementwise kernels and the product of two halves of one projection, forward and backward. On
+a whole model it fuses a little more: across a block boundary (a block's last residual add with
+the next block's norm: one read of the residual stream less per block, which dlperf keeps so
+that checkpointing and FSDP units see whole blocks) and, in its C++ backend, independent loops
+of one size (the key and value repeats of grouped-query attention) that a GPU's Triton kernels
+fuse only when they share a read.
 
 Not modelled: Inductor's GEMM epilogue fusion and autotuned Triton GEMMs (off by default:
 ``max_autotune``), CUDA graphs (``mode="reduce-overhead"``: ``--cuda-graphs``), the activation
@@ -69,6 +79,18 @@ def fusible(c: Cost) -> bool:
     optimizer's, not a TransformerEngine kernel (an opaque custom op to the compiler)."""
     return (len(c.records) == 1 and c.kind in FUSIBLE_KINDS and c.phase != "optimizer"
             and not c.op.startswith(("convolution", "te_")))
+
+
+def generated(costs: list[Cost], by_index: dict) -> dict[int, int]:
+    """The records whose kernels Inductor generates, each with its cost's position: the
+    ``fusible`` ones but the loss's (trainers compute it outside the compiled module:
+    torchtitan, fms-fsdp) and complex-valued work ("Torchinductor does not support code
+    generation for complex operators": torchtitan's rotary multiply in complex64 runs as ATen's
+    kernel, a library kernel here, with the casts around it generated)."""
+    return {c.records[0]: pos for pos, c in enumerate(costs)
+            if fusible(c) and c.module != "loss" and not any(
+                t.dtype.startswith("complex")
+                for t in by_index[c.records[0]].inputs + by_index[c.records[0]].outputs)}
 
 
 def _graph(r: OpRecord) -> str:
@@ -122,9 +144,7 @@ def groups(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
     SiLU, issued before the second projection's GEMM, fuses with the product after it."""
     by_index = {r.index: r for r in records}
     producer, _ = flow or _flow(records)
-    # (the loss is computed outside the compiled module, by torchtitan and fms-fsdp alike)
-    member = {c.records[0]: pos for pos, c in enumerate(costs)
-              if fusible(c) and c.module != "loss"}
+    member = generated(costs, by_index)
     kernel = {i for c in costs for i in c.records}  # records that run a kernel
     units: dict[tuple, list[OpRecord]] = {}
     for r in records:
@@ -233,7 +253,7 @@ def compile_costs(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
     by_index = {r.index: r for r in records}
     producer, readers = _flow(records)
     free = {r.index for r in records if r.op in FREE_OPS}  # no kernel: reading is not using
-    fusible_records = {c.records[0] for c in costs if fusible(c) and c.module != "loss"}
+    fusible_records = set(generated(costs, by_index))
     recomputed: dict[int, list[TensorMeta]] = {}  # forward record -> the tensors it is made of
     new: dict[int, Cost] = {}
     for group in groups(costs, records, blocks, whole_model, (producer, readers)):
