@@ -171,3 +171,32 @@ def test_fused_kernels_are_the_ones_inductor_generates(make):
     except Exception as exc:  # no C++ toolchain for Inductor here
         pytest.skip(f"torch.compile cannot build on this machine: {type(exc).__name__}")
     assert CK.dlperf_kernels(make(), (N, D)) == theirs
+
+
+class BnRelu(nn.Module):
+    """conv -> batch norm -> ReLU -> conv: torchvision's pattern."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.bn(self.conv1(x))))
+
+
+def test_batch_norm_keeps_its_second_pass():
+    # the batch norm's statistics over batch and pixels, then the normalise + ReLU: x read
+    # twice (as eager's 1.5 x (x + y) charges it), y written once; the ReLU's own read and
+    # write of y gone. One activation: 2 x 4 x 8 x 8 x 4 B = 2,048 B; the running statistics
+    # and the saved mean and rstd (4 channels) are small.
+    act = 2 * 4 * 8 * 8 * 4
+    costs = _costs(Blocks(BnRelu), "compile", shape=(2, 4, 8, 8))
+    # (beside it, the 16 B kernel that counts the batches, num_batches_tracked += 1)
+    k = max(_compiled(costs, "blocks.1.bn"), key=lambda c: c.bytes)
+    assert len(k.records) == 2 and 3 * act <= k.bytes < 3 * act + 256
+    eager = _costs(Blocks(BnRelu), "none", shape=(2, 4, 8, 8))
+    bn, relu = (next(c for c in eager if c.module.startswith("blocks.1") and c.op == op
+                     and c.phase == "forward") for op in ("native_batch_norm", "relu"))
+    assert k.bytes < 1.5 * bn.bytes + relu.bytes

@@ -539,3 +539,22 @@ def test_gpu_backend_resume_is_exact_with_both_layers_running_ahead(toy, tmp_pat
     got, _ = _final_weights(tmp_path / "b")
     for key in want:
         assert torch.equal(want[key], got[key]), key
+
+
+def test_ladder_predicts_the_compile_rung_as_compiled():
+    # the compile rung is the step as torch.compile fuses it (--fusion compile), not the eager
+    # step less the [fusion] finding's estimate: faster than the eager rung, by the fused
+    # traffic only
+    import dataclasses
+
+    from dlperf.bench.ladder import LadderConfig, predicted_img_per_s
+    from dlperf.hardware.specs import get_device
+    from dlperf.train.recipes import TrainConfig
+
+    lcfg = LadderConfig(model="tiny", image_size=32, batch_size=8)
+    eager = TrainConfig(dtype="bf16", channels_last=True)
+    spec = get_device("h100-sxm")
+    before = predicted_img_per_s(lcfg, eager, spec, on_gpu=True)
+    after = predicted_img_per_s(lcfg, dataclasses.replace(eager, compile="default"), spec,
+                                on_gpu=True)
+    assert before and after and after > before

@@ -26,7 +26,10 @@ one kernel never goes to memory. The model here:
   and writes each tensor that something outside it reads: a library kernel, another fused
   kernel, the backward, or nothing the step records (a parameter's gradient, the loss). A
   member's read of a tensor is capped at what its own eager kernel reads (a gather: the
-  negative log-likelihood reads one log-probability per target, not the N x C input).
+  negative log-likelihood reads one log-probability per target, not the N x C input). A
+  two-pass op keeps its second pass (hardware/efficiency.py ``TRAFFIC_FACTOR``: a batch norm's
+  statistics over batch and pixels before it normalises, too many values for a kernel to hold
+  between the two; its backward's reductions before dx).
 * **Recompute instead of save.** AOTAutograd's partitioner (``min_cut_rematerialization_
   partition``, torch.compile's default for training) saves the fewest bytes for the backward
   and recomputes cheap pointwise work there. So a forward tensor made by a pointwise kernel
@@ -67,6 +70,7 @@ import dataclasses
 
 from dlperf.analysis.capture import OpRecord, TensorMeta, block_path
 from dlperf.analysis.costs import FREE_OPS, Cost
+from dlperf.hardware.efficiency import traffic_factor
 
 # the kernels Inductor generates code for (and so may fuse): memory-bound ones
 FUSIBLE_KINDS = frozenset({"memory", "copy", "transpose", "fill"})
@@ -292,6 +296,10 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
             for s in recomputed.get(p, [t]):
                 tid = _tensor_id(s)
                 reads[tid] = max(reads.get(tid, 0), int(s.nbytes * scale))
+    # a two-pass op keeps its second pass (a batch norm's statistics over batch and pixels
+    # before it normalises, its backward's reductions before dx; a layer norm's backward's
+    # parameter gradients): what eager's TRAFFIC_FACTOR charges beyond one pass
+    second_pass = int(sum((traffic_factor(c.op) - 1) * c.bytes for c in members))
     writes = 0
     for c in members:
         r = by_index[c.records[0]]
@@ -312,7 +320,7 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
     biggest = max(members, key=lambda c: c.bytes)
     merged = dataclasses.replace(
         first, op=COMPILED_OP, kind="memory", flops=sum(c.flops for c in members),
-        bytes=sum(reads.values()) + writes, output_bytes=writes, kernels=1,
+        bytes=sum(reads.values()) + writes + second_pass, output_bytes=writes, kernels=1,
         dtype=biggest.dtype, records=tuple(i for c in members for i in c.records),
         variant="", host_sync=False)
     out = {positions[0]: merged}

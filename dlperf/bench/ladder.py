@@ -93,8 +93,9 @@ def predicted_img_per_s(lcfg: LadderConfig, cfg: TrainConfig, spec, on_gpu: bool
                         ) -> float | None:
     """What `dlperf analyze` predicts for this rung on ``spec`` (issue #11: every measured rung
     beside its prediction). Eager rungs are the analysed step as is; the CUDA-graphs rung drops
-    the predicted launch overhead (rule launch-overhead), the compile rung the predicted saving
-    of fusing memory-bound kernels (rule fusion). None when the model cannot be analysed."""
+    the predicted launch overhead (rule launch-overhead); the compile rung is the step as
+    torch.compile(model) fuses it (``--fusion compile``, analysis/compiled.py). None when the
+    model cannot be analysed."""
     if spec is None:
         return None
     try:
@@ -106,7 +107,7 @@ def predicted_img_per_s(lcfg: LadderConfig, cfg: TrainConfig, spec, on_gpu: bool
         acfg = AnalysisConfig(model=lcfg.model, dtype=cfg.dtype, tf32=cfg.tf32 and on_gpu,
                               input_shape=(lcfg.batch_size, 3, lcfg.image_size, lcfg.image_size),
                               train=True, channels_last=cfg.channels_last, device=spec.name,
-                              optimizer="sgd")
+                              optimizer="sgd", fusion="compile" if cfg.compile else "none")
         analysis = analyze_model(model, acfg, spec)
     except Exception:  # a model the analyzer cannot capture: no prediction, never a failed run
         return None
@@ -114,8 +115,6 @@ def predicted_img_per_s(lcfg: LadderConfig, cfg: TrainConfig, spec, on_gpu: bool
     saving = {f.rule: f.saving_s for f in analysis.findings}
     if cfg.cuda_graphs:
         step -= saving.get("launch-overhead", 0.0)
-    elif cfg.compile:
-        step -= saving.get("fusion", 0.0)
     return lcfg.batch_size / step if step > 0 else None
 
 
