@@ -158,7 +158,7 @@ _HOPPER_CAVEAT = (
     f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, the FlashAttention-3 paper's figure; "
     f"--attention-kernel triton-2023: that stack's {HOPPER_ATTENTION}); newer stacks ran faster "
     "than predicted (Lambda's BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B "
-    "on two and four H200s 1.2-1.3x with `--fusion compile`, KempnerForge): `--efficiency "
+    "on two and four H200s 1.3x with `--fusion compile`, KempnerForge): `--efficiency "
     "tensor_gemm=...` (or a device file's \"efficiency\") sets a stack's own values.")
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
