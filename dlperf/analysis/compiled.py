@@ -10,17 +10,19 @@ their libraries (cuBLAS, cuDNN, FlashAttention: "extern kernels") and generates 
 for everything between them, fusing producer and consumer so that a tensor made and used inside
 one kernel never goes to memory. The model here:
 
-* **Fused kernels.** Two memory-bound kernels fuse when one reads what the other wrote, both
-  in one graph (the forward, or the backward: AOTAutograd compiles them apart) and one block
-  (``capture.block_paths``: torchtitan and KempnerForge compile each transformer block on its
-  own, ``apply_compile``; and a checkpointed block's recompute replays its own kernels only),
-  and no library kernel lies on a path between them (``groups``: Inductor's fusion-cycle
-  check). Eager PyTorch's issue order does not matter: SwiGLU's SiLU, issued before the
-  second projection's GEMM, fuses with the product after it. Inductor may fuse less (a
-  reduction followed by pointwise work over another shape can take two kernels, the second
-  reading the reduction's small output) or, horizontally, more (independent kernels reading
-  one tensor); on a transformer the groups are what it generates: one kernel per norm (with
-  the residual add before it), per SwiGLU, per rotary embedding.
+* **Fused kernels.** Two memory-bound kernels of one graph (the forward, or the backward:
+  AOTAutograd compiles them apart) and one block (``capture.block_paths``: torchtitan compiles
+  each transformer block on its own, ``apply_compile``, and a checkpointed block's recompute
+  replays its own kernels only) fuse when one reads what the other wrote (vertical fusion) or
+  both read one tensor (horizontal fusion, Inductor's shared-read score), unless some other
+  kernel would then have to run between two members (``groups``: Inductor's fusion-cycle
+  check, followed through the groups formed so far); a group holds reductions to one shape at
+  most (a Triton kernel reduces over one axis: a norm's weight gradient, summed over the
+  tokens, is a kernel apart from its input gradient, summed over the features). Eager
+  PyTorch's issue order does not matter: SwiGLU's SiLU, issued before the second projection's
+  GEMM, fuses with the product after it. On a transformer the groups are what Inductor
+  generates: one kernel per norm (with the residual add before it), per SwiGLU, per rotary
+  embedding.
 * **Traffic.** A fused kernel reads each tensor it takes from outside once (tensors told apart
   by storage, offset, shape and stride, so q and k split from one projection are two reads)
   and writes each tensor that something outside it reads: a library kernel, another fused
@@ -142,9 +144,9 @@ def groups(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
 
     Within one unit (a graph of one block), a memory-bound kernel fuses with the one whose
     output it reads (vertical fusion), then kernels that read one tensor fuse (horizontal
-    fusion, Inductor's shared-read score), each merge only if no library kernel would have to
-    run between two members: none is both a descendant of a member and an ancestor of another
-    (Inductor's fusion-cycle check). Eager PyTorch's issue order does not matter: SwiGLU's
+    fusion, Inductor's shared-read score), each merge only if no other kernel (a library
+    kernel, or another group) would have to run between two members (``_unit_groups``:
+    Inductor's fusion-cycle check). Eager PyTorch's issue order does not matter: SwiGLU's
     SiLU, issued before the second projection's GEMM, fuses with the product after it."""
     by_index = {r.index: r for r in records}
     producer, _ = flow or _flow(records)
