@@ -62,11 +62,6 @@ def read_rows(path: Path) -> list[dict]:
         row["checkpoint_every"] = int(every) if value.startswith("every-") else 1
         # FSDP's reduce_dtype (optional column; blank: the gradients' own dtype)
         row["reduce_dtype"] = row.get("reduce_dtype") or None
-        # which FSDP (optional column; blank: 2, fully_shard)
-        version = row.get("fsdp_version") or "2"
-        if version not in ("1", "2"):
-            raise SystemExit(f"{path}: {row['id']}: fsdp_version must be 1, 2 or blank (2)")
-        row["fsdp_version"] = int(version)
         # the fused attention kernel (optional column; blank: flash2, PyTorch's SDPA)
         row["attention_kernel"] = row.get("attention_kernel") or None
         if row["attention_kernel"] not in (None, *ATTENTION_KERNELS):
@@ -151,7 +146,6 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
                             bn_group=row["bn_group"], step_cv=step_cv,
                             nccl_algo=row["nccl_algo"], nccl_proto=row["nccl_proto"],
                             kvstore=row["kvstore"], reduce_dtype=row["reduce_dtype"],
-                            fsdp_version=row["fsdp_version"],
                             kvstore_op_s=kvstore_op_s if row["kvstore"] else None)
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU

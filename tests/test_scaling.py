@@ -916,7 +916,7 @@ def test_fsdp_pipeline_hides_what_prefetch_can_and_exposes_the_ends():
     # reduce-scatter 19-20.5: 20.5 s for 18 of compute, 2.5 exposed (the root's gather and the
     # last reduce-scatter); SHARD_GRAD_OP the same here (its gathers were hidden anyway)
     full = fsdp_pipeline_s(_STEP, _UNITS, lambda u: 1.0, lambda u: 1.5)
-    assert full == {"compute_s": 18.0, "copy_s": 0.0, "end_s": 20.5, "exposed_s": 2.5}
+    assert full == {"compute_s": 18.0, "end_s": 20.5, "exposed_s": 2.5}
     assert fsdp_pipeline_s(_STEP, _UNITS, lambda u: 1.0, lambda u: 1.5,
                            regather=False)["exposed_s"] == 2.5
     # gathers of 5 s: forward root 0-5, wte 5-6 (block 0 gathered 5-10), block 0 10-12
@@ -931,29 +931,6 @@ def test_fsdp_pipeline_hides_what_prefetch_can_and_exposes_the_ends():
     assert grad_op["end_s"] == 31.5 and grad_op["exposed_s"] == 13.5
     # no communication: nothing exposed
     assert fsdp_pipeline_s(_STEP, _UNITS, lambda u: 0.0, lambda u: 0.0)["exposed_s"] == 0.0
-
-
-def test_fsdp_copies_on_the_compute_stream_by_version():
-    from dlperf.analysis.scaling import fsdp_pipeline_s
-
-    # the timeline above (gathers 1 s, reduce-scatters 1.5 s) with a copy of 0.25 s a unit.
-    # FSDP2 copies each gathered unit out before it computes: forward root gathered 0-1, its
-    # copy 1-1.25, wte 1.25-2.25 (block 0 gathered 1.25-2.25 once issued at wte's start), block
-    # 0's copy 2.25-2.5, block 0 2.5-4.5 (block 1 gathered 2.5-3.5), copy 4.5-4.75, block 1
-    # 4.75-6.75, head 6.75-7.75. Backward: block 1 regathered 7.75-8.75 beside the head's
-    # 7.75-9.75; its copy 9.75-10, block 1 10-14 (block 0 gathered 10-11), reduce-scatter
-    # 14-15.5; block 0's copy 14-14.25, block 0 14.25-18.25, reduce-scatter 18.25-19.75; wte
-    # 18.25-20.25, the root's reduce-scatter 20.25-21.75. Five copies (1.25 s); 3.75 exposed.
-    two = fsdp_pipeline_s(_STEP, _UNITS, lambda u: 1.0, lambda u: 1.5, copy_s=lambda u: 0.25)
-    assert two == {"compute_s": 18.0, "copy_s": 1.25, "end_s": 21.75, "exposed_s": 3.75}
-    # FSDP1 concatenates each unit's gradients when its backward ends, before its
-    # reduce-scatter: forward as without copies (7 s); head 7-9, block 1 (gathered 7-8) 9-13,
-    # its cat 13-13.25, reduce-scatter 13.25-14.75; block 0 13.25-17.25, cat 17.25-17.5,
-    # reduce-scatter 17.5-19; wte 17.5-19.5, cat 19.5-19.75, the root's reduce-scatter
-    # 19.75-21.25. Three cats (0.75 s), 3.25 s exposed.
-    one = fsdp_pipeline_s(_STEP, _UNITS, lambda u: 1.0, lambda u: 1.5, copy_s=lambda u: 0.25,
-                          version=1)
-    assert one == {"compute_s": 18.0, "copy_s": 0.75, "end_s": 21.25, "exposed_s": 3.25}
 
 
 def test_fsdp_units_are_the_blocks_of_a_module_list():
@@ -1032,21 +1009,15 @@ def test_grad_accumulation_and_sharded_optimizer_in_the_step():
                                                    step_cv=0.0), node, net)
     assert fsdp["communication"]["optimizer_s"] == pytest.approx(tl.optimizer_s / 8)
     # (exposed on each micro-batch: the unit-by-unit pipeline of fsdp_pipeline_s)
-    from dlperf.analysis.scaling import (fsdp_pipeline_s, sharded_collective_s, stream_copy_s,
-                                         unit_bytes)
+    from dlperf.analysis.scaling import fsdp_pipeline_s, sharded_collective_s, unit_bytes
 
     grads = unit_bytes(params)
 
     def coll(nbytes):
         return sharded_collective_s(nbytes, 8, 8, node, net, gen=2)  # an H100: Hopper
 
-    # (FSDP2's copy-out of each gathered unit: a read and a write of its bf16 parameters, half
-    # its fp32 gradient bytes each)
     pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: coll(grads[u] / 2),
-                           lambda u: coll(grads[u]),
-                           copy_s=lambda u: stream_copy_s(2 * grads[u] / 2, analysis))
-    assert pipe["copy_s"] > 0
-    assert fsdp["communication"]["param_copy_s"] == pytest.approx(4 * pipe["copy_s"])
+                           lambda u: coll(grads[u]))
     assert pipe["exposed_s"] > 0  # the root's first all-gather and the last reduce-scatter
     assert fsdp["exposed_comm_s"] == pytest.approx(4 * pipe["exposed_s"])
     assert fsdp["step_s"] == pytest.approx(4 * (micro + pipe["exposed_s"]) + tl.optimizer_s / 8)

@@ -278,32 +278,28 @@ class _Stream:
 
 
 def _walk(runs, t: float, ready: dict, order: list, gather_s, stream: _Stream,
-          done=None, copy_s=None) -> float:
+          done=None) -> float:
     """Compute ``runs`` [(unit, seconds)] from ``t``: each run starts once the one before it
     has ended and its unit is gathered (``ready``: unit -> when; absent: already there); a
     unit of ``order`` starting for the first time issues the next one's all-gather (FSDP's
-    prefetch of one unit) and, with ``copy_s(unit)``, first copies its gathered parameters
-    out on the compute stream (FSDP2). ``done(i, unit, end)`` after each run returns the
-    compute-stream seconds it adds there (or None). Returns the end."""
+    prefetch of one unit). ``done(i, unit, end)`` after each run. Returns the end."""
     following = dict(zip(order, order[1:]))
     started: set[str] = set()
     for i, (unit, seconds) in enumerate(runs):
         start = max(t, ready.get(unit, 0.0))
-        if unit in order and unit not in started:
+        if unit in following and unit not in started:
             started.add(unit)
-            nxt = following.get(unit)
-            if nxt is not None and nxt not in ready:
+            nxt = following[unit]
+            if nxt not in ready:
                 ready[nxt] = stream.issue(start, gather_s(nxt))
-            if copy_s is not None:
-                start += copy_s(unit)
         t = start + seconds
         if done is not None:
-            t += done(i, unit, t) or 0.0
+            done(i, unit, t)
     return t
 
 
 def fsdp_pipeline_s(predictions, units, gather_s, reduce_s, regather: bool = True,
-                    segments: tuple | None = None, copy_s=None, version: int = 2) -> dict:
+                    segments: tuple | None = None) -> dict:
     """One micro-batch's forward and backward under FSDP, unit by unit, with the collectives
     on one communication stream beside the compute (FSDP's default prefetch of one unit):
 
@@ -317,49 +313,25 @@ def fsdp_pipeline_s(predictions, units, gather_s, reduce_s, regather: bool = Tru
 
     ``units``: the FSDP units (``unit_bytes``' keys: block paths, "" for the root);
     ``gather_s(unit)`` and ``reduce_s(unit)`` their collectives' seconds; ``segments``:
-    ``_segments(predictions, units)`` when the caller has them already.
-
-    ``copy_s(unit)``: the seconds of the copy each FSDP version runs on the compute stream
-    (``fsdp_copy_s``), ``version`` which: 2 (``fully_shard``) copies each unit's all-gather
-    output into its parameters before the unit computes, every time it is gathered
-    (torch/distributed/fsdp/_fully_shard: ``foreach_all_gather_copy_out``, in
-    ``wait_for_unshard`` on the current stream); 1 (``FullyShardedDataParallel``) gathers into
-    the flat parameter itself, but autograd concatenates the gradients of its views into the
-    flat gradient (the backward of ``torch.split``) when the unit's backward ends, before the
-    reduce-scatter can start. Returns the compute seconds, the copies' seconds, the
-    micro-batch's end with the communication and the copies, and the exposed difference: at
-    least the root's first all-gather and the last reduce-scatter, which nothing can hide,
-    and the copies, which nothing hides either."""
+    ``_segments(predictions, units)`` when the caller has them already. Returns the compute
+    seconds, the micro-batch's end with the communication, and the exposed difference: at
+    least the root's first all-gather and the last reduce-scatter, which nothing can hide."""
     stream = _Stream()
     forward, backward = segments or _segments(predictions, units)
     order = list(dict.fromkeys([""] + [u for u, _ in forward]))  # gathering order, root first
-    copies = {"n": 0.0}
-
-    def copy_out(unit: str) -> float:  # FSDP2: before a freshly gathered unit computes
-        seconds = copy_s(unit) if copy_s is not None and version == 2 else 0.0
-        copies["n"] += seconds
-        return seconds
-
-    t = _walk(forward, 0.0, {"": stream.issue(0.0, gather_s(""))}, order, gather_s, stream,
-              copy_s=copy_out)
+    t = _walk(forward, 0.0, {"": stream.issue(0.0, gather_s(""))}, order, gather_s, stream)
     last = {u: i for i, (u, _) in enumerate(backward)}
 
-    def reduce_when_complete(i: int, unit: str, end: float) -> float:
-        if last[unit] != i:
-            return 0.0
-        cat = copy_s(unit) if copy_s is not None and version == 1 else 0.0  # FSDP1
-        copies["n"] += cat
-        stream.issue(end + cat, reduce_s(unit))
-        return cat
+    def reduce_when_complete(i: int, unit: str, end: float) -> None:
+        if last[unit] == i:
+            stream.issue(end, reduce_s(unit))
 
     again = list(dict.fromkeys(u for u, _ in backward if u)) if regather else []
     ready = {again[0]: stream.issue(t, gather_s(again[0]))} if again else {}
-    t = _walk(backward, t, ready, again, gather_s, stream, reduce_when_complete,
-              copy_s=copy_out)
+    t = _walk(backward, t, ready, again, gather_s, stream, reduce_when_complete)
     compute = sum(s for _, s in forward) + sum(s for _, s in backward)
     end = max(t, stream.free)
-    return {"compute_s": compute, "copy_s": copies["n"], "end_s": end,
-            "exposed_s": max(0.0, end - compute)}
+    return {"compute_s": compute, "end_s": end, "exposed_s": max(0.0, end - compute)}
 
 
 def ddp_buckets(params: list[tuple[str, int]], cap: int = DDP_BUCKET_BYTES,
@@ -494,22 +466,16 @@ def distributed_optimizer_gather(predictions, bucket_bytes: list, ratio: float, 
     return {"param_gather_s": total, "param_gather_exposed_s": exposed}
 
 
-def stream_copy_s(nbytes: float, analysis) -> float:
-    """Seconds of ``nbytes`` of copy traffic (reads and writes) at the device's streaming
-    bandwidth."""
-    from dlperf.hardware.efficiency import efficiency_for
-
-    spec = analysis.device
-    bandwidth = (analysis.efficiency or efficiency_for(spec)).bandwidth(spec)  # (no attention)
-    return nbytes / bandwidth
-
-
 def ddp_copy_s(grad_bytes: float, analysis) -> float:
     """DDP's copies of every gradient into its bucket (in the backward's hooks) and of the
     reduced bucket back into the gradients (before the optimizer), both on the compute stream
     (torch's default, gradient_as_bucket_view=False): 4 x the gradient bytes of memory traffic
     at the device's streaming bandwidth."""
-    return stream_copy_s(4 * grad_bytes, analysis)
+    from dlperf.hardware.efficiency import efficiency_for
+
+    spec = analysis.device
+    bandwidth = (analysis.efficiency or efficiency_for(spec)).bandwidth(spec)  # (no attention)
+    return 4 * grad_bytes / bandwidth
 
 
 def bn_sync_s(predictions, group: int, node) -> float:
@@ -867,11 +833,6 @@ class ScaleConfig:
     # under --precision half). FSDP1's bf16 policies reduce in bf16 (fms-fsdp's bfSixteen,
     # llama-recipes), torchtitan's FSDP2 and Composer's DEFAULT in fp32.
     reduce_dtype: str | None = None
-    # which FSDP: 2 (torch's fully_shard: torchtitan, KempnerForge), which copies each
-    # all-gathered unit out into its parameters on the compute stream, or 1
-    # (FullyShardedDataParallel: Composer, fms-fsdp), which concatenates each unit's gradients
-    # into its flat gradient there at the end of the unit's backward (fsdp_pipeline_s)
-    fsdp_version: int = 2
     # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
     # the backward, one small all-reduce each inside the node, on the step's critical path
@@ -926,9 +887,6 @@ class ScaleConfig:
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
-        if self.fsdp_version not in (1, 2):
-            raise DlperfError(f"--fsdp-version {self.fsdp_version}: 1 (FullyShardedDataParallel)"
-                              " or 2 (fully_shard)")
         if self.step_cv is not None and not 0 <= self.step_cv < 0.5:
             raise DlperfError(f"--step-cv {self.step_cv}: the spread of one GPU's step time is "
                               "a fraction from 0 to 0.5 (0.01: 1%)")
@@ -1265,20 +1223,14 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                                           / replicas)
             traffic["replicas"] = replicas
         comm_s = sum(gathers * gather[u] + reduce[u] for u in grads)
-        # the copy each FSDP version runs on the compute stream: a read and a write of the
-        # unit's gathered parameters (FSDP2's copy-out) or of its gradients in that dtype
-        # (FSDP1's concatenation into the flat gradient)
-        copy = {u: stream_copy_s(2 * b * ratio, analysis) for u, b in grads.items()}
         pipe = fsdp_pipeline_s(analysis.predictions, grads, lambda u: gather.get(u, 0.0),
                                lambda u: reduce.get(u, 0.0), regather=gathers == 2,
-                               segments=step.segments, copy_s=lambda u: copy.get(u, 0.0),
-                               version=cfg.fsdp_version)
+                               segments=step.segments)
         traffic["units"] = len(grads)
         traffic["nccl"] = _nccl_name("allgather", max(grads.values(), default=0) * ratio, dcfg,
                                      node, network, gen)
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
-        comm.update(traffic, comm_s=comm_s, exposed_s=exposed, fsdp_version=cfg.fsdp_version,
-                    param_copy_s=accum * pipe["copy_s"])
+        comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
     if tp > 1:  # the node's tensor-parallel collectives
         # (an all-gather and a reduce-scatter of a buffer move the same: NCCL's ring for both)
         def tp_time(kind: str, nbytes: int) -> float:

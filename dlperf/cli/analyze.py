@@ -232,12 +232,6 @@ def add_parser(sub) -> None:
                         "(and HSDP's all-reduce) of fp32 gradients, as FSDP1's bf16 policies "
                         "run it (fms-fsdp, llama-recipes) [the gradients' own: fp32, or the "
                         "dtype under --precision half]")
-    s.add_argument("--fsdp-version", type=int, choices=(1, 2), default=2,
-                   help="--strategy fsdp/hsdp/fsdp-grad-op: which FSDP, for the copy each runs "
-                        "on the compute stream: 2 = fully_shard (torchtitan; copies each "
-                        "gathered unit out into its parameters), 1 = FullyShardedDataParallel "
-                        "(Composer, fms-fsdp; concatenates each unit's gradients into its flat "
-                        "gradient) [2]")
     s.add_argument("--distributed-optimizer", action="store_true",
                    help="DDP as Megatron-LM's distributed optimizer runs it "
                         "(--use-distributed-optimizer): gradients reduce-scattered per bucket "
@@ -611,8 +605,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       overlap=not args.no_overlap, bucket_cap_mb=args.bucket_cap_mb,
                       bucket_view=args.grad_as_bucket_view,
                       distributed_optimizer=args.distributed_optimizer,
-                      reduce_dtype=args.reduce_dtype, fsdp_version=args.fsdp_version,
-                      bn_group=args.bn_group,
+                      reduce_dtype=args.reduce_dtype, bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto, kvstore=args.kvstore)
     return cfg, node, network, layout
