@@ -71,7 +71,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlperf.analysis.capture import OpRecord, TensorMeta, block_path
-from dlperf.analysis.costs import FREE_OPS, Cost
+from dlperf.analysis.costs import ALLOCATIONS, FREE_OPS, Cost
 from dlperf.hardware.efficiency import traffic_factor
 
 # the kernels Inductor generates code for (and so may fuse): memory-bound ones
@@ -114,8 +114,10 @@ def _flow(records: list[OpRecord]) -> tuple[dict, dict]:
     readers: dict[tuple[int, int], set[int]] = {}
     for r in records:
         if r.is_view or r.op in FREE_OPS:
-            # no kernel: what it outputs (a view, a reshape) was written by its input's writer
-            w = writer.get(r.inputs[0].key) if r.inputs else None
+            # no kernel: what a view or a reshape outputs was written by its input's writer;
+            # what an allocation outputs, by nobody yet
+            w = (writer.get(r.inputs[0].key) if r.inputs and r.op not in ALLOCATIONS
+                 else None)
             for t in r.outputs:
                 if w is not None:
                     writer[t.key] = w

@@ -66,7 +66,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlperf.analysis.capture import OpRecord
-from dlperf.analysis.costs import FREE_OPS, Cost
+from dlperf.analysis.costs import ALLOCATIONS, FREE_OPS, Cost
 
 FUSIONS = ("none", "bn-act", "conv-bn", "megatron", "compile", "compile-blocks")
 COMPILED = frozenset({"compile", "compile-blocks"})
@@ -190,7 +190,7 @@ def _gone(c: Cost) -> Cost:
 
 COPIES = frozenset({"clone", "_to_copy", "contiguous", "copy_"})
 # ops that pass their input's data on without a kernel (views, reshapes); not allocations
-_PASS = FREE_OPS - {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+_PASS = FREE_OPS - ALLOCATIONS
 
 
 def _source(index: int | None, producer: dict, by_index: dict, through=frozenset()
