@@ -9,9 +9,9 @@
 # (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
 # then run: OUT=$OUT bash scripts/device_check.sh   with carry [".devext"] and
-# timeout_s 590. Issue #14's steps 0, 0b and 0c come first (at most 150 + 60 + 40 s, ~155 s
-# expected), then issue #11's steps (1-4), at most 500 s by their timeouts (far less when all
-# goes well); the later steps use what is left of the call.
+# timeout_s 590. Issue #14's steps 0, 0b, 0c and 0d come first (at most 150 + 60 + 40 + 120 s,
+# ~215 s expected), then issue #11's steps (1-4), at most 500 s by their timeouts (far less when
+# all goes well); the later steps use what is left of the call.
 # Without the extension dlperf still runs (full-image decoding, no restart-marker cuts).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +69,12 @@ step timeout 60 $PY benchmarks/bench_sustained_gemm_gpu.py /tmp/dlperf-sustained
 step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa.json \
     --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
                 *H200*) echo h200;; *) echo h100-sxm;; esac)"
+# 0d. Issue #14: torch.compile's speed-up on a 4-block Llama stack (bf16, 2 x 4,096 tokens,
+#    each block compiled as torchtitan does), measured beside dlperf's --fusion compile-blocks
+#    prediction. ~60 s with the compilation.
+step timeout 120 $PY benchmarks/bench_compile_gpu.py /tmp/dlperf-compile.json \
+    --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
+                *H200*) echo h200;; *) echo h100-sxm;; esac)"
 
 # Issue #11 next (blocked, but these are the figures it waits for): predictions against
 # measurements.
@@ -90,7 +96,8 @@ step timeout 70 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --
     --measure --measure-steps 3 --top 10 --json /tmp/dlperf-fp32-nchw.json
 gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json \
     resnet50_fp32_nchw=/tmp/dlperf-fp32-nchw.json host_issue=/tmp/dlperf-host-issue.json \
-    sustained_gemm=/tmp/dlperf-sustained-gemm.json sdpa_share=/tmp/dlperf-sdpa.json
+    sustained_gemm=/tmp/dlperf-sustained-gemm.json sdpa_share=/tmp/dlperf-sdpa.json \
+    compile_speedup=/tmp/dlperf-compile.json
 
 # 4. The guide's figures on this GPU (fp16): GEMM alignment, tile/wave quantization, 512 vs 520;
 #    the padded stem, channels around 64, NCHW vs NHWC; measured with the prediction over them

@@ -196,3 +196,25 @@ def test_sdpa_share_benchmark_counts_flops_as_dlperf_and_runs_on_cpu(tmp_path):
         assert r["forward_share"] == pytest.approx(
             res["flops"]["forward"] / r["forward_s"] / peak)
         assert r["forward_backward_s"] > r["forward_s"] > 0
+
+
+@pytest.mark.slow
+def test_compile_speedup_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/bench_compile_gpu.py (issue #14, step 0d of the device run): eager and
+    per-block compiled forward + backward of a tiny Llama on this CPU, beside dlperf's
+    prediction of both; the ratios are the saved times' own."""
+    out = tmp_path / "compile.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_compile_gpu.py"), str(out),
+                    "--device", "cpu", "--layers", "2", "--d-model", "64", "--heads", "4",
+                    "--kv-heads", "2", "--ffn", "176", "--vocab", "128", "--tokens", "32",
+                    "--batch", "1", "--iters", "2"], check=True, cwd=ROOT, capture_output=True)
+    saved = json.loads(out.read_text())
+    res = saved["results"]
+    assert saved["benchmark"] == "compile-speedup" and "git_commit" in saved["environment"]
+    assert res["eager_s"] > 0 and res["compiled_s"] > 0 and res["dtype"] == "float32"
+    assert res["measured_speedup"] == pytest.approx(res["eager_s"] / res["compiled_s"])
+    assert res["predicted_speedup"] == pytest.approx(
+        res["predicted_eager_s"] / res["predicted_compiled_s"])
+    assert res["predicted_speedup"] > 1  # the compiled step moves fewer bytes
+    assert res["speedup_ratio"] == pytest.approx(res["predicted_speedup"] /
+                                                 res["measured_speedup"])

@@ -1,0 +1,145 @@
+"""torch.compile's speed-up on a Llama stack, measured beside dlperf's prediction (issue #14).
+
+dlperf predicts a compiled step from the eager capture (analysis/compiled.py, ``--fusion
+compile-blocks``); the published pairs it was checked on (benchmarks/README.md) carry their
+clusters' other differences. This times the one thing on the GPU it runs on: a Llama-shaped
+decoder's forward and backward (bf16 parameters as FSDP's mixed precision holds them, no
+autocast; the cross-entropy loss eager, outside the compiled modules; no optimizer step)
+eager, then with each block compiled on its own as torchtitan's ``apply_compile`` does, and
+saves both medians beside dlperf's prediction of both on the GPU's preset.
+
+Usage: python benchmarks/bench_compile_gpu.py OUT.json [--preset h200] [--device cuda]
+       [--layers 4] [--d-model 2048] [--heads 16] [--kv-heads 8] [--ffn 5632] [--vocab 32000]
+       [--tokens 4096] [--batch 2] [--rope complex] [--iters 10]
+(scripts/device_check.sh step 0d, ~1 minute with the compilation; on a CPU it runs the same
+code at any size in fp32, which tests/test_device_scripts.py does with a tiny one.)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def gpt_config(args):
+    from dlperf.models.gpt import GPTConfig
+
+    return GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads,
+                     kv_heads=args.kv_heads, vocab=args.vocab, seq_len=args.tokens,
+                     bias=False, tie_embeddings=False, norm="rmsnorm", mlp="swiglu",
+                     ffn_hidden=args.ffn, positions="rope", rope=args.rope)
+
+
+def predicted(cfg, batch: int, preset: str, dtype: str) -> dict:
+    """dlperf's predicted forward + backward (no optimizer) eager and compiled per block."""
+    import torch
+
+    from dlperf.analysis.api import AnalysisConfig, analyze_model
+    from dlperf.hardware.specs import get_device
+    from dlperf.models.gpt import GPT
+
+    spec = get_device(preset)
+    out = {}
+    for fusion in ("none", "compile-blocks"):
+        with torch.device("meta"):
+            model = GPT(cfg)
+        config = AnalysisConfig(model="llama-stack", input_shape=(batch, cfg.seq_len),
+                                dtype=dtype, train=True, tokens=True, optimizer="none",
+                                precision="fsdp" if dtype != "fp32" else "mixed",
+                                fusion=fusion, device=spec.name)
+        analysis = analyze_model(model, config, spec, torch.long)
+        out[fusion] = analysis.totals()["predicted_time_s"]
+    return out
+
+
+def measure(model, tokens, targets, iters: int, sync) -> float:
+    """Median seconds of one forward and backward (the loss outside the compiled modules)."""
+    from torch.nn import functional as F
+
+    def step():
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    for _ in range(3):  # warm-up (and, compiled, the compilation)
+        step()
+    sync()
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        step()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def run(args) -> dict:
+    import torch
+
+    from dlperf.models.gpt import GPT
+
+    cfg = gpt_config(args)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device=args.device)
+    for t in [*model.parameters(), *model.buffers()]:  # (the rotary tables stay complex64)
+        if t.is_floating_point():
+            t.data = t.data.to(dtype)
+    tokens = torch.randint(0, cfg.vocab, (args.batch, cfg.seq_len), device=args.device)
+    targets = torch.randint(0, cfg.vocab, (args.batch, cfg.seq_len), device=args.device)
+    eager = measure(model, tokens, targets, args.iters, sync)
+    for i, block in enumerate(model.blocks):  # torchtitan's apply_compile: block by block
+        model.blocks[i] = torch.compile(block)
+    start = time.perf_counter()
+    compiled = measure(model, tokens, targets, args.iters, sync)
+    wall = time.perf_counter() - start
+    pred = predicted(cfg, args.batch, args.preset,
+                     "bf16" if dtype == torch.bfloat16 else "fp32")
+    measured_speedup = eager / compiled
+    predicted_speedup = pred["none"] / pred["compile-blocks"]
+    return {"eager_s": eager, "compiled_s": compiled, "compile_and_timing_wall_s": wall,
+            "measured_speedup": measured_speedup,
+            "predicted_eager_s": pred["none"], "predicted_compiled_s": pred["compile-blocks"],
+            "predicted_speedup": predicted_speedup,
+            "speedup_ratio": predicted_speedup / measured_speedup,
+            "eager_measured_over_predicted": pred["none"] / eager,
+            "compiled_measured_over_predicted": pred["compile-blocks"] / compiled,
+            "dtype": str(dtype).removeprefix("torch."), "preset": args.preset}
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from dlperf.provenance import save_result
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--preset", default="h200", help="the GPU's preset [h200]")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--ffn", type=int, default=5632)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--rope", default="complex", choices=("complex", "half", "matrix"))
+    parser.add_argument("--iters", type=int, default=10)
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(f"eager {result['eager_s'] * 1e3:.2f} ms, compiled per block "
+          f"{result['compiled_s'] * 1e3:.2f} ms: {result['measured_speedup']:.3f}x measured, "
+          f"{result['predicted_speedup']:.3f}x predicted ({result['speedup_ratio']:.3f})")
+    save_result(args.out, "compile-speedup", vars(args) | {"out": str(args.out)}, result)
+    print(f"Wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
