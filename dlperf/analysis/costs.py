@@ -35,11 +35,11 @@ FREE_OPS = frozenset({
     "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "set_", "resize_",
     "_to_copy_noop", "lift_fresh_copy", "is_same_size", "_has_compatible_shallow_copy_type"})
 
-# Kernels that only write their output (fills, index ranges, masks).
-# the free ops that allocate (their output holds no one's data yet); the others are views
+# The free ops that allocate (their output holds no one's data yet); the others are views.
 ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
                          "new_empty_strided"})
 
+# Kernels that only write their output (fills, index ranges, masks).
 FILL_OPS = frozenset({"zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "fill_",
                       "zero_", "fill", "arange", "scalar_tensor", "new_zeros", "new_ones",
                       "new_full", "tril", "triu", "eye", "linspace", "rand", "randn", "randint",
