@@ -340,7 +340,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           f"{list(config.input_shape)}: {first[:300]} "
                           "(check --input-shape)") from None
     costs, uncounted = all_costs(cap.records, cap.regions)
-    costs = fuse_costs(costs, cap.records, config.fusion, cap.blocks)
+    recomputed: dict = {}  # (compiled levels: what the backward recomputes, not kept)
+    costs = fuse_costs(costs, cap.records, config.fusion, cap.blocks, recomputed)
     if config.fp8_weight_reuse < 1:
         raise DlperfError(f"fp8_weight_reuse {config.fp8_weight_reuse}: the micro-batches "
                           "sharing one FP8 copy of the weights, at least 1")
@@ -355,6 +356,12 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         # unfused optimizer a host synchronisation before the step (costs.scaled_optimizer)
         costs.extend(scaled_optimizer(step) if config.dtype == "fp16" and not half else [step])
     activations = cap.saved_bytes
+    if recomputed and not config.activation_checkpointing:
+        # torch.compile keeps less: pointwise results the backward recomputes (checkpointed
+        # blocks keep their inputs as before: their footprint stays the eager one's)
+        from dlperf.analysis.compiled import saved_bytes
+
+        activations = saved_bytes(cap.saved_sizes, cap.weight_keys, cap.records, recomputed)
     if config.train and config.activation_checkpointing:
         blocks = cap.blocks
         if not blocks:

@@ -288,17 +288,19 @@ def _megatron(costs: list[Cost], records: list[OpRecord], flow) -> list[Cost]:
 
 
 def fuse_costs(costs: list[Cost], records: list[OpRecord], level: str,
-               blocks: frozenset = frozenset()) -> list[Cost]:
+               blocks: frozenset = frozenset(), recomputed: dict | None = None) -> list[Cost]:
     """``costs`` (in execution order, each naming its ``records``) as the fused stack ``level``
     runs them (see the module docstring); ``none`` returns them unchanged. ``blocks``: the
-    model's blocks (``capture.block_paths``), where the compiled levels' kernels end."""
+    model's blocks (``capture.block_paths``), where the compiled levels' kernels end;
+    ``recomputed``: filled by them (``compiled.compile_costs``)."""
     check_fusion(level)
     if level == "none":
         return list(costs)
     if level in COMPILED:
         from dlperf.analysis.compiled import compile_costs
 
-        return compile_costs(costs, records, blocks, whole_model=level == "compile")
+        return compile_costs(costs, records, blocks, whole_model=level == "compile",
+                             recomputed=recomputed)
     flow = _dataflow(records)
     if level == "megatron":
         return _megatron(costs, records, flow)
