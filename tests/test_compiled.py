@@ -215,3 +215,23 @@ def test_compiled_step_keeps_fewer_activations():
     compiled = capture_costs(Blocks(), dataclasses.replace(cfg, fusion="compile"))[3][
         "activations_bytes"]
     assert eager - compiled == 2 * NF
+
+
+class Dropout(nn.Module):
+    """relu, then dropout (training), then a projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D, bias=False)
+        self.out = nn.Linear(D, D, bias=False)
+
+    def forward(self, x):
+        return self.out(nn.functional.dropout(torch.relu(self.lin(x)), 0.1, training=True))
+
+
+def test_a_dropout_mask_is_saved_not_recomputed():
+    # forward: one kernel reads the GEMM's output (128 B) and writes the dropped activation for
+    # the next GEMM (128 B) and the boolean mask for the backward (4 x 8 x 1 = 32 B): random
+    # numbers cannot be drawn again in the backward
+    (k,) = _compiled(_costs(Blocks(Dropout), "compile"), "blocks.1")
+    assert (k.bytes, k.output_bytes) == (2 * ND + N * D, ND + N * D)

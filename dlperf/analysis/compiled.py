@@ -38,8 +38,8 @@ one kernel never goes to memory. The model here:
   (or a copy or a fill) whose only readers outside its kernel are memory-bound kernels of the
   backward is not written: the backward's kernel recomputes it, reading its sources (the
   tensors its forward kernel read to make it) instead. A reduction's output (a norm's rstd:
-  small) and anything a library kernel of the backward reads (a GEMM's saved input) are
-  written.
+  small), anything made from random numbers (a dropout's mask) and anything a library kernel
+  of the backward reads (a GEMM's saved input) are written.
 * **Rates.** A fused kernel runs at the device's streaming bandwidth (generated code, not
   ATen's kernels: hardware/efficiency.py's memory classes describe the eager ones), one launch.
 
@@ -80,6 +80,11 @@ from dlperf.hardware.efficiency import traffic_factor
 # the kernels Inductor generates code for (and so may fuse): memory-bound ones
 FUSIBLE_KINDS = frozenset({"memory", "copy", "transpose", "fill"})
 COMPILED_OP = "compiled"  # the op name of a generated kernel (streams: efficiency.py's default)
+# kernels that draw random numbers: what they make cannot be recomputed in the backward (the
+# partitioner saves a dropout's mask; replaying the generator, functionalize_rng_ops, is off by
+# default)
+RANDOM_OPS = frozenset({"native_dropout", "dropout", "bernoulli", "bernoulli_", "rand",
+                        "rand_like", "randn", "randn_like", "randint", "uniform_", "normal_"})
 
 
 def fusible(c: Cost) -> bool:
@@ -283,13 +288,17 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
     graph = _graph(by_index[members[0].records[0]])
     sources: dict[int, list[TensorMeta]] = {}
 
-    def made_of(index: int) -> list[TensorMeta]:  # the outside tensors a member is made from
+    def made_of(index: int) -> list[TensorMeta] | None:
+        # the outside tensors a member is made from; None if it draws random numbers
         if index not in sources:
             r = by_index[index]
-            found: list[TensorMeta] = []
+            found: list[TensorMeta] | None = [] if r.op not in RANDOM_OPS else None
             for pos, t in enumerate(r.inputs):
+                if found is None:
+                    break
                 p = producer.get((index, pos))
-                found.extend(made_of(p) if p in inside else recomputed.get(p, [t]))
+                more = made_of(p) if p in inside else recomputed.get(p, [t])
+                found = None if more is None else found + more
             sources[index] = found
         return sources[index]
 
@@ -322,7 +331,8 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
             if (graph == "forward" and away and later == {"backward"}
                     and away <= fusible_records):
                 made = made_of(r.index)
-                if all(m.numel <= t.numel for m in made):  # pointwise work, no reduction
+                if made is not None and all(m.numel <= t.numel for m in made):
+                    # pointwise work: no reduction, no random numbers
                     recomputed[r.index] = made  # the backward makes it again
                     continue
             writes += t.nbytes
