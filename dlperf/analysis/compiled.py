@@ -61,7 +61,8 @@ of one size (the key and value repeats of grouped-query attention) that a GPU's 
 fuse only when they share a read.
 
 Memory: the backward keeps what eager autograd kept less the recomputed pointwise results
-(``saved_bytes``; a Llama 2 7B step at 2 x 4,096 tokens keeps ~30% less); with activation
+(``saved_bytes``; a Llama 2 7B step at 2 x 4,096 tokens keeps 32.3 GiB where eager keeps
+45.8: benchmarks/results/predict-llama2-7b-a100-{eager,compile}.json); with activation
 checkpointing the footprint stays the eager one's.
 
 Not modelled: Inductor's GEMM epilogue fusion and autotuned Triton GEMMs (off by default:
