@@ -148,7 +148,8 @@ def _tensor_id(t: TensorMeta) -> tuple:
 
 
 def groups(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
-           whole_model: bool = True, flow: tuple[dict, dict] | None = None) -> list[list[int]]:
+           whole_model: bool = True, flow: tuple[dict, dict] | None = None,
+           member: dict | None = None) -> list[list[int]]:
     """The positions in ``costs`` of each fused kernel's members (module docstring), ordered
     by their first member; a kernel of one member is listed too (compiling it still changes
     what it writes).
@@ -158,10 +159,11 @@ def groups(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
     fusion, Inductor's shared-read score), each merge only if no other kernel (a library
     kernel, or another group) would have to run between two members (``_unit_groups``:
     Inductor's fusion-cycle check). Eager PyTorch's issue order does not matter: SwiGLU's
-    SiLU, issued before the second projection's GEMM, fuses with the product after it."""
+    SiLU, issued before the second projection's GEMM, fuses with the product after it.
+    ``flow`` and ``member`` (``_flow``, ``generated``): when the caller has them already."""
     by_index = {r.index: r for r in records}
     producer, _ = flow or _flow(records)
-    member = generated(costs, by_index)
+    member = generated(costs, by_index) if member is None else member
     kernel = {i for c in costs for i in c.records}  # records that run a kernel
     units: dict[tuple, list[OpRecord]] = {}
     for r in records:
@@ -272,11 +274,12 @@ def compile_costs(costs: list[Cost], records: list[OpRecord], blocks: frozenset,
     by_index = {r.index: r for r in records}
     producer, readers = _flow(records)
     free = {r.index for r in records if r.op in FREE_OPS}  # no kernel: reading is not using
-    fusible_records = set(generated(costs, by_index))
+    member = generated(costs, by_index)
+    fusible_records = set(member)
     # forward record -> the tensors it is made of
     recomputed = {} if recomputed is None else recomputed
     new: dict[int, Cost] = {}
-    for group in groups(costs, records, blocks, whole_model, (producer, readers)):
+    for group in groups(costs, records, blocks, whole_model, (producer, readers), member):
         members = [costs[p] for p in group]
         new.update(_kernel(members, group, by_index, producer, readers, free, fusible_records,
                            recomputed))
