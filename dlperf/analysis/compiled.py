@@ -84,6 +84,9 @@ COMPILED_OP = "compiled"  # the op name of a generated kernel (streams: efficien
 # kernels that draw random numbers: what they make cannot be recomputed in the backward (the
 # partitioner saves a dropout's mask; replaying the generator, functionalize_rng_ops, is off by
 # default)
+# Inductor's no-split threshold (``_inner_reduction_no_split_threshold`` before Blackwell): a
+# reduction to one value of up to this many elements runs as one kernel
+SPLIT_REDUCTION_MIN = 8192
 RANDOM_OPS = frozenset({"native_dropout", "dropout", "bernoulli", "bernoulli_", "rand",
                         "rand_like", "randn", "randn_like", "randint", "uniform_", "normal_"})
 
@@ -91,9 +94,11 @@ RANDOM_OPS = frozenset({"native_dropout", "dropout", "bernoulli", "bernoulli_", 
 def fusible(c: Cost) -> bool:
     """Whether Inductor generates this kernel (see the module docstring): a memory-bound kernel
     of one op, not a convolution's own (its bias gradient runs inside cuDNN's call), not the
-    optimizer's, not a TransformerEngine kernel (an opaque custom op to the compiler)."""
+    optimizer's, not a TransformerEngine kernel (an opaque custom op to the compiler: its
+    fused ones, ``te_*``, and its FP8 casts, ``fp8_*``, which also stand for the casts before
+    FSDP's float8 all-gather, outside the compiled model: models/float8.py)."""
     return (len(c.records) == 1 and c.kind in FUSIBLE_KINDS and c.phase != "optimizer"
-            and not c.op.startswith(("convolution", "te_")))
+            and not c.op.startswith(("convolution", "te_", "fp8_")))
 
 
 def generated(costs: list[Cost], by_index: dict) -> dict[int, int]:
@@ -211,6 +216,9 @@ def _unit_groups(rs: list[OpRecord], member: dict, producer: dict) -> list[list[
     above = dict(anc)  # group root -> its members' ancestors
     below = dict(desc)  # ... descendants
     reduces = {i: _reduced_shapes(by_index[i]) for i in fused}
+    # group root -> what runs after its split reductions' second stage (``split_reduction``):
+    # none of it may join the group
+    after = {i: desc[i] if split_reduction(by_index[i]) else 0 for i in fused}
     roots = set(group)
 
     def root(i: int) -> int:
@@ -237,16 +245,23 @@ def _unit_groups(rs: list[OpRecord], member: dict, producer: dict) -> list[list[
         if len(shapes) > 1:
             return  # reductions over other axes: kernels apart
         members = bits[a] | bits[b]
+        if (after[a] | after[b]) & members:
+            return  # a use of a split reduction's value: a kernel after its second stage
         down = reach((below[a] | below[b]) & ~members, below, (a, b))
         up = reach((above[a] | above[b]) & ~members, above, (a, b))
         if any(bits[c] & down and bits[c] & up for c in roots if c not in (a, b)):
             return  # another kernel would have to run between two members
         group[b] = a
         roots.discard(b)
-        bits[a], reduces[a] = members, shapes
+        bits[a], reduces[a], after[a] = members, shapes, after[a] | after[b]
         above[a], below[a] = above[a] | above[b], below[a] | below[b]
 
-    for i in fused:  # vertical: producer and consumer
+    # vertical: producer and consumer, the consumers first: Inductor computes a pointwise
+    # result inside the kernel that uses it (it inlines it), so where a kernel could join
+    # either its producer's group or its consumer's but not both (a float8 cast's
+    # ``x.to(float32)``: its producer, a norm, runs before the amax the cast's other factor
+    # waits for), it goes with its consumer and reads what it is made of
+    for i in reversed(fused):
         for p in inputs[i]:
             if p in member and p in bit:
                 merge(p, i)
@@ -342,9 +357,12 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
             writes += t.nbytes
     first = members[0]
     biggest = max(members, key=lambda c: c.bytes)
+    # a split reduction's second stage is a launch of its own (reading a few partial results)
+    launches = 1 + sum(split_reduction(by_index[c.records[0]]) for c in members)
     merged = dataclasses.replace(
         first, op=COMPILED_OP, kind="memory", flops=sum(c.flops for c in members),
-        bytes=sum(reads.values()) + writes + second_pass, output_bytes=writes, kernels=1,
+        bytes=sum(reads.values()) + writes + second_pass, output_bytes=writes,
+        kernels=launches,
         dtype=biggest.dtype, records=tuple(i for c in members for i in c.records),
         variant="", host_sync=False)
     out = {positions[0]: merged}
@@ -352,6 +370,18 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
         out[p] = dataclasses.replace(c, flops=0, bytes=0, output_bytes=0, kernels=0,
                                      variant="fused")
     return out
+
+
+def split_reduction(r: OpRecord) -> bool:
+    """Whether Inductor splits this reduction in two kernels: one value from more than
+    ``SPLIT_REDUCTION_MIN`` (a float8 cast's amax over a whole tensor, a gradient's norm).
+    One output gives one thread block nothing to share, so its ``Reduction.num_splits``
+    reduces partial blocks first and their partial results in a second kernel; what uses the
+    value (the cast that scales by it) runs in a kernel after both. Reductions to a few values
+    (a batch norm's statistics over 64 channels) are split too, on a GPU of more SMs than
+    twice their outputs; their traffic is the two-pass charge already (``TRAFFIC_FACTOR``)."""
+    largest = max((t.numel for t in r.inputs), default=0)
+    return (bool(r.outputs) and r.outputs[0].numel == 1 and largest > SPLIT_REDUCTION_MIN)
 
 
 def _reduced_shapes(r: OpRecord) -> frozenset:
