@@ -30,11 +30,13 @@ def record_from_results(results: Path = RESULTS) -> dict:
 
 
 def scale_out_record_from_results(results: Path = RESULTS) -> dict:
-    from dlperf.hardware.track_record import (build_fp8, build_kvstore, build_scale_out,
-                                              build_tensor_parallel)
+    from dlperf.hardware.track_record import (build_float8, build_fp8, build_kvstore,
+                                              build_scale_out, build_tensor_parallel)
 
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
+    if scaling["results"].get("float8_pairs"):  # torchao's float8 rows (--fp8 tensorwise)
+        record["float8"] = build_float8(scaling["results"])
     tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
     megatron = [results / f"tp-{name}.json"
                 for name in ("megatron-2020", "megatron-2022", "narayanan-2021",

@@ -78,6 +78,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
     """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
     precision, layout, optimizer), shared by every device that row shape appears on."""
     from dlperf.analysis.api import AnalysisConfig, capture_costs
+    from dlperf.models.float8 import gather_shares
     from dlperf.models.gpt import PRESETS, default_attention_kernel, gpt_config
     from dlperf.models.registry import build_model
 
@@ -98,11 +99,18 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
         # whose rotary-embedding kernels a Llama row ran (optional column; blank: the preset's,
         # torchtitan's complex multiply)
         rope = row.get("rope") or None
+        # torchao's float8 layers (optional columns, multi-GPU tables: models/float8.py): the
+        # recipe, and whether FSDP gathered their weights in FP8 (then each GPU cast its shard)
+        fp8 = row.get("fp8") or None
+        gathered = csv_bool(row.get("fp8_all_gather"), False)
+        shares = (gather_shares(row["gpus"], int(row.get("grad_accum") or 1))
+                  if gathered else {})
         key = (row["model"], fused, checkpointing, policy, every, row["image_size"],
                row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion, impl,
-               rope)
+               rope, fp8, tuple(sorted(shares.items())))
         # a GPT preset is built for the row's sequence length (its learned positions)
-        gpt = gpt_config(row["model"], seq_len=row["image_size"], rope=rope) \
+        gpt = gpt_config(row["model"], seq_len=row["image_size"], rope=rope, fp8=fp8,
+                         fp8_all_gather=gathered or None) \
             if row["model"] in PRESETS else None
         if (row["model"], fused, gpt) not in models:
             model, model_input = build_model(row["model"], gpt=gpt)
@@ -123,7 +131,7 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              # the fused attention kernel of the row's stack (optional
                              # column; blank: the preset's, else PyTorch's FlashAttention-2)
                              attention_kernel=row.get("attention_kernel")
-                             or default_attention_kernel(row["model"]))
+                             or default_attention_kernel(row["model"]), fp8=fp8, **shares)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
         out.append((row, cfg, *captures[key]))

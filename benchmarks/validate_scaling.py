@@ -34,6 +34,7 @@ def read_rows(path: Path) -> list[dict]:
     from dlperf.analysis.fusion import FUSIONS
     from dlperf.analysis.scaling import KVSTORES
     from dlperf.hardware.efficiency import ATTENTION_KERNELS
+    from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
     from dlperf.models.gpt import ROPE_FORMS
     from dlperf.provenance import load_sibling
 
@@ -96,6 +97,20 @@ def read_rows(path: Path) -> list[dict]:
         if row["kvstore"] not in (None, *KVSTORES):
             raise SystemExit(f"{path}: {row['id']}: kvstore must be one of "
                              f"{', '.join(KVSTORES)} or blank (NCCL)")
+        # torchao's float8 layers (blank: none) and FSDP's float8 all-gather of their weights
+        row["fp8"] = row.get("fp8") or None
+        if row["fp8"] not in (None, *FLOAT8_RECIPES):
+            raise SystemExit(f"{path}: {row['id']}: fp8 must be one of "
+                             f"{', '.join(FLOAT8_RECIPES)} or blank")
+        try:
+            row["fp8_all_gather"] = vp.csv_bool(row.get("fp8_all_gather"), False)
+        except ValueError:
+            raise SystemExit(f"{path}: {row['id']}: fp8_all_gather must be true, false or "
+                             "blank (false)") from None
+        if row["fp8_all_gather"] and (row["fp8"] is None
+                                      or row["strategy"] not in ("fsdp", "hsdp")):
+            raise SystemExit(f"{path}: {row['id']}: fp8_all_gather needs fp8 and an FSDP "
+                             "strategy")
     return rows
 
 
@@ -106,6 +121,7 @@ def capture(rows: list[dict]) -> list[tuple]:
 
     vp = load_sibling(__file__, "validate_published")
     from dlperf.analysis.gemm import state_element_bytes
+    from dlperf.models.float8 import float8_parameters
     from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
 
@@ -113,11 +129,15 @@ def capture(rows: list[dict]) -> list[tuple]:
                "measured_img_s": r["measured_per_gpu"]} for r in rows]
     out = []
     for row, (_, cfg, costs, uncounted, seconds) in zip(rows, vp.capture_rows(single)):
-        gpt = (gpt_config(row["model"], seq_len=row["image_size"], rope=row["rope"])
+        gpt = (gpt_config(row["model"], seq_len=row["image_size"], rope=row["rope"],
+                          fp8=row["fp8"], fp8_all_gather=row["fp8_all_gather"] or None)
                if row["model"] in PRESETS else None)
         model, _ = build_model(row["model"], gpt=gpt)
         grad_bytes = state_element_bytes(cfg.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()]
+        # the weights FSDP gathers in FP8 (torchao's float8 all-gather; a set, left out of
+        # the results)
+        row["fp8_gathered"] = float8_parameters(model)
         out.append((row, cfg, costs, uncounted, seconds, params))
     return out
 
@@ -146,7 +166,8 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
                             bn_group=row["bn_group"], step_cv=step_cv,
                             nccl_algo=row["nccl_algo"], nccl_proto=row["nccl_proto"],
                             kvstore=row["kvstore"], reduce_dtype=row["reduce_dtype"],
-                            kvstore_op_s=kvstore_op_s if row["kvstore"] else None)
+                            kvstore_op_s=kvstore_op_s if row["kvstore"] else None,
+                            fp8_gathered=row.get("fp8_gathered", frozenset()))
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU
         per_sample = row["image_size"] if cfg.tokens else 1
@@ -154,7 +175,8 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
         measured_eff = (row["measured_per_gpu"] / row["measured_single"]
                         if row["measured_single"] else None)
         step_samples = row["batch"] * row["grad_accum"] * per_sample
-        out.append({**row, "predicted_per_gpu": predicted,
+        out.append({**{k: v for k, v in row.items() if k != "fp8_gathered"},
+                    "predicted_per_gpu": predicted,
                     "per_gpu_ratio": predicted / row["measured_per_gpu"],
                     "predicted_efficiency": r["scaling_efficiency"],
                     "measured_efficiency": measured_eff,
@@ -213,23 +235,38 @@ def add_relative_scaling(rows: list[dict]) -> None:
 
 
 COMPILED_SUFFIX = "-compile"
+FLOAT8_SUFFIX = "-float8"
 
 
 def compile_pairs(rows: list[dict]) -> list[dict]:
     """Each compiled row beside its eager sibling (the same id without "-compile", the source
     having run both): torch.compile's speed-up as published and as predicted, and their
     ratio, which leaves out what the two rows share (the GPU's shares, the network)."""
+    return [{"compiled": r["id"], "eager": base["id"], "fusion": r["fusion"], **gain}
+            for r, base, gain in _pairs(rows, COMPILED_SUFFIX, "")]
+
+
+def float8_pairs(rows: list[dict]) -> list[dict]:
+    """Each float8 row beside its BF16 sibling (the id with "-compile" for "-float8"):
+    torchao's float8 speed-up as published and as predicted, and their ratio."""
+    return [{"float8": r["id"], "bf16": base["id"], "fp8_all_gather": r["fp8_all_gather"],
+             **gain} for r, base, gain in _pairs(rows, FLOAT8_SUFFIX, COMPILED_SUFFIX)]
+
+
+def _pairs(rows: list[dict], suffix: str, sibling: str) -> list[tuple]:
+    """(row, its sibling, the speed-up measured and predicted and their ratio) for each row
+    whose id ends in ``suffix`` and whose sibling (``suffix`` replaced by ``sibling``) the
+    table holds."""
     by_id = {r["id"]: r for r in rows}
     out = []
     for r in rows:
-        eager = by_id.get(r["id"].removesuffix(COMPILED_SUFFIX))
-        if not r["id"].endswith(COMPILED_SUFFIX) or eager is None:
+        base = by_id.get(r["id"].removesuffix(suffix) + sibling)
+        if not r["id"].endswith(suffix) or base is None:
             continue
-        measured = r["measured_per_gpu"] / eager["measured_per_gpu"]
-        predicted = r["predicted_per_gpu"] / eager["predicted_per_gpu"]
-        out.append({"compiled": r["id"], "eager": eager["id"], "fusion": r["fusion"],
-                    "measured_speedup": measured, "predicted_speedup": predicted,
-                    "ratio": predicted / measured})
+        measured = r["measured_per_gpu"] / base["measured_per_gpu"]
+        predicted = r["predicted_per_gpu"] / base["predicted_per_gpu"]
+        out.append((r, base, {"measured_speedup": measured, "predicted_speedup": predicted,
+                              "ratio": predicted / measured}))
     return out
 
 
@@ -320,13 +357,21 @@ def main(argv: list[str]) -> int:
     for p in pairs:
         print(f"  {p['compiled']:34s} {p['fusion']:15s} measured {p['measured_speedup']:.3f}"
               f"  predicted {p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")
+    fp8_pairs = float8_pairs(rows)
+    if fp8_pairs:
+        print("torchao float8's speed-up, published and predicted (float8 / BF16 per GPU, "
+              "both compiled):")
+    for p in fp8_pairs:
+        print(f"  {p['float8']:34s} measured {p['measured_speedup']:.3f}  predicted "
+              f"{p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")
     from dlperf.provenance import save_result
 
     save_result(out_path, "validation-scaling",
                 {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
                             else csv_path), "source": args.source,
                  "interconnect": args.interconnect, "set": args.set},
-                {"rows": rows, "summary": summary, "compile_pairs": pairs})
+                {"rows": rows, "summary": summary, "compile_pairs": pairs,
+                 "float8_pairs": fp8_pairs})
     from dlperf.plots import predicted_vs_measured
 
     picture = predicted_vs_measured(

@@ -11,7 +11,8 @@ import torch
 
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
-                                   optimizer_cost, scaled_optimizer, spread_costs)
+                                   optimizer_cost, scaled_optimizer, share_costs,
+                                   spread_costs)
 from dlperf.analysis.fusion import check_fusion, fuse_costs
 from dlperf.analysis.gemm import state_element_bytes
 from dlperf.analysis.pipeline import ordered_blocks
@@ -85,6 +86,13 @@ class AnalysisConfig:
     # TransformerEngine casts the weights in a step's first micro-batch and reuses the copies
     # in the rest, so a micro-batch's forward carries 1/reuse of those casts; 1 otherwise)
     fp8_weight_reuse: int = 1
+    # torchao's float8 all-gather (models/float8.py, ``gathered``): each GPU casts its shard of
+    # the float8 weights before FSDP gathers them, outside the model. The capture holds one
+    # full cast of every weight a micro-batch (an amax pass and a cast pass in BF16); these are
+    # the shares of them this GPU runs instead: the amax of its FP32 shard once a step
+    # (precompute_float8_dynamic_scale_for_fsdp) and the cast of that shard before each gather
+    fp8_weight_amax_share: float = 1.0
+    fp8_weight_cast_share: float = 1.0
     # the fused attention kernel the stack runs (hardware/efficiency.py ATTENTION_KERNELS):
     # "flash2" (PyTorch's SDPA since 2.2: FlashAttention-2) or "triton-2023" (llm-foundry's
     # Triton flash kernel, MosaicML's 2023 runs): its share of the Tensor Core peak
@@ -347,6 +355,10 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           "sharing one FP8 copy of the weights, at least 1")
     if config.fp8_weight_reuse > 1:
         costs = spread_costs(costs, FP8_WEIGHT_OPS, config.fp8_weight_reuse)
+    if (config.fp8_weight_amax_share, config.fp8_weight_cast_share) != (1.0, 1.0):
+        amax_op, cast_op = FP8_WEIGHT_OPS
+        costs = share_costs(share_costs(costs, (amax_op,), config.fp8_weight_amax_share),
+                            (cast_op,), config.fp8_weight_cast_share)
     trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
     if config.train and config.optimizer != "none":
         step = optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
@@ -398,7 +410,12 @@ def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
     (torchtitan/parallelisms/parallelize_llama.py, 2024: ``_save_list`` and its policy): the
     outputs of fused attention and of every odd-numbered ``aten.mm`` in the block (the 1st, 3rd,
     ...: a Llama block keeps q, v, w1 and w2 and recomputes k, o and w3), everything else
-    recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``).
+    recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``). The
+    list names ``aten.mm``, not ``aten._scaled_mm``: under torchao's float8 layers
+    (models/float8.py) every forward GEMM is recomputed with the rest (torchtitan's list of
+    2024-12, commit 9dec370, which also saves ``abs`` and ``max``: a float8 cast's amax, kept
+    rather than recomputed; not modelled, the forward writes what the recompute then does not
+    read again, about even).
     "selective-attention": Megatron-LM's selective activation recomputation
     (--recompute-granularity selective; Korthikanti et al., arXiv 2205.05198, section 5): only
     the attention core is recomputed (Q Kᵀ, the mask and softmax, the dropout on the

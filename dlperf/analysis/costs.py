@@ -560,3 +560,14 @@ def spread_costs(costs: list[Cost], ops, micro_batches: int) -> list[Cost]:
                                 bytes=c.bytes // micro_batches,
                                 output_bytes=c.output_bytes // micro_batches)
             if c.op in ops else c for c in costs]
+
+
+def share_costs(costs: list[Cost], ops, share: float) -> list[Cost]:
+    """``costs`` with the kernels named in ``ops`` charged ``share`` of their FLOPs and bytes
+    (``spread_costs``; torchao's float8 all-gather, whose weight casts run on a shard:
+    api.AnalysisConfig). The kernel count stays whole."""
+    if share < 0:
+        raise ValueError(f"a share of a kernel's work is at least 0, got {share}")
+    return [dataclasses.replace(c, flops=round(c.flops * share), bytes=round(c.bytes * share),
+                                output_bytes=round(c.output_bytes * share))
+            if c.op in ops else c for c in costs]

@@ -884,6 +884,9 @@ class ScaleConfig:
     # that kvstore's cost per engine operation (None: MXNET_KVSTORE_OP_S, the fitted one)
     kvstore: str | None = None
     kvstore_op_s: float | None = None
+    # FSDP: the parameters (names) gathered in FP8, one byte an element (torchao's float8
+    # all-gather: models/float8.py, ``float8_parameters``); the rest in the model's dtype
+    fp8_gathered: frozenset = frozenset()
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -1202,9 +1205,15 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # what a gradient byte becomes on the wire under FSDP's reduce_dtype
         cast = (ELEMENT_BYTES[cfg.reduce_dtype]
                 / state_element_bytes(analysis.config.precision) if cfg.reduce_dtype else 1.0)
-        traffic = fsdp_traffic(gathered, grad_bytes * cast, shard, gathers)
         grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0
+        # torchao's float8 all-gather: those weights gathered at 1 byte an element
+        fp8 = 1 / (2 if analysis.config.dtype in ("bf16", "fp16") else 4)
+        on_wire = unit_bytes([(n, b * ratio * (fp8 if n in cfg.fp8_gathered else 1))
+                              for n, b in params]) if cfg.fp8_gathered else {
+                                  u: b * ratio for u, b in grads.items()}
+        gathered = sum(on_wire.values())
+        traffic = fsdp_traffic(gathered, grad_bytes * cast, shard, gathers)
         replicas = dcfg.gpus // shard  # HSDP's nodes, each a replica (1 under FSDP)
         per_node = shard if cfg.strategy == "hsdp" else dcfg.gpus_per_node
 
@@ -1216,7 +1225,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             return (allreduce_s(nbytes, replicas, 1, node, network, gen, cfg.algorithms,
                                 cfg.protocols) if replicas > 1 else 0.0)
 
-        gather = {u: collective(b * ratio) for u, b in grads.items()}
+        gather = {u: collective(on_wire.get(u, 0)) for u in grads}
         reduce = {u: collective(b * cast) + across(b * cast / shard) for u, b in grads.items()}
         if replicas > 1:
             traffic["allreduce_bytes"] = (grad_bytes * cast / shard * 2 * (replicas - 1)
@@ -1227,7 +1236,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                                lambda u: reduce.get(u, 0.0), regather=gathers == 2,
                                segments=step.segments)
         traffic["units"] = len(grads)
-        traffic["nccl"] = _nccl_name("allgather", max(grads.values(), default=0) * ratio, dcfg,
+        traffic["nccl"] = _nccl_name("allgather", max(on_wire.values(), default=0), dcfg,
                                      node, network, gen)
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)

@@ -160,15 +160,27 @@ def add_parser(sub) -> None:
                         "collectives and the output projections' backward ones chunked beside "
                         "their GEMMs too; with --tp 1, TransformerEngine's layers and "
                         "Megatron-Core's fused kernels without tensor parallelism [torch]")
-    s.add_argument("--fp8", choices=("delayed", "current"), default=None,
-                   help="the blocks' linear layers in FP8 as TransformerEngine runs them on "
-                        "Hopper and later (needs --tp-impl te): E4M3 forward, E5M2 gradients, "
+    s.add_argument("--fp8", choices=("delayed", "current", "tensorwise"), default=None,
+                   help="the blocks' linear layers in FP8 on Hopper and later. delayed, "
+                        "current: as TransformerEngine runs them (needs --tp-impl te): E4M3 "
+                        "forward, E5M2 gradients, "
                         "per-tensor scales from the amax history (delayed) or from each "
                         "tensor's own amax, one more pass over it (current, Megatron-Bridge's "
                         "FP8-CS); each input, weight and gradient cast to FP8 and its "
                         "transpose, the weights once a step (the step's --grad-accum "
-                        "micro-batches reuse them), the tensor-parallel all-gathers in FP8; "
-                        "the output layer and attention stay in --dtype [off]")
+                        "micro-batches reuse them), the tensor-parallel all-gathers in FP8. "
+                        "tensorwise: as torchao's float8 training runs them (torchtitan's "
+                        "float8 converter; no --tp): dynamic per-tensor scales, each cast an "
+                        "amax pass and a cast pass, the FP8 copies the GEMMs' layouts need; "
+                        "its casts are fused only under --fusion compile or compile-blocks, "
+                        "as torchao asks. The output layer and attention stay in --dtype "
+                        "[off]")
+    s.add_argument("--fp8-all-gather", action="store_true",
+                   help="with --fp8 tensorwise and --strategy fsdp or hsdp: FSDP gathers the "
+                        "float8 layers' weights in FP8, each GPU casting its shard before "
+                        "the gather (torchtitan's enable_fsdp_float8_all_gather with "
+                        "precompute_float8_dynamic_scale_for_fsdp): half the gathered bytes "
+                        "of those weights, no weight cast in the model [off]")
     s.add_argument("--pp", type=positive_int, default=1, metavar="N",
                    help="pipeline parallel (gpt and its presets, --strategy ddp): the blocks "
                         "split into N stages of consecutive blocks on N GPUs (of --tp each), "
@@ -302,6 +314,18 @@ def add_parser(sub) -> None:
                         "kernel, in [0, 1) [0]")
 
 
+def _float8_gather_shares(args) -> dict:
+    """The AnalysisConfig shares of the weight casts under --fp8-all-gather (models/float8.py,
+    ``gather_shares``): the GPUs sharing one copy of the weights, two gathers a micro-batch
+    (FSDP reshards after the forward), the step's --grad-accum micro-batches."""
+    from dlperf.models.float8 import gather_shares
+
+    if not args.fp8_all_gather:
+        return {}
+    shards = min(args.gpus, args.gpus_per_node) if args.strategy == "hsdp" else args.gpus
+    return gather_shares(shards, args.grad_accum)
+
+
 def _gpt_config(args):
     """The GPT preset named by ``args.model`` with the --layers ... --seq-len flags applied;
     None for other models (where those flags are an error, not silently ignored)."""
@@ -312,6 +336,7 @@ def _gpt_config(args):
              "dropout": args.dropout, "tp": args.tp if args.tp > 1 else None,
              "sequence_parallel": False if args.no_sequence_parallel else None,
              "tp_impl": args.tp_impl, "fp8": args.fp8,
+             "fp8_all_gather": True if args.fp8_all_gather else None,
              "tie_embeddings": False if args.untie_embeddings else None,
              "cp": args.cp if args.cp > 1 else None, "cp_comm": args.cp_comm,
              "rope": args.rope}
@@ -391,10 +416,18 @@ def run(args) -> int:
     if args.pp_overlap_p2p and args.pp_virtual == 1:
         raise DlperfError("--pp-overlap-p2p overlaps the interleaved schedule's transfers "
                           "(Megatron-Core overlaps none in 1F1B): add --pp-virtual V (V > 1)")
-    if args.fp8 is not None and args.tp_impl != "te":
-        raise DlperfError("--fp8 runs TransformerEngine's FP8 layers (Megatron-Core's stack): "
-                          "add --tp-impl te (torchao's float8 casts its tensors in "
-                          "torch.compile's generated kernels, which --fp8 does not model yet)")
+    if args.fp8 in ("delayed", "current") and args.tp_impl != "te":
+        raise DlperfError(f"--fp8 {args.fp8} runs TransformerEngine's FP8 layers "
+                          "(Megatron-Core's stack): add --tp-impl te, or use --fp8 tensorwise "
+                          "(torchao's float8 layers, as torchtitan runs them)")
+    if args.fp8 == "tensorwise" and (args.tp > 1 or args.tp_impl not in (None, "torch")):
+        raise DlperfError("--fp8 tensorwise (torchao's float8 layers) is modelled without "
+                          "tensor parallelism: drop --tp and --tp-impl, or use --fp8 delayed "
+                          "or current with --tp-impl te")
+    if args.fp8_all_gather and (args.fp8 != "tensorwise"
+                                or args.strategy not in ("fsdp", "hsdp") or not args.gpus):
+        raise DlperfError("--fp8-all-gather is FSDP's float8 all-gather of torchao's layers: "
+                          "it needs --fp8 tensorwise, --strategy fsdp or hsdp and --gpus N")
     if args.tp_impl == "te" and args.no_sequence_parallel:
         raise DlperfError("--tp-impl te overlaps the collectives of sequence parallelism "
                           "(Megatron-LM refuses --tp-comm-overlap without it): drop "
@@ -437,7 +470,9 @@ def run(args) -> int:
                          optimizer_impl=args.optimizer_impl,
                          fp8=args.fp8,
                          # TE casts the weights in a step's first micro-batch only
-                         fp8_weight_reuse=args.grad_accum if args.fp8 else 1,
+                         fp8_weight_reuse=(args.grad_accum if args.fp8 in ("delayed", "current")
+                                           else 1),
+                         **_float8_gather_shares(args),
                          attention_kernel=args.attention_kernel
                          or default_attention_kernel(args.model))
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
@@ -704,6 +739,10 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
         grad_bytes = state_element_bytes(analysis.config.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()
                   if p.requires_grad]
+    if args.fp8_all_gather:  # (torchao's float8 layers: FSDP gathers their weights in FP8)
+        from dlperf.models.float8 import float8_parameters
+
+        cfg = replace(cfg, fp8_gathered=float8_parameters(model))
     here, curve = scale_out_and_curve(analysis, params, cfg, node, network)
     if stage is not None:
         here["communication"]["pipeline"]["slowest_stage"] = stage[2]

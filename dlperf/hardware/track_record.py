@@ -120,8 +120,10 @@ def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | Non
     text = f"Track record on {spec.display_name}: " + "; ".join(parts) + "."
     if spec.caveat:
         text += f" {spec.caveat}"
-    if getattr(config, "fp8", None) and (fp8 := describe_fp8()):
-        text += f" {fp8}"
+    fp8 = getattr(config, "fp8", None)
+    line = (describe_float8() if fp8 == "tensorwise" else describe_fp8()) if fp8 else None
+    if line:
+        text += f" {line}"
     return text, warn
 
 
@@ -441,6 +443,43 @@ def describe_fp8(record: dict | None = None) -> str | None:
             + f". dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
             f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "
             "it against.")
+
+
+def build_float8(result: dict) -> dict:
+    """The scale-out record's entry on torchao's float8 training (``analyze --fp8
+    tensorwise``), from validate_scaling.py's results: each float8 row's measured rate and
+    dlperf's prediction over it, and each published float8 / BF16 pair's speed-up, measured
+    and predicted."""
+    rows = [r for r in result["rows"] if r.get("fp8")]
+    return {"rows": [{"id": r["id"], "source": r["source"], "gpus": r["gpus"],
+                      "tokens": r["image_size"], "flag": r["flag"],
+                      "measured": r["measured_per_gpu"], "ratio": r["per_gpu_ratio"]}
+                     for r in rows],
+            "pairs": [{"float8": p["float8"], "bf16": p["bf16"],
+                       "measured_speedup": p["measured_speedup"],
+                       "predicted_speedup": p["predicted_speedup"], "ratio": p["ratio"]}
+                      for p in result["float8_pairs"]]}
+
+
+def describe_float8(record: dict | None = None) -> str | None:
+    """What the published runs say of ``analyze --fp8 tensorwise`` (printed under every such
+    prediction); None when the record has no float8 entry."""
+    record = load_scale_out() if record is None else record
+    f = record.get("float8")
+    if not f or not f["rows"]:
+        return None
+    ratios = [r["ratio"] for r in f["rows"]]
+    sources = sorted({r["source"] for r in f["rows"]})
+    text = (f"torchao float8 (--fp8 tensorwise) is checked against {len(ratios)} published "
+            f"Llama 3 8B runs on H100s ({', '.join(sources)}; power-limited HBM2e parts): "
+            f"dlperf predicted {min(ratios):.2f}-{max(ratios):.2f}x the measured rate")
+    if f["pairs"]:
+        measured = [p["measured_speedup"] for p in f["pairs"]]
+        predicted = [p["predicted_speedup"] for p in f["pairs"]]
+        text += (f"; float8's speed-up over the same compiled BF16 run, measured "
+                 f"{min(measured):.2f}-{max(measured):.2f}x, predicted "
+                 f"{min(predicted):.2f}-{max(predicted):.2f}x")
+    return text + "."
 
 
 def build_kvstore(fit: dict) -> dict:

@@ -260,12 +260,14 @@ class Fp8Linear(nn.Linear):
                                   cast or self.cast(x), self.scatter)
 
 
-def shared_cast(layer: nn.Module, x: Tensor) -> SharedCast | None:
-    """x's cast for the group of layers that ``layer`` starts (None unless it is FP8)."""
-    return layer.cast(x) if isinstance(layer, Fp8Linear) else None
+def shared_cast(layer: nn.Module, x: Tensor):
+    """x's cast for the group of layers that ``layer`` starts: None unless it is an FP8 layer
+    (this module's, or torchao's of models/float8.py: each has a ``cast`` method)."""
+    cast = getattr(layer, "cast", None)
+    return cast(x) if callable(cast) else None
 
 
-def call(layer: nn.Module, x: Tensor, cast: SharedCast | None) -> Tensor:
+def call(layer: nn.Module, x: Tensor, cast) -> Tensor:
     """``layer(x)``, on x's shared cast where there is one."""
     return layer(x) if cast is None else layer(x, cast)
 

@@ -65,6 +65,9 @@ the query heads before attention, separate q, k, v projections. Under
 models/fused.py): RMSNorm, SwiGLU and the rotary embedding one kernel each, K and V given to
 the attention kernel as they are; with ``fp8`` its blocks' linear layers are TransformerEngine's
 FP8 layers (models/fp8.py), q, k and v sharing one cast of their input, as SwiGLU's two do.
+With ``fp8="tensorwise"`` (``tp_impl="torch"``) they are torchao's float8 layers instead
+(models/float8.py), as torchtitan converts them; its output layer stays in the model's dtype
+either way (torchtitan's float8 converter leaves ``output`` out).
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
+from dlperf.models.float8 import Float8Linear
 from dlperf.models.fp8 import RECIPES as FP8_RECIPES
 from dlperf.models.fp8 import Fp8Linear, call, shared_cast
 from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope
@@ -128,8 +133,13 @@ class GPTConfig:
     cp_comm: str = "p2p"
     # the blocks' linear layers in FP8 as TransformerEngine runs them (models/fp8.py): None
     # (BF16/FP16 GEMMs), "delayed" or "current" scaling; the output layer stays in the model's
-    # dtype (Megatron-Core's is not a TE layer). Needs tp_impl "te".
+    # dtype (Megatron-Core's is not a TE layer). Needs tp_impl "te". Or as torchao runs them
+    # (models/float8.py, torchtitan's float8 converter): "tensorwise", with tp_impl "torch"
+    # and tp 1.
     fp8: str | None = None
+    # torchao only: FSDP gathers the float8 layers' weights in FP8, cast before the gather
+    # (torchtitan's enable_fsdp_float8_all_gather)
+    fp8_all_gather: bool = False
     # whether the GPU's FP8 GEMMs take only "TN" operands (Hopper, Ada: the casts also write
     # transposes) or any layout (Blackwell and later)
     fp8_tn_only: bool = True
@@ -165,11 +175,19 @@ class GPTConfig:
             if value % self.tp:
                 raise ValueError(f"tensor parallel over {self.tp} GPUs splits the {name} "
                                  f"({value}): give a tensor-parallel size that divides it")
-        if self.fp8 is not None and self.fp8 not in FP8_RECIPES:
-            raise ValueError(f"GPT fp8 must be one of {', '.join(FP8_RECIPES)}, "
-                             f"got {self.fp8!r}")
-        if self.fp8 is not None and self.tp_impl != "te":
-            raise ValueError("FP8 layers are TransformerEngine's: tp_impl must be 'te'")
+        if self.fp8 is not None and self.fp8 not in FP8_RECIPES + FLOAT8_RECIPES:
+            raise ValueError(f"GPT fp8 must be one of "
+                             f"{', '.join(FP8_RECIPES + FLOAT8_RECIPES)}, got {self.fp8!r}")
+        if self.fp8 in FP8_RECIPES and self.tp_impl != "te":
+            raise ValueError("FP8 layers with delayed or current scaling are "
+                             "TransformerEngine's: tp_impl must be 'te'")
+        if self.fp8 in FLOAT8_RECIPES and (self.tp_impl != "torch" or self.tp > 1):
+            raise ValueError("torchao's float8 layers (tensorwise) are modelled without "
+                             "tensor parallelism, on PyTorch's own layers: tp_impl 'torch', "
+                             "tp 1")
+        if self.fp8_all_gather and self.fp8 not in FLOAT8_RECIPES:
+            raise ValueError("fp8_all_gather is torchao's float8 all-gather: it needs fp8 "
+                             "'tensorwise'")
         if self.cp < 1:
             raise ValueError(f"context-parallel ranks must be at least 1, got {self.cp}")
         if self.cp > 1 and self.seq_len % (2 * self.cp):
@@ -599,6 +617,8 @@ def _column(cfg: GPTConfig, d_in: int, d_out: int, bias: bool, fp8: bool = True)
     """A column-parallel layer: plain (its input gathered before it, or whole) or Megatron's
     (``cfg.regather`` > 1: it gathers its input itself and keeps the shard); in FP8 under
     ``cfg.fp8`` unless ``fp8`` is False (the output layer)."""
+    if cfg.fp8 in FLOAT8_RECIPES and fp8:
+        return Float8Linear(d_in, d_out, bias, cfg.fp8, gathered=cfg.fp8_all_gather)
     if cfg.fp8 is not None and fp8:
         return Fp8Linear(d_in, d_out, bias, cfg.fp8, gather=cfg.regather,
                          tn_only=cfg.fp8_tn_only)
@@ -611,6 +631,8 @@ def _row(cfg: GPTConfig, d_in: int, d_out: int, bias: bool) -> nn.Linear:
     """A row-parallel layer: plain (the block reduce-scatters its output after it), or in FP8
     under ``cfg.fp8``, reduce-scattering its output itself as TE's row-parallel layer does
     (and all-gathering its FP8 output gradient in the backward)."""
+    if cfg.fp8 in FLOAT8_RECIPES:
+        return Float8Linear(d_in, d_out, bias, cfg.fp8, gathered=cfg.fp8_all_gather)
     if cfg.fp8 is not None:
         return Fp8Linear(d_in, d_out, bias, cfg.fp8, scatter=cfg.token_split,
                          tn_only=cfg.fp8_tn_only)
@@ -619,8 +641,8 @@ def _row(cfg: GPTConfig, d_in: int, d_out: int, bias: bool) -> nn.Linear:
 
 def _row_split(cfg: GPTConfig) -> int:
     """Ranks the block reduce-scatters a row-parallel layer's output over: none where the
-    layer does it itself (FP8)."""
-    return 1 if cfg.fp8 is not None else cfg.token_split
+    layer does it itself (TransformerEngine's FP8 layers)."""
+    return 1 if cfg.fp8 in FP8_RECIPES else cfg.token_split
 
 
 def _gather(x: torch.Tensor, tp: int) -> torch.Tensor:
@@ -660,11 +682,13 @@ class Block(nn.Module):
         a = self.attn(_gather(self.ln1(x), self.gather), rope, mask)
         x = x + self.drop(_scatter(a, self.scatter))
         h = _gather(self.ln2(x), self.gather)
-        cast = shared_cast(self.fc, h) if self.swiglu else None  # FP8: Megatron's linear_fc1
+        # FP8: Megatron's linear_fc1 (torchao: both layers' casts of h, computed once)
+        cast = shared_cast(self.fc, h) if self.swiglu else None
         if isinstance(self.act, FusedSwiGLU):
             h = self.act(call(self.fc, h, cast), call(self.gate, h, cast))
         else:
-            h = self.act(self.fc(h)) * self.gate(h) if self.swiglu else self.act(self.fc(h))
+            h = (self.act(call(self.fc, h, cast)) * call(self.gate, h, cast) if self.swiglu
+                 else self.act(self.fc(h)))
         return x + self.drop(_scatter(self.out(h), self.scatter))
 
 

@@ -1,0 +1,329 @@
+"""models/float8.py (`analyze --fp8 tensorwise`): torchao's float8 linear layers. Their numbers
+against a float64 product of the quantized operands, the kernels a layer runs eager and what
+torch.compile makes of them (analysis/compiled.py: the amax a split reduction, the cast after
+it) against counts by hand, the weights' casts under FSDP's float8 all-gather (api shares,
+scaling's gathered bytes), the selective checkpoint policy, the CLI and the record."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+from conftest import run_cli
+from torch import nn
+
+from dlperf.analysis.api import AnalysisConfig, _meta_forward, _meta_inputs, capture_costs
+from dlperf.analysis.capture import OpRecord, TensorMeta, capture
+from dlperf.analysis.compiled import COMPILED_OP, SPLIT_REDUCTION_MIN, split_reduction
+from dlperf.analysis.costs import share_costs
+from dlperf.hardware.track_record import build_float8, describe_float8
+from dlperf.models import float8
+from dlperf.models.gpt import GPT, GPTConfig
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _dequantized(x: torch.Tensor, fmt) -> torch.Tensor:
+    """x as torchao's tensorwise cast quantizes it (scale = the format's largest value over
+    the amax, in FP32; x in FP32 times the scale, saturated), back in float64: the operand the
+    FP8 GEMM multiplies, computed without _scaled_mm."""
+    top = torch.finfo(fmt).max
+    scale = torch.tensor(top, dtype=torch.float32) / x.abs().max().float()
+    q = (x.float() * scale).clamp(-top, top).to(fmt)
+    return q.double() / scale.double()
+
+
+def test_the_layer_is_the_product_of_its_quantized_operands():
+    # forward: E4M3 input and weight; backward: the E5M2 gradient against each of them, FP32
+    # accumulation (_scaled_mm's) against float64: agreement to FP32 rounding
+    torch.manual_seed(0)
+    layer = float8.Float8Linear(32, 48, False)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    y = layer(x)
+    xd, wd = _dequantized(x.detach(), E4M3), _dequantized(layer.weight.detach(), E4M3)
+    assert y.shape == (2, 5, 48)
+    assert torch.allclose(y.double(), xd @ wd.t(), rtol=1e-5, atol=1e-5)
+    g = torch.randn(2, 5, 48)
+    y.backward(g)
+    gd = _dequantized(g, E5M2)
+    assert torch.allclose(x.grad.double(), gd @ wd, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(layer.weight.grad.double(),
+                          gd.reshape(-1, 48).t() @ xd.reshape(-1, 32), rtol=1e-5, atol=1e-4)
+    # FP8's own error against the exact product stays a few percent (3 mantissa bits)
+    exact = x.detach().double() @ layer.weight.detach().double().t()
+    assert (y.double() - exact).norm() / exact.norm() < 0.1
+
+
+def test_a_bias_and_the_gathered_weight_compute_the_same():
+    # the FSDP-gathered form casts its weight with the opaque ops (the same scale), and a
+    # bias adds after the GEMM, its gradient the gradient's sum over the tokens
+    torch.manual_seed(1)
+    plain = float8.Float8Linear(32, 16, True)
+    gathered = float8.Float8Linear(32, 16, True, gathered=True)
+    gathered.load_state_dict(plain.state_dict())
+    x = torch.randn(6, 32)
+    ya, yb = plain(x), gathered(x)
+    assert torch.equal(ya, yb)
+    ya.sum().backward()
+    yb.sum().backward()
+    assert torch.equal(plain.weight.grad, gathered.weight.grad)
+    assert torch.allclose(plain.bias.grad, torch.full((16,), 6.0))
+
+
+def test_layer_sizes_recipe_and_stack_are_checked():
+    with pytest.raises(ValueError, match="multiples of 16"):
+        float8.Float8Linear(24, 48, False)
+    with pytest.raises(ValueError, match="recipe"):
+        float8.Float8Linear(32, 48, False, "rowwise")
+    with pytest.raises(ValueError, match="tp_impl 'torch', tp 1"):
+        GPTConfig(layers=1, d_model=64, heads=4, fp8="tensorwise", tp_impl="te")
+    with pytest.raises(ValueError, match="fp8_all_gather"):
+        GPTConfig(layers=1, d_model=64, heads=4, fp8_all_gather=True)
+
+
+M, K, N = 256, 64, 96  # tokens, input and output features of one layer
+
+
+class One(nn.Module):
+    """One float8 layer as the only block (``blocks.0``), bf16."""
+
+    def __init__(self, gathered: bool = False):
+        super().__init__()
+        self.blocks = nn.ModuleList([float8.Float8Linear(K, N, False, gathered=gathered)])
+
+    def forward(self, x):
+        return self.blocks[0](x)
+
+
+def _costs(fusion: str, gathered: bool = False, **kw):
+    cfg = AnalysisConfig(model="m", input_shape=(M, K), dtype="bf16", precision="half",
+                         train=True, optimizer="none", fusion=fusion, **kw)
+    return capture_costs(One(gathered).bfloat16(), cfg)[0]
+
+
+def _layer(costs, phase=None):
+    return [c for c in costs if c.module.startswith("blocks.0") and c.kernels
+            and (phase is None or (c.phase == "forward") == (phase == "forward"))]
+
+
+def test_eager_kernels_by_hand():
+    # Eager, one cast is torchao's ops one kernel each: abs, max (the amax), the scale
+    # (amax to FP32, clamp, the format's max over it: a reciprocal and a multiply on one
+    # value), x in FP32, times the scale, clamped, to FP8, and the inverse scale the GEMM
+    # takes. The input x [256, 64] BF16 (32 KiB): abs reads and writes it (2 x 32 KiB), max
+    # reads it, the copy to FP32 reads 32 KiB and writes 64 KiB, the multiply and the clamp
+    # read and write 64 KiB each, the cast to FP8 reads 64 KiB and writes 16 KiB.
+    costs = _costs("none")
+    fwd = _layer(costs, "forward")
+    x = M * K * 2
+    big = [(c.op, c.bytes) for c in fwd if c.bytes >= x]
+    assert big[:6] == [("abs", 2 * x), ("max", x + 2), ("_to_copy", 3 * x),
+                       ("mul", 4 * x + 4), ("clamp", 4 * x), ("_to_copy", 2 * x + x // 2)]
+    ops = Counter(c.op for c in costs if c.kernels)
+    # three casts (input and weight forward, the gradient backward), three FP8 GEMMs; the
+    # backward's three FP8 copies (W's, the gradient's and x's transposes) are clones
+    assert ops["max"] == 3 and ops["_scaled_mm"] == 3 and ops["clone"] == 3
+    assert {c.dtype for c in costs if c.op == "_scaled_mm"} == {"fp8"}
+
+
+def test_compiled_casts_by_hand():
+    # Under torch.compile a cast is two generated kernels: the amax (abs and max: one read of
+    # x, split in two launches: a reduction to one value of 16,384 elements) and the cast
+    # (x read again with the amax, the scale computed inline, FP8 written: 32 KiB + 16 KiB).
+    # The weight (96 x 64 = 6,144 elements, not split) is one kernel: read 12 KiB, write 6.
+    # Backward: the gradient g [256, 96] (48 KiB): its amax, then one kernel writing its FP8
+    # data and the transposed copy the weight-gradient GEMM reads (48 + 2 x 24 KiB); the
+    # input's and the weight's transposed FP8 copies a kernel each (read and write 16 KiB,
+    # 6 KiB).
+    costs = _costs("compile")
+    fwd = [c for c in _layer(costs, "forward") if c.op == COMPILED_OP]
+    x, w, g = M * K * 2, N * K * 2, M * N * 2
+    assert [(c.bytes // 1024, c.kernels) for c in fwd] == [
+        (x // 1024, 2), ((x + x // 2) // 1024, 1), ((w + w // 2) // 1024, 1)]
+    assert fwd[0].output_bytes == 2  # the amax
+    back = [c for c in _layer(costs, "backward") if c.op == COMPILED_OP]
+    assert sorted((c.bytes // 1024, c.kernels) for c in back) == sorted(
+        [(g // 1024, 2), (2 * g // 1024, 1), (x // 1024, 1), (w // 1024, 1)])
+    # the GEMMs are untouched
+    assert [c.op for c in costs if c.kind == "gemm"] == ["_scaled_mm"] * 3
+
+
+def test_split_reduction_rule():
+    def rec(out_numel, in_numel):
+        return OpRecord(index=0, op="max", module="m", module_type="M", phase="forward",
+                        inputs=(TensorMeta((in_numel,), "bf16", (1,), 1),),
+                        outputs=(TensorMeta((out_numel,) if out_numel > 1 else (), "bf16",
+                                            (1,) if out_numel > 1 else (), 2),))
+
+    assert split_reduction(rec(1, SPLIT_REDUCTION_MIN + 1))
+    assert not split_reduction(rec(1, SPLIT_REDUCTION_MIN))  # one kernel: Inductor's rule
+    assert not split_reduction(rec(256, 1 << 20))  # rows: a norm's reduction
+
+
+def test_a_small_tensors_cast_is_one_kernel():
+    # a cast of at most 8,192 elements: the amax and the cast in one kernel (Inductor does
+    # not split it): x [64, 64] read once, FP8 written with the inverse scale (4 bytes) the
+    # GEMM reads
+    cfg = AnalysisConfig(model="m", input_shape=(64, K), dtype="bf16", precision="half",
+                         train=True, optimizer="none", fusion="compile")
+    costs = capture_costs(One().bfloat16(), cfg)[0]
+    fwd = [c for c in _layer(costs, "forward") if c.op == COMPILED_OP]
+    assert fwd[0].kernels == 1 and fwd[0].bytes == 64 * K * 2 + 64 * K + 4
+
+
+def test_gathered_weights_are_cast_on_the_shard():
+    # FSDP's float8 all-gather: the weight cast is the opaque pre-gather ops (not fused),
+    # charged at the shares gather_shares gives: on 8 GPUs, the amax 4/2/8 = 0.25 of a full
+    # BF16 amax, the cast 2 x 5/3/8 = 0.4167 of a full BF16 cast (12 KiB + 6 KiB)
+    shares = float8.gather_shares(8)
+    assert shares == {"fp8_weight_amax_share": 0.25,
+                      "fp8_weight_cast_share": pytest.approx(10 / 24)}
+    costs = _costs("compile", gathered=True, **shares)
+    by_op = {c.op: c for c in costs if c.op.startswith("fp8_weight")}
+    w = N * K * 2
+    assert by_op["fp8_weight_amax"].bytes == round((w + 4) * 0.25)  # (+ the FP32 amax)
+    assert by_op["fp8_weight_quantize"].bytes == pytest.approx(
+        (w + w // 2 + 8) * 10 / 24, abs=1)  # (+ the amax read, the inverse scale written)
+    # the weight's forward cast kernel is gone from the compiled ones
+    assert len([c for c in _layer(costs, "forward") if c.op == COMPILED_OP]) == 2
+    with pytest.raises(ValueError):
+        float8.gather_shares(0)
+    with pytest.raises(ValueError):
+        share_costs(costs, ("x",), -1.0)
+
+
+def _llama(**kw):
+    return GPTConfig(layers=2, d_model=64, heads=4, kv_heads=2, vocab=96, seq_len=32,
+                     tie_embeddings=False, norm="rmsnorm", mlp="swiglu", ffn_hidden=128,
+                     positions="rope", fp8="tensorwise", **kw)
+
+
+def test_a_llama_block_by_hand():
+    # 7 float8 layers a block, 4 inputs (q, k, v share h's cast, as torch.compile's CSE
+    # computes the three identical casts once; fc and gate share theirs): forward 4 input
+    # amaxes + 7 weight amaxes and 7 FP8 GEMMs; backward 7 gradient amaxes, 14 FP8 GEMMs,
+    # 7 + 7 + 4 transposed copies (weights, gradients, inputs); the output layer a BF16 mm
+    model = GPT(_llama())
+    inputs = _meta_inputs((3, 32), torch.long, False)
+    forward, params = _meta_forward(model, False, torch.bfloat16)
+    cap = capture(model, inputs, train=True, autocast_dtype=None, forward=forward,
+                  params=params)
+    c = Counter((r.op, r.phase == "forward") for r in cap.records
+                if r.module.startswith("blocks.") and r.op in ("max", "_scaled_mm", "clone")
+                and (r.op != "clone" or r.outputs[0].dtype == "fp8"))  # (rope's own clones)
+    blocks = 2
+    assert c[("max", True)] == (4 + 7) * blocks and c[("max", False)] == 7 * blocks
+    assert c[("_scaled_mm", True)] == 7 * blocks and c[("_scaled_mm", False)] == 14 * blocks
+    assert c[("clone", False)] == (7 + 7 + 4) * blocks
+    assert isinstance(model.head, nn.Linear) and not isinstance(model.head,
+                                                                float8.Float8Linear)
+    assert len(float8.float8_parameters(model)) == 0  # not gathered in FP8
+    gathered = GPT(_llama(fp8_all_gather=True))
+    names = float8.float8_parameters(gathered)
+    assert len(names) == 7 * blocks and "blocks.0.attn.wq.weight" in names
+    assert "head.weight" not in names
+
+
+def test_selective_checkpointing_recomputes_the_float8_gemms():
+    # torchtitan's op-level policy saves every other aten.mm, not aten._scaled_mm: a float8
+    # block recomputes all its forward GEMMs up to the last one the backward needs, where a
+    # BF16 block recomputes 3 of its 7 (k, o, w3)
+    def recomputed_gemms(fp8):
+        cfg = GPTConfig(**{**_llama().__dict__, "fp8": fp8})
+        model = GPT(cfg)
+        a = AnalysisConfig(model="gpt", input_shape=(2, 32), dtype="bf16", precision="fsdp",
+                           train=True, tokens=True, optimizer="none",
+                           activation_checkpointing=True, checkpoint_policy="selective-op")
+        costs = capture_costs(model, a, torch.long)[0]
+        return sum(c.phase == "recompute" and c.kind == "gemm" for c in costs)
+
+    assert recomputed_gemms(None) == 3 * 2
+    assert recomputed_gemms("tensorwise") == 6 * 2  # all but the last (w2)
+
+
+def test_fsdp_gathers_float8_weights_in_one_byte():
+    # FSDP on 4 GPUs of a small float8 Llama: the gathered bytes are the BF16 parameters' 2
+    # bytes an element, less 1 byte for each float8 weight (their FP8 all-gather)
+    from dlperf.analysis.api import analyze_model
+    from dlperf.analysis.scaling import ScaleConfig, scale_out
+    from dlperf.hardware.interconnect import get_interconnect
+    from dlperf.hardware.specs import get_device
+
+    model = GPT(_llama(fp8_all_gather=True))
+    cfg = AnalysisConfig(model="gpt", input_shape=(2, 32), dtype="bf16", precision="fsdp",
+                         train=True, tokens=True, optimizer="adamw", device="h100-sxm")
+    analysis = analyze_model(model, cfg, get_device("h100-sxm"), input_dtype=torch.long)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    node, net = get_interconnect("nvlink4-h100"), get_interconnect("ib-ndr")
+    names = float8.float8_parameters(model)
+    fp8_numel = sum(p.numel() for n, p in model.named_parameters() if n in names)
+    total = sum(p.numel() for p in model.parameters())
+    out = {}
+    for gathered in (frozenset(), names):
+        r = scale_out(analysis, params, ScaleConfig(gpus=4, gpus_per_node=8, strategy="fsdp",
+                                                    fp8_gathered=gathered), node, net)
+        out[bool(gathered)] = r["communication"]["all_gather_bytes"]
+    # fsdp_traffic: two gathers of (n-1)/n of the bytes
+    assert out[False] == pytest.approx(2 * 2 * total * 3 / 4)
+    assert out[True] == pytest.approx(2 * (2 * total - fp8_numel) * 3 / 4)
+
+
+LLAMA = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "4",
+         "--seq-len", "256", "--train", "--dtype", "bf16", "--precision", "fsdp",
+         "--batch-size", "2", "--top", "1"]
+
+
+def test_cli_float8(capsys, tmp_path):
+    code, _, err = run_cli(LLAMA + ["--fp8", "tensorwise", "--tp-impl", "te"], capsys)
+    assert code == 2 and "without tensor parallelism" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(LLAMA + ["--fp8", "tensorwise", "--fp8-all-gather"], capsys)
+    assert code == 2 and "--strategy fsdp" in err
+    code, _, err = run_cli(LLAMA + ["--fp8-all-gather", "--gpus", "8", "--strategy", "fsdp"],
+                           capsys)
+    assert code == 2 and "--fp8 tensorwise" in err
+    code, _, err = run_cli(LLAMA + ["--fp8", "delayed"], capsys)
+    assert code == 2 and "--tp-impl te" in err and "--fp8 tensorwise" in err
+    # compiled, float8 pays where the GEMMs are large (width 2,048 at 2,048 tokens) and not
+    # where they are small (width 256 at 256 tokens: the casts cost more than the GEMMs save);
+    # eager, its unfused casts cost more than the GEMMs save at both
+    rates = {}
+    for width in (256, 2048):
+        for fusion in ("none", "compile-blocks"):
+            for flags in ([], ["--fp8", "tensorwise"]):
+                out = tmp_path / f"r{width}{fusion}{len(flags)}.json"
+                argv = (LLAMA + ["--device", "h100-sxm", "--json", str(out), "--fusion",
+                                 fusion, "--d-model", str(width), "--seq-len", str(width)]
+                        + flags)
+                code, text, err = run_cli(argv, capsys)
+                assert code == 0, err
+                rates[width, fusion, bool(flags)] = json.loads(out.read_text())["totals"][
+                    "tokens_per_s"]
+                if flags:
+                    assert "torchao float8 linear layers (tensorwise scaling)" in text
+    assert rates[2048, "compile-blocks", True] > rates[2048, "compile-blocks", False]
+    assert rates[256, "compile-blocks", True] < rates[256, "compile-blocks", False]
+    assert rates[2048, "none", True] < rates[2048, "none", False]
+
+
+def test_the_record_says_what_float8_was_checked_against():
+    result = {"rows": [{"id": "a-float8", "source": "s1", "gpus": 8, "image_size": 8192,
+                        "flag": "f", "measured_per_gpu": 8000.0, "per_gpu_ratio": 1.06,
+                        "fp8": "tensorwise"},
+                       {"id": "b-float8", "source": "s2", "gpus": 128, "image_size": 8192,
+                        "flag": "f", "measured_per_gpu": 7000.0, "per_gpu_ratio": 1.14,
+                        "fp8": "tensorwise"},
+                       {"id": "a-compile", "source": "s1", "gpus": 8, "image_size": 8192,
+                        "flag": "f", "measured_per_gpu": 6000.0, "per_gpu_ratio": 1.1,
+                        "fp8": None}],
+              "float8_pairs": [{"float8": "a-float8", "bf16": "a-compile",
+                                "measured_speedup": 1.28, "predicted_speedup": 1.23,
+                                "ratio": 0.96}]}
+    entry = build_float8(result)
+    assert [r["id"] for r in entry["rows"]] == ["a-float8", "b-float8"]
+    text = describe_float8({"float8": entry})
+    assert "2 published" in text and "1.06-1.14x" in text and "(s1, s2;" in text
+    assert "measured 1.28-1.28x, predicted 1.23-1.23x" in text
+    assert describe_float8({}) is None
