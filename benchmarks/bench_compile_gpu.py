@@ -6,11 +6,14 @@ clusters' other differences. This times the one thing on the GPU it runs on: a L
 decoder's forward and backward (bf16 parameters as FSDP's mixed precision holds them, no
 autocast; the cross-entropy loss eager, outside the compiled modules; no optimizer step)
 eager, then with each block compiled on its own as torchtitan's ``apply_compile`` does, and
-saves both medians beside dlperf's prediction of both on the GPU's preset.
+saves both medians beside dlperf's prediction of both on the GPU's preset. With ``--fp8`` (on
+a GPU with FP8 Tensor Cores, or a CPU) the same stack with torchao's float8 layers as dlperf
+models them (models/float8.py: the ops torchao runs, tensorwise scales), compiled per block
+too, beside ``--fp8 tensorwise``'s prediction: float8's speed-up over the compiled BF16 stack.
 
 Usage: python benchmarks/bench_compile_gpu.py OUT.json [--preset h200] [--device cuda]
        [--layers 4] [--d-model 2048] [--heads 16] [--kv-heads 8] [--ffn 5632] [--vocab 32000]
-       [--tokens 4096] [--batch 2] [--rope complex] [--iters 10]
+       [--tokens 4096] [--batch 2] [--rope complex] [--iters 10] [--fp8]
 (scripts/device_check.sh step 0d, ~1 minute with the compilation; on a CPU it runs the same
 code at any size in fp32, which tests/test_device_scripts.py does with a tiny one.)
 """
@@ -32,8 +35,11 @@ def gpt_config(args):
                      ffn_hidden=args.ffn, positions="rope", rope=args.rope)
 
 
-def predicted(cfg, batch: int, preset: str, dtype: str) -> dict:
-    """dlperf's predicted forward + backward (no optimizer) eager and compiled per block."""
+def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False) -> dict:
+    """dlperf's predicted forward + backward (no optimizer) eager and compiled per block, and
+    with ``fp8`` compiled per block with torchao's float8 layers ("float8")."""
+    import dataclasses
+
     import torch
 
     from dlperf.analysis.api import AnalysisConfig, analyze_model
@@ -42,15 +48,17 @@ def predicted(cfg, batch: int, preset: str, dtype: str) -> dict:
 
     spec = get_device(preset)
     out = {}
-    for fusion in ("none", "compile-blocks"):
+    runs = [("none", "none", None), ("compile-blocks", "compile-blocks", None)]
+    for name, fusion, recipe in runs + ([("float8", "compile-blocks", "tensorwise")]
+                                        if fp8 else []):
         with torch.device("meta"):
-            model = GPT(cfg)
+            model = GPT(dataclasses.replace(cfg, fp8=recipe))
         config = AnalysisConfig(model="llama-stack", input_shape=(batch, cfg.seq_len),
                                 dtype=dtype, train=True, tokens=True, optimizer="none",
                                 precision="fsdp" if dtype != "fp32" else "mixed",
-                                fusion=fusion, device=spec.name)
+                                fusion=fusion, device=spec.name, fp8=recipe)
         analysis = analyze_model(model, config, spec, torch.long)
-        out[fusion] = analysis.totals()["predicted_time_s"]
+        out[name] = analysis.totals()["predicted_time_s"]
     return out
 
 
@@ -85,24 +93,50 @@ def run(args) -> dict:
     cfg = gpt_config(args)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    torch.manual_seed(0)
-    model = GPT(cfg).to(device=args.device)
-    for t in [*model.parameters(), *model.buffers()]:  # (the rotary tables stay complex64)
-        if t.is_floating_point():
-            t.data = t.data.to(dtype)
+    # FP8 GEMMs need FP8 Tensor Cores (sm 8.9 and later); a CPU runs _scaled_mm's reference
+    fp8 = args.fp8 and (args.device == "cpu" or torch.cuda.get_device_capability() >= (8, 9))
+
+    def build(recipe):
+        import dataclasses
+
+        torch.manual_seed(0)  # (the same weights in both stacks)
+        model = GPT(dataclasses.replace(cfg, fp8=recipe)).to(device=args.device)
+        for t in [*model.parameters(), *model.buffers()]:  # (the rotary tables stay complex64)
+            if t.is_floating_point():
+                t.data = t.data.to(dtype)
+        return model
+
+    def compiled_blocks(model):
+        for i, block in enumerate(model.blocks):  # torchtitan's apply_compile: block by block
+            model.blocks[i] = torch.compile(block)
+        return model
+
+    model = build(None)
     tokens = torch.randint(0, cfg.vocab, (args.batch, cfg.seq_len), device=args.device)
     targets = torch.randint(0, cfg.vocab, (args.batch, cfg.seq_len), device=args.device)
     eager = measure(model, tokens, targets, args.iters, sync)
-    for i, block in enumerate(model.blocks):  # torchtitan's apply_compile: block by block
-        model.blocks[i] = torch.compile(block)
+    model = compiled_blocks(model)
     start = time.perf_counter()
     compiled = measure(model, tokens, targets, args.iters, sync)
     wall = time.perf_counter() - start
     pred = predicted(cfg, args.batch, args.preset,
-                     "bf16" if dtype == torch.bfloat16 else "fp32")
+                     "bf16" if dtype == torch.bfloat16 else "fp32", fp8)
     measured_speedup = eager / compiled
     predicted_speedup = pred["none"] / pred["compile-blocks"]
-    return {"eager_s": eager, "compiled_s": compiled, "compile_and_timing_wall_s": wall,
+    float8 = {}
+    if fp8:
+        del model
+        f8 = measure(compiled_blocks(build("tensorwise")), tokens, targets, args.iters, sync)
+        float8 = {"float8_s": f8, "predicted_float8_s": pred["float8"],
+                  "measured_float8_speedup": compiled / f8,
+                  "predicted_float8_speedup": pred["compile-blocks"] / pred["float8"],
+                  "float8_speedup_ratio": (pred["compile-blocks"] / pred["float8"])
+                  / (compiled / f8),
+                  "float8_measured_over_predicted": pred["float8"] / f8}
+    elif args.fp8:
+        float8 = {"float8_skipped": "no FP8 Tensor Cores on this GPU"}
+    return {**float8, "eager_s": eager, "compiled_s": compiled,
+            "compile_and_timing_wall_s": wall,
             "measured_speedup": measured_speedup,
             "predicted_eager_s": pred["none"], "predicted_compiled_s": pred["compile-blocks"],
             "predicted_speedup": predicted_speedup,
@@ -131,11 +165,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--rope", default="complex", choices=("complex", "half", "matrix"))
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--fp8", action="store_true",
+                        help="also the stack with torchao's float8 layers, compiled per block")
     args = parser.parse_args(argv)
     result = run(args)
     print(f"eager {result['eager_s'] * 1e3:.2f} ms, compiled per block "
           f"{result['compiled_s'] * 1e3:.2f} ms: {result['measured_speedup']:.3f}x measured, "
           f"{result['predicted_speedup']:.3f}x predicted ({result['speedup_ratio']:.3f})")
+    if "float8_s" in result:
+        print(f"float8, compiled per block {result['float8_s'] * 1e3:.2f} ms: "
+              f"{result['measured_float8_speedup']:.3f}x over BF16 measured, "
+              f"{result['predicted_float8_speedup']:.3f}x predicted "
+              f"({result['float8_speedup_ratio']:.3f})")
     save_result(args.out, "compile-speedup", vars(args) | {"out": str(args.out)}, result)
     print(f"Wrote {args.out}")
     return 0

@@ -207,10 +207,18 @@ def test_compile_speedup_benchmark_runs_on_cpu(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_compile_gpu.py"), str(out),
                     "--device", "cpu", "--layers", "2", "--d-model", "64", "--heads", "4",
                     "--kv-heads", "2", "--ffn", "176", "--vocab", "128", "--tokens", "32",
-                    "--batch", "1", "--iters", "2"], check=True, cwd=ROOT, capture_output=True)
+                    "--batch", "1", "--iters", "2", "--fp8"], check=True, cwd=ROOT,
+                   capture_output=True)
     saved = json.loads(out.read_text())
     res = saved["results"]
     assert saved["benchmark"] == "compile-speedup" and "git_commit" in saved["environment"]
+    # --fp8: the stack with torchao's float8 layers, compiled per block, beside --fp8
+    # tensorwise's prediction (at this size the casts cost more than the GEMMs save)
+    assert res["float8_s"] > 0
+    assert res["measured_float8_speedup"] == pytest.approx(res["compiled_s"] / res["float8_s"])
+    assert res["predicted_float8_speedup"] == pytest.approx(
+        res["predicted_compiled_s"] / res["predicted_float8_s"])
+    assert res["predicted_float8_speedup"] < 1
     assert res["eager_s"] > 0 and res["compiled_s"] > 0 and res["dtype"] == "float32"
     assert res["measured_speedup"] == pytest.approx(res["eager_s"] / res["compiled_s"])
     assert res["predicted_speedup"] == pytest.approx(

@@ -243,6 +243,34 @@ def test_selective_checkpointing_recomputes_the_float8_gemms():
     assert recomputed_gemms("tensorwise") == 6 * 2  # all but the last (w2)
 
 
+def test_selective_checkpointing_keeps_the_amax_inputs_by_hand():
+    # torchtitan's policy also saves abs and max: every cast's |x| stays through the step.
+    # A block of the small Llama at 2 x 32 = 64 tokens: |x| of its 4 inputs (3 of width 64,
+    # SwiGLU's product of width 128: 64 x 320 elements) and of its 7 weights (q, o 64 x 64;
+    # k, v 32 x 64; fc, gate 128 x 64; out 64 x 128: 36,864 elements), in BF16, and 11 amaxes
+    # of 2 bytes: 2 x (20,480 + 36,864) + 22 = 114,710 bytes a block; beside them the fused
+    # attention's outputs, as the BF16 policy keeps. Eager and compiled keep the same.
+    from dlperf.analysis.api import kept_bytes
+    from dlperf.analysis.costs import all_costs
+    from dlperf.analysis.fusion import fuse_costs
+
+    model = GPT(_llama())
+    inputs = _meta_inputs((2, 32), torch.long, False)
+    forward, params = _meta_forward(model, False, torch.bfloat16)
+    cap = capture(model, inputs, train=True, autocast_dtype=None, forward=forward,
+                  params=params)
+    costs, _ = all_costs(cap.records, cap.regions)
+    ops = {r.index: r.op for r in cap.records}
+    out_bytes = {r.index: sum(t.nbytes for t in r.outputs) for r in cap.records}
+    attention = sum(c.output_bytes for c in costs if c.kind == "fused"
+                    and c.phase == "forward" and c.module.startswith("blocks."))
+    assert kept_bytes(costs, cap.blocks, "selective-op", ops, out_bytes) == (
+        attention + 2 * 114_710)
+    compiled = fuse_costs(costs, cap.records, "compile-blocks", cap.blocks, {})
+    assert kept_bytes(compiled, cap.blocks, "selective-op", ops, out_bytes) == (
+        attention + 2 * 114_710)
+
+
 def test_fsdp_gathers_float8_weights_in_one_byte():
     # FSDP on 4 GPUs of a small float8 Llama: the gathered bytes are the BF16 parameters' 2
     # bytes an element, less 1 byte for each float8 weight (their FP8 all-gather)

@@ -385,11 +385,14 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
             raise DlperfError(f"--checkpoint-every {config.checkpoint_every}: {config.model!r} "
                               f"has {len(cap.blocks)} blocks, so none would be checkpointed; "
                               f"give at most {len(cap.blocks)}")
-        costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy)
+        record_ops = {r.index: r.op for r in cap.records}
+        costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy,
+                               record_ops)
         activations = (attention_recomputed_activations(cap, costs, blocks)
                        if config.checkpoint_policy == "selective-attention" else
                        checkpointed_activations(cap, blocks, cap.blocks) + kept_bytes(
-                           costs, blocks, config.checkpoint_policy))
+                           costs, blocks, config.checkpoint_policy, record_ops,
+                           {r.index: sum(t.nbytes for t in r.outputs) for r in cap.records}))
     memory = memory_footprint(model, config, activations, element_bytes=state_bytes)
     return costs, uncounted, time.perf_counter() - start, memory
 
@@ -404,7 +407,13 @@ def every_nth_block(blocks, every: int) -> frozenset[str]:
                      if i % every == 0)
 
 
-def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
+# torchtitan's op-level policy saves these outputs too (its _save_list, 2024-12: "for low
+# precision training, it's useful to always save the result of max(abs(tensor))")
+POLICY_SAVED_OPS = frozenset({"abs", "max"})
+
+
+def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = None
+                   ) -> list[bool]:
     """Per forward kernel of one block (in order): does the checkpoint keep its output instead
     of recomputing it? "full": none. "selective-op": torchtitan's op-level selective AC
     (torchtitan/parallelisms/parallelize_llama.py, 2024: ``_save_list`` and its policy): the
@@ -413,9 +422,10 @@ def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
     recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``). The
     list names ``aten.mm``, not ``aten._scaled_mm``: under torchao's float8 layers
     (models/float8.py) every forward GEMM is recomputed with the rest (torchtitan's list of
-    2024-12, commit 9dec370, which also saves ``abs`` and ``max``: a float8 cast's amax, kept
-    rather than recomputed; not modelled, the forward writes what the recompute then does not
-    read again, about even).
+    2024-12, commit 9dec370). It also saves ``abs`` and ``max`` (``POLICY_SAVED_OPS``): a
+    float8 cast's amax is kept, and the whole-tensor |x| before it, which holds as much
+    memory as the BF16 policy's matmul outputs. A generated kernel (``--fusion compile``) is
+    kept when all its records are (``record_ops``: record index -> op; its amax kernel).
     "selective-attention": Megatron-LM's selective activation recomputation
     (--recompute-granularity selective; Korthikanti et al., arXiv 2205.05198, section 5): only
     the attention core is recomputed (Q Kᵀ, the mask and softmax, the dropout on the
@@ -431,7 +441,10 @@ def kept_by_policy(block_kernels: list, policy: str) -> list[bool]:
     for c in block_kernels:
         if c.op == "mm":
             mm += 1
-        kept.append(c.kind == "fused" or (c.op == "mm" and mm % 2 == 1))
+        ops = ([record_ops[i] for i in c.records] if record_ops is not None and c.records
+               else [c.op])
+        kept.append(c.kind == "fused" or (c.op == "mm" and mm % 2 == 1)
+                    or all(op in POLICY_SAVED_OPS for op in ops))
     return kept
 
 
@@ -452,7 +465,7 @@ def _block_forwards(costs: list, blocks: set[str]) -> dict[str, list]:
 
 
 def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int],
-                   policy: str = "full") -> list:
+                   policy: str = "full", record_ops: dict | None = None) -> list:
     """Activation checkpointing per block: each block's forward kernels run again (phase
     "recompute") just before the block's first backward kernel, as torch.utils.checkpoint
     replays them when the backward reaches the block, and only up to the last kernel whose
@@ -463,7 +476,7 @@ def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int],
     replay = {}
     for block, group in _block_forwards(costs, blocks).items():
         needed = [i for i, c in enumerate(group) if saved_outputs.intersection(c.records)]
-        kept = kept_by_policy(group, policy)
+        kept = kept_by_policy(group, policy, record_ops)
         replay[block] = [dataclasses.replace(c, phase="recompute")
                          for c, keep in zip(group[:needed[-1] + 1], kept) if not keep
                          ] if needed else []
@@ -477,13 +490,24 @@ def with_recompute(costs: list, blocks: set[str], saved_outputs: set[int],
     return out
 
 
-def kept_bytes(costs: list, blocks: set[str], policy: str) -> int:
+def kept_bytes(costs: list, blocks: set[str], policy: str, record_ops: dict | None = None,
+               record_bytes: dict | None = None) -> int:
     """Bytes a selective policy keeps on top of full checkpointing: the outputs of the kernels
-    it saves, in every block (full: none)."""
+    it saves, in every block (full: none). In a generated kernel (``--fusion compile``) the
+    policy's saved ops keep their own outputs, which the policy makes the kernel write
+    (``record_bytes``: record index -> output bytes), whether or not the kernel is replayed
+    for its other members (an amax fused into the SwiGLU product it reads)."""
     if policy == "full":
         return 0
-    return sum(c.output_bytes for group in _block_forwards(costs, blocks).values()
-               for c, keep in zip(group, kept_by_policy(group, policy)) if keep)
+
+    def held(c, keep: bool) -> int:
+        if record_ops is not None and record_bytes is not None and c.op == "compiled":
+            return sum(record_bytes[i] for i in c.records
+                       if record_ops[i] in POLICY_SAVED_OPS)
+        return c.output_bytes if keep else 0
+
+    return sum(held(c, keep) for group in _block_forwards(costs, blocks).values()
+               for c, keep in zip(group, kept_by_policy(group, policy, record_ops)))
 
 
 def attention_recomputed_activations(cap, costs: list, blocks: set[str]) -> int:

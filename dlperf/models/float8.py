@@ -91,7 +91,12 @@ class Float8Cast:
         self.shape, self._t = x.shape, None
 
     def wgrad_operand(self) -> Tensor:
-        """x_fp8 [M, K] as column-major data (``x.t().contiguous().t()``): one copy."""
+        """x_fp8 [M, K] as column-major data (``x.t().contiguous().t()``): one copy. Under a
+        real torch.compile (benchmarks/bench_compile_gpu.py) each layer makes its own, which the
+        graph's common-subexpression elimination merges as it merges the casts: caching it
+        here would mutate this object inside the backward, a graph break."""
+        if torch.compiler.is_compiling():
+            return self.data.t().contiguous().t()
         if self._t is None:
             self._t = self.data.t().contiguous().t()
         return self._t
