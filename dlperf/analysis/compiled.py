@@ -20,7 +20,12 @@ one kernel never goes to memory. The model here:
   most (a Triton kernel reduces over one axis: a norm's weight gradient, summed over the
   tokens, is a kernel apart from its input gradient, summed over the features). Eager
   PyTorch's issue order does not matter: SwiGLU's SiLU, issued before the second projection's
-  GEMM, fuses with the product after it. On a transformer the groups are what Inductor
+  GEMM, fuses with the product after it. Consumers are joined first: Inductor computes a
+  pointwise result inside the kernel that uses it, so a kernel that could join either its
+  producer's group or its consumer's goes with the consumer (a float8 cast's upcast to FP32
+  is not written between a norm and the cast). A reduction to one value (a float8 cast's
+  amax over a whole tensor: ``split_reduction``) is two launches, and what uses its value
+  runs in a kernel after both. On a transformer the groups are what Inductor
   generates: one kernel per norm (with the residual add before it), per SwiGLU, per rotary
   embedding.
 * **Traffic.** A fused kernel reads each tensor it takes from outside once (tensors told apart
