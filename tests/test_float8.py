@@ -200,16 +200,21 @@ def _llama(**kw):
                      positions="rope", fp8="tensorwise", **kw)
 
 
+def _captured(batch: int):
+    """(the small float8 Llama, its capture at ``batch`` x 32 tokens in BF16)."""
+    model = GPT(_llama())
+    inputs = _meta_inputs((batch, 32), torch.long, False)
+    forward, params = _meta_forward(model, False, torch.bfloat16)
+    return model, capture(model, inputs, train=True, autocast_dtype=None, forward=forward,
+                          params=params)
+
+
 def test_a_llama_block_by_hand():
     # 7 float8 layers a block, 4 inputs (q, k, v share h's cast, as torch.compile's CSE
     # computes the three identical casts once; fc and gate share theirs): forward 4 input
     # amaxes + 7 weight amaxes and 7 FP8 GEMMs; backward 7 gradient amaxes, 14 FP8 GEMMs,
     # 7 + 7 + 4 transposed copies (weights, gradients, inputs); the output layer a BF16 mm
-    model = GPT(_llama())
-    inputs = _meta_inputs((3, 32), torch.long, False)
-    forward, params = _meta_forward(model, False, torch.bfloat16)
-    cap = capture(model, inputs, train=True, autocast_dtype=None, forward=forward,
-                  params=params)
+    model, cap = _captured(batch=3)
     c = Counter((r.op, r.phase == "forward") for r in cap.records
                 if r.module.startswith("blocks.") and r.op in ("max", "_scaled_mm", "clone")
                 and (r.op != "clone" or r.outputs[0].dtype == "fp8"))  # (rope's own clones)
@@ -254,11 +259,7 @@ def test_selective_checkpointing_keeps_the_amax_inputs_by_hand():
     from dlperf.analysis.costs import all_costs
     from dlperf.analysis.fusion import fuse_costs
 
-    model = GPT(_llama())
-    inputs = _meta_inputs((2, 32), torch.long, False)
-    forward, params = _meta_forward(model, False, torch.bfloat16)
-    cap = capture(model, inputs, train=True, autocast_dtype=None, forward=forward,
-                  params=params)
+    _, cap = _captured(batch=2)
     costs, _ = all_costs(cap.records, cap.regions)
     ops = {r.index: r.op for r in cap.records}
     out_bytes = {r.index: sum(t.nbytes for t in r.outputs) for r in cap.records}
