@@ -103,8 +103,9 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
         # recipe, and whether FSDP gathered their weights in FP8 (then each GPU cast its shard)
         fp8 = row.get("fp8") or None
         gathered = csv_bool(row.get("fp8_all_gather"), False)
-        shares = (gather_shares(row["gpus"], int(row.get("grad_accum") or 1))
-                  if gathered else {})
+        shards = (min(row["gpus"], row["gpus_per_node"]) if row.get("strategy") == "hsdp"
+                  else row.get("gpus"))  # the GPUs sharing one copy of the weights
+        shares = gather_shares(shards, int(row.get("grad_accum") or 1)) if gathered else {}
         key = (row["model"], fused, checkpointing, policy, every, row["image_size"],
                row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion, impl,
                rope, fp8, tuple(sorted(shares.items())))

@@ -86,12 +86,12 @@ from dlperf.hardware.efficiency import traffic_factor
 # the kernels Inductor generates code for (and so may fuse): memory-bound ones
 FUSIBLE_KINDS = frozenset({"memory", "copy", "transpose", "fill"})
 COMPILED_OP = "compiled"  # the op name of a generated kernel (streams: efficiency.py's default)
-# kernels that draw random numbers: what they make cannot be recomputed in the backward (the
-# partitioner saves a dropout's mask; replaying the generator, functionalize_rng_ops, is off by
-# default)
 # Inductor's no-split threshold (``_inner_reduction_no_split_threshold`` before Blackwell): a
 # reduction to one value of up to this many elements runs as one kernel
 SPLIT_REDUCTION_MIN = 8192
+# kernels that draw random numbers: what they make cannot be recomputed in the backward (the
+# partitioner saves a dropout's mask; replaying the generator, functionalize_rng_ops, is off by
+# default)
 RANDOM_OPS = frozenset({"native_dropout", "dropout", "bernoulli", "bernoulli_", "rand",
                         "rand_like", "randn", "randn_like", "randint", "uniform_", "normal_"})
 
