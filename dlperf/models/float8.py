@@ -39,6 +39,13 @@ input layers): each of torchao's layers casts its own input, but the casts are t
 the same tensor, which torch.compile's common-subexpression elimination computes once; eager
 torchao would cast it once per layer (a few percent more cast traffic; not modelled).
 
+torchao's code of 2025 (0.10 on, torchao's README rows: ``matmul_with_hp_or_float8_args`` for
+every recipe) keeps the BF16 input and weight instead and casts them again in the backward.
+Under selective checkpointing, where the forward's casts are recomputed anyway, that moves
+about one byte an element of each input less than modelled here; without checkpointing it
+keeps the input at 2 bytes an element where this keeps 1 (not modelled: the 2024 form is the
+one torchtitan's float8 tables ran).
+
 Not modelled: the rowwise recipes (per-row scales, a kernel per scaling axis), delayed and
 static scaling, float8 tensor parallelism (``Float8ColwiseParallel``), and ``use_fast_accum``
 off in the backward GEMMs (torchao's default; cuBLAS's split accumulator costs Hopper some
