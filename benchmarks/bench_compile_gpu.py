@@ -8,8 +8,10 @@ autocast; the cross-entropy loss eager, outside the compiled modules; no optimiz
 eager, then with each block compiled on its own as torchtitan's ``apply_compile`` does, and
 saves both medians beside dlperf's prediction of both on the GPU's preset. With ``--fp8`` (on
 a GPU with FP8 Tensor Cores, or a CPU) the same stack with torchao's float8 layers as dlperf
-models them (models/float8.py: the ops torchao runs, tensorwise scales), compiled per block
-too, beside ``--fp8 tensorwise``'s prediction: float8's speed-up over the compiled BF16 stack.
+models them (models/float8.py: the ops torchao runs), compiled per block too, once with
+tensorwise scales and once with the rowwise recipe, beside ``--fp8 tensorwise`` and ``--fp8
+rowwise``'s predictions: each recipe's speed-up over the compiled BF16 stack (the rowwise one
+also times PyTorch's rowwise CUTLASS GEMM, which dlperf charges at cuBLAS's FP8 rate).
 
 Usage: python benchmarks/bench_compile_gpu.py OUT.json [--preset h200] [--device cuda]
        [--layers 4] [--d-model 2048] [--heads 16] [--kv-heads 8] [--ffn 5632] [--vocab 32000]
@@ -37,7 +39,8 @@ def gpt_config(args):
 
 def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False) -> dict:
     """dlperf's predicted forward + backward (no optimizer) eager and compiled per block, and
-    with ``fp8`` compiled per block with torchao's float8 layers ("float8")."""
+    with ``fp8`` compiled per block with torchao's float8 layers ("float8": tensorwise;
+    "rowwise")."""
     import dataclasses
 
     import torch
@@ -49,7 +52,8 @@ def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False) -> di
     spec = get_device(preset)
     out = {}
     runs = [("none", "none", None), ("compile-blocks", "compile-blocks", None)]
-    for name, fusion, recipe in runs + ([("float8", "compile-blocks", "tensorwise")]
+    for name, fusion, recipe in runs + ([("float8", "compile-blocks", "tensorwise"),
+                                         ("rowwise", "compile-blocks", "rowwise")]
                                         if fp8 else []):
         with torch.device("meta"):
             model = GPT(dataclasses.replace(cfg, fp8=recipe))
@@ -126,13 +130,14 @@ def run(args) -> dict:
     float8 = {}
     if fp8:
         del model
-        f8 = measure(compiled_blocks(build("tensorwise")), tokens, targets, args.iters, sync)
-        float8 = {"float8_s": f8, "predicted_float8_s": pred["float8"],
-                  "measured_float8_speedup": compiled / f8,
-                  "predicted_float8_speedup": pred["compile-blocks"] / pred["float8"],
-                  "float8_speedup_ratio": (pred["compile-blocks"] / pred["float8"])
-                  / (compiled / f8),
-                  "float8_measured_over_predicted": pred["float8"] / f8}
+        for name, recipe in (("float8", "tensorwise"), ("rowwise", "rowwise")):
+            f8 = measure(compiled_blocks(build(recipe)), tokens, targets, args.iters, sync)
+            gain, predicted_gain = compiled / f8, pred["compile-blocks"] / pred[name]
+            float8 |= {f"{name}_s": f8, f"predicted_{name}_s": pred[name],
+                       f"measured_{name}_speedup": gain,
+                       f"predicted_{name}_speedup": predicted_gain,
+                       f"{name}_speedup_ratio": predicted_gain / gain,
+                       f"{name}_measured_over_predicted": pred[name] / f8}
     elif args.fp8:
         float8 = {"float8_skipped": "no FP8 Tensor Cores on this GPU"}
     return {**float8, "eager_s": eager, "compiled_s": compiled,
@@ -166,17 +171,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rope", default="complex", choices=("complex", "half", "matrix"))
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--fp8", action="store_true",
-                        help="also the stack with torchao's float8 layers, compiled per block")
+                        help="also the stack with torchao's float8 layers (tensorwise, then "
+                             "rowwise), compiled per block")
     args = parser.parse_args(argv)
     result = run(args)
     print(f"eager {result['eager_s'] * 1e3:.2f} ms, compiled per block "
           f"{result['compiled_s'] * 1e3:.2f} ms: {result['measured_speedup']:.3f}x measured, "
           f"{result['predicted_speedup']:.3f}x predicted ({result['speedup_ratio']:.3f})")
-    if "float8_s" in result:
-        print(f"float8, compiled per block {result['float8_s'] * 1e3:.2f} ms: "
-              f"{result['measured_float8_speedup']:.3f}x over BF16 measured, "
-              f"{result['predicted_float8_speedup']:.3f}x predicted "
-              f"({result['float8_speedup_ratio']:.3f})")
+    for name in ("float8", "rowwise"):
+        if f"{name}_s" in result:
+            print(f"{name}, compiled per block {result[f'{name}_s'] * 1e3:.2f} ms: "
+                  f"{result[f'measured_{name}_speedup']:.3f}x over BF16 measured, "
+                  f"{result[f'predicted_{name}_speedup']:.3f}x predicted "
+                  f"({result[f'{name}_speedup_ratio']:.3f})")
     save_result(args.out, "compile-speedup", vars(args) | {"out": str(args.out)}, result)
     print(f"Wrote {args.out}")
     return 0

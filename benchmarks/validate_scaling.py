@@ -235,7 +235,8 @@ def add_relative_scaling(rows: list[dict]) -> None:
 
 
 COMPILED_SUFFIX = "-compile"
-FLOAT8_SUFFIX = "-float8"
+# a float8 row's id: its BF16 sibling's with one of these for "-compile" (tensorwise, rowwise)
+FLOAT8_SUFFIXES = ("-float8", "-rowwise")
 
 
 def compile_pairs(rows: list[dict]) -> list[dict]:
@@ -247,10 +248,12 @@ def compile_pairs(rows: list[dict]) -> list[dict]:
 
 
 def float8_pairs(rows: list[dict]) -> list[dict]:
-    """Each float8 row beside its BF16 sibling (the id with "-compile" for "-float8"):
-    torchao's float8 speed-up as published and as predicted, and their ratio."""
-    return [{"float8": r["id"], "bf16": base["id"], "fp8_all_gather": r["fp8_all_gather"],
-             **gain} for r, base, gain in _pairs(rows, FLOAT8_SUFFIX, COMPILED_SUFFIX)]
+    """Each float8 row beside its BF16 sibling (the id with "-compile" for "-float8" or
+    "-rowwise"): torchao's float8 speed-up as published and as predicted, and their ratio."""
+    return [{"float8": r["id"], "bf16": base["id"], "recipe": r["fp8"],
+             "fp8_all_gather": r["fp8_all_gather"], **gain}
+            for suffix in FLOAT8_SUFFIXES
+            for r, base, gain in _pairs(rows, suffix, COMPILED_SUFFIX)]
 
 
 def _pairs(rows: list[dict], suffix: str, sibling: str) -> list[tuple]:
@@ -362,7 +365,7 @@ def main(argv: list[str]) -> int:
         print("torchao float8's speed-up, published and predicted (float8 / BF16 per GPU, "
               "both compiled):")
     for p in fp8_pairs:
-        print(f"  {p['float8']:34s} measured {p['measured_speedup']:.3f}  predicted "
+        print(f"  {p['float8']:34s} {p['recipe']:10s} measured {p['measured_speedup']:.3f}  predicted "
               f"{p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")
     from dlperf.provenance import save_result
 

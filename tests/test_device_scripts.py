@@ -223,6 +223,12 @@ def test_compile_speedup_benchmark_runs_on_cpu(tmp_path):
     assert res["predicted_float8_speedup"] == pytest.approx(
         res["predicted_compiled_s"] / res["predicted_float8_s"])
     assert res["predicted_float8_speedup"] < 1
+    # and the rowwise recipe, likewise (its six casts a layer: slower still at this size)
+    assert res["rowwise_s"] > 0
+    assert res["measured_rowwise_speedup"] == pytest.approx(res["compiled_s"] / res["rowwise_s"])
+    assert res["predicted_rowwise_speedup"] == pytest.approx(
+        res["predicted_compiled_s"] / res["predicted_rowwise_s"])
+    assert res["predicted_rowwise_speedup"] < res["predicted_float8_speedup"]
     assert res["eager_s"] > 0 and res["compiled_s"] > 0 and res["dtype"] == "float32"
     assert res["measured_speedup"] == pytest.approx(res["eager_s"] / res["compiled_s"])
     assert res["predicted_speedup"] == pytest.approx(

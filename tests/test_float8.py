@@ -56,6 +56,53 @@ def test_the_layer_is_the_product_of_its_quantized_operands():
     assert (y.double() - exact).norm() / exact.norm() < 0.1
 
 
+def _dequantized_axiswise(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x as torchao's rowwise recipe quantizes it along ``dim`` (E4M3; the scale the format's
+    largest value over each row's amax, rounded down to a power of two), back in float64."""
+    top = torch.finfo(E4M3).max
+    amax = x.abs().amax(dim=dim, keepdim=True).double()
+    scale = torch.exp2(torch.floor(torch.log2(top / amax))).float()
+    q = (x.float() * scale).clamp(-top, top).to(E4M3)
+    return q.double() / scale.double()
+
+
+def test_the_rowwise_layer_is_the_product_of_its_quantized_operands():
+    # forward: x per token, W per output feature; data gradient: g per token, W per input
+    # feature; weight gradient: g and x per feature (their amaxes over the tokens); all E4M3
+    # on power-of-two scales (exact to divide back out), FP32 accumulation: agreement with
+    # float64 to FP32 rounding, the backward's through cuBLAS's unit-scale GEMM and the
+    # rescale after it (BF16 output: to BF16 rounding)
+    torch.manual_seed(2)
+    layer = float8.Float8Linear(32, 48, False, "rowwise")
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    y = layer(x)
+    x2, w = x.detach().reshape(-1, 32), layer.weight.detach()
+    assert torch.allclose(y.double().reshape(-1, 48),
+                          _dequantized_axiswise(x2, -1) @ _dequantized_axiswise(w, -1).t(),
+                          rtol=1e-5, atol=1e-5)
+    g = torch.randn(2, 5, 48)
+    y.backward(g)
+    g2 = g.reshape(-1, 48)
+    assert torch.allclose(x.grad.double().reshape(-1, 32),
+                          _dequantized_axiswise(g2, -1) @ _dequantized_axiswise(w, 0),
+                          rtol=1e-5, atol=1e-5)
+    assert torch.allclose(layer.weight.grad.double(),
+                          _dequantized_axiswise(g2, 0).t() @ _dequantized_axiswise(x2, 0),
+                          rtol=1e-5, atol=1e-4)
+    # an outlier token (10^5 times the others) takes one scale for the whole tensor, pushing
+    # the other tokens into E4M3's subnormals; a scale per token keeps them: the other
+    # tokens' outputs stay within FP8's few percent under rowwise, not under tensorwise
+    xo = x.detach().clone()
+    xo[0, 0] *= 1e5
+    exact = xo.double() @ w.double().t()
+    tensorwise = float8.Float8Linear(32, 48, False)
+    tensorwise.load_state_dict(layer.state_dict())
+    err = {name: ((m(xo)[:, 1:].double() - exact[:, 1:]).norm()
+                  / exact[:, 1:].norm()).item()
+           for name, m in (("rowwise", layer), ("tensorwise", tensorwise))}
+    assert err["rowwise"] < 0.1 < err["tensorwise"]
+
+
 def test_a_bias_and_the_gathered_weight_compute_the_same():
     # the FSDP-gathered form casts its weight with the opaque ops (the same scale), and a
     # bias adds after the GEMM, its gradient the gradient's sum over the tokens
@@ -76,7 +123,11 @@ def test_layer_sizes_recipe_and_stack_are_checked():
     with pytest.raises(ValueError, match="multiples of 16"):
         float8.Float8Linear(24, 48, False)
     with pytest.raises(ValueError, match="recipe"):
-        float8.Float8Linear(32, 48, False, "rowwise")
+        float8.Float8Linear(32, 48, False, "blockwise")
+    with pytest.raises(ValueError, match="tensorwise only"):
+        float8.Float8Linear(32, 48, False, "rowwise", gathered=True)
+    with pytest.raises(ValueError, match="rowwise recipe gathers"):
+        GPTConfig(layers=1, d_model=64, heads=4, fp8="rowwise", fp8_all_gather=True)
     with pytest.raises(ValueError, match="tp_impl 'torch', tp 1"):
         GPTConfig(layers=1, d_model=64, heads=4, fp8="tensorwise", tp_impl="te")
     with pytest.raises(ValueError, match="fp8_all_gather"):
@@ -89,18 +140,19 @@ M, K, N = 256, 64, 96  # tokens, input and output features of one layer
 class One(nn.Module):
     """One float8 layer as the only block (``blocks.0``), bf16."""
 
-    def __init__(self, gathered: bool = False):
+    def __init__(self, gathered: bool = False, recipe: str = "tensorwise"):
         super().__init__()
-        self.blocks = nn.ModuleList([float8.Float8Linear(K, N, False, gathered=gathered)])
+        self.blocks = nn.ModuleList([float8.Float8Linear(K, N, False, recipe,
+                                                         gathered=gathered)])
 
     def forward(self, x):
         return self.blocks[0](x)
 
 
-def _costs(fusion: str, gathered: bool = False, **kw):
+def _costs(fusion: str, gathered: bool = False, recipe: str = "tensorwise", **kw):
     cfg = AnalysisConfig(model="m", input_shape=(M, K), dtype="bf16", precision="half",
                          train=True, optimizer="none", fusion=fusion, **kw)
-    return capture_costs(One(gathered).bfloat16(), cfg)[0]
+    return capture_costs(One(gathered, recipe).bfloat16(), cfg)[0]
 
 
 def _layer(costs, phase=None):
@@ -148,6 +200,37 @@ def test_compiled_casts_by_hand():
         [(g // 1024, 2), (2 * g // 1024, 1), (x // 1024, 1), (w // 1024, 1)])
     # the GEMMs are untouched
     assert [c.op for c in costs if c.kind == "gemm"] == ["_scaled_mm"] * 3
+
+
+def test_rowwise_kernels_by_hand():
+    # Eager: six casts (x and W forward; g twice, W and x again backward), each an amax over
+    # its axis; three FP8 GEMMs, the forward's on the per-row scales, the backward's at unit
+    # scales with the output rescaled after them
+    costs = _costs("none", recipe="rowwise")
+    ops = Counter(c.op for c in _layer(costs) if c.kernels)
+    assert ops["amax"] == 6 and ops["_scaled_mm"] == 3 and ops["mul_"] == 2
+    # Compiled, each cast is one kernel: a reduction along the rows (or the columns) and the
+    # cast of the same elements, reading the tensor once and writing its FP8 data (in the
+    # layout its GEMM takes) and an FP32 inverse scale per row. Forward: x [256, 64]: 32 KiB
+    # read, 16 KiB + 256 x 4 written; W [96, 64]: 12 KiB read, 6 KiB + 96 x 4 written
+    costs = _costs("compile", recipe="rowwise")
+    fwd = [c for c in _layer(costs, "forward") if c.op == COMPILED_OP]
+    x, w, g = M * K * 2, N * K * 2, M * N * 2
+    assert [(c.bytes, c.output_bytes, c.kernels) for c in fwd] == [
+        (x + x // 2 + M * 4, x // 2 + M * 4, 1), (w + w // 2 + N * 4, w // 2 + N * 4, 1)]
+    # Backward: g [256, 96] per token (48 KiB read, 24 KiB + 256 x 4 written, and the unit
+    # scale, 4 bytes) and per feature (the same, 96 x 4 of scales); W per input feature with
+    # the one row of g its fake dependency reads (12 KiB + 192 B read, 6 KiB + 64 x 4
+    # written); x per feature (32 KiB read, 16 KiB + 64 x 4 written); the rescales read and
+    # write dx [256, 64] and dW [96, 64] in BF16 with their two scale vectors
+    back = sorted((c.bytes, c.kernels) for c in _layer(costs, "backward")
+                  if c.op == COMPILED_OP)
+    assert back == sorted([
+        (g + g // 2 + M * 4 + 4, 1), (g + g // 2 + N * 4 + 4, 1),
+        (w + N * 2 + w // 2 + K * 4, 1), (x + x // 2 + K * 4, 1),
+        (2 * x + M * 4 + K * 4, 1), (2 * w + N * 4 + K * 4, 1)])
+    gemms = [c for c in costs if c.kind == "gemm"]
+    assert [c.op for c in gemms] == ["_scaled_mm"] * 3
 
 
 def test_split_reduction_rule():
@@ -231,12 +314,14 @@ def test_a_llama_block_by_hand():
     assert "head.weight" not in names
 
 
-def test_selective_checkpointing_recomputes_the_float8_gemms():
-    # torchtitan's op-level policy saves every other aten.mm, not aten._scaled_mm: a float8
-    # block recomputes all its forward GEMMs up to the last one the backward needs, where a
-    # BF16 block recomputes 3 of its 7 (k, o, w3)
-    def recomputed_gemms(fp8):
-        cfg = GPTConfig(**{**_llama().__dict__, "fp8": fp8})
+def test_selective_checkpointing_counts_the_float8_gemms_as_mm():
+    # torchao calls torch.mm on its Float8Tensors, which torchtitan's op-level policy sees as
+    # aten.mm (its dispatch mode comes before the subclass): a float8 block keeps and
+    # recomputes the GEMMs a BF16 block does, recomputing 3 of its 7 (k, o, w3). TE's FP8
+    # layers run their own GEMM ops, which the policy never saves: 6 recomputed (all but the
+    # last, w2, which the backward does not need)
+    def recomputed_gemms(fp8, tp_impl="torch"):
+        cfg = GPTConfig(**{**_llama().__dict__, "fp8": fp8, "tp_impl": tp_impl})
         model = GPT(cfg)
         a = AnalysisConfig(model="gpt", input_shape=(2, 32), dtype="bf16", precision="fsdp",
                            train=True, tokens=True, optimizer="none",
@@ -245,17 +330,18 @@ def test_selective_checkpointing_recomputes_the_float8_gemms():
         return sum(c.phase == "recompute" and c.kind == "gemm" for c in costs)
 
     assert recomputed_gemms(None) == 3 * 2
-    assert recomputed_gemms("tensorwise") == 6 * 2  # all but the last (w2)
+    assert recomputed_gemms("tensorwise") == 3 * 2
+    assert recomputed_gemms("current", "te") == 6 * 2
 
 
-def test_selective_checkpointing_keeps_the_amax_inputs_by_hand():
-    # torchtitan's policy also saves abs and max: every cast's |x| stays through the step.
-    # A block of the small Llama at 2 x 32 = 64 tokens: |x| of its 4 inputs (3 of width 64,
-    # SwiGLU's product of width 128: 64 x 320 elements) and of its 7 weights (q, o 64 x 64;
-    # k, v 32 x 64; fc, gate 128 x 64; out 64 x 128: 36,864 elements), in BF16, and 11 amaxes
-    # of 2 bytes: 2 x (20,480 + 36,864) + 22 = 114,710 bytes a block; beside them the fused
-    # attention's outputs, as the BF16 policy keeps. Eager and compiled keep the same.
-    from dlperf.analysis.api import kept_bytes
+def test_selective_checkpointing_keeps_the_amaxes_and_gemm_outputs_by_hand():
+    # torchtitan's policy saves max: each cast's amax stays through the step, not the |x|
+    # before it (abs left its list in 2025-02). A block of the small Llama at 2 x 32 = 64
+    # tokens keeps the outputs of its odd-numbered GEMMs, q (width 64), v (32), w1 (128) and
+    # w2 (64): 64 x 288 x 2 = 36,864 bytes in BF16, and 11 amaxes (4 inputs, 7 weights) of 2
+    # bytes: 36,886 bytes a block; beside them the fused attention's outputs. Compiled, the
+    # amax kernel reads |x| inside itself: the same bytes kept, and the kernel not replayed
+    from dlperf.analysis.api import kept_bytes, kept_by_policy, policy_ops
     from dlperf.analysis.costs import all_costs
     from dlperf.analysis.fusion import fuse_costs
 
@@ -266,10 +352,26 @@ def test_selective_checkpointing_keeps_the_amax_inputs_by_hand():
     attention = sum(c.output_bytes for c in costs if c.kind == "fused"
                     and c.phase == "forward" and c.module.startswith("blocks."))
     assert kept_bytes(costs, cap.blocks, "selective-op", ops, out_bytes) == (
-        attention + 2 * 114_710)
+        attention + 2 * 36_886)
     compiled = fuse_costs(costs, cap.records, "compile-blocks", cap.blocks, {})
-    assert kept_bytes(compiled, cap.blocks, "selective-op", ops, out_bytes) == (
-        attention + 2 * 114_710)
+    outer = policy_ops(cap.records, compiled, "compile-blocks")
+    dropped = {ops[i] for i in ops.keys() - outer.keys()}
+    assert dropped == {"abs"}  # every cast's |x|; every max stays
+    assert kept_bytes(compiled, cap.blocks, "selective-op", outer, out_bytes) == (
+        attention + 2 * 36_886)
+    # at 5 x 32 tokens an input's amax over more than 8,192 elements is a split reduction,
+    # a kernel of its own where nothing fuses into it (the attention output's, before wo):
+    # kept, not replayed
+    _, cap = _captured(batch=5)
+    costs, _ = all_costs(cap.records, cap.regions)
+    compiled = fuse_costs(costs, cap.records, "compile-blocks", cap.blocks, {})
+    outer = policy_ops(cap.records, compiled, "compile-blocks")
+    block = [c for c in compiled if c.phase == "forward" and c.module.startswith("blocks.0.")
+             and c.kernels]
+    kept = kept_by_policy(block, "selective-op", outer)
+    amax_only = [k for c, k in zip(block, kept) if c.op == COMPILED_OP
+                 and {outer[i] for i in c.records if i in outer} == {"max"}]
+    assert amax_only and all(amax_only)
 
 
 def test_fsdp_gathers_float8_weights_in_one_byte():
@@ -315,26 +417,34 @@ def test_cli_float8(capsys, tmp_path):
     assert code == 2 and "--fp8 tensorwise" in err
     code, _, err = run_cli(LLAMA + ["--fp8", "delayed"], capsys)
     assert code == 2 and "--tp-impl te" in err and "--fp8 tensorwise" in err
+    code, _, err = run_cli(LLAMA + ["--fp8", "rowwise", "--fp8-all-gather", "--gpus", "8",
+                                    "--strategy", "fsdp"], capsys)
+    assert code == 2 and "rowwise recipe gathers in BF16" in err
+    code, _, err = run_cli(LLAMA + ["--fp8", "rowwise", "--tp-impl", "te"], capsys)
+    assert code == 2 and "--fp8 rowwise" in err and "without tensor parallelism" in err
     # compiled, float8 pays where the GEMMs are large (width 2,048 at 2,048 tokens) and not
     # where they are small (width 256 at 256 tokens: the casts cost more than the GEMMs save);
-    # eager, its unfused casts cost more than the GEMMs save at both
+    # eager, its unfused casts cost more than the GEMMs save at both. The rowwise recipe's
+    # six casts and two rescales a layer cost more than tensorwise's three casts and copies
     rates = {}
-    for width in (256, 2048):
-        for fusion in ("none", "compile-blocks"):
-            for flags in ([], ["--fp8", "tensorwise"]):
-                out = tmp_path / f"r{width}{fusion}{len(flags)}.json"
-                argv = (LLAMA + ["--device", "h100-sxm", "--json", str(out), "--fusion",
-                                 fusion, "--d-model", str(width), "--seq-len", str(width)]
-                        + flags)
-                code, text, err = run_cli(argv, capsys)
-                assert code == 0, err
-                rates[width, fusion, bool(flags)] = json.loads(out.read_text())["totals"][
-                    "tokens_per_s"]
-                if flags:
-                    assert "torchao float8 linear layers (tensorwise scaling)" in text
-    assert rates[2048, "compile-blocks", True] > rates[2048, "compile-blocks", False]
-    assert rates[256, "compile-blocks", True] < rates[256, "compile-blocks", False]
-    assert rates[2048, "none", True] < rates[2048, "none", False]
+    for width, fusion, recipe in [(w, f, r) for w in (256, 2048)
+                                  for f in ("none", "compile-blocks")
+                                  for r in (None, "tensorwise")] + [
+                                      (2048, "compile-blocks", "rowwise")]:
+        out = tmp_path / f"r{width}{fusion}{recipe}.json"
+        argv = (LLAMA + ["--device", "h100-sxm", "--json", str(out), "--fusion", fusion,
+                         "--d-model", str(width), "--seq-len", str(width)]
+                + (["--fp8", recipe] if recipe else []))
+        code, text, err = run_cli(argv, capsys)
+        assert code == 0, err
+        rates[width, fusion, recipe] = json.loads(out.read_text())["totals"]["tokens_per_s"]
+        if recipe:
+            assert f"torchao float8 linear layers ({recipe} scaling)" in text
+    assert rates[2048, "compile-blocks", "tensorwise"] > rates[2048, "compile-blocks", None]
+    assert rates[256, "compile-blocks", "tensorwise"] < rates[256, "compile-blocks", None]
+    assert rates[2048, "none", "tensorwise"] < rates[2048, "none", None]
+    assert (rates[2048, "compile-blocks", None] < rates[2048, "compile-blocks", "rowwise"]
+            < rates[2048, "compile-blocks", "tensorwise"])
 
 
 def test_the_record_says_what_float8_was_checked_against():
@@ -344,15 +454,28 @@ def test_the_record_says_what_float8_was_checked_against():
                        {"id": "b-float8", "source": "s2", "gpus": 128, "image_size": 8192,
                         "flag": "f", "measured_per_gpu": 7000.0, "per_gpu_ratio": 1.14,
                         "fp8": "tensorwise"},
+                       {"id": "a-rowwise", "source": "s1", "gpus": 8, "image_size": 8192,
+                        "flag": "f", "measured_per_gpu": 6600.0, "per_gpu_ratio": 1.3,
+                        "fp8": "rowwise"},
                        {"id": "a-compile", "source": "s1", "gpus": 8, "image_size": 8192,
                         "flag": "f", "measured_per_gpu": 6000.0, "per_gpu_ratio": 1.1,
                         "fp8": None}],
               "float8_pairs": [{"float8": "a-float8", "bf16": "a-compile",
                                 "measured_speedup": 1.28, "predicted_speedup": 1.23,
-                                "ratio": 0.96}]}
+                                "ratio": 0.96},
+                               {"float8": "a-rowwise", "bf16": "a-compile",
+                                "measured_speedup": 1.10, "predicted_speedup": 1.25,
+                                "ratio": 1.14}]}
     entry = build_float8(result)
-    assert [r["id"] for r in entry["rows"]] == ["a-float8", "b-float8"]
+    assert [r["id"] for r in entry["rows"]] == ["a-float8", "b-float8", "a-rowwise"]
+    assert [p["recipe"] for p in entry["pairs"]] == ["tensorwise", "rowwise"]
     text = describe_float8({"float8": entry})
-    assert "2 published" in text and "1.06-1.14x" in text and "(s1, s2;" in text
-    assert "measured 1.28-1.28x, predicted 1.23-1.23x" in text
+    assert "--fp8 tensorwise" in text and "2 published" in text and "runs" in text
+    assert "1.06-1.14x" in text and "(s1, s2;" in text
+    assert "measured 1.28x, predicted 1.23x" in text
+    text = describe_float8({"float8": entry}, recipe="rowwise")
+    assert "--fp8 rowwise" in text and "1 published Llama 3 8B run " in text
+    assert "predicted 1.30x the measured rate" in text and "measured 1.10x, predicted 1.25x" in text
     assert describe_float8({}) is None
+    assert describe_float8({"float8": {"rows": entry["rows"][:2], "pairs": []}},
+                           recipe="rowwise") is None

@@ -10,10 +10,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dlperf.analysis import capture as capture_mod
+from dlperf.analysis import compiled as compiled_mod
 from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
                                    optimizer_cost, scaled_optimizer, share_costs,
                                    spread_costs)
-from dlperf.analysis.fusion import check_fusion, fuse_costs
+from dlperf.analysis.fusion import COMPILED, check_fusion, fuse_costs
 from dlperf.analysis.gemm import state_element_bytes
 from dlperf.analysis.pipeline import ordered_blocks
 from dlperf.analysis.roofline import Prediction, predict, step_time
@@ -371,9 +372,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     if recomputed and not config.activation_checkpointing:
         # torch.compile keeps less: pointwise results the backward recomputes (checkpointed
         # blocks keep their inputs as before: their footprint stays the eager one's)
-        from dlperf.analysis.compiled import saved_bytes
-
-        activations = saved_bytes(cap.saved_sizes, cap.weight_keys, cap.records, recomputed)
+        activations = compiled_mod.saved_bytes(cap.saved_sizes, cap.weight_keys, cap.records,
+                                               recomputed)
     if config.train and config.activation_checkpointing:
         blocks = cap.blocks
         if not blocks:
@@ -385,7 +385,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
             raise DlperfError(f"--checkpoint-every {config.checkpoint_every}: {config.model!r} "
                               f"has {len(cap.blocks)} blocks, so none would be checkpointed; "
                               f"give at most {len(cap.blocks)}")
-        record_ops = {r.index: r.op for r in cap.records}
+        record_ops = policy_ops(cap.records, costs, config.fusion)
         costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy,
                                record_ops)
         activations = (attention_recomputed_activations(cap, costs, blocks)
@@ -407,9 +407,32 @@ def every_nth_block(blocks, every: int) -> frozenset[str]:
                      if i % every == 0)
 
 
-# torchtitan's op-level policy saves these outputs too (its _save_list, 2024-12: "for low
-# precision training, it's useful to always save the result of max(abs(tensor))")
-POLICY_SAVED_OPS = frozenset({"abs", "max"})
+# torchtitan's op-level policy saves these outputs too (its _save_list since 2025-02: "for
+# low precision training, always save the absolute maximum used to compute the scaling
+# factor"; kept_by_policy on its list of 2024-12, which named abs too)
+POLICY_SAVED_OPS = frozenset({"max"})
+
+
+def policy_ops(records: list, costs: list, fusion: str) -> dict[int, str]:
+    """Record index -> op, as ``kept_by_policy`` reads a generated kernel's members: without
+    those only the policy's saved ops of the same kernel read (``compiled.internal_readers``:
+    the amax kernel's ``abs``, which the saved amax stands for: the partitioner neither saves
+    nor recomputes it)."""
+    ops = {r.index: r.op for r in records}
+    if fusion not in COMPILED:
+        return ops
+    inner = compiled_mod.internal_readers(costs, records)
+    return {i: op for i, op in ops.items()
+            if not (i in inner and all(ops[j] in POLICY_SAVED_OPS for j in inner[i]))}
+
+
+def policy_mm(c) -> bool:
+    """A forward GEMM torchtitan's op-level policy counts as ``aten.mm``: a BF16 one, or a
+    torchao float8 layer's (models/float8.py). torchao calls ``torch.mm`` on its
+    ``Float8Tensor``s, and the policy's dispatch mode sees that ``aten.mm`` before the
+    subclass turns it into ``aten._scaled_mm`` (modes come before subclasses); TE's FP8 GEMMs
+    (models/fp8.py) are its own ops, which the policy never sees as a matmul."""
+    return c.op == "mm" or (c.op == "_scaled_mm" and c.module_type == "Float8Linear")
 
 
 def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = None
@@ -419,13 +442,17 @@ def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = N
     (torchtitan/parallelisms/parallelize_llama.py, 2024: ``_save_list`` and its policy): the
     outputs of fused attention and of every odd-numbered ``aten.mm`` in the block (the 1st, 3rd,
     ...: a Llama block keeps q, v, w1 and w2 and recomputes k, o and w3), everything else
-    recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``). The
-    list names ``aten.mm``, not ``aten._scaled_mm``: under torchao's float8 layers
-    (models/float8.py) every forward GEMM is recomputed with the rest (torchtitan's list of
-    2024-12, commit 9dec370). It also saves ``abs`` and ``max`` (``POLICY_SAVED_OPS``): a
-    float8 cast's amax is kept, and the whole-tensor |x| before it, which holds as much
-    memory as the BF16 policy's matmul outputs. A generated kernel (``--fusion compile``) is
-    kept when all its records are (``record_ops``: record index -> op; its amax kernel).
+    recomputed (norms, rotary, activations, casts, and matmuls with a bias: ``addmm``).
+    torchao's float8 layers' GEMMs count as ``aten.mm`` (``policy_mm``): a float8 block keeps
+    the same outputs, as the published memory says (torchtitan's Llama 3 8B on 8 H100s: 76.8
+    GiB in float8, 77.0 in BF16; torchao's README: 47.77 and 47.65). It also saves ``max``
+    (``POLICY_SAVED_OPS``): a float8 cast's amax. A generated kernel (``--fusion compile``)
+    is kept when all its records are (``record_ops``: record index -> op, without the records
+    only the saved ops beside it read, ``policy_ops``: the amax kernel's ``abs``).
+    torchtitan's list of 2024-12 (commit 9dec370, its float8 tables) named ``abs`` too:
+    compiled, that kept nothing more (the partitioner saves what the backward reads, and
+    |x| is read by its amax only); eager it kept every cast's |x| (not modelled: the list
+    dropped it in 2025-02, torchtitan #820, after it kept |W| of a rowwise cast's weight).
     "selective-attention": Megatron-LM's selective activation recomputation
     (--recompute-granularity selective; Korthikanti et al., arXiv 2205.05198, section 5): only
     the attention core is recomputed (Q Kᵀ, the mask and softmax, the dropout on the
@@ -439,12 +466,11 @@ def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = N
                 for c in block_kernels]
     kept, mm = [], 0
     for c in block_kernels:
-        if c.op == "mm":
-            mm += 1
-        ops = ([record_ops[i] for i in c.records] if record_ops is not None and c.records
-               else [c.op])
-        kept.append(c.kind == "fused" or (c.op == "mm" and mm % 2 == 1)
-                    or all(op in POLICY_SAVED_OPS for op in ops))
+        mm += policy_mm(c)
+        ops = ([record_ops[i] for i in c.records if i in record_ops]
+               if record_ops is not None and c.records else [c.op])
+        kept.append(c.kind == "fused" or (policy_mm(c) and mm % 2 == 1)
+                    or bool(ops) and all(op in POLICY_SAVED_OPS for op in ops))
     return kept
 
 
@@ -503,7 +529,7 @@ def kept_bytes(costs: list, blocks: set[str], policy: str, record_ops: dict | No
     def held(c, keep: bool) -> int:
         if record_ops is not None and record_bytes is not None and c.op == "compiled":
             return sum(record_bytes[i] for i in c.records
-                       if record_ops[i] in POLICY_SAVED_OPS)
+                       if record_ops.get(i) in POLICY_SAVED_OPS)
         return c.output_bytes if keep else 0
 
     return sum(held(c, keep) for group in _block_forwards(costs, blocks).values()

@@ -80,7 +80,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlperf.analysis.capture import OpRecord, TensorMeta, block_path
-from dlperf.analysis.costs import ALLOCATIONS, FREE_OPS, Cost
+from dlperf.analysis.costs import ALLOCATIONS, FILL_OPS, FREE_OPS, Cost
 from dlperf.hardware.efficiency import traffic_factor
 
 # the kernels Inductor generates code for (and so may fuse): memory-bound ones
@@ -377,6 +377,18 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
     return out
 
 
+def internal_readers(costs: list[Cost], records: list[OpRecord]) -> dict[int, set[int]]:
+    """The records of generated kernels whose outputs nothing outside their own kernel reads,
+    each with its readers (a float8 cast's ``abs``, read only by the ``max`` beside it):
+    what the partitioner need not save for the backward (``api.policy_ops``)."""
+    _, readers = _flow(records)
+    read_by: dict[int, set[int]] = {}  # writer -> every record that reads what it wrote
+    for (w, _), rs in readers.items():
+        read_by.setdefault(w, set()).update(rs)
+    return {i: read_by[i] for c in costs if c.op == COMPILED_OP for i in c.records
+            if read_by.get(i) and read_by[i] <= set(c.records)}
+
+
 def split_reduction(r: OpRecord) -> bool:
     """Whether Inductor splits this reduction in two kernels: one value from more than
     ``SPLIT_REDUCTION_MIN`` (a float8 cast's amax over a whole tensor, a gradient's norm).
@@ -386,12 +398,16 @@ def split_reduction(r: OpRecord) -> bool:
     (a batch norm's statistics over 64 channels) are split too, on a GPU of more SMs than
     twice their outputs; their traffic is the two-pass charge already (``TRAFFIC_FACTOR``)."""
     largest = max((t.numel for t in r.inputs), default=0)
-    return (bool(r.outputs) and r.outputs[0].numel == 1 and largest > SPLIT_REDUCTION_MIN)
+    return (bool(r.outputs) and r.outputs[0].numel == 1 and largest > SPLIT_REDUCTION_MIN
+            and r.op not in FILL_OPS)
 
 
 def _reduced_shapes(r: OpRecord) -> frozenset:
     """The output shape of a reduction (an output smaller than the largest input), as a set:
-    empty for pointwise work, copies and fills."""
+    empty for pointwise work, copies and fills (``x.new_ones(())`` takes x for its dtype and
+    device, not its values)."""
+    if r.op in FILL_OPS:
+        return frozenset()
     largest = max((t.numel for t in r.inputs), default=0)
     return frozenset(t.shape for t in r.outputs[:1] if t.numel < largest)
 

@@ -47,8 +47,8 @@ def _record_p(text: str, warn: bool) -> str:
 def fp8_label(cfg) -> str:
     """', FP8 linear layers (<recipe> scaling)' under --fp8, else ''."""
     fp8 = getattr(cfg, "fp8", None)
-    if fp8 == "tensorwise":  # torchao's float8 layers (models/float8.py)
-        return ", torchao float8 linear layers (tensorwise scaling)"
+    if fp8 in ("tensorwise", "rowwise"):  # torchao's float8 layers (models/float8.py)
+        return f", torchao float8 linear layers ({fp8} scaling)"
     return f", FP8 linear layers ({fp8} scaling)" if fp8 else ""
 
 

@@ -160,7 +160,7 @@ def add_parser(sub) -> None:
                         "collectives and the output projections' backward ones chunked beside "
                         "their GEMMs too; with --tp 1, TransformerEngine's layers and "
                         "Megatron-Core's fused kernels without tensor parallelism [torch]")
-    s.add_argument("--fp8", choices=("delayed", "current", "tensorwise"), default=None,
+    s.add_argument("--fp8", choices=("delayed", "current", "tensorwise", "rowwise"), default=None,
                    help="the blocks' linear layers in FP8 on Hopper and later. delayed, "
                         "current: as TransformerEngine runs them (needs --tp-impl te): E4M3 "
                         "forward, E5M2 gradients, "
@@ -171,8 +171,11 @@ def add_parser(sub) -> None:
                         "micro-batches reuse them), the tensor-parallel all-gathers in FP8. "
                         "tensorwise: as torchao's float8 training runs them (torchtitan's "
                         "float8 converter; no --tp): dynamic per-tensor scales, each cast an "
-                        "amax pass and a cast pass, the FP8 copies the GEMMs' layouts need; "
-                        "its casts are fused only under --fusion compile or compile-blocks, "
+                        "amax pass and a cast pass, the FP8 copies the GEMMs' layouts need. "
+                        "rowwise: torchao's rowwise recipe: a scale per row of each operand, "
+                        "every operand cast again for each GEMM it enters (six casts a "
+                        "layer), the backward GEMMs' outputs rescaled after them. torchao's "
+                        "casts are fused only under --fusion compile or compile-blocks, "
                         "as torchao asks. The output layer and attention stay in --dtype "
                         "[off]")
     s.add_argument("--fp8-all-gather", action="store_true",
@@ -420,14 +423,16 @@ def run(args) -> int:
         raise DlperfError(f"--fp8 {args.fp8} runs TransformerEngine's FP8 layers "
                           "(Megatron-Core's stack): add --tp-impl te, or use --fp8 tensorwise "
                           "(torchao's float8 layers, as torchtitan runs them)")
-    if args.fp8 == "tensorwise" and (args.tp > 1 or args.tp_impl not in (None, "torch")):
-        raise DlperfError("--fp8 tensorwise (torchao's float8 layers) is modelled without "
+    if args.fp8 in ("tensorwise", "rowwise") and (args.tp > 1
+                                                  or args.tp_impl not in (None, "torch")):
+        raise DlperfError(f"--fp8 {args.fp8} (torchao's float8 layers) is modelled without "
                           "tensor parallelism: drop --tp and --tp-impl, or use --fp8 delayed "
                           "or current with --tp-impl te")
     if args.fp8_all_gather and (args.fp8 != "tensorwise"
                                 or args.strategy not in ("fsdp", "hsdp") or not args.gpus):
         raise DlperfError("--fp8-all-gather is FSDP's float8 all-gather of torchao's layers: "
-                          "it needs --fp8 tensorwise, --strategy fsdp or hsdp and --gpus N")
+                          "it needs --fp8 tensorwise (torchao's rowwise recipe gathers in "
+                          "BF16), --strategy fsdp or hsdp and --gpus N")
     if args.tp_impl == "te" and args.no_sequence_parallel:
         raise DlperfError("--tp-impl te overlaps the collectives of sequence parallelism "
                           "(Megatron-LM refuses --tp-comm-overlap without it): drop "

@@ -121,7 +121,10 @@ def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | Non
     if spec.caveat:
         text += f" {spec.caveat}"
     fp8 = getattr(config, "fp8", None)
-    line = (describe_float8() if fp8 == "tensorwise" else describe_fp8()) if fp8 else None
+    from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES  # (torchao's: torch-side)
+
+    line = ((describe_float8(recipe=fp8) if fp8 in FLOAT8_RECIPES else describe_fp8())
+            if fp8 else None)
     if line:
         text += f" {line}"
     return text, warn
@@ -447,39 +450,52 @@ def describe_fp8(record: dict | None = None) -> str | None:
 
 def build_float8(result: dict) -> dict:
     """The scale-out record's entry on torchao's float8 training (``analyze --fp8
-    tensorwise``), from validate_scaling.py's results: each float8 row's measured rate and
-    dlperf's prediction over it, and each published float8 / BF16 pair's speed-up, measured
-    and predicted."""
+    tensorwise|rowwise``), from validate_scaling.py's results: each float8 row's recipe,
+    measured rate and dlperf's prediction over it, and each published float8 / BF16 pair's
+    speed-up, measured and predicted."""
     rows = [r for r in result["rows"] if r.get("fp8")]
-    return {"rows": [{"id": r["id"], "source": r["source"], "gpus": r["gpus"],
-                      "tokens": r["image_size"], "flag": r["flag"],
+    recipe = {r["id"]: r["fp8"] for r in rows}
+    return {"rows": [{"id": r["id"], "recipe": r["fp8"], "source": r["source"],
+                      "gpus": r["gpus"], "tokens": r["image_size"], "flag": r["flag"],
                       "measured": r["measured_per_gpu"], "ratio": r["per_gpu_ratio"]}
                      for r in rows],
             "pairs": [{"float8": p["float8"], "bf16": p["bf16"],
+                       "recipe": recipe.get(p["float8"], "tensorwise"),
                        "measured_speedup": p["measured_speedup"],
                        "predicted_speedup": p["predicted_speedup"], "ratio": p["ratio"]}
                       for p in result["float8_pairs"]]}
 
 
-def describe_float8(record: dict | None = None) -> str | None:
-    """What the published runs say of ``analyze --fp8 tensorwise`` (printed under every such
-    prediction); None when the record has no float8 entry."""
+def describe_float8(record: dict | None = None, recipe: str = "tensorwise") -> str | None:
+    """What the published runs say of ``analyze --fp8 <recipe>`` (torchao's float8; printed
+    under every such prediction); None when the record has no row of that recipe."""
     record = load_scale_out() if record is None else record
-    f = record.get("float8")
-    if not f or not f["rows"]:
+    f = record.get("float8") or {"rows": [], "pairs": []}
+    rows = [r for r in f["rows"] if r.get("recipe", "tensorwise") == recipe]
+    if not rows:
         return None
-    ratios = [r["ratio"] for r in f["rows"]]
-    sources = sorted({r["source"] for r in f["rows"]})
-    text = (f"torchao float8 (--fp8 tensorwise) is checked against {len(ratios)} published "
-            f"Llama 3 8B runs on H100s ({', '.join(sources)}; power-limited HBM2e parts): "
-            f"dlperf predicted {min(ratios):.2f}-{max(ratios):.2f}x the measured rate")
-    if f["pairs"]:
-        measured = [p["measured_speedup"] for p in f["pairs"]]
-        predicted = [p["predicted_speedup"] for p in f["pairs"]]
+    ratios = [r["ratio"] for r in rows]
+    sources = sorted({r["source"] for r in rows})
+    runs = "run" if len(ratios) == 1 else "runs"
+    text = (f"torchao float8 (--fp8 {recipe}) is checked against {len(ratios)} published "
+            f"Llama 3 8B {runs} on H100s ({', '.join(sources)}; power-limited HBM2e parts): "
+            f"dlperf predicted {_span(ratios)}x the measured rate")
+    pairs = [p for p in f["pairs"] if p.get("recipe", "tensorwise") == recipe]
+    if pairs:
+        measured = [p["measured_speedup"] for p in pairs]
+        predicted = [p["predicted_speedup"] for p in pairs]
         text += (f"; float8's speed-up over the same compiled BF16 run, measured "
-                 f"{min(measured):.2f}-{max(measured):.2f}x, predicted "
-                 f"{min(predicted):.2f}-{max(predicted):.2f}x")
+                 f"{_span(measured)}x, predicted {_span(predicted)}x")
+    if recipe == "rowwise":  # (models/float8.py: the GEMMs' rates are not the recipe's own)
+        text += (" (dlperf charges the rowwise recipe's GEMM kernels, PyTorch's rowwise "
+                 "CUTLASS kernel and cuBLAS without fast accumulation, at cuBLAS's FP8 rate)")
     return text + "."
+
+
+def _span(values: list[float]) -> str:
+    """'1.10' for one value (or equal ones), '1.10-1.25' for a range."""
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def build_kvstore(fit: dict) -> dict:

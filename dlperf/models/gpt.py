@@ -65,7 +65,7 @@ the query heads before attention, separate q, k, v projections. Under
 models/fused.py): RMSNorm, SwiGLU and the rotary embedding one kernel each, K and V given to
 the attention kernel as they are; with ``fp8`` its blocks' linear layers are TransformerEngine's
 FP8 layers (models/fp8.py), q, k and v sharing one cast of their input, as SwiGLU's two do.
-With ``fp8="tensorwise"`` (``tp_impl="torch"``) they are torchao's float8 layers instead
+With ``fp8="tensorwise"`` or ``"rowwise"`` (``tp_impl="torch"``) they are torchao's float8 layers instead
 (models/float8.py), as torchtitan converts them; its output layer stays in the model's dtype
 either way (torchtitan's float8 converter leaves ``output`` out).
 """
@@ -134,8 +134,8 @@ class GPTConfig:
     # the blocks' linear layers in FP8 as TransformerEngine runs them (models/fp8.py): None
     # (BF16/FP16 GEMMs), "delayed" or "current" scaling; the output layer stays in the model's
     # dtype (Megatron-Core's is not a TE layer). Needs tp_impl "te". Or as torchao runs them
-    # (models/float8.py, torchtitan's float8 converter): "tensorwise", with tp_impl "torch"
-    # and tp 1.
+    # (models/float8.py, torchtitan's float8 converter): "tensorwise" or "rowwise", with
+    # tp_impl "torch" and tp 1.
     fp8: str | None = None
     # torchao only: FSDP gathers the float8 layers' weights in FP8, cast before the gather
     # (torchtitan's enable_fsdp_float8_all_gather)
@@ -182,12 +182,12 @@ class GPTConfig:
             raise ValueError("FP8 layers with delayed or current scaling are "
                              "TransformerEngine's: tp_impl must be 'te'")
         if self.fp8 in FLOAT8_RECIPES and (self.tp_impl != "torch" or self.tp > 1):
-            raise ValueError("torchao's float8 layers (tensorwise) are modelled without "
+            raise ValueError("torchao's float8 layers are modelled without "
                              "tensor parallelism, on PyTorch's own layers: tp_impl 'torch', "
                              "tp 1")
-        if self.fp8_all_gather and self.fp8 not in FLOAT8_RECIPES:
+        if self.fp8_all_gather and self.fp8 != "tensorwise":
             raise ValueError("fp8_all_gather is torchao's float8 all-gather: it needs fp8 "
-                             "'tensorwise'")
+                             "'tensorwise' (the rowwise recipe gathers its weights in BF16)")
         if self.cp < 1:
             raise ValueError(f"context-parallel ranks must be at least 1, got {self.cp}")
         if self.cp > 1 and self.seq_len % (2 * self.cp):
