@@ -222,12 +222,15 @@ def test_rowwise_kernels_by_hand():
     # scale, 4 bytes) and per feature (the same, 96 x 4 of scales); W per input feature with
     # the one row of g its fake dependency reads (12 KiB + 192 B read, 6 KiB + 64 x 4
     # written); x per feature (32 KiB read, 16 KiB + 64 x 4 written); the rescales read and
-    # write dx [256, 64] and dW [96, 64] in BF16 with their two scale vectors
+    # write dx [256, 64] and dW [96, 64] in BF16 with their two scale vectors. The casts per
+    # feature (and W's per input feature, down W's rows) are outer reductions: their amax is
+    # known after the last row, so the cast reads the rows again: g, x and W (with g's row)
+    # read twice
     back = sorted((c.bytes, c.kernels) for c in _layer(costs, "backward")
                   if c.op == COMPILED_OP)
     assert back == sorted([
-        (g + g // 2 + M * 4 + 4, 1), (g + g // 2 + N * 4 + 4, 1),
-        (w + N * 2 + w // 2 + K * 4, 1), (x + x // 2 + K * 4, 1),
+        (g + g // 2 + M * 4 + 4, 1), (2 * g + g // 2 + N * 4 + 4, 1),
+        (2 * (w + N * 2) + w // 2 + K * 4, 1), (2 * x + x // 2 + K * 4, 1),
         (2 * x + M * 4 + K * 4, 1), (2 * w + N * 4 + K * 4, 1)])
     gemms = [c for c in costs if c.kind == "gemm"]
     assert [c.op for c in gemms] == ["_scaled_mm"] * 3
@@ -243,6 +246,27 @@ def test_split_reduction_rule():
     assert split_reduction(rec(1, SPLIT_REDUCTION_MIN + 1))
     assert not split_reduction(rec(1, SPLIT_REDUCTION_MIN))  # one kernel: Inductor's rule
     assert not split_reduction(rec(256, 1 << 20))  # rows: a norm's reduction
+
+
+def test_outer_reduction_rule():
+    # down the rows of a row-major tensor (a column's amax) is outer; along them (a token's
+    # amax) is not; a transposed view's reduction is judged by its memory order (W.t()'s
+    # amax over its first dimension runs along W's rows); a fill is no reduction
+    def rec(shape, stride, out, op="amax"):
+        numel = 1
+        for n in out:
+            numel *= n
+        return OpRecord(index=0, op=op, module="m", module_type="M", phase="forward",
+                        inputs=(TensorMeta(shape, "bf16", stride, 1),),
+                        outputs=(TensorMeta(out, "bf16", (out[1], 1), 2),))
+
+    from dlperf.analysis.compiled import outer_reduction
+
+    assert outer_reduction(rec((256, 64), (64, 1), (1, 64)))
+    assert not outer_reduction(rec((256, 64), (64, 1), (256, 1)))
+    assert not outer_reduction(rec((64, 96), (1, 64), (1, 96)))  # W [96, 64] transposed
+    assert outer_reduction(rec((64, 96), (1, 64), (64, 1)))
+    assert not outer_reduction(rec((256, 64), (64, 1), (1, 1), op="new_ones"))
 
 
 def test_a_small_tensors_cast_is_one_kernel():

@@ -36,7 +36,10 @@ one kernel never goes to memory. The model here:
   negative log-likelihood reads one log-probability per target, not the N x C input). A
   two-pass op keeps its second pass (hardware/efficiency.py ``TRAFFIC_FACTOR``: a batch norm's
   statistics over batch and pixels before it normalises, too many values for a kernel to hold
-  between the two; its backward's reductions before dx).
+  between the two; its backward's reductions before dx), and so does an outer reduction (down
+  the rows: a column's amax, ``outer_reduction``) whose value a member after it applies to
+  the same rows (a float8 cast per feature reads its input twice); a reduction along the rows
+  (a norm, a token's amax) has its row in cache when it finishes.
 * **Recompute instead of save.** AOTAutograd's partitioner (``min_cut_rematerialization_
   partition``, torch.compile's default for training) saves the fewest bytes for the backward
   and recomputes cheap pointwise work there. So a forward tensor made by a pointwise kernel
@@ -343,6 +346,19 @@ def _kernel(members: list[Cost], positions: list[int], by_index: dict, producer:
     # before it normalises, its backward's reductions before dx; a layer norm's backward's
     # parameter gradients): what eager's TRAFFIC_FACTOR charges beyond one pass
     second_pass = int(sum((traffic_factor(c.op) - 1) * c.bytes for c in members))
+    # an outer reduction (down the rows of a row-major tensor: a column's amax) has its value
+    # only after the last row, so a member after it that reads the same rows again (the cast
+    # scaling x by x's column amax) reads them from memory a second time: all the columns'
+    # rows are more than a kernel holds; a reduction along the rows finishes a row while the
+    # row is still in cache. Where the kernel makes those rows from several tensors (a
+    # gradient computed in the kernel) they cost at most a write and a read of the reduced
+    # tensor: Inductor stores a result two loops read rather than compute it twice
+    for c in members:
+        r = by_index[c.records[0]]
+        if outer_reduction(r):
+            again = _reread(r.index, inside, by_index, producer, readers, made_of, recomputed)
+            if again:
+                second_pass += min(sum(t.nbytes for t in again), 2 * r.inputs[0].nbytes)
     writes = 0
     for c in members:
         r = by_index[c.records[0]]
@@ -400,6 +416,56 @@ def split_reduction(r: OpRecord) -> bool:
     largest = max((t.numel for t in r.inputs), default=0)
     return (bool(r.outputs) and r.outputs[0].numel == 1 and largest > SPLIT_REDUCTION_MIN
             and r.op not in FILL_OPS)
+
+
+def _reread(red: int, inside: set, by_index: dict, producer: dict, readers: dict,
+            made_of, recomputed: dict) -> list[TensorMeta]:
+    """What the kernel's members after reduction ``red`` (those that use its value) read
+    again of the tensors ``red`` is made of, through pointwise work only (a path through
+    another reduction reads that one's few values, not the rows; a forward result the
+    backward recomputes is read as what it is made of, ``recomputed``)."""
+    sources = {_tensor_id(t): t for t in made_of(red) or []}
+    after, todo = set(), [red]
+    while todo:  # the members that use red's value, directly or through others
+        i = todo.pop()
+        for t in by_index[i].outputs:
+            for j in readers.get((i, t.key), set()) & inside:
+                if j not in after:
+                    after.add(j)
+                    todo.append(j)
+    seen: dict[int, set] = {}
+
+    def pointwise_reads(i: int) -> set:
+        # the outside tensors member i reads through pointwise members only
+        if i not in seen:
+            seen[i] = set()
+            found = set()
+            for pos, t in enumerate(by_index[i].inputs):
+                p = producer.get((i, pos))
+                if p in inside:
+                    if not _reduced_shapes(by_index[p]):
+                        found |= pointwise_reads(p)
+                else:
+                    found |= {_tensor_id(s) for s in recomputed.get(p, [t])}
+            seen[i] = found
+        return seen[i]
+
+    read = set().union(*(pointwise_reads(j) for j in after)) if after else set()
+    return [sources[k] for k in read if k in sources]
+
+
+def outer_reduction(r: OpRecord) -> bool:
+    """Whether a reduction runs down the rows of its input (its reduced dimensions, kept as
+    dimensions of 1, leave the input's innermost one: a column's amax of a row-major
+    tensor), not along them."""
+    if not r.inputs or not r.outputs or r.op in FILL_OPS:
+        return False
+    x, y = r.inputs[0], r.outputs[0]
+    if len(x.shape) != len(y.shape) or y.numel >= x.numel:
+        return False
+    dims = [d for d in range(len(x.shape)) if x.shape[d] > 1]
+    innermost = min(dims, key=lambda d: x.stride[d])
+    return y.shape[innermost] != 1
 
 
 def _reduced_shapes(r: OpRecord) -> frozenset:

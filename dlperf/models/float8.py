@@ -68,6 +68,10 @@ and W in BF16 for the backward):
   without fast-accum"): one more pass over each gradient, which Inductor fuses into what
   reads it where it can (the weight gradient's goes to FSDP's reduce-scatter: a kernel).
 
+Compiled, each rowwise cast is one kernel, its amax and the cast of the same rows; a cast per
+feature (the amax down the tokens) knows its scale only after the last token, so it reads its
+input a second time (``compiled.outer_reduction``).
+
 Not modelled: delayed and static scaling, ``rowwise_with_gw_hp``, float8 tensor parallelism
 (``Float8ColwiseParallel``), FSDP's float8 all-gather under the rowwise recipe (torchao has
 none: the weights gather in BF16), and the kernels' rates: the rowwise CUTLASS kernel and
