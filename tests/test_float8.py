@@ -267,6 +267,7 @@ def test_outer_reduction_rule():
     assert not outer_reduction(rec((64, 96), (1, 64), (1, 96)))  # W [96, 64] transposed
     assert outer_reduction(rec((64, 96), (1, 64), (64, 1)))
     assert not outer_reduction(rec((256, 64), (64, 1), (1, 1), op="new_ones"))
+    assert not outer_reduction(rec((256, 64), (64, 1), (100, 64), op="embedding_backward"))
 
 
 def test_a_small_tensors_cast_is_one_kernel():

@@ -461,8 +461,9 @@ def outer_reduction(r: OpRecord) -> bool:
     if not r.inputs or not r.outputs or r.op in FILL_OPS:
         return False
     x, y = r.inputs[0], r.outputs[0]
-    if len(x.shape) != len(y.shape) or y.numel >= x.numel:
-        return False
+    if (len(x.shape) != len(y.shape) or y.numel >= x.numel
+            or any(b not in (a, 1) for a, b in zip(x.shape, y.shape))):
+        return False  # (not a reduction that keeps its dimensions: a gather, a scatter)
     dims = [d for d in range(len(x.shape)) if x.shape[d] > 1]
     innermost = min(dims, key=lambda d: x.stride[d])
     return y.shape[innermost] != 1

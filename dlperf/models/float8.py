@@ -152,11 +152,13 @@ class Float8Cast:
     """One input's FP8 cast, shared by the layers that read that input (the module docstring);
     ``data`` [M, K] and ``inv_scale`` the forward GEMMs' (tensorwise: one scale; rowwise: one a
     token, [M, 1]), ``wgrad_operand`` what the weight-gradient GEMMs read, made by the first
-    backward that needs it; ``hp`` x [M, K] in BF16, which the rowwise recipe keeps."""
+    backward that needs it; ``hp`` x [M, K] in BF16, which the rowwise recipe keeps (None
+    under tensorwise)."""
 
     def __init__(self, x: Tensor, recipe: str = "tensorwise"):
         x2 = x.detach().reshape(-1, x.shape[-1])  # (the layers' Function carries x's gradient)
-        self.recipe, self.hp = recipe, x2
+        # (tensorwise keeps only the FP8 data: holding x here would keep it alive too)
+        self.recipe, self.hp = recipe, x2 if recipe == "rowwise" else None
         self.data, self.inv_scale = (to_float8(x2, E4M3) if recipe == "tensorwise" else
                                      to_float8_axiswise(x2, E4M3, -1))
         self.shape, self._t = x.shape, None
