@@ -2,6 +2,7 @@
 results (issues #11 and #14).
 
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
+validation-memory.json,
 tp-kempnerforge-h200.json, tp-{megatron-2020,megatron-2022,narayanan-2021,
 megatron-core-2024,llama3-405b,megatron-bridge-fp8}.json and kvstore-fit.json (rerun them first:
 validate_published.py, validate_scaling.py, validate_tp.py, fit_kvstore.py) and condenses
@@ -31,7 +32,8 @@ def record_from_results(results: Path = RESULTS) -> dict:
 
 def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     from dlperf.hardware.track_record import (build_float8, build_fp8, build_kvstore,
-                                              build_scale_out, build_tensor_parallel)
+                                              build_memory, build_scale_out,
+                                              build_tensor_parallel)
 
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
@@ -44,6 +46,9 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     fp8 = results / "tp-megatron-bridge-fp8.json"  # benchmarks/validate_tp.py
     if fp8.exists():
         record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"])
+    memory = results / "validation-memory.json"  # benchmarks/validate_memory.py
+    if memory.exists():
+        record["memory"] = build_memory(json.loads(memory.read_text())["results"])
     kvstore = results / "kvstore-fit.json"  # benchmarks/fit_kvstore.py
     if kvstore.exists():
         record["kvstore"] = build_kvstore(json.loads(kvstore.read_text())["results"])

@@ -74,9 +74,12 @@ def csv_bool(value, default: bool) -> bool:
     return value == "true"
 
 
-def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
+def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
+                 ) -> list[tuple]:
     """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
-    precision, layout, optimizer), shared by every device that row shape appears on."""
+    precision, layout, optimizer), shared by every device that row shape appears on.
+    ``footprints``: a list to append each row's one-GPU memory footprint to
+    (``capture_costs``' fourth result)."""
     from dlperf.analysis.api import AnalysisConfig, capture_costs
     from dlperf.models.float8 import gather_shares
     from dlperf.models.gpt import PRESETS, default_attention_kernel, gpt_config
@@ -134,8 +137,10 @@ def capture_rows(rows: list[dict], progress=None) -> list[tuple]:
                              attention_kernel=row.get("attention_kernel")
                              or default_attention_kernel(row["model"]), fp8=fp8, **shares)
         if key not in captures:
-            captures[key] = capture_costs(model, cfg, model_input.dtype)[:3]
-        out.append((row, cfg, *captures[key]))
+            captures[key] = capture_costs(model, cfg, model_input.dtype)
+        out.append((row, cfg, *captures[key][:3]))
+        if footprints is not None:
+            footprints.append(captures[key][3])
         if progress:
             progress()
     return out

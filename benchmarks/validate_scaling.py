@@ -127,17 +127,21 @@ def capture(rows: list[dict]) -> list[tuple]:
 
     single = [{**r, "optimizer": r.get("optimizer") or "sgd",
                "measured_img_s": r["measured_per_gpu"]} for r in rows]
+    footprints: list = []  # each row's one-GPU memory footprint, filled by capture_rows
+    captured = vp.capture_rows(single, footprints=footprints)
     out = []
-    for row, (_, cfg, costs, uncounted, seconds) in zip(rows, vp.capture_rows(single)):
+    for row, (_, cfg, costs, uncounted, seconds), footprint in zip(rows, captured,
+                                                                   footprints):
         gpt = (gpt_config(row["model"], seq_len=row["image_size"], rope=row["rope"],
                           fp8=row["fp8"], fp8_all_gather=row["fp8_all_gather"] or None)
                if row["model"] in PRESETS else None)
         model, _ = build_model(row["model"], gpt=gpt)
         grad_bytes = state_element_bytes(cfg.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()]
-        # the weights FSDP gathers in FP8 (torchao's float8 all-gather; a set, left out of
-        # the results)
+        # the weights FSDP gathers in FP8 (torchao's float8 all-gather; a set) and the
+        # one-GPU footprint scale_out shards (both left out of the results)
         row["fp8_gathered"] = float8_parameters(model)
+        row["footprint"] = footprint
         out.append((row, cfg, costs, uncounted, seconds, params))
     return out
 
@@ -155,7 +159,7 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
     out = []
     for row, cfg, costs, uncounted, seconds, params in captured:
         analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds,
-                              efficiency=efficiency)
+                              efficiency=efficiency, memory=row.get("footprint"))
         node, network = (get_interconnect(n.strip()) for n in row["interconnect"].split(","))
         scale = ScaleConfig(gpus=row["gpus"], gpus_per_node=row["gpus_per_node"],
                             strategy=row["strategy"], grad_accum=row["grad_accum"],
@@ -175,7 +179,7 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
         measured_eff = (row["measured_per_gpu"] / row["measured_single"]
                         if row["measured_single"] else None)
         step_samples = row["batch"] * row["grad_accum"] * per_sample
-        out.append({**{k: v for k, v in row.items() if k != "fp8_gathered"},
+        out.append({**{k: v for k, v in row.items() if k not in ("fp8_gathered", "footprint")},
                     "predicted_per_gpu": predicted,
                     "per_gpu_ratio": predicted / row["measured_per_gpu"],
                     "predicted_efficiency": r["scaling_efficiency"],
@@ -189,6 +193,8 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
                                                     predicted / r["scaling_efficiency"])
                                            if measured_eff else None),
                     "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"],
+                    # what each GPU holds, by kind (validate_memory.py)
+                    "memory_per_gpu": r["memory_per_gpu"],
                     "straggler_s": r["straggler_s"], "step_s": r["step_s"],
                     "kvstore_ops": r["communication"].get("engine_ops"),
                     # the collectives the step runs, hidden or not (FSDP's on every

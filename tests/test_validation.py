@@ -402,3 +402,39 @@ def test_compile_bounds_remove_what_each_bound_says():
     assert b["producer"] == pytest.approx(9.0 - 2 * (1.0 - 0.4))  # max(20, 40) bytes: 0.4 s
     assert b["pointwise"] == pytest.approx(7.0)  # the add and the mul gone
     assert b["math"] == pytest.approx(5.0)  # every memory-bound kernel gone
+
+
+def test_published_memory_rows_join_the_scaling_table_and_their_differences_subtract():
+    # every measured peak names a row of published_scaling.csv; the differences between runs
+    # are the later run's peak less the earlier's, measured and predicted (8 -> 128 GPUs:
+    # 67.0 - 82.4 = -15.4 GiB measured)
+    vm = load_benchmark("validate_memory")
+    vs = load_benchmark("validate_scaling")
+    measured = vm.read_measured(vm.MEMORY_CSV)
+    ids = {r["id"] for r in vs.read_rows(vm.SCALING_CSV)}
+    assert measured and set(measured) <= ids
+    assert measured["tt-llama3-8b-h100-x8"] == {"measured_gib": 82.4, "kind": "reserved"}
+    rows = [{"id": "tt-llama3-8b-h100-x8", "measured_gib": 82.4, "predicted_gib": 52.5},
+            {"id": "tt-llama3-8b-h100-x128", "measured_gib": 67.0, "predicted_gib": 38.5}]
+    (pair,) = vm.differences(rows)
+    assert pair["what"] == "8 -> 128 GPUs (eager)"
+    assert pair["measured_gib"] == pytest.approx(-15.4)
+    assert pair["predicted_gib"] == pytest.approx(-14.0)
+
+
+def test_the_memory_record_says_how_far_the_peaks_were(tmp_path):
+    from dlperf.hardware.track_record import build_memory, describe_memory
+
+    # two runs: 50 of 80 GiB (0.625x, 30 GiB short over 16,384 tokens: 1.97 MB a token) and
+    # 30 of 40 (0.75x, 10 GiB over 8,192 tokens: 1.31 MB a token)
+    result = {"rows": [{"id": "a", "source": "s", "measured_gib": 80.0, "predicted_gib": 50.0,
+                        "ratio": 0.625, "missing_gib": 30.0, "kind": "reserved",
+                        "tokens": 16384},
+                       {"id": "b", "source": "s", "measured_gib": 40.0, "predicted_gib": 30.0,
+                        "ratio": 0.75, "missing_gib": 10.0, "kind": "reserved",
+                        "tokens": 8192}],
+              "summary": {"median_ratio": 0.6875}}
+    text = describe_memory({"memory": build_memory(result)})
+    assert "against 2 published peaks (s:" in text and "0.62-0.75x" in text
+    assert "median 0.69x" in text and "1.3-2.0 MB a token" in text
+    assert describe_memory({}) is None

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from dlperf.analysis.html import dtype_label, fp8_label, memory_parts
 from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
-                                          describe_tensor_parallel)
+                                          describe_memory, describe_tensor_parallel)
 from dlperf.hardware.track_record import describe as describe_record
 from dlperf.term import new_console, styled
 from dlperf.units import gib, seconds, si
@@ -247,6 +247,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                       "inputs, a smaller --batch-size fewer of them, and for gpt and its "
                       "presets --tp N (tensor and sequence parallel inside the node) or --cp "
                       "N (each sequence over N GPUs) splits them N ways.", style="yellow")
+    if tokens_per_sample and here.get("memory_per_gpu") and (mem_record := describe_memory()):
+        console.print(mem_record, style="yellow")  # (validate_memory.py's published peaks)
     if cp:  # what the one published context-parallel run says (or that none has checked it)
         console.print(describe_context_parallel(), style="yellow")
     if comm.get("kvstore") and (kv_record := describe_kvstore()):  # (fit_kvstore.py's runs)

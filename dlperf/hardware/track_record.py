@@ -529,6 +529,41 @@ def describe_kvstore(record: dict | None = None) -> str | None:
             + (f"; held out, the record blog's DGX-1 ({held})" if held else "") + ".")
 
 
+def build_memory(result: dict) -> dict:
+    """The scale-out record's entry on memory per GPU, from benchmarks/validate_memory.py's
+    validation-memory.json: each published run's logged peak, dlperf's memory per GPU over
+    it, and what dlperf left out per token of the step (what grows with the tokens: the
+    loss's logits and their gradients)."""
+    rows = [{"id": r["id"], "source": r["source"], "measured_gib": r["measured_gib"],
+             "predicted_gib": r["predicted_gib"], "ratio": r["ratio"],
+             "missing_gib": r["missing_gib"], "kind": r["kind"],
+             "tokens": r.get("tokens")} for r in result["rows"]]
+    return {"rows": rows, "summary": result["summary"]}
+
+
+def describe_memory(record: dict | None = None) -> str | None:
+    """What published peaks say of the memory per GPU ``analyze --gpus`` shows (printed under
+    it for token models); None when the record has no memory entry."""
+    record = load_scale_out() if record is None else record
+    m = record.get("memory")
+    if not m or not m["rows"]:
+        return None
+    ratios = [r["ratio"] for r in m["rows"]]
+    sources = sorted({r["source"] for r in m["rows"]})
+    per_token = [r["missing_gib"] * 2 ** 30 / r["tokens"] / 1e6 for r in m["rows"]
+                 if r.get("tokens")]
+    text = (f"Memory per GPU is what the step holds at rest: against {len(ratios)} published "
+            f"peaks ({', '.join(sources)}: PyTorch's allocator's reserved peak on Llama 3 8B "
+            f"runs) it was {min(ratios):.2f}-{max(ratios):.2f}x (median "
+            f"{m['summary']['median_ratio']:.2f}x) of the peak")
+    if per_token:
+        text += (f", {min(per_token):.1f}-{max(per_token):.1f} MB a token of the step short: "
+                 "the loss's logits upcast to FP32 and their gradients (dlperf computes the "
+                 "loss in the model's dtype), a checkpointed block's recompute and the "
+                 "allocator's cache are not counted yet; leave that much free")
+    return text + "."
+
+
 def describe_context_parallel(record: dict | None = None) -> str:
     """What published runs say of ``analyze --cp`` (printed under every context-parallel
     prediction): Llama 3 405B's 128K row where the record has it, else that none has checked
