@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
+from conftest import load_benchmark, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "benchmarks/validation/published_training.csv"
@@ -422,7 +422,7 @@ def test_published_memory_rows_join_the_scaling_table_and_their_differences_subt
     assert pair["predicted_gib"] == pytest.approx(-14.0)
 
 
-def test_the_memory_record_says_how_far_the_peaks_were(tmp_path):
+def test_the_memory_record_says_how_far_the_peaks_were():
     from dlperf.hardware.track_record import build_memory, describe_memory
 
     # two runs: 50 of 80 GiB (0.625x, 30 GiB short over 16,384 tokens: 1.97 MB a token) and
@@ -438,3 +438,20 @@ def test_the_memory_record_says_how_far_the_peaks_were(tmp_path):
     assert "against 2 published peaks (s:" in text and "0.62-0.75x" in text
     assert "median 0.69x" in text and "1.3-2.0 MB a token" in text
     assert describe_memory({}) is None
+
+
+def test_a_token_models_memory_per_gpu_carries_the_published_peaks(capsys):
+    # the scale-out's memory per GPU of a token model is followed by what the published
+    # peaks said of it (the shipped record, benchmarks/validate_memory.py); an image model's
+    # (no logits over a vocabulary, no published peak) is not
+    gpt = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "4",
+           "--seq-len", "256", "--batch-size", "2", "--train", "--precision", "fsdp",
+           "--dtype", "bf16", "--gpus", "8", "--strategy", "fsdp"]
+    code, out, err = run_cli(gpt, capsys)
+    assert code == 0, err
+    assert "Memory per GPU is what the step holds at rest: against 10 published peaks" in (
+        " ".join(out.split()))
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "32",
+                              "--gpus", "8"], capsys)
+    assert code == 0, err
+    assert "published peaks" not in out
