@@ -371,8 +371,8 @@ def main(argv: list[str]) -> int:
         print("torchao float8's speed-up, published and predicted (float8 / BF16 per GPU, "
               "both compiled):")
     for p in fp8_pairs:
-        print(f"  {p['float8']:34s} {p['recipe']:10s} measured {p['measured_speedup']:.3f}  predicted "
-              f"{p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")
+        print(f"  {p['float8']:34s} {p['recipe']:10s} measured {p['measured_speedup']:.3f}"
+              f"  predicted {p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")
     from dlperf.provenance import save_result
 
     save_result(out_path, "validation-scaling",

@@ -65,9 +65,9 @@ the query heads before attention, separate q, k, v projections. Under
 models/fused.py): RMSNorm, SwiGLU and the rotary embedding one kernel each, K and V given to
 the attention kernel as they are; with ``fp8`` its blocks' linear layers are TransformerEngine's
 FP8 layers (models/fp8.py), q, k and v sharing one cast of their input, as SwiGLU's two do.
-With ``fp8="tensorwise"`` or ``"rowwise"`` (``tp_impl="torch"``) they are torchao's float8 layers instead
-(models/float8.py), as torchtitan converts them; its output layer stays in the model's dtype
-either way (torchtitan's float8 converter leaves ``output`` out).
+With ``fp8="tensorwise"`` or ``"rowwise"`` (``tp_impl="torch"``) they are torchao's float8
+layers instead (models/float8.py), as torchtitan converts them; its output layer stays in the
+model's dtype either way (torchtitan's float8 converter leaves ``output`` out).
 """
 
 from __future__ import annotations
