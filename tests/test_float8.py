@@ -486,10 +486,10 @@ def test_the_record_says_what_float8_was_checked_against():
                         "flag": "f", "measured_per_gpu": 6000.0, "per_gpu_ratio": 1.1,
                         "fp8": None}],
               "float8_pairs": [{"float8": "a-float8", "bf16": "a-compile",
-                                "measured_speedup": 1.28, "predicted_speedup": 1.23,
+                                "recipe": "tensorwise", "measured_speedup": 1.28, "predicted_speedup": 1.23,
                                 "ratio": 0.96},
                                {"float8": "a-rowwise", "bf16": "a-compile",
-                                "measured_speedup": 1.10, "predicted_speedup": 1.25,
+                                "recipe": "rowwise", "measured_speedup": 1.10, "predicted_speedup": 1.25,
                                 "ratio": 1.14}]}
     entry = build_float8(result)
     assert [r["id"] for r in entry["rows"]] == ["a-float8", "b-float8", "a-rowwise"]

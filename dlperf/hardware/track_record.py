@@ -454,13 +454,12 @@ def build_float8(result: dict) -> dict:
     measured rate and dlperf's prediction over it, and each published float8 / BF16 pair's
     speed-up, measured and predicted."""
     rows = [r for r in result["rows"] if r.get("fp8")]
-    recipe = {r["id"]: r["fp8"] for r in rows}
     return {"rows": [{"id": r["id"], "recipe": r["fp8"], "source": r["source"],
                       "gpus": r["gpus"], "tokens": r["image_size"], "flag": r["flag"],
                       "measured": r["measured_per_gpu"], "ratio": r["per_gpu_ratio"]}
                      for r in rows],
             "pairs": [{"float8": p["float8"], "bf16": p["bf16"],
-                       "recipe": recipe.get(p["float8"], "tensorwise"),
+                       "recipe": p.get("recipe", "tensorwise"),
                        "measured_speedup": p["measured_speedup"],
                        "predicted_speedup": p["predicted_speedup"], "ratio": p["ratio"]}
                       for p in result["float8_pairs"]]}
@@ -554,7 +553,7 @@ def describe_memory(record: dict | None = None) -> str | None:
                  if r.get("tokens")]
     text = (f"Memory per GPU is what the step holds at rest: against {len(ratios)} published "
             f"peaks ({', '.join(sources)}: PyTorch's allocator's reserved peak on Llama 3 8B "
-            f"runs) it was {min(ratios):.2f}-{max(ratios):.2f}x (median "
+            f"runs) it was {_span(ratios)}x (median "
             f"{m['summary']['median_ratio']:.2f}x) of the peak")
     if per_token:
         text += (f", {min(per_token):.1f}-{max(per_token):.1f} MB a token of the step short: "
