@@ -3,11 +3,13 @@
 For each row of validation/published_memory.csv: its run (the row of published_scaling.csv
 with that id) analysed and scaled out as validate_scaling.py does, and ``scale_out``'s
 ``memory_per_gpu`` (the sharded weights, gradients and optimizer state, FSDP's gathered units,
-the activations autograd keeps) beside the peak the source logged. What dlperf counts is the
-tensors a step holds at rest; a logged peak is PyTorch's caching allocator's reservation at
-the step's worst moment, which adds the transients (the loss's logits in FP32 and their
-gradient, a checkpointed block's recompute and backward, FSDP's unsharded gradient buffers)
-and the allocator's cached blocks. The ratio says how far dlperf's number is from that peak,
+the activations at the step's peak: dlperf/analysis/liveness.py) beside the peak the source
+logged, and the same at rest (the activations autograd keeps at the end of the forward). A
+logged peak is PyTorch's caching allocator's reservation at the step's worst moment: the
+tensors alive then (which the peak follows: the loss's logits in FP32 and their gradient, a
+checkpointed block's recompute) plus what dlperf does not count (the allocator's cached,
+not yet reused blocks and fragmentation, FSDP's unsharded gradient buffers beside the
+reduce-scatter, workspaces, the CUDA context). The ratio says how far dlperf's number is from that peak,
 and the differences between rows (8 against 128 GPUs: the sharded state; eager against
 compiled; BF16 against float8) say what each part is worth, measured and predicted.
 
@@ -80,26 +82,34 @@ def main(argv: list[str]) -> int:
     for r in vs.score(vs.capture(rows)):
         mem = r["memory_per_gpu"]
         parts = {k.removesuffix("_bytes") + "_gib": v / GIB for k, v in mem.items()
-                 if k.endswith("_bytes") and k not in ("total_bytes", "sharded_state_bytes")}
+                 if k.endswith("_bytes") and k not in ("total_bytes", "sharded_state_bytes",
+                                                       "peak_bytes")}
+        got = measured[r["id"]]["measured_gib"]
+        # at the step's peak (liveness.with_peak), and at rest (the end of the forward)
+        peak, rest = mem.get("peak_bytes", mem["total_bytes"]) / GIB, mem["total_bytes"] / GIB
         results.append({"id": r["id"], "source": r["source"], "gpus": r["gpus"],
                         # tokens a GPU's step processes (the transients grow with them)
                         "tokens": r["batch"] * r["image_size"] * r["grad_accum"],
-                        **measured[r["id"]], "predicted_gib": mem["total_bytes"] / GIB,
-                        "ratio": mem["total_bytes"] / GIB / measured[r["id"]]["measured_gib"],
-                        "missing_gib": measured[r["id"]]["measured_gib"]
-                        - mem["total_bytes"] / GIB, "parts": parts})
+                        **measured[r["id"]], "predicted_gib": peak, "ratio": peak / got,
+                        "missing_gib": got - peak, "peak_at": mem.get("peak_at"),
+                        "at_rest_gib": rest, "at_rest_ratio": rest / got, "parts": parts})
     pairs = differences(results)
-    print(f"{'id':34s} GPUs  measured  predicted  ratio  missing   (GiB)")
+    print(f"{'id':34s} GPUs  measured  predicted  ratio  missing   at rest  ratio   (GiB)")
     for r in results:
         print(f"{r['id']:34s} {r['gpus']:4d}  {r['measured_gib']:8.1f}  {r['predicted_gib']:9.1f}"
-              f"  {r['ratio']:5.2f}  {r['missing_gib']:7.1f}")
+              f"  {r['ratio']:5.2f}  {r['missing_gib']:7.1f}  {r['at_rest_gib']:8.1f}"
+              f"  {r['at_rest_ratio']:5.2f}")
     ratios = [r["ratio"] for r in results]
     summary = {"rows": len(results), "median_ratio": statistics.median(ratios),
                "min_ratio": min(ratios), "max_ratio": max(ratios),
-               "median_missing_gib": statistics.median(r["missing_gib"] for r in results)}
-    print(f"predicted / measured peak: median {summary['median_ratio']:.2f} "
+               "median_missing_gib": statistics.median(r["missing_gib"] for r in results),
+               "median_missing_mb_per_token": statistics.median(
+                   r["missing_gib"] * GIB / 1e6 / r["tokens"] for r in results),
+               "median_at_rest_ratio": statistics.median(r["at_rest_ratio"] for r in results)}
+    print(f"predicted peak / measured peak: median {summary['median_ratio']:.2f} "
           f"({summary['min_ratio']:.2f}-{summary['max_ratio']:.2f}), median "
-          f"{summary['median_missing_gib']:.1f} GiB not predicted")
+          f"{summary['median_missing_gib']:.1f} GiB ({summary['median_missing_mb_per_token']:.2f}"
+          f" MB a token) not predicted; at rest {summary['median_at_rest_ratio']:.2f}")
     print("differences between runs (GiB), measured and predicted:")
     for p in pairs:
         print(f"  {p['what']:28s} measured {p['measured_gib']:+6.1f}  predicted "

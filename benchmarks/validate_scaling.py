@@ -193,7 +193,8 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
                                                     predicted / r["scaling_efficiency"])
                                            if measured_eff else None),
                     "limited_by": r["limited_by"], "exposed_comm_s": r["exposed_comm_s"],
-                    # what each GPU holds, by kind (validate_memory.py)
+                    # what each GPU holds, by kind, at rest and at the step's peak
+                    # (liveness.with_peak; validate_memory.py)
                     "memory_per_gpu": r["memory_per_gpu"],
                     "straggler_s": r["straggler_s"], "step_s": r["step_s"],
                     "kvstore_ops": r["communication"].get("engine_ops"),

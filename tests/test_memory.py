@@ -83,7 +83,9 @@ def test_batch_that_fits_is_suggested_when_only_activations_overflow():
     assert m["fits"] is False and found
     # the suggested batch fits 90% of the device at the measured activations per sample
     batch = int(found[0].message.split("batch ")[1].split()[0])
-    per_sample = m["activations_bytes"] / 2048
+    # (judged at the step's peak: the activations at its busiest moment, at least those saved)
+    assert m["activations_peak_bytes"] >= m["activations_bytes"]
+    per_sample = m["activations_peak_bytes"] / 2048
     static = m["total_bytes"] - m["activations_bytes"]
     assert static + batch * per_sample <= 0.9 * m["device_bytes"]
     assert static + (batch + 1) * per_sample > 0.9 * m["device_bytes"]
@@ -179,3 +181,116 @@ def test_activation_checkpointing_recomputes_and_keeps_what_torch_checkpoint_doe
     expected = kept + inside // 2
     assert ac.memory_report()["activations_bytes"] == expected
     assert expected < plain.memory_report()["activations_bytes"]
+
+
+def _rec(index, module, phase, ins, outs, size):
+    from dlperf.analysis.capture import OpRecord, TensorMeta
+
+    def meta(k):
+        return TensorMeta((size[k],), "int8", (1,), k)  # one byte an element: size bytes
+
+    return OpRecord(index=index, op="op", module=module, module_type="M", phase=phase,
+                    inputs=tuple(meta(k) for k in ins), outputs=tuple(meta(k) for k in outs))
+
+
+def test_liveness_peak_by_hand():
+    # a block that makes 1 (100 B) from the input 0 (10 B) and 2 (1,000 B) from 1; the root
+    # makes 3 (5 B) from 2; the block's backward reads 3 and 1 and makes 4 (50 B); the weight
+    # 9 (1 MB) is read but never counted. Alive: r0 0+1 = 110, r1 1+2 = 1,100, r2 1+2+3 =
+    # 1,105, r3 1+3+4 = 155: the peak is 1,105 B at r2
+    from dlperf.analysis import liveness
+
+    size = {0: 10, 1: 100, 2: 1000, 3: 5, 4: 50, 9: 10 ** 6}
+    records = [_rec(0, "blocks.0.fc", "forward", (0, 9), (1,), size),
+               _rec(1, "blocks.0.act", "forward", (1,), (2,), size),
+               _rec(2, "loss", "forward", (2,), (3,), size),
+               _rec(3, "blocks.0.fc", "dgrad", (3, 1, 9), (4,), size)]
+    assert liveness.peak(records, param_keys={9}) == {"bytes": 1105, "record": 2}
+    # checkpointing blocks.0: 1 is made and read inside the block's forward only, so it is
+    # freed after r1 and made again for the backward (r3); 2 crosses into the root and lives
+    # on: r1 1,100, r2 2+3 = 1,005, r3 1+3+4 = 155: the peak 1,100 B at r1
+    blocks = frozenset({"blocks.0"})
+    assert liveness.peak(records, {9}, blocks) == {"bytes": 1100, "record": 1}
+    # a selective policy that keeps 1: as without checkpointing
+    assert liveness.peak(records, {9}, blocks, kept={1}) == {"bytes": 1105, "record": 2}
+
+
+def test_a_training_steps_peak_is_at_least_its_saved_activations():
+    # the capture's peak holds at least what autograd keeps at the end of the forward, and
+    # full checkpointing lowers it
+    from dlperf.analysis.api import AnalysisConfig, capture_costs
+    from dlperf.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(layers=4, d_model=64, heads=4, vocab=512, seq_len=32))
+    memory = {}
+    for ac in (False, True):
+        cfg = AnalysisConfig(model="gpt", input_shape=(4, 32), dtype="bf16", precision="fsdp",
+                             train=True, tokens=True, optimizer="none",
+                             activation_checkpointing=ac)
+        memory[ac] = capture_costs(model, cfg, torch.long)[3]
+    for m in memory.values():
+        assert m["activations_peak_bytes"] >= m["activations_bytes"] > 0
+        assert m["peak_bytes"] - m["total_bytes"] == (m["activations_peak_bytes"]
+                                                      - m["activations_bytes"])
+    assert memory[True]["activations_peak_bytes"] < memory[False]["activations_peak_bytes"]
+
+
+def test_what_autograd_saved_lives_until_its_modules_backward():
+    # 0 (10 B) -> 1 (100 B) in "attn"; 1 is saved by "attn" but its backward (r3) reads only
+    # 2 and 3, as a fused kernel's backward reads its saved inputs under no record's key.
+    # Without the saved map 1 dies after r1: r1 1+2 = 1,100 (the peak), r2 2+3 = 1,005, r3
+    # 2+3+4 = 1,055; with it 1 lives to r3 (attn's last backward record): r3 1,155
+    from dlperf.analysis import liveness
+
+    size = {0: 10, 1: 100, 2: 1000, 3: 5, 4: 50}
+    records = [_rec(0, "attn", "forward", (0,), (1,), size),
+               _rec(1, "mlp", "forward", (1,), (2,), size),
+               _rec(2, "loss", "forward", (2,), (3,), size),
+               _rec(3, "attn.inner", "dgrad", (3, 2), (4,), size)]
+    assert liveness.peak(records) == {"bytes": 1100, "record": 1}
+    assert liveness.peak(records, saved={1: "attn"}) == {"bytes": 1155, "record": 3}
+    # a module with no backward record: as before
+    assert liveness.peak(records, saved={1: "mlp"})["bytes"] == 1100
+    # what the kernel alone makes and saves (key 7, 20 B: attention's log-sum-exp, no record)
+    # lives over its module's forward and backward, r0 to r3: 1,175
+    assert liveness.peak(records, saved={1: "attn", 7: "attn"},
+                         saved_sizes={1: 100, 7: 20}) == {"bytes": 1175, "record": 3}
+
+
+def test_the_loss_runs_in_fp32_and_its_logits_set_the_peak():
+    # A language model's loss upcasts its half-precision logits to FP32 (torchtitan, Hugging
+    # Face and Megatron all do; autocast does it itself). At the log-softmax's backward three
+    # FP32 copies of the T x V logits are alive beside what autograd saved: the log-softmax's
+    # output (saved), the NLL's gradient of it, and the gradient being written. Here T = 4 x
+    # 32 = 128 tokens, V = 512: 128 x 512 x 4 B = 256 KiB a copy, 768 KiB on top.
+    from dlperf.analysis.api import AnalysisConfig, capture_costs
+    from dlperf.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(layers=2, d_model=64, heads=4, vocab=512, seq_len=32))
+    copy = 128 * 512 * 4
+    for precision, dtype in (("fsdp", "bf16"), ("mixed", "bf16"), ("mixed", "fp32")):
+        cfg = AnalysisConfig(model="gpt", input_shape=(4, 32), dtype=dtype,
+                             precision=precision, train=True, tokens=True, optimizer="none")
+        costs, _, _, memory = capture_costs(model, cfg, torch.long)
+        loss = [c for c in costs if c.module == "loss"]
+        casts = [c for c in loss if c.op == "_to_copy" and c.phase == "forward"]
+        # one cast of the logits to FP32 (autocast's own under mixed bf16; none in fp32):
+        # read 2 B, write 4 B an element
+        assert [c.bytes for c in casts] == ([] if dtype == "fp32" else [128 * 512 * 6])
+        assert {c.dtype for c in loss if c.op.startswith("_log_softmax")} == {"fp32"}
+        assert memory["activations_peak_bytes"] == memory["activations_bytes"] + 3 * copy
+        assert memory["peak_at"] == "loss: _log_softmax_backward_data, dgrad"
+
+
+def test_whether_a_step_fits_is_judged_at_its_peak():
+    from dlperf.analysis.api import Analysis, AnalysisConfig
+    from dlperf.hardware.specs import get_device
+
+    spec = get_device("h100-sxm")  # 80 GiB: 85.9 GB
+    at_rest = {"weights_bytes": 10e9, "gradients_bytes": 10e9, "optimizer_state_bytes": 20e9,
+               "activations_bytes": 30e9, "total_bytes": 70e9}
+    cfg = AnalysisConfig(model="m", input_shape=(1, 8))
+    assert Analysis(spec, cfg, [], {}, memory=at_rest).memory_report()["fits"] is True
+    # 20 GB more in flight at the peak: 90 GB does not fit 85.9
+    peaked = {**at_rest, "activations_peak_bytes": 50e9, "peak_bytes": 90e9}
+    assert Analysis(spec, cfg, [], {}, memory=peaked).memory_report()["fits"] is False

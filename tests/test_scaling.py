@@ -764,7 +764,45 @@ def test_memory_per_gpu_says_what_it_is_made_of(capsys):
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "32", "--gpus",
                               "8", "--top", "1"], capsys)
     assert code == 0, err
-    assert "GiB: weights " in " ".join(out.split())
+    # judged at the step's peak (the loss's and the backward's tensors in flight) beside the
+    # total at rest, and the parts
+    text = " ".join(out.split())
+    assert "at the step's peak (" in text and "at rest): weights " in text
+    assert "at the peak activations " in text
+
+
+def test_memory_per_gpu_carries_the_steps_peak():
+    from dlperf.analysis.html import memory_parts, memory_total
+    from dlperf.analysis.pipeline import stage_memory
+    from dlperf.analysis.scaling import memory_per_gpu
+
+    # the footprint of the test above, with the activations at 16 GB at the step's peak (6 GB
+    # in flight on top of the 10 GB saved): every GPU's total at the peak is 6 GB above its
+    # total at rest, however the state is sharded
+    memory = {"weights_bytes": 4e9, "gradients_bytes": 4e9, "optimizer_state_bytes": 4e9,
+              "activations_bytes": 10e9, "total_bytes": 22e9, "activations_peak_bytes": 16e9,
+              "peak_bytes": 28e9, "peak_at": "loss: _log_softmax_backward_data, dgrad"}
+    params = [("blocks.0.w", int(3e9)), ("blocks.1.w", int(1e9))]
+    ddp = memory_per_gpu(memory, params, "ddp", 8)  # 26 GB at rest (buckets 4 GB): 32 GB
+    fsdp = memory_per_gpu(memory, params, "fsdp", 8)  # 17.5 GB at rest: 23.5 GB
+    assert (ddp["peak_bytes"], fsdp["peak_bytes"]) == (pytest.approx(32e9),
+                                                       pytest.approx(23.5e9))
+    assert fsdp["activations_peak_bytes"] == 16e9 and fsdp["peak_at"] == memory["peak_at"]
+    # the parts still add up to the total at rest (the peak's keys are not parts)
+    assert sum(v for k, v in fsdp.items() if k.endswith("_bytes") and k not in (
+        "total_bytes", "sharded_state_bytes", "peak_bytes", "activations_peak_bytes")) \
+        == pytest.approx(fsdp["total_bytes"])
+    # 23.5e9 B = 21.9 GiB, 17.5e9 = 16.3 GiB, 16e9 = 14.9 GiB
+    assert memory_total(fsdp) == "~21.9 GiB at the step's peak (16.3 GiB at rest)"
+    assert memory_parts(fsdp).endswith(", at the peak activations 14.9 GiB (loss: "
+                                       "_log_softmax_backward_data, dgrad)")
+    # without a peak (inference, a footprint made by hand): one figure, no peak part
+    plain = memory_per_gpu({k: memory[k] for k in list(memory)[:5]}, params, "fsdp", 8)
+    assert "peak_bytes" not in plain and memory_total(plain) == "~16.3 GiB"
+    # a pipeline stage is judged at rest (its own in-flight tensors are not separated): a
+    # total summed again from the parts does not take the peak's keys in
+    stage = stage_memory(memory, 0.5)
+    assert "peak_bytes" not in stage and stage["total_bytes"] == pytest.approx(16e9)
 
 
 def _unit_collectives(params, ratio: float, gpus: int = 8) -> float:

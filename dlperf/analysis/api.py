@@ -11,6 +11,7 @@ import torch
 
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis import compiled as compiled_mod
+from dlperf.analysis import liveness
 from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
                                    optimizer_cost, scaled_optimizer, share_costs,
                                    spread_costs)
@@ -119,7 +120,7 @@ class Analysis:
             return None
         capacity = self.device.memory_bytes
         return {**self.memory, "device_bytes": capacity,
-                "fits": None if not capacity else self.memory["total_bytes"] <= capacity}
+                "fits": None if not capacity else liveness.peak_total(self.memory) <= capacity}
 
     @property
     def batch_size(self) -> int:
@@ -394,6 +395,20 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                            costs, blocks, config.checkpoint_policy, record_ops,
                            {r.index: sum(t.nbytes for t in r.outputs) for r in cap.records}))
     memory = memory_footprint(model, config, activations, element_bytes=state_bytes)
+    if config.train:
+        # the most the step's tensors hold at once (liveness.py: in flight as well as at rest),
+        # from the eager capture; under selective-attention (Megatron's) no checkpoint block
+        checkpointed = (blocks if config.activation_checkpointing
+                        and config.checkpoint_policy != "selective-attention" else frozenset())
+        by_index = {r.index: r for r in cap.records}
+        kept = (kept_keys(costs, checkpointed, config.checkpoint_policy, record_ops, by_index)
+                if checkpointed else frozenset())
+        top = liveness.peak(cap.records, cap.param_keys, checkpointed, kept, cap.saved_owners,
+                            cap.saved_sizes)
+        where = by_index.get(top["record"])
+        memory = liveness.with_peak(memory, top["bytes"],
+                                    f"{where.module or 'the model'}: {where.op}, {where.phase}"
+                                    if where is not None else None)
     return costs, uncounted, time.perf_counter() - start, memory
 
 
@@ -534,6 +549,21 @@ def kept_bytes(costs: list, blocks: set[str], policy: str, record_ops: dict | No
 
     return sum(held(c, keep) for group in _block_forwards(costs, blocks).values()
                for c, keep in zip(group, kept_by_policy(group, policy, record_ops)))
+
+
+def kept_keys(costs: list, blocks: set[str], policy: str, record_ops: dict,
+              by_index: dict) -> frozenset:
+    """The storage keys a selective ``policy`` keeps through the step (``kept_bytes``' outputs,
+    for liveness.peak): of a generated kernel, its saved ops' outputs only."""
+    if policy == "full":
+        return frozenset()
+    out = set()
+    for group in _block_forwards(costs, blocks).values():
+        for c, keep in zip(group, kept_by_policy(group, policy, record_ops)):
+            for i in c.records:
+                if (record_ops.get(i) in POLICY_SAVED_OPS if c.op == "compiled" else keep):
+                    out.update(t.key for t in by_index[i].outputs)
+    return frozenset(out)
 
 
 def attention_recomputed_activations(cap, costs: list, blocks: set[str]) -> int:

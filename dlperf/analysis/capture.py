@@ -130,6 +130,8 @@ class Capture:
     # Storage keys of parameters and of their autocast copies: a backward op that reads one is
     # computing a data gradient (dgrad mm reads W), one that only writes a W-shaped result is wgrad.
     weight_keys: set = field(default_factory=set)
+    # Of those, the parameters' own (their copies are memory a step makes: liveness.py)
+    param_keys: set = field(default_factory=set)
     # Fused regions: id -> what the analytic cost needs (costs.attention_cost).
     regions: dict = field(default_factory=dict)
     # Bytes autograd keeps from the forward for the backward (activations, masks, autocast's
@@ -141,6 +143,9 @@ class Capture:
     input_bytes: dict = field(default_factory=dict)
     input_keys: dict = field(default_factory=dict)  # module -> storage key of that input
     saved_sizes: dict = field(default_factory=dict)  # storage key -> bytes saved (no params)
+    # storage key -> the module that saved it first: its backward is when autograd lets it go
+    # (liveness.py; a fused kernel's backward reads what it saved under no record's key)
+    saved_owners: dict = field(default_factory=dict)
     # Forward records whose output autograd saved: where a checkpointed block's recompute can
     # stop (torch.utils.checkpoint stops once the backward's tensors exist again)
     saved_outputs: set = field(default_factory=set)
@@ -498,13 +503,24 @@ class _Recorder(TorchDispatchMode):
 
 
 def _default_loss(output) -> torch.Tensor:
-    """Cross-entropy for logits ([B, C] or [B, T, V]), else a sum: enough to drive backward."""
+    """Cross-entropy for logits ([B, C] or [B, T, V]), else a sum: enough to drive backward.
+
+    Half-precision logits are upcast to fp32 first, as every trainer the predictions are
+    checked against does it: torchtitan (``cross_entropy(pred.flatten(0, 1).float(), ...)``),
+    Hugging Face transformers (``logits.float()`` in its causal-LM loss), Megatron-LM's
+    vocab-parallel cross-entropy (``vocab_parallel_logits.float()``) and autocast itself
+    (cross_entropy is on its fp32 list, so under the emulation the cast is the one autocast
+    makes). For a language model's vocabulary this is no detail: the fp32 copy, its log-softmax
+    and their gradients are the step's largest tensors (Llama 3's 128,256-wide logits: about
+    1.5 MB a token) and several memory-bound passes over them."""
     tensors = _tensors(output)
     if not tensors:
         raise ValueError("the model returned no tensor to differentiate")
     out = tensors[0]
     if out.is_floating_point() and out.dim() in (2, 3):
         logits = out.reshape(-1, out.shape[-1])
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
         target = torch.zeros(logits.shape[0], dtype=torch.long, device=out.device)
         return torch.nn.functional.cross_entropy(logits, target)
     return out.float().sum()
@@ -564,6 +580,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
         return t
 
     param_keys = set(result.weight_keys)  # the parameters themselves are not activations
+    result.param_keys = param_keys
     try:
         with _AutocastEmulation(state, autocast_dtype, result), _Recorder(state, result, timer):
             with torch.set_grad_enabled(train):
@@ -575,6 +592,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
                         owner = state.saved_owner.get(k, "")
                         result.saved_by_module[owner] = result.saved_by_module.get(owner, 0) + v
                         result.saved_sizes[k] = v
+                        result.saved_owners[k] = owner
                 # (saved inside the record's own block: a block's output that the next block
                 # saves is that block's checkpointed input, not something to recompute)
                 blocks = result.blocks = block_paths(n for n, _ in model.named_parameters())

@@ -25,7 +25,21 @@ def memory_parts(memory: dict) -> str:
         return gib(nbytes) if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 
     shown = [f"{name} {size(memory[key])}" for key, name in MEMORY_PARTS if memory.get(key)]
+    if memory.get("peak_bytes", memory.get("total_bytes")) != memory.get("total_bytes"):
+        # (liveness.with_peak: the activations at the step's busiest moment)
+        shown.append(f"at the peak activations {size(memory['activations_peak_bytes'])}"
+                     + (f" ({memory['peak_at']})" if memory.get("peak_at") else ""))
     return f": {', '.join(shown)}" if shown else ""
+
+
+def memory_total(memory: dict) -> str:
+    """"~61.2 GiB at the step's peak (52.5 GiB at rest)": what a GPU needs, judged at the peak
+    of its step's tensors (liveness.with_peak) beside the end of the forward's total; one
+    figure where the two agree or the peak is not known."""
+    total, peak = memory["total_bytes"], memory.get("peak_bytes", memory["total_bytes"])
+    if peak == total:
+        return f"~{gib(total)}"
+    return f"~{gib(peak)} at the step's peak ({gib(total)} at rest)"
 
 
 def _record_html(analysis) -> str:
@@ -262,7 +276,7 @@ def _scaling_section(scale_out: dict) -> str:
                f"{here['gpu_decode_samples_per_s']:,.0f} samples/s per GPU; on the host it "
                f"needs {here['host_cores_needed_per_gpu']:.1f} cores per GPU)"
                if here["input_bound"] else "")
-            + (f"; memory per GPU ~{gib(m['total_bytes'])}"
+            + (f"; memory per GPU {memory_total(m)}"
                + (" (does not fit)" if m.get("fits") is False else "") + memory_parts(m)
                if (m := here.get("memory_per_gpu")) else "")
             + (f". The loaders' workers outnumber the node's cores "

@@ -267,7 +267,11 @@ def stage_memory(memory: dict | None, fraction: float, share: float = 1.0) -> di
     the first of equal stages under 1F1B, ``in_flight`` of them interleaved)."""
     if memory is None:
         return None
-    out = dict(memory)
+    # (the whole model's peak, liveness.with_peak, is left out: what a stage has in flight
+    # beside its saved micro-batches, a block's recompute or the last stage's logits, is not
+    # separated per stage, so a stage is judged at rest)
+    out = {k: v for k, v in memory.items()
+           if k not in ("activations_peak_bytes", "peak_bytes", "peak_at")}
     for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
         out[key] = int(memory[key] * fraction)
     if "parameters" in out:

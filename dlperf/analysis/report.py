@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dlperf.analysis.html import dtype_label, fp8_label, memory_parts
+from dlperf.analysis.html import dtype_label, fp8_label, memory_parts, memory_total
 from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
                                           describe_memory, describe_tensor_parallel)
 from dlperf.hardware.track_record import describe as describe_record
@@ -112,12 +112,16 @@ def _notes(analysis, console) -> None:
     if memory and memory["total_bytes"]:
         cap = f" of {gib(memory['device_bytes'])}" if memory["device_bytes"] else ""
         verdict = styled(" [bold red]does not fit[/]") if memory["fits"] is False else ""
+        peak = memory.get("peak_bytes", memory["total_bytes"])
         console.print(
-            Text(f"Memory per device: ~{gib(memory['total_bytes'])}{cap}") + verdict + f" (weights "
+            Text(f"Memory per device: {memory_total(memory)}{cap}") + verdict + f" (weights "
             f"{gib(memory['weights_bytes'])}, gradients {gib(memory['gradients_bytes'])}, "
             f"optimizer state {gib(memory['optimizer_state_bytes'])}, activations saved for "
-            f"the backward {gib(memory['activations_bytes'])}; workspaces and the allocator's "
-            "cache come on top).")
+            f"the backward {gib(memory['activations_bytes'])}"
+            + (f"; the step's tensors hold {gib(memory['activations_peak_bytes'])} at its peak"
+               + (f" ({memory['peak_at']})" if memory.get("peak_at") else "")
+               if peak != memory["total_bytes"] else "")
+            + "; workspaces and the allocator's cache come on top).")
     console.print(f"Ops:byte ratio of {spec.display_name}: {ratios}"
                   f"{'; ' if ratios else ''}fp32 (CUDA cores) {ratio:.1f} FLOP/B.")
     eff = analysis.efficiency
@@ -237,7 +241,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            f"decode's own GPU time; on the host it needs "
            f"{here['host_cores_needed_per_gpu']:.1f} cores per GPU at this rate)"
            if here["input_bound"] else "")
-        + (Text(f"; memory per GPU ~{gib(here['memory_per_gpu']['total_bytes'])}")
+        + (Text(f"; memory per GPU {memory_total(here['memory_per_gpu'])}")
            + (styled(" [bold red](does not fit)[/]") if here["memory_per_gpu"].get("fits") is False
               else "") + memory_parts(here["memory_per_gpu"])
            if here.get("memory_per_gpu") else "") + ".")

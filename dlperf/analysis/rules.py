@@ -329,13 +329,16 @@ def _capacity(analysis, step_s) -> list[Finding]:
     if not m or m["fits"] is not False:
         return []
     usable = 0.9 * m["device_bytes"]
+    # judged at the step's peak (liveness.with_peak): the activations at their busiest moment
+    active = m.get("activations_peak_bytes", m["activations_bytes"])
     static = m["total_bytes"] - m["activations_bytes"]
     parts = (f"weights {gib(m['weights_bytes'])}, gradients {gib(m['gradients_bytes'])}, "
              f"optimizer state {gib(m['optimizer_state_bytes'])}, activations "
-             f"{gib(m['activations_bytes'])}")
+             + (f"{gib(m['activations_bytes'])} saved and {gib(active)} at the peak"
+                if active != m["activations_bytes"] else gib(active)))
     advice = []
-    if static < usable and m["activations_bytes"]:
-        per_sample = m["activations_bytes"] / analysis.batch_size
+    if static < usable and active:
+        per_sample = active / analysis.batch_size
         batch = int((usable - static) // per_sample)
         if batch >= 1:
             advice.append(f"batch {batch} fits (activations scale with the batch; keep the "
@@ -349,7 +352,7 @@ def _capacity(analysis, step_s) -> list[Finding]:
                       "ZeRO-3), or train in lower precision")
     return [Finding(
         "capacity",
-        f"Does not fit: the step holds ~{gib(m['total_bytes'])} ({parts}) on a "
+        f"Does not fit: the step holds ~{gib(static + active)} ({parts}) on a "
         f"{gib(m['device_bytes'])} {analysis.device.display_name}; "
         + "; ".join(advice) + ". The predicted time assumes it fit.", 0.0)]
 

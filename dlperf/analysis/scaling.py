@@ -519,7 +519,9 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     in its half dtype beside fp32 master weights, FSDP-style mixed precision) the masters are
     1/n too and the half copy is held whole, as Megatron's distributed optimizer keeps them.
     Returns the total and its parts: weights, gradients, optimizer state and activations as
-    one GPU holds them, and DDP's buckets or FSDP's gathered parameters."""
+    one GPU holds them, and DDP's buckets or FSDP's gathered parameters; where the footprint
+    has the step's peak (liveness.with_peak: the activations at their busiest moment), the
+    total with it, ``peak_bytes``, on which ``fits`` is judged."""
     if memory is None:
         return None
     grads = sum(b for _, b in params)
@@ -527,11 +529,16 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
         memory[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
                             "activations_bytes"))
     states = weights + gradients + state
+    # (one GPU's activations are every data-parallel GPU's: the peak's too)
+    peak = {k: memory[k] for k in ("activations_peak_bytes", "peak_at") if k in memory}
 
     def parts(**kw) -> dict:  # what each GPU holds, by kind, and their sum
         out = {"weights_bytes": weights, "gradients_bytes": gradients,
                "optimizer_state_bytes": state, "activations_bytes": activations, **kw}
         out["total_bytes"] = sum(v for k, v in out.items() if k.endswith("_bytes"))
+        if peak:
+            out.update(peak, peak_bytes=out["total_bytes"] - activations
+                       + peak["activations_peak_bytes"])
         return out
 
     if strategy == "ddp" or gpus == 1:
@@ -1381,7 +1388,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             model_copy_bytes=gathered if analysis.config.precision == "fsdp"
                             and gathered < grad_bytes else None)
     if memory is not None and analysis.device.memory_bytes:
-        memory["fits"] = memory["total_bytes"] <= analysis.device.memory_bytes
+        memory["fits"] = (memory.get("peak_bytes", memory["total_bytes"])
+                          <= analysis.device.memory_bytes)
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
