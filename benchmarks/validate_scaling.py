@@ -36,6 +36,7 @@ def read_rows(path: Path) -> list[dict]:
     from dlperf.hardware.efficiency import ATTENTION_KERNELS
     from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
     from dlperf.models.gpt import ROPE_FORMS
+    from dlperf.models.loss_forms import LOSSES
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
@@ -68,6 +69,11 @@ def read_rows(path: Path) -> list[dict]:
         if row["attention_kernel"] not in (None, *ATTENTION_KERNELS):
             raise SystemExit(f"{path}: {row['id']}: attention_kernel must be one of "
                              f"{', '.join(ATTENTION_KERNELS)} or blank (flash2)")
+        # how the run computed its loss (optional column; blank: the preset's, else fp32)
+        row["loss"] = row.get("loss") or None
+        if row["loss"] not in (None, *LOSSES):
+            raise SystemExit(f"{path}: {row['id']}: loss must be one of {', '.join(LOSSES)} "
+                             "or blank (the preset's, else fp32)")
         # whose rotary-embedding kernels (optional column; blank: the preset's, complex)
         row["rope"] = row.get("rope") or None
         if row["rope"] not in (None, *ROPE_FORMS):

@@ -25,6 +25,7 @@ from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL, efficiency_for
 from dlperf.hardware.specs import DeviceSpec, get_device
 from dlperf.models.fp8 import WEIGHT_OPS as FP8_WEIGHT_OPS
 from dlperf.models.fp8 import fp8_weight_bytes
+from dlperf.models.losses import DEFAULT_LOSS, LOSSES
 
 # --dtype -> the dtype autocast (or model.half()) uses; fp32: none
 DTYPES = {name: autocast_dtype(name) for name in MIXED}
@@ -99,6 +100,10 @@ class AnalysisConfig:
     # "flash2" (PyTorch's SDPA since 2.2: FlashAttention-2) or "triton-2023" (llm-foundry's
     # Triton flash kernel, MosaicML's 2023 runs): its share of the Tensor Core peak
     attention_kernel: str = DEFAULT_ATTENTION_KERNEL
+    # how the loss computes cross-entropy over the logits (models/losses.py LOSSES): "fp32"
+    # (upcast first: torchtitan, Hugging Face, Megatron-LM, autocast), "half" (in the logits'
+    # dtype) or "fused" (one kernel each way: flash-attn's, or a torch.compile'd loss)
+    loss: str = DEFAULT_LOSS
 
 
 @dataclass
@@ -310,6 +315,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           "blocks (fms-fsdp, torchtitan's layer mode): use it with "
                           f"--activation-checkpointing full, not {config.checkpoint_policy}")
     check_fusion(config.fusion)
+    if config.loss not in LOSSES:
+        raise DlperfError(f"--loss {config.loss!r}: choose {' or '.join(LOSSES)}")
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
     half = DTYPES[config.dtype] if config.precision in HALF_MODEL else None
@@ -331,7 +338,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     try:
         cap = capture_mod.capture(model, inputs, train=config.train,
                                   autocast_dtype=None if half is not None else DTYPES[config.dtype],
-                                  forward=forward, params=params)
+                                  forward=forward, params=params, loss=config.loss)
     except DlperfError:
         raise
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError,
@@ -684,7 +691,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
             checkpoint_policy: str = "full", fusion: str = "none",
             cuda_graphs: bool = False, optimizer_impl: str = "fused",
             checkpoint_every: int = 1,
-            attention_kernel: str | None = None) -> Analysis:
+            attention_kernel: str | None = None, loss: str | None = None) -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -704,8 +711,11 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``attention_kernel``: the fused attention kernel, "flash2" or "triton-2023"
     (``AnalysisConfig.attention_kernel``); None: ``default_attention_kernel`` (the MPT
     presets ran llm-foundry's Triton kernel; else "flash2").
+    ``loss``: how the loss computes cross-entropy, "fp32", "half" or "fused"
+    (``AnalysisConfig.loss``, models/losses.py); None: ``default_loss`` (the MPT presets ran
+    llm-foundry's fused kernel; else "fp32").
     """
-    from dlperf.models.gpt import default_attention_kernel
+    from dlperf.models.gpt import default_attention_kernel, default_loss
 
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -725,5 +735,6 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          checkpoint_policy=checkpoint_policy, checkpoint_every=checkpoint_every,
                          fusion=fusion, cuda_graphs=cuda_graphs,
                          optimizer_impl=optimizer_impl,
-                         attention_kernel=attention_kernel or default_attention_kernel(name))
+                         attention_kernel=attention_kernel or default_attention_kernel(name),
+                         loss=loss or default_loss(name))
     return analyze_model(model, cfg, spec, input_dtype)

@@ -35,6 +35,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from dlperf.models.losses import DEFAULT_LOSS, cross_entropy
+
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                torch.float64: "fp64", torch.int64: "int64", torch.int32: "int32",
                torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
@@ -502,33 +504,25 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def _default_loss(output) -> torch.Tensor:
-    """Cross-entropy for logits ([B, C] or [B, T, V]), else a sum: enough to drive backward.
-
-    Half-precision logits are upcast to fp32 first, as every trainer the predictions are
-    checked against does it: torchtitan (``cross_entropy(pred.flatten(0, 1).float(), ...)``),
-    Hugging Face transformers (``logits.float()`` in its causal-LM loss), Megatron-LM's
-    vocab-parallel cross-entropy (``vocab_parallel_logits.float()``) and autocast itself
-    (cross_entropy is on its fp32 list, so under the emulation the cast is the one autocast
-    makes). For a language model's vocabulary this is no detail: the fp32 copy, its log-softmax
-    and their gradients are the step's largest tensors (Llama 3's 128,256-wide logits: about
-    1.5 MB a token) and several memory-bound passes over them."""
+def _default_loss(output, form: str = DEFAULT_LOSS) -> torch.Tensor:
+    """Cross-entropy for logits ([B, C] or [B, T, V]) as ``form`` computes it (models/
+    losses.py: by default on the logits upcast to FP32, as torchtitan, Hugging Face, Megatron-LM
+    and autocast do; under the autocast emulation the upcast is the cast autocast makes), else
+    a sum: enough to drive backward."""
     tensors = _tensors(output)
     if not tensors:
         raise ValueError("the model returned no tensor to differentiate")
     out = tensors[0]
     if out.is_floating_point() and out.dim() in (2, 3):
         logits = out.reshape(-1, out.shape[-1])
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
         target = torch.zeros(logits.shape[0], dtype=torch.long, device=out.device)
-        return torch.nn.functional.cross_entropy(logits, target)
+        return cross_entropy(logits, target, form)
     return out.float().sum()
 
 
 def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
             autocast_dtype: torch.dtype | None = None, loss_fn=None, forward=None,
-            params=None, timer=None) -> Capture:
+            params=None, timer=None, loss: str = DEFAULT_LOSS) -> Capture:
     """Run ``model(*example_inputs)`` (+ loss and backward when ``train``) and record every op.
 
     Inputs should live on the meta device, and so should the model's tensors, or ``forward``
@@ -536,6 +530,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
     model is not touched. ``autocast_dtype`` emulates ``torch.autocast('cuda', dtype)``. The
     model's train/eval flags are restored afterwards. ``params``: the tensors ``forward`` uses
     as parameters (default: the model's own). ``timer`` times every kernel (real tensors only).
+    ``loss``: how the default loss computes cross-entropy (models/losses.py ``LOSSES``), when
+    no ``loss_fn`` is given.
     The backward starts from no gradients, as a step after ``zero_grad(set_to_none=True)``
     does, and the parameters' ``.grad`` are put back as they were: a model captured twice (a
     second analysis, a validation table reusing one model for several rows) would otherwise
@@ -604,7 +600,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
                            for o in r.outputs)}
                 if train:
                     state.stack.append("loss")
-                    loss = (loss_fn or _default_loss)(output)
+                    loss = (loss_fn(output) if loss_fn is not None
+                            else _default_loss(output, loss))
                     state.stack.pop()
                     state.in_backward = True
                     loss.backward()

@@ -145,7 +145,8 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
         model.zero_grad(set_to_none=True)  # same kernels every step (no grad accumulation)
         try:
             cap = capture(model, inputs, train=config.train, timer=timer,
-                          autocast_dtype=None if half is not None else DTYPES[config.dtype])
+                          autocast_dtype=None if half is not None else DTYPES[config.dtype],
+                          loss=config.loss)
         except torch.OutOfMemoryError:
             raise DlperfError(f"--measure: out of memory at batch {config.input_shape[0]}; "
                               "try a smaller --batch-size") from None

@@ -8,6 +8,7 @@ from dlperf.cli.common import (batch_size_arg, new_console, nonnegative_int, out
                                positive_float, positive_int)
 from dlperf.errors import DlperfError
 from dlperf.hardware.efficiency import ATTENTION_KERNELS
+from dlperf.models.loss_forms import LOSSES
 
 
 def add_parser(sub) -> None:
@@ -30,6 +31,14 @@ def add_parser(sub) -> None:
                         "fraction of the peak, e.g. tensor_gemm=0.779 or attention=0.35 for a "
                         "stack whose kernels you have measured; see `dlperf/hardware/"
                         "efficiency.py`); repeat for several")
+    a.add_argument("--loss", choices=LOSSES, default=None,
+                   help="how the training loop computes the cross-entropy over the logits "
+                        "(dlperf/models/losses.py): fp32 = on the logits upcast to FP32 "
+                        "(torchtitan eager, Hugging Face, Megatron-LM, autocast); half = in "
+                        "the logits' dtype; fused = one kernel each way (flash-attn's fused "
+                        "cross-entropy, or a torch.compile'd loss as torchtitan compiles it). "
+                        "For a large vocabulary it sets the step's memory peak [fp32; the "
+                        "mpt-* presets: fused, as MosaicML's published runs]")
     a.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
                    help="the fused attention kernel the stack runs, for its share of the Tensor "
                         "Core peak: flash2 = PyTorch's scaled_dot_product_attention since 2.2 "
@@ -379,7 +388,7 @@ def run(args) -> int:
     from dlperf.analysis.nccl import generation
     from dlperf.analysis.report import render, render_comparison
     from dlperf.files import write_json_atomic
-    from dlperf.models.gpt import default_attention_kernel
+    from dlperf.models.gpt import default_attention_kernel, default_loss
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
@@ -479,7 +488,8 @@ def run(args) -> int:
                                            else 1),
                          **_float8_gather_shares(args),
                          attention_kernel=args.attention_kernel
-                         or default_attention_kernel(args.model))
+                         or default_attention_kernel(args.model),
+                         loss=args.loss or default_loss(args.model))
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
         raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
                           "and an optimizer")

@@ -834,6 +834,10 @@ PRESETS = {
 # the MPT presets, which reproduce those runs, time their attention at its share
 # (``default_attention_kernel``).
 PRESET_ATTENTION_KERNELS = {name: "triton-2023" for name in PRESETS if name.startswith("mpt-")}
+# And the loss they computed, where it is not dlperf's default (models/losses.py): the same
+# runs used llm-foundry's default loss_fn, fused_crossentropy (flash-attn's one-kernel
+# cross-entropy; llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM) (``default_loss``).
+PRESET_LOSSES = {name: "fused" for name in PRESETS if name.startswith("mpt-")}
 
 
 def default_attention_kernel(name: str) -> str:
@@ -842,6 +846,14 @@ def default_attention_kernel(name: str) -> str:
     from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
 
     return PRESET_ATTENTION_KERNELS.get(name, DEFAULT_ATTENTION_KERNEL)
+
+
+def default_loss(name: str) -> str:
+    """How model ``name``'s loss computes cross-entropy when not given: its preset's published
+    runs' form, else dlperf's default (models/losses.py ``DEFAULT_LOSS``, the FP32 upcast)."""
+    from dlperf.models.loss_forms import DEFAULT_LOSS
+
+    return PRESET_LOSSES.get(name, DEFAULT_LOSS)
 
 
 def gpt_config(name: str, **overrides) -> GPTConfig:
