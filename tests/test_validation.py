@@ -436,7 +436,8 @@ def test_the_memory_record_says_how_far_the_peaks_were():
               "summary": {"median_ratio": 0.6875}}
     text = describe_memory({"memory": build_memory(result)})
     assert "against 2 published peaks (s:" in text and "0.62-0.75x" in text
-    assert "median 0.69x" in text and "1.3-2.0 MB a token" in text
+    assert "median 0.69x" in text and "1.31-1.97 MB a token" in text
+    assert "judged at the step's peak" in text
     assert describe_memory({}) is None
 
 

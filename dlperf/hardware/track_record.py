@@ -530,9 +530,8 @@ def describe_kvstore(record: dict | None = None) -> str | None:
 
 def build_memory(result: dict) -> dict:
     """The scale-out record's entry on memory per GPU, from benchmarks/validate_memory.py's
-    validation-memory.json: each published run's logged peak, dlperf's memory per GPU over
-    it, and what dlperf left out per token of the step (what grows with the tokens: the
-    loss's logits and their gradients)."""
+    validation-memory.json: each published run's logged peak, dlperf's memory per GPU at the
+    step's peak over it, and what dlperf left out per token of the step."""
     rows = [{"id": r["id"], "source": r["source"], "measured_gib": r["measured_gib"],
              "predicted_gib": r["predicted_gib"], "ratio": r["ratio"],
              "missing_gib": r["missing_gib"], "kind": r["kind"],
@@ -551,15 +550,15 @@ def describe_memory(record: dict | None = None) -> str | None:
     sources = sorted({r["source"] for r in m["rows"]})
     per_token = [r["missing_gib"] * 2 ** 30 / r["tokens"] / 1e6 for r in m["rows"]
                  if r.get("tokens")]
-    text = (f"Memory per GPU is what the step holds at rest: against {len(ratios)} published "
-            f"peaks ({', '.join(sources)}: PyTorch's allocator's reserved peak on Llama 3 8B "
-            f"runs) it was {_span(ratios)}x (median "
-            f"{m['summary']['median_ratio']:.2f}x) of the peak")
+    text = (f"Memory per GPU is judged at the step's peak (the tensors alive at its busiest "
+            f"moment, for a language model the loss's logits and their gradient): against "
+            f"{len(ratios)} published peaks ({', '.join(sources)}: PyTorch's allocator's "
+            f"reserved peak on Llama 3 8B runs) it was {_span(ratios)}x (median "
+            f"{m['summary']['median_ratio']:.2f}x) of them")
     if per_token:
-        text += (f", {min(per_token):.1f}-{max(per_token):.1f} MB a token of the step short: "
-                 "the loss's logits upcast to FP32 and their gradients (dlperf computes the "
-                 "loss in the model's dtype), a checkpointed block's recompute and the "
-                 "allocator's cache are not counted yet; leave that much free")
+        text += (f", {min(per_token):.2f}-{max(per_token):.2f} MB a token of the step short: "
+                 "the allocator's cached blocks and fragmentation, FSDP's gradient buffers "
+                 "and workspaces are not counted; leave that much free")
     return text + "."
 
 

@@ -19,10 +19,12 @@ differ, so the form is a setting, read from each run's code:
   logits once and writes the loss and a log-sum-exp per row, keeping the logits; the backward
   reads them again and writes their gradient in their dtype. flash-attn's cross-entropy
   (llm-foundry's default ``loss_fn: fused_crossentropy``, MosaicML's MPT runs) works so, and
-  so does what torch.compile makes of the ``fp32`` form: torchtitan compiles its loss with the
-  model since 2024-10 (PR #642), and Inductor's code for it is one reduction kernel that keeps
-  the BF16 logits and two FP32 numbers a row, and one backward kernel writing a BF16 gradient
-  (checked on this machine's Inductor: tests/test_losses.py).
+  so does what torch.compile makes of the ``fp32`` form: Inductor's code for it is one
+  reduction kernel that keeps the BF16 logits and two FP32 numbers a row, and one backward
+  kernel writing a BF16 gradient (checked on this machine's Inductor: tests/test_losses.py).
+  torchtitan compiles its loss with the model when it compiles (PR #642 of 2024-10-22; turned
+  off from 2024-12-18, "compiling loss function causes CUDA errors", to 2025-04-02, #1033: its
+  2024-12 benchmark tables and torchao's float8 README of 2025-03 ran the loss eager, fp32).
 
 The fused op is a ``torch.library.custom_op`` (as models/fused.py's kernels are) so that the
 capture records it as the one kernel it is, with a real implementation so a model trains with
