@@ -10,16 +10,17 @@ records of one fused region touch (the scores of a fused attention, which the ca
 as the math it stands for) never exists. Pure functions over the capture's records.
 
 Left out: the parameters and the tensors that share their storage (``param_keys``; the
-sharded state is ``scaling.memory_per_gpu``'s; their autocast or FP8 copies are counted), the gradients of the parameters (accumulated in
-``.grad``: the same), what a Python variable holds beyond its last use, the allocator's cache,
-and kernel workspaces. Under torch.compile the tensors are the eager capture's (a fused kernel's
-intermediates counted as eager makes them: torchtitan measured 5.4 GiB less compiled,
-benchmarks/validation/published_memory.csv). With activation checkpointing (``checkpointed``: the blocks a
-checkpoint wraps) a tensor made and read only inside one such block's forward is freed after
-its last forward use and made again when the block's backward starts (the recompute), unless
-the checkpoint keeps it (``kept``: the storage keys a selective policy saves); what crosses a
-block's boundary (its input, its output) lives as it does without checkpointing, the
-checkpoint holding the block's input.
+sharded state is ``scaling.memory_per_gpu``'s; their autocast or FP8 copies are counted), the
+gradients of the parameters (accumulated in ``.grad``: the same), what a Python variable
+holds beyond its last use, the allocator's cache, and kernel workspaces. Under torch.compile
+the tensors are the eager capture's (a fused kernel's intermediates counted as eager makes
+them: torchtitan measured 5.4 GiB less compiled, benchmarks/validation/published_memory.csv).
+With activation checkpointing (``checkpointed``: the blocks a checkpoint wraps) a tensor made
+and read only inside one such block's forward is freed after its last forward use and made
+again when the block's backward starts (the recompute), unless the checkpoint keeps it
+(``kept``: the storage keys a selective policy saves); what crosses a block's boundary (its
+input, its output) lives as it does without checkpointing, the checkpoint holding the block's
+input. What autograd saved lives until its module's backward has run (``saved``).
 """
 
 from __future__ import annotations

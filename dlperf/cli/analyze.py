@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
                         "(dlperf/models/losses.py): fp32 = on the logits upcast to FP32 "
                         "(torchtitan eager, Hugging Face, Megatron-LM, autocast); half = in "
                         "the logits' dtype; fused = one kernel each way (flash-attn's fused "
-                        "cross-entropy, or a torch.compile'd loss, as torchtitan compiles it since 2025-04). "
+                        "cross-entropy, or a torch.compile'd loss, as torchtitan compiles it "
+                        "since 2025-04). "
                         "For a large vocabulary it sets the step's memory peak [fp32; the "
                         "mpt-* presets: fused, as MosaicML's published runs]")
     a.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
