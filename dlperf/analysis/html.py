@@ -26,9 +26,12 @@ def memory_parts(memory: dict) -> str:
 
     shown = [f"{name} {size(memory[key])}" for key, name in MEMORY_PARTS if memory.get(key)]
     if memory.get("peak_bytes", memory.get("total_bytes")) != memory.get("total_bytes"):
-        # (liveness.with_peak: the activations at the step's busiest moment)
-        shown.append(f"at the peak activations {size(memory['activations_peak_bytes'])}"
-                     + (f" ({memory['peak_at']})" if memory.get("peak_at") else ""))
+        # (liveness.with_peak: the activations at the step's busiest moment; the activations
+        # are the last part shown, even at rest none)
+        if not memory.get("activations_bytes"):
+            shown.append("activations 0 B")
+        shown[-1] += (f" at rest, {size(memory['activations_peak_bytes'])} at the peak"
+                      + (f" ({memory['peak_at']})" if memory.get("peak_at") else ""))
     return f": {', '.join(shown)}" if shown else ""
 
 
