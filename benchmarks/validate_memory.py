@@ -9,9 +9,9 @@ logged peak is PyTorch's caching allocator's reservation at the step's worst mom
 tensors alive then (which the peak follows: the loss's logits in FP32 and their gradient, a
 checkpointed block's recompute) plus what dlperf does not count (the allocator's cached,
 not yet reused blocks and fragmentation, FSDP's unsharded gradient buffers beside the
-reduce-scatter, workspaces, the CUDA context). The ratio says how far dlperf's number is from that peak,
-and the differences between rows (8 against 128 GPUs: the sharded state; eager against
-compiled; BF16 against float8) say what each part is worth, measured and predicted.
+reduce-scatter, workspaces, the CUDA context). The ratio says how far dlperf's number is from
+that peak, and the differences between rows (8 against 128 GPUs: the sharded state; eager
+against compiled; BF16 against float8) say what each part is worth, measured and predicted.
 
 Usage: python benchmarks/validate_memory.py [OUT.json]
 (default benchmarks/results/validation-memory.json; about a minute on 2 cores)

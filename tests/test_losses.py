@@ -105,6 +105,14 @@ def test_presets_default_to_their_runs_loss_and_the_cli_takes_one(capsys):
     assert fused < default  # GPT-2's 50,257-wide logits: FP32 copies against BF16 ones
     code, out, err = run_cli(["analyze", "gpt2", "--loss", "bf16"], capsys)
     assert code == 2 and "--loss" in err
+    # under autocast cross_entropy is FP32 whatever the logits: --loss half is refused there
+    code, out, err = run_cli(["analyze", "gpt2", "--train", "--batch-size", "2", "--loss",
+                              "half"], capsys)
+    assert code == 2 and "--loss half: under autocast" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(["analyze", "gpt2", "--train", "--batch-size", "2", "--loss",
+                              "half", "--precision", "fsdp"], capsys)
+    assert code == 0, err
 
 
 @pytest.mark.slow

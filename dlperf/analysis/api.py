@@ -317,6 +317,11 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     check_fusion(config.fusion)
     if config.loss not in LOSSES:
         raise DlperfError(f"--loss {config.loss!r}: choose {' or '.join(LOSSES)}")
+    if config.loss == "half" and config.precision == "mixed" and config.dtype != "fp32":
+        # autocast's op lists put cross_entropy in FP32 whatever the logits' dtype
+        raise DlperfError("--loss half: under autocast (--precision mixed) cross-entropy runs "
+                          "in FP32 whatever the logits' dtype; use --loss fp32, or --precision "
+                          "half or fsdp for a model that computes in its own dtype")
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
     half = DTYPES[config.dtype] if config.precision in HALF_MODEL else None

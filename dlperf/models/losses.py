@@ -16,7 +16,8 @@ form is a setting, read from each run's code:
   all do. Eager PyTorch runs it as a cast, a log-softmax and the NLL, and their backwards: at
   the log-softmax's backward three FP32 copies of the logits are alive at once.
 * ``half``: ``F.cross_entropy`` on the logits in their own dtype, no upcast (IBM's fms-fsdp
-  calls ``CrossEntropyLoss()`` on its BF16 output).
+  calls ``CrossEntropyLoss()`` on its BF16 output, KempnerForge's train loop
+  ``F.cross_entropy`` on its). Not under autocast, which runs cross_entropy in FP32.
 * ``fused``: one kernel each way (``fused_cross_entropy`` below): the forward reads the
   logits once and writes the loss and a log-sum-exp per row, keeping the logits; the backward
   reads them again and writes their gradient in their dtype. flash-attn's cross-entropy
