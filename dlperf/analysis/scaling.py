@@ -1388,8 +1388,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             model_copy_bytes=gathered if analysis.config.precision == "fsdp"
                             and gathered < grad_bytes else None)
     if memory is not None and analysis.device.memory_bytes:
-        memory["fits"] = (memory.get("peak_bytes", memory["total_bytes"])
-                          <= analysis.device.memory_bytes)
+        from dlperf.analysis.liveness import peak_total
+
+        memory["fits"] = peak_total(memory) <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,
