@@ -983,7 +983,10 @@ def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
              "--optimizer", "adamw", "--device", device, "--seq-len", "8192",
              "--batch-size", str(micro), "--grad-accum", str(micro_batches), "--gpus", str(gpus)]
             + sharded + ["--interconnect", BRIDGE_INTERCONNECT[device], "--tp-impl", "te",
-                         "--top", "1"]
+                         "--top", "1",
+                         # its Llama recipes' cross_entropy_loss_fusion with the "te" impl
+                         # (src/megatron/bridge/recipes/llama/llama3.py): TE's one-pass loss
+                         "--loss", "fused"]
             + (["--efficiency", f"attention={attention}"] if attention is not None else [])
             + (["--pp-layout", ends] if isinstance(ends, str) else
                ["--pp-first-layers", str(ends), "--pp-last-layers", str(ends)] if ends else [])
