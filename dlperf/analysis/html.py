@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 
+from dlperf.analysis.liveness import peak_total
 from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
                                           describe_tensor_parallel)
 from dlperf.units import gib, seconds, si
@@ -25,7 +26,7 @@ def memory_parts(memory: dict) -> str:
         return gib(nbytes) if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 
     shown = [f"{name} {size(memory[key])}" for key, name in MEMORY_PARTS if memory.get(key)]
-    if memory.get("peak_bytes", memory.get("total_bytes")) != memory.get("total_bytes"):
+    if "total_bytes" in memory and peak_total(memory) != memory["total_bytes"]:
         # (liveness.with_peak: the activations at the step's busiest moment; the activations
         # are the last part shown, even at rest none)
         if not memory.get("activations_bytes"):
@@ -39,7 +40,7 @@ def memory_total(memory: dict) -> str:
     """"~61.2 GiB at the step's peak (52.5 GiB at rest)": what a GPU needs, judged at the peak
     of its step's tensors (liveness.with_peak) beside the end of the forward's total; one
     figure where the two agree or the peak is not known."""
-    total, peak = memory["total_bytes"], memory.get("peak_bytes", memory["total_bytes"])
+    total, peak = memory["total_bytes"], peak_total(memory)
     if peak == total:
         return f"~{gib(total)}"
     return f"~{gib(peak)} at the step's peak ({gib(total)} at rest)"

@@ -25,7 +25,10 @@ input. What autograd saved lives until its module's backward has run (``saved``)
 
 from __future__ import annotations
 
-from dlperf.analysis.capture import OpRecord, TensorMeta, block_path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (torch-free at import: the reports read ``peak_total`` without a capture)
+    from dlperf.analysis.capture import OpRecord, TensorMeta
 
 
 def _owner_spans(records: list[OpRecord], owners: set[str]) -> dict[str, list[int]]:
@@ -50,6 +53,8 @@ def _owner_spans(records: list[OpRecord], owners: set[str]) -> dict[str, list[in
 def _intervals(records: list[OpRecord], param_keys, checkpointed: frozenset,
                kept: frozenset, saved: dict | None = None) -> dict[int, list[tuple[int, int]]]:
     """Storage key -> the record intervals [first, last] it is alive over."""
+    from dlperf.analysis.capture import block_path
+
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     forward_last: dict[int, int] = {}

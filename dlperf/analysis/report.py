@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlperf.analysis.html import dtype_label, fp8_label, memory_parts, memory_total
+from dlperf.analysis.liveness import peak_total
 from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
                                           describe_memory, describe_tensor_parallel)
 from dlperf.hardware.track_record import describe as describe_record
@@ -112,7 +113,6 @@ def _notes(analysis, console) -> None:
     if memory and memory["total_bytes"]:
         cap = f" of {gib(memory['device_bytes'])}" if memory["device_bytes"] else ""
         verdict = styled(" [bold red]does not fit[/]") if memory["fits"] is False else ""
-        peak = memory.get("peak_bytes", memory["total_bytes"])
         console.print(
             Text(f"Memory per device: {memory_total(memory)}{cap}") + verdict + f" (weights "
             f"{gib(memory['weights_bytes'])}, gradients {gib(memory['gradients_bytes'])}, "
@@ -120,7 +120,7 @@ def _notes(analysis, console) -> None:
             f"the backward {gib(memory['activations_bytes'])}"
             + (f"; the step's tensors hold {gib(memory['activations_peak_bytes'])} at its peak"
                + (f" ({memory['peak_at']})" if memory.get("peak_at") else "")
-               if peak != memory["total_bytes"] else "")
+               if peak_total(memory) != memory["total_bytes"] else "")
             + "; workspaces and the allocator's cache come on top).")
     console.print(f"Ops:byte ratio of {spec.display_name}: {ratios}"
                   f"{'; ' if ratios else ''}fp32 (CUDA cores) {ratio:.1f} FLOP/B.")

@@ -89,6 +89,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dlperf.analysis.gemm import ELEMENT_BYTES, state_element_bytes
+from dlperf.analysis.liveness import peak_total
 from dlperf.errors import DlperfError, finite_number
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb=25
@@ -1388,8 +1389,6 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             model_copy_bytes=gathered if analysis.config.precision == "fsdp"
                             and gathered < grad_bytes else None)
     if memory is not None and analysis.device.memory_bytes:
-        from dlperf.analysis.liveness import peak_total
-
         memory["fits"] = peak_total(memory) <= analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,
             "memory_per_gpu": memory,

@@ -3,10 +3,12 @@
 For an image classifier (1,000 classes) the choice is a rounding error; for a language model it
 is not: Llama 3's 128,256-wide logits at 16,384 tokens are 4.2 GB in BF16, and the loss's
 passes over them and the copies it keeps set the step's memory peak (analysis/liveness.py) and
-part of its time. On an A100 under FSDP's mixed precision, predicted: Llama 3 8B at 8,192
-tokens 1.1% longer a step with ``fp32`` than ``fused`` and 7.8 GiB more at the peak; MPT-125M
-at 8 x 2,048 tokens, whose head is a third of its FLOPs, 23% longer. Trainers differ, so the
-form is a setting, read from each run's code:
+part of its time: Llama 3 8B on an H100 at 2 x 8,192 tokens holds 51.1 GiB of tensors at the
+peak, at the FP32 loss's backward, against 34.8 GiB saved for the backward
+(benchmarks/results/predict-llama3-8b-h100-compile-blocks.json), and the fused form made
+MosaicML's MPT-125M rows predicted up to 5.8% faster than the BF16 form did (benchmarks/
+README.md, fourteenth session). Trainers differ, so the form is a setting, read from each
+run's code:
 
 * ``fp32`` (the default): ``F.cross_entropy`` on the logits upcast to FP32. torchtitan
   (``cross_entropy(pred.flatten(0, 1).float(), ...)``, and before 2024-10 ``self.output(h)
