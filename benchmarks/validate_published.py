@@ -82,7 +82,8 @@ def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
     (``capture_costs``' fourth result)."""
     from dlperf.analysis.api import AnalysisConfig, capture_costs
     from dlperf.models.float8 import gather_shares
-    from dlperf.models.gpt import PRESETS, default_attention_kernel, default_loss, gpt_config
+    from dlperf.models.gpt import (PRESETS, default_attention_kernel, default_loss,
+                                   default_train_metrics, gpt_config)
     from dlperf.models.registry import build_model
 
     captures: dict[tuple, tuple] = {}
@@ -108,12 +109,16 @@ def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
         gathered = csv_bool(row.get("fp8_all_gather"), False)
         # how the run computed its loss (optional column; blank: the preset's, else fp32)
         loss = row.get("loss") or default_loss(row["model"])
+        # the cross-entropy train metrics its trainer evaluated a micro-batch (optional column;
+        # blank: the preset's, else none)
+        metrics = (int(row["train_metrics"]) if row.get("train_metrics") not in (None, "")
+                   else default_train_metrics(row["model"]))
         shards = (min(row["gpus"], row["gpus_per_node"]) if row.get("strategy") == "hsdp"
                   else row.get("gpus"))  # the GPUs sharing one copy of the weights
         shares = gather_shares(shards, int(row.get("grad_accum") or 1)) if gathered else {}
         key = (row["model"], fused, checkpointing, policy, every, row["image_size"],
                row["batch"], dtype, precision, row["layout"], row["optimizer"], fusion, impl,
-               rope, fp8, tuple(sorted(shares.items())), loss)
+               rope, fp8, tuple(sorted(shares.items())), loss, metrics)
         # a GPT preset is built for the row's sequence length (its learned positions)
         gpt = gpt_config(row["model"], seq_len=row["image_size"], rope=rope, fp8=fp8,
                          fp8_all_gather=gathered or None) \
@@ -138,7 +143,7 @@ def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
                              # column; blank: the preset's, else PyTorch's FlashAttention-2)
                              attention_kernel=row.get("attention_kernel")
                              or default_attention_kernel(row["model"]), fp8=fp8,
-                             loss=loss, **shares)
+                             loss=loss, train_metrics=metrics, **shares)
         if key not in captures:
             captures[key] = capture_costs(model, cfg, model_input.dtype)
         out.append((row, cfg, *captures[key][:3]))

@@ -26,7 +26,8 @@ DEFAULT_CSV = ROOT / "benchmarks/validation/published_scaling.csv"
 DEFAULT_OUT = ROOT / "benchmarks/results/validation-scaling.json"
 INTS = ("image_size", "batch", "gpus", "gpus_per_node", "grad_accum")
 FLOATS = ("data_cores_per_gpu", "decode_img_s_per_core", "measured_per_gpu", "measured_single")
-OPTIONAL_INTS = ("loader_workers_per_gpu",)  # blank: unknown
+# blank: unknown workers; the preset's train metrics (models/gpt.py PRESET_TRAIN_METRICS), else 0
+OPTIONAL_INTS = ("loader_workers_per_gpu", "train_metrics")
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -74,6 +75,9 @@ def read_rows(path: Path) -> list[dict]:
         if row["loss"] not in (None, *LOSSES):
             raise SystemExit(f"{path}: {row['id']}: loss must be one of {', '.join(LOSSES)} "
                              "or blank (the preset's, else fp32)")
+        if (row["train_metrics"] or 0) < 0:
+            raise SystemExit(f"{path}: {row['id']}: train_metrics must be 0 or more, or blank "
+                             "(the preset's, else 0)")
         # whose rotary-embedding kernels (optional column; blank: the preset's, complex)
         row["rope"] = row.get("rope") or None
         if row["rope"] not in (None, *ROPE_FORMS):

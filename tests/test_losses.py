@@ -37,14 +37,20 @@ def test_every_form_computes_the_same_loss():
         cross_entropy(x, t, "bf16")
 
 
-def _loss_analysis(form: str, precision: str = "fsdp"):
+def _capture(form: str, precision: str = "fsdp", metrics: int = 0):
     from dlperf.analysis.api import AnalysisConfig, capture_costs
     from dlperf.models.gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(layers=2, d_model=64, heads=4, vocab=512, seq_len=32))
     cfg = AnalysisConfig(model="gpt", input_shape=(4, 32), dtype="bf16", precision=precision,
-                         train=True, tokens=True, optimizer="none", loss=form)
+                         train=True, tokens=True, optimizer="none", loss=form,
+                         train_metrics=metrics)
     costs, _, _, memory = capture_costs(model, cfg, torch.long)
+    return costs, memory
+
+
+def _loss_analysis(form: str, precision: str = "fsdp"):
+    costs, memory = _capture(form, precision)
     return [c for c in costs if c.module == "loss"], memory
 
 
@@ -113,6 +119,67 @@ def test_presets_default_to_their_runs_loss_and_the_cli_takes_one(capsys):
     code, out, err = run_cli(["analyze", "gpt2", "--train", "--batch-size", "2", "--loss",
                               "half", "--precision", "fsdp"], capsys)
     assert code == 0, err
+
+
+def test_train_metrics_by_hand():
+    # Composer's two train metrics (capture._train_metrics): after the backward, each casts the
+    # BF16 logits to FP32 (2 B read, 4 written a logit), log-softmaxes the copy (4 + 4) and
+    # takes the NLL; nothing saved for a backward. N = 4 x 32 tokens x 512 classes
+    n = 128 * 512
+    plain, plain_memory = _capture("fp32")
+    costs, memory = _capture("fp32", metrics=2)
+    metrics = [c for c in costs if c.module == "metrics"]
+    assert [c.op for c in metrics if c.kind != "fill"] == [
+        "_to_copy", "_log_softmax", "nll_loss_forward"] * 2
+    assert {c.phase for c in metrics} == {"forward"}
+    last_gradient = max(i for i, c in enumerate(costs) if c.phase in ("dgrad", "wgrad"))
+    assert min(costs.index(c) for c in metrics) > last_gradient
+    by_op = {c.op: c.bytes for c in metrics}
+    assert by_op["_to_copy"] == n * (2 + 4) and by_op["_log_softmax"] == n * (4 + 4)
+    # the step's other kernels are the same ones
+    assert [(c.op, c.bytes) for c in costs if c.module != "metrics"] == [
+        (c.op, c.bytes) for c in plain]
+    # nothing more saved for the backward; the metrics read the BF16 logits after it, so they
+    # are alive through it: the fp32 loss's peak (at its log-softmax's backward, where its own
+    # cast had freed them) grows by them, N x 2 B
+    assert memory["activations_bytes"] == plain_memory["activations_bytes"]
+    assert memory["activations_peak_bytes"] - plain_memory["activations_peak_bytes"] == n * 2
+
+
+def test_train_metrics_finding_defaults_and_cli(capsys):
+    from conftest import run_cli
+
+    from dlperf.analysis.api import analyze
+    from dlperf.models.gpt import default_train_metrics
+
+    def gpt2(**kw):
+        return analyze("gpt2", (8, 1024), device="a100-80gb", precision="fsdp",
+                       input_dtype=torch.long, **kw)
+
+    # the finding saves exactly the metrics' kernels (a GPU: no host wait at this size), and
+    # the step without them is the step with none
+    analysis, plain = gpt2(train_metrics=2), gpt2()
+    [finding] = [f for f in analysis.findings if f.rule == "train-metrics"]
+    metric_s = sum(p.time_s for p in analysis.predictions if p.cost.module == "metrics")
+    assert finding.saving_s == pytest.approx(metric_s, rel=1e-9)
+    assert "2 train metrics evaluate" in finding.message
+    assert not [f for f in plain.findings if f.rule == "train-metrics"]
+    assert (analysis.totals()["predicted_time_s"] - plain.totals()["predicted_time_s"]
+            == pytest.approx(metric_s, rel=1e-6))
+    # torch.compile leaves them eager, as it leaves the loss: outside the compiled module
+    compiled = gpt2(train_metrics=2, fusion="compile")
+    assert ([p.cost.op for p in compiled.predictions if p.cost.module == "metrics"]
+            == [p.cost.op for p in analysis.predictions if p.cost.module == "metrics"])
+    # MosaicML's presets computed two, everything else none; none without --train
+    assert default_train_metrics("mpt-125m") == 2 and default_train_metrics("gpt2") == 0
+    assert analyze("mpt-125m", (1, 128), device="a100-80gb", precision="fsdp",
+                   input_dtype=torch.long, train=False).config.train_metrics == 0
+    code, out, err = run_cli(["analyze", "gpt2", "--train-metrics", "2"], capsys)
+    assert code == 2 and "--train-metrics 2" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(["analyze", "gpt2", "--train", "--batch-size", "2",
+                              "--train-metrics", "1", "--top", "1"], capsys)
+    assert code == 0, err
+    assert "1 train metric evaluates" in " ".join(out.split())
 
 
 @pytest.mark.slow

@@ -104,6 +104,10 @@ class AnalysisConfig:
     # (upcast first: torchtitan, Hugging Face, Megatron-LM, autocast), "half" (in the logits'
     # dtype) or "fused" (one kernel each way: flash-attn's, or a torch.compile'd loss)
     loss: str = DEFAULT_LOSS
+    # cross-entropy train metrics the trainer evaluates on each micro-batch's logits after its
+    # backward, outside autograd (capture._train_metrics: Composer's LanguageCrossEntropy and
+    # LanguagePerplexity make 2, MosaicML's MPT runs); 0 for trainers that log the loss only
+    train_metrics: int = 0
 
 
 @dataclass
@@ -322,6 +326,9 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         raise DlperfError("--loss half: under autocast (--precision mixed) cross-entropy runs "
                           "in FP32 whatever the logits' dtype; use --loss fp32, or --precision "
                           "half or fsdp for a model that computes in its own dtype")
+    if config.train_metrics < 0 or (config.train_metrics and not config.train):
+        raise DlperfError(f"--train-metrics {config.train_metrics}: the cross-entropy metrics "
+                          "a training step evaluates on its logits, 0 or more, with --train")
     if config.precision not in PRECISIONS:
         raise DlperfError(f"--precision {config.precision!r}: choose {' or '.join(PRECISIONS)}")
     half = DTYPES[config.dtype] if config.precision in HALF_MODEL else None
@@ -343,7 +350,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
     try:
         cap = capture_mod.capture(model, inputs, train=config.train,
                                   autocast_dtype=None if half is not None else DTYPES[config.dtype],
-                                  forward=forward, params=params, loss=config.loss)
+                                  forward=forward, params=params, loss=config.loss,
+                                  metrics=config.train_metrics)
     except DlperfError:
         raise
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError,
@@ -696,7 +704,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
             checkpoint_policy: str = "full", fusion: str = "none",
             cuda_graphs: bool = False, optimizer_impl: str = "fused",
             checkpoint_every: int = 1,
-            attention_kernel: str | None = None, loss: str | None = None) -> Analysis:
+            attention_kernel: str | None = None, loss: str | None = None,
+            train_metrics: int | None = None) -> Analysis:
     """Per-layer roofline of ``model`` (an nn.Module or a model name) on ``device``.
 
     ``example_input_shape`` includes the batch dimension, e.g. ``(256, 3, 224, 224)``; for a
@@ -719,8 +728,11 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``loss``: how the loss computes cross-entropy, "fp32", "half" or "fused"
     (``AnalysisConfig.loss``, models/losses.py); None: ``default_loss`` (the MPT presets ran
     llm-foundry's fused kernel; else "fp32").
+    ``train_metrics``: cross-entropy metrics evaluated on each micro-batch's logits after its
+    backward (``AnalysisConfig.train_metrics``); None: ``default_train_metrics`` (2 for the
+    MPT presets, whose Composer runs computed two; else 0). Only with ``train``.
     """
-    from dlperf.models.gpt import default_attention_kernel, default_loss
+    from dlperf.models.gpt import default_attention_kernel, default_loss, default_train_metrics
 
     name = model if isinstance(model, str) else type(model).__name__
     default_dtype = torch.float32
@@ -741,5 +753,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          fusion=fusion, cuda_graphs=cuda_graphs,
                          optimizer_impl=optimizer_impl,
                          attention_kernel=attention_kernel or default_attention_kernel(name),
-                         loss=loss or default_loss(name))
+                         loss=loss or default_loss(name),
+                         train_metrics=(default_train_metrics(name) if train_metrics is None
+                                        else train_metrics) if train else 0)
     return analyze_model(model, cfg, spec, input_dtype)

@@ -70,6 +70,10 @@ AUTOCAST_PROMOTE = frozenset({
 # decomposed aten ops on meta are grouped into one region (costs.py charges only its external
 # tensors). Flash/cuDNN attention never writes the L x L score matrix to memory.
 FUSED_FUNCTIONS = frozenset({"scaled_dot_product_attention"})
+# the module paths of the work a trainer runs on the model's output outside the model: the loss
+# and its backward, and the train metrics evaluated after the backward (``_train_metrics``)
+METRICS_MODULE = "metrics"
+OUTSIDE_MODEL = ("loss", METRICS_MODULE)
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class TensorMeta:
 class OpRecord:
     index: int
     op: str  # aten overload packet name, e.g. "convolution"
-    module: str  # dotted module path, "" for the root, "loss" for the loss
+    module: str  # dotted module path, "" for the root, "loss" / "metrics" (OUTSIDE_MODEL)
     module_type: str
     phase: str  # "forward" | "dgrad" | "wgrad" | "backward" (convolution_backward, split later)
     inputs: tuple[TensorMeta, ...]
@@ -496,7 +500,8 @@ class _Recorder(TorchDispatchMode):
                 self.state.weight_copies.extend(_tensors(out))
         self.capture.records.append(OpRecord(
             index=len(self.capture.records), op=func._overloadpacket.__name__, module=module,
-            module_type=self.capture.module_types.get(module, "loss" if module == "loss" else ""),
+            module_type=self.capture.module_types.get(
+                module, module if module in OUTSIDE_MODEL else ""),
             phase=phase, inputs=inputs, outputs=outputs, args=_scalars(args), region=region,
             options=tuple((k, v) for k, v in (kwargs or {}).items() if isinstance(v, str)),
             pointwise=torch.Tag.pointwise in func.tags, is_view=func.is_view,
@@ -520,9 +525,24 @@ def _default_loss(output, form: str = DEFAULT_LOSS) -> torch.Tensor:
     return out.float().sum()
 
 
+def _train_metrics(output, count: int) -> None:
+    """What a trainer's cross-entropy train metrics compute on a micro-batch's logits after its
+    backward, outside autograd: ``count`` evaluations of ``F.cross_entropy``, each on its own
+    FP32 copy of the logits (the ``fp32`` form's forward: a cast, a log-softmax and the NLL).
+    Composer (0.16, the version of MosaicML's published MPT runs) evaluates every train metric
+    after each micro-batch's ``loss.backward()`` (``Trainer._train_microbatch`` calls
+    ``_eval_train_metrics``) under ``torch.no_grad()`` and the run's precision context, whose
+    autocast runs cross_entropy in FP32; llm-foundry's ComposerMPTCausalLM gives it two,
+    LanguageCrossEntropy and LanguagePerplexity, each a ``CrossEntropyLoss(reduction='sum')``
+    of its own (composer/metrics/nlp.py). The logits therefore stay alive to the step's end."""
+    with torch.no_grad():
+        for _ in range(count):
+            _default_loss(output, "fp32")
+
+
 def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
             autocast_dtype: torch.dtype | None = None, loss_fn=None, forward=None,
-            params=None, timer=None, loss: str = DEFAULT_LOSS) -> Capture:
+            params=None, timer=None, loss: str = DEFAULT_LOSS, metrics: int = 0) -> Capture:
     """Run ``model(*example_inputs)`` (+ loss and backward when ``train``) and record every op.
 
     Inputs should live on the meta device, and so should the model's tensors, or ``forward``
@@ -531,7 +551,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
     model's train/eval flags are restored afterwards. ``params``: the tensors ``forward`` uses
     as parameters (default: the model's own). ``timer`` times every kernel (real tensors only).
     ``loss``: how the default loss computes cross-entropy (models/losses.py ``LOSSES``), when
-    no ``loss_fn`` is given.
+    no ``loss_fn`` is given. ``metrics``: train metrics computed on the output after the
+    backward (``_train_metrics``), recorded as forward kernels of the module "metrics".
     The backward starts from no gradients, as a step after ``zero_grad(set_to_none=True)``
     does, and the parameters' ``.grad`` are put back as they were: a model captured twice (a
     second analysis, a validation table reusing one model for several rows) would otherwise
@@ -605,6 +626,11 @@ def capture(model: torch.nn.Module, example_inputs: tuple, train: bool = True,
                     state.stack.pop()
                     state.in_backward = True
                     loss.backward()
+                    if metrics:
+                        state.in_backward = False
+                        state.stack.append(METRICS_MODULE)
+                        _train_metrics(output, metrics)
+                        state.stack.pop()
     finally:
         for h in hooks:
             h.remove()

@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dlperf.analysis.capture import OpRecord, TensorMeta, block_path
+from dlperf.analysis.capture import OUTSIDE_MODEL, OpRecord, TensorMeta, block_path
 from dlperf.analysis.costs import ALLOCATIONS, FILL_OPS, FREE_OPS, Cost
 from dlperf.hardware.efficiency import traffic_factor
 
@@ -111,12 +111,12 @@ def fusible(c: Cost) -> bool:
 
 def generated(costs: list[Cost], by_index: dict) -> dict[int, int]:
     """The records whose kernels Inductor generates, each with its cost's position: the
-    ``fusible`` ones but the loss's (trainers compute it outside the compiled module:
-    torchtitan, fms-fsdp) and complex-valued work ("Torchinductor does not support code
+    ``fusible`` ones but the loss's and the train metrics' (trainers compute them outside the
+    compiled module: torchtitan, fms-fsdp, Composer) and complex-valued work ("Torchinductor does not support code
     generation for complex operators": torchtitan's rotary multiply in complex64 runs as ATen's
     kernel, a library kernel here, with the casts around it generated)."""
     return {c.records[0]: pos for pos, c in enumerate(costs)
-            if fusible(c) and c.module != "loss" and not any(
+            if fusible(c) and c.module not in OUTSIDE_MODEL and not any(
                 t.dtype.startswith("complex")
                 for t in by_index[c.records[0]].inputs + by_index[c.records[0]].outputs)}
 

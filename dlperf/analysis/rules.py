@@ -13,6 +13,8 @@ Rules, in the order a user should act on them (performance guide and the ResNet-
 4. alignment         GEMM M/N/K not a multiple of 16 bytes                     guide 2.2
 5. quantization      tile/wave quantization wastes the SMs                     guide 2.3
 6. launch-overhead   too many small kernels for the work                       (batch size, graphs)
+7. optimizer         an unfused parameter update
+8. train-metrics     cross-entropy train metrics recomputed on the logits the loss already read
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from dlperf.analysis.capture import METRICS_MODULE
 from dlperf.analysis.costs import fused_optimizer, scaled_optimizer
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import Prediction, predict, step_time, winograd_shape
@@ -392,8 +395,34 @@ def _optimizer(analysis, step_s) -> list[Finding]:
         "fused=True), as `dlperf train` does (fused_optimizer=true).", saving)]
 
 
+def _train_metrics(analysis, step_s) -> list[Finding]:
+    """The trainer's cross-entropy train metrics (``AnalysisConfig.train_metrics``,
+    capture._train_metrics): each evaluation makes an FP32 copy of the logits and a log-softmax
+    of it after the backward, to compute again a number the loss already holds. The saving is
+    the step without their kernels."""
+    preds = analysis.predictions
+    gone = {i for i, p in enumerate(preds) if p.cost.module == METRICS_MODULE}
+    if not gone:
+        return []
+    kept = [p for i, p in enumerate(preds) if i not in gone]
+    now = analysis.totals()["predicted_time_s"]
+    saving = now - step_time([p.time_s for p in kept], [p.kernels for p in kept],
+                             analysis.host_s, [p.cost.host_sync for p in kept])
+    if saving / now < MIN_SHARE:
+        return []
+    n = analysis.config.train_metrics
+    return [Finding(
+        "train-metrics",
+        f"{n} train metric{'s' if n != 1 else ''} evaluate{'' if n != 1 else 's'} the "
+        f"cross-entropy of each micro-batch's logits again after its backward, each on an FP32 "
+        f"copy of them: {saving * 1e3:.3g} ms ({saving / now:.1%}) of the step. The loss "
+        "already holds that number (perplexity is its exp): log it instead, or evaluate the "
+        "metrics on some steps only (llm-foundry: model.use_train_metrics: false).", saving,
+        tuple(dict.fromkeys(p.cost.op for p in preds if p.cost.module == METRICS_MODULE)))]
+
+
 RULES = (_capacity, _mixed_precision, _channels_last, _fusion, _alignment, _quantization,
-         _launch, _optimizer)
+         _launch, _optimizer, _train_metrics)
 
 
 def findings(analysis) -> list[Finding]:

@@ -40,6 +40,13 @@ def add_parser(sub) -> None:
                         "since 2025-04). "
                         "For a large vocabulary it sets the step's memory peak [fp32; the "
                         "mpt-* presets: fused, as MosaicML's published runs]")
+    a.add_argument("--train-metrics", type=int, default=None, metavar="N",
+                   help="cross-entropy metrics the trainer evaluates on each micro-batch's "
+                        "logits after its backward, outside autograd, each on an FP32 copy "
+                        "(Composer's LanguageCrossEntropy and LanguagePerplexity: 2). For a "
+                        "small model with a large vocabulary they cost as much as its loss "
+                        "several times over [0; the mpt-* presets: 2, as MosaicML's "
+                        "published runs]")
     a.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
                    help="the fused attention kernel the stack runs, for its share of the Tensor "
                         "Core peak: flash2 = PyTorch's scaled_dot_product_attention since 2.2 "
@@ -389,7 +396,7 @@ def run(args) -> int:
     from dlperf.analysis.nccl import generation
     from dlperf.analysis.report import render, render_comparison
     from dlperf.files import write_json_atomic
-    from dlperf.models.gpt import default_attention_kernel, default_loss
+    from dlperf.models.gpt import default_attention_kernel, default_loss, default_train_metrics
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
@@ -490,7 +497,10 @@ def run(args) -> int:
                          **_float8_gather_shares(args),
                          attention_kernel=args.attention_kernel
                          or default_attention_kernel(args.model),
-                         loss=args.loss or default_loss(args.model))
+                         loss=args.loss or default_loss(args.model),
+                         train_metrics=(args.train_metrics if args.train_metrics is not None
+                                        else default_train_metrics(args.model)
+                                        if args.train else 0))
     if args.optimizer_impl != "fused" and (not args.train or args.optimizer == "none"):
         raise DlperfError("--optimizer-impl describes the parameter update: it needs --train "
                           "and an optimizer")

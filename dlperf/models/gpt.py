@@ -838,6 +838,11 @@ PRESET_ATTENTION_KERNELS = {name: "triton-2023" for name in PRESETS if name.star
 # runs used llm-foundry's default loss_fn, fused_crossentropy (flash-attn's one-kernel
 # cross-entropy; llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM) (``default_loss``).
 PRESET_LOSSES = {name: "fused" for name in PRESETS if name.startswith("mpt-")}
+# And the train metrics their trainer computed on every micro-batch's logits (AnalysisConfig.
+# train_metrics): llm-foundry's ComposerMPTCausalLM gives Composer two, LanguageCrossEntropy and
+# LanguagePerplexity (use_train_metrics defaults to true; its benchmark script leaves it), and
+# Composer 0.16 evaluates them after each micro-batch's backward (``default_train_metrics``).
+PRESET_TRAIN_METRICS = {name: 2 for name in PRESETS if name.startswith("mpt-")}
 
 
 def default_attention_kernel(name: str) -> str:
@@ -854,6 +859,12 @@ def default_loss(name: str) -> str:
     from dlperf.models.loss_forms import DEFAULT_LOSS
 
     return PRESET_LOSSES.get(name, DEFAULT_LOSS)
+
+
+def default_train_metrics(name: str) -> int:
+    """The cross-entropy train metrics model ``name``'s trainer computes on each micro-batch's
+    logits when not given: its preset's published runs' (``PRESET_TRAIN_METRICS``), else 0."""
+    return PRESET_TRAIN_METRICS.get(name, 0)
 
 
 def gpt_config(name: str, **overrides) -> GPTConfig:
