@@ -365,7 +365,7 @@ def memory_class_of(op: str, variant: str = "") -> str:
 # module docstring and benchmarks/results/efficiency-fit.json for the held-out errors).
 FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_core=0.804,
                     memory=0.954, sm_bytes_per_clock=15.1, depthwise=0.426, launch_s=0.5e-6,
-                    host_s=10e-6, attention=0.313, winograd=0.378,
+                    host_s=10e-6, attention=0.325, winograd=0.378,
                     source="benchmarks/results/efficiency-fit.json, attention-fit.json")
 # Reading the fit (175 clean rows, V100 to B200: CNNs and transformers in AMP, O2 fp16, TF32
 # and FP32; refitted on 2026-12-02 when FP32 3x3 convolutions in NCHW got cuDNN's Winograd
@@ -385,17 +385,21 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # clean rows, held out by source 8.0% (the fit before the Winograd term, on the same rows:
 # 6.6% and 8.5%).
 
-# attention (0.313 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
+# attention (0.325 of the Tensor Core peak): fitted by benchmarks/fit_attention.py to MosaicML's
 # MPT decoders on 8 A100s at 512 to 65,536 tokens (the published table has no fused attention),
 # with everything else as above and the runs costed as they computed (FSDP's mixed precision,
-# --precision fsdp: bf16 parameters without autocast); each model size held out in turn gives
-# 0.310-0.318, and the 58 rows' median error is 26.7% as a GEMM (0.779; a 65,536-token step
-# ~2x too fast) and 2.9% held out (those of 8,192 tokens and more, where attention dominates,
-# 3.9%; results/attention-fit.json). Costed as autocast over fp32 weights, as until 2026-12-02,
-# the fit was 0.351 at 6.5% held out. 0.313 is what flash attention reached in that stack
-# (2023); the FlashAttention-2 paper (arXiv 2307.08691) reports 25-40% of the A100's peak for
-# FlashAttention and 50-73% (forward) for FlashAttention-2: the A100 presets time
-# FlashAttention-2 at its own share (``--attention-kernel flash2``, below), and 0.313 is the
+# --precision fsdp: bf16 parameters without autocast; flash-attn's fused loss; Composer's two
+# cross-entropy train metrics a micro-batch, --train-metrics 2); each model size held out in
+# turn gives 0.323-0.327, and the 58 rows' median error is 18.9% as a GEMM (0.779; a
+# 65,536-token step ~2x too fast) and 2.8% held out (those of 8,192 tokens and more, where
+# attention dominates, 2.6%; results/attention-fit.json). Without the train metrics (until
+# 2026-12-04) the fit was 0.313 at 3.0% held out, and MPT-125M's rows came out 1.01x at 65,536
+# tokens rising to 1.20x at 512, where the metrics' FP32 passes over its 50,368-wide logits are
+# a fifth of its step; with them, 0.94-0.98x. Costed as autocast over fp32 weights, as until
+# 2026-12-02, the fit was 0.351 at 6.5% held out. 0.325 is what flash attention reached in that
+# stack (2023); the FlashAttention-2 paper (arXiv 2307.08691) reports 25-40% of the A100's peak
+# for FlashAttention and 50-73% (forward) for FlashAttention-2: the A100 presets time
+# FlashAttention-2 at its own share (``--attention-kernel flash2``, below), and 0.325 is the
 # generic share, the Triton kernel's ("triton-2023").
 
 # Hopper (the H100, H200 and GH200 presets carry both: hardware/specs.py): cuBLAS's GEMMs at
@@ -404,7 +408,10 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # the same llm-foundry tables (512 to 65,536 tokens, 8 to 512 GPUs, costed as they computed:
 # --precision fsdp). Each model size held out gives 0.573-0.583 and 0.184-0.189, and the rows'
 # median error is 3.8% held out (results/attention-fit-h100-sxm.json; 41% with attention as a
-# GEMM and the A100's GEMM share).
+# GEMM and the A100's GEMM share). Refitted with Composer's train metrics in the step
+# (2026-12-04, results/attention-refit-metrics-h100-gemm.json): 0.585 and 0.189 (folds
+# 0.580-0.592 and 0.187-0.191), 3.9% held out; not shipped, a 1% move the rows cannot tell from
+# these values (4.4% in sample with them).
 # - Why a GEMM share of its own: the single-GPU table's Hopper rows (BERT, ResNet-50) spend
 #   70-77% of their predicted step in memory-bound kernels and pin no GEMM share; the MPT rows
 #   at 512-2,048 tokens are GEMM-bound and, with the table's 0.779 and the attention share that
@@ -421,8 +428,8 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 #   GEMMs in a full node (a power-limited clock) and what FSDP's overlapped NCCL kernels take
 #   from the SMs (one per channel); step 0b of scripts/device_check.sh measures those two on a
 #   lent GPU. In FLOP/s the H100's GEMMs run 2.35x the A100's (572 against 243 TFLOP/s).
-# - Fused attention: the same stack ran its A100 rows at 0.313 of that peak; in FLOP/s the H100
-#   is 1.89x the A100 (185 against 98 TFLOP/s) where its Tensor Core peak is 3.17x. The kernels
+# - Fused attention: the same stack ran its A100 rows at 0.325 of that peak; in FLOP/s the H100
+#   is 1.82x the A100 (185 against 101 TFLOP/s) where its Tensor Core peak is 3.17x. The kernels
 #   are written for Ampere's warp-level MMA instructions, which a Hopper SM runs at a fraction of
 #   the peak its warpgroup MMA (wgmma) reaches: the FlashAttention-3 paper (arXiv 2407.08608)
 #   finds FlashAttention-2 at 35% of the H100's peak in the forward, against 50-73% of the
@@ -455,7 +462,7 @@ HOPPER_TENSOR_GEMM = 0.578
 #   instructions, it does not use Hopper's warpgroup MMA. IBM's 4 rows on 96 H100s alone fit
 #   0.406 (held out 0.388-0.433) with the 2023 stack's GEMM share beside it: they cannot
 #   separate the two, so the measured kernel's figure is shipped and the rows are its check.
-# Other GPUs have no calibrated share for either: they take ``attention`` (0.313).
+# Other GPUs have no calibrated share for either: they take ``attention`` (0.325).
 ATTENTION_KERNELS = ("flash2", "triton-2023")
 DEFAULT_ATTENTION_KERNEL = "flash2"
 A100_FLASH2_ATTENTION = 0.553
