@@ -112,9 +112,10 @@ def fusible(c: Cost) -> bool:
 def generated(costs: list[Cost], by_index: dict) -> dict[int, int]:
     """The records whose kernels Inductor generates, each with its cost's position: the
     ``fusible`` ones but the loss's and the train metrics' (trainers compute them outside the
-    compiled module: torchtitan, fms-fsdp, Composer) and complex-valued work ("Torchinductor does not support code
-    generation for complex operators": torchtitan's rotary multiply in complex64 runs as ATen's
-    kernel, a library kernel here, with the casts around it generated)."""
+    compiled module: torchtitan, fms-fsdp, Composer) and complex-valued work ("Torchinductor
+    does not support code generation for complex operators": torchtitan's rotary multiply in
+    complex64 runs as ATen's kernel, a library kernel here, with the casts around it
+    generated)."""
     return {c.records[0]: pos for pos, c in enumerate(costs)
             if fusible(c) and c.module not in OUTSIDE_MODEL and not any(
                 t.dtype.startswith("complex")

@@ -395,12 +395,12 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # attention dominates, 2.6%; results/attention-fit.json). Without the train metrics (until
 # 2026-12-04) the fit was 0.313 at 3.0% held out, and MPT-125M's rows came out 1.01x at 65,536
 # tokens rising to 1.20x at 512, where the metrics' FP32 passes over its 50,368-wide logits are
-# a fifth of its step; with them, 0.94-0.98x. Costed as autocast over fp32 weights, as until
-# 2026-12-02, the fit was 0.351 at 6.5% held out. 0.325 is what flash attention reached in that
-# stack (2023); the FlashAttention-2 paper (arXiv 2307.08691) reports 25-40% of the A100's peak
-# for FlashAttention and 50-73% (forward) for FlashAttention-2: the A100 presets time
-# FlashAttention-2 at its own share (``--attention-kernel flash2``, below), and 0.325 is the
-# generic share, the Triton kernel's ("triton-2023").
+# a fifth of its step; with them and 0.325, 0.95-1.02x. Costed as autocast over fp32 weights,
+# as until 2026-12-02, the fit was 0.351 at 6.5% held out. 0.325 is what flash attention
+# reached in that stack (2023); the FlashAttention-2 paper (arXiv 2307.08691) reports 25-40%
+# of the A100's peak for FlashAttention and 50-73% (forward) for FlashAttention-2: the A100
+# presets time FlashAttention-2 at its own share (``--attention-kernel flash2``, below), and
+# 0.325 is the generic share, the Triton kernel's ("triton-2023").
 
 # Hopper (the H100, H200 and GH200 presets carry both: hardware/specs.py): cuBLAS's GEMMs at
 # 0.578 of the Tensor Core peak and fused attention at 0.187, fitted together by
@@ -411,7 +411,7 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # GEMM and the A100's GEMM share). Refitted with Composer's train metrics in the step
 # (2026-12-04, results/attention-refit-metrics-h100-gemm.json): 0.585 and 0.189 (folds
 # 0.580-0.592 and 0.187-0.191), 3.9% held out; not shipped, a 1% move the rows cannot tell from
-# these values (4.4% in sample with them).
+# these values (4.3% with them).
 # - Why a GEMM share of its own: the single-GPU table's Hopper rows (BERT, ResNet-50) spend
 #   70-77% of their predicted step in memory-bound kernels and pin no GEMM share; the MPT rows
 #   at 512-2,048 tokens are GEMM-bound and, with the table's 0.779 and the attention share that
