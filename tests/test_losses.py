@@ -162,7 +162,7 @@ def test_train_metrics_finding_defaults_and_cli(capsys):
     [finding] = [f for f in analysis.findings if f.rule == "train-metrics"]
     metric_s = sum(p.time_s for p in analysis.predictions if p.cost.module == "metrics")
     assert finding.saving_s == pytest.approx(metric_s, rel=1e-9)
-    assert "2 train metrics evaluate" in finding.message
+    assert "2 train metrics evaluate" in finding.message and finding.layers == ("metrics",)
     assert not [f for f in plain.findings if f.rule == "train-metrics"]
     assert (analysis.totals()["predicted_time_s"] - plain.totals()["predicted_time_s"]
             == pytest.approx(metric_s, rel=1e-6))
