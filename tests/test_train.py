@@ -315,7 +315,9 @@ def test_compile_on_a_tiny_model(toy, tmp_path):
     assert summary["steps"] == 6 and summary["compile_s"] > 0
 
 
-def test_mfu_uses_the_analyzer_and_a_ceiling(toy, tmp_path):
+def test_mfu_uses_the_analyzer_and_a_ceiling(toy, tmp_path, monkeypatch):
+    # a ceiling probed for this test, not one cached by an earlier run on a busier machine
+    monkeypatch.setenv("DLPERF_CACHE_DIR", str(tmp_path / "cache"))
     summary = train(_cfg(toy, tmp_path / "f", epochs=1), resume=None, progress=False, mfu=True)
     # MFU = FLOPs per image (the analyzer's) x compute-only img/s / the probed peak, and a
     # fraction of that peak

@@ -228,6 +228,43 @@ def test_the_cpu_ceiling_is_probed_once_per_machine(tmp_path, monkeypatch):
     assert len(calls) == 2
 
 
+def test_a_run_that_outpaces_its_cached_ceiling_probes_again_and_never_reports_mfu_above_1(
+        tmp_path, monkeypatch):
+    # a cache written by a probe that ran beside other work holds too low a ceiling; a run
+    # doing more than it re-probes, keeps each unit's larger figure, and only then divides
+    import dataclasses
+
+    import torch
+
+    from dlperf.hardware import probe as P
+    from dlperf.train.metrics import utilisation
+
+    monkeypatch.setenv("DLPERF_CACHE_DIR", str(tmp_path / "cache"))
+
+    def fake(cfg, progress=None):  # what the probe measures now: ``fresh``
+        base = P.DeviceSpec(name="cpu", display_name="cpu", sm_count=2, mem_bandwidth=30e9,
+                            measured=True)
+        return dataclasses.replace(base, peak=dict(fresh)), []
+
+    monkeypatch.setattr(P, "probe", fake)
+    fresh = {"fp32": 10e9, "bf16": 400e9}  # the loaded probe: fp32 low, bf16 high
+    P.cached_cpu_probe()
+    fresh = {"fp32": 100e9, "bf16": 150e9}
+    cpu = torch.device("cpu")
+    # under the cached ceiling: no probe, the cached figure
+    assert utilisation(5e9, cpu, "fp32") == {"peak_flops": 10e9, "peak_source":
+                                             "this CPU, probed (fp32)", "mfu": 0.5}
+    # above it: probed again; fp32 takes the new 100, bf16 keeps the cached 400 (the larger)
+    use = utilisation(40e9, cpu, "fp32")
+    assert use["peak_flops"] == 100e9 and use["mfu"] == pytest.approx(0.4)
+    spec, _ = P.cached_cpu_probe()
+    assert spec.peak == {"fp32": 100e9, "bf16": 400e9}
+    # a run above even the new ceiling: no utilisation, and why
+    use = utilisation(300e9, cpu, "fp32")
+    assert use["mfu"] is None and "300 GFLOP/s exceed the measured ceiling (100)" in use[
+        "mfu_note"]
+
+
 def test_summary_is_on_disk_before_the_mfu_ceiling_is_looked_up(toy, tmp_path, monkeypatch):
     from dlperf.train import metrics
 

@@ -120,7 +120,7 @@ def predicted_img_per_s(lcfg: LadderConfig, cfg: TrainConfig, spec, on_gpu: bool
 
 def run(lcfg: LadderConfig, progress=None) -> dict:
     from dlperf.train.distributed import setup
-    from dlperf.train.metrics import device_spec, flops_per_image, peak_flops
+    from dlperf.train.metrics import device_spec, flops_per_image, utilisation
 
     device = setup(lcfg.device).device
     rungs = list(RUNGS)
@@ -131,7 +131,6 @@ def run(lcfg: LadderConfig, progress=None) -> dict:
                                            else ""), dict(compile="default", cuda_graphs=False)))
     cfg = TrainConfig(model=lcfg.model, zero_init_residual=False, tf32=True)
     rows = []
-    peaks: dict[str, tuple] = {}
     spec_and_source = device_spec(device)  # one probe on a CPU, shared by every rung
     for name, change in rungs:
         cfg = dataclasses.replace(cfg, **change)
@@ -139,17 +138,16 @@ def run(lcfg: LadderConfig, progress=None) -> dict:
         med = statistics.median(times)
         img_s = lcfg.batch_size / med
         fpi = flops_per_image(lcfg.model, 1000, lcfg.image_size, cfg.dtype)
-        if cfg.dtype not in peaks:
-            peaks[cfg.dtype] = peak_flops(device, cfg.dtype, spec_and_source)
-        peak, source = peaks[cfg.dtype]
+        use = utilisation(fpi * img_s, device, cfg.dtype, spec_and_source) if fpi else {}
         predicted = predicted_img_per_s(lcfg, cfg, spec_and_source[0], device.type == "cuda")
         rows.append({"rung": name, "config": {k: getattr(cfg, k) for k in
                                               ("dtype", "channels_last", "compile",
                                                "cuda_graphs")},
                      "step_median_s": med, "step_s": times, "img_per_s": img_s,
-                     "compile_s": compile_s, "flops_per_image": fpi, "peak_flops": peak,
-                     "peak_source": source,
-                     "mfu": fpi * img_s / peak if fpi and peak else None,
+                     "compile_s": compile_s, "flops_per_image": fpi,
+                     "peak_flops": use.get("peak_flops"),
+                     "peak_source": use.get("peak_source", spec_and_source[1]),
+                     "mfu": use.get("mfu"),
                      "predicted_img_per_s": predicted, "prediction_source": spec_and_source[1],
                      "measured_over_predicted": img_s / predicted if predicted else None})
     base = rows[0]["img_per_s"]

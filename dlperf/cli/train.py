@@ -77,6 +77,8 @@ def run(args) -> int:
              f"data wait {summary['data_wait_share']:.0%}"]
     if summary.get("mfu") is not None:
         parts.append(f"MFU {summary['mfu']:.0%} of {summary['peak_source']}")
+    elif summary.get("mfu_note"):
+        parts.append(summary["mfu_note"])
     if summary.get("comm_steps_measured"):
         parts.append(f"exposed all-reduce {summary['comm_exposed_ms_median']:.1f} ms per step "
                      f"(median of {summary['comm_steps_measured']} logged steps; "

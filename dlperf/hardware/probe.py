@@ -226,11 +226,16 @@ def probe(cfg: ProbeConfig = ProbeConfig(), progress=None) -> tuple[DeviceSpec, 
     return _to_spec(device, measurements), measurements
 
 
-def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
+def cached_cpu_probe(quick: bool = True, refresh: bool = False) -> tuple[DeviceSpec, str]:
     """This CPU's measured spec, probed once per machine and environment (CPU model, threads,
     torch version, platform) and then read from ``cache_dir()``: `dlperf train` needs the
     ceiling for its MFU figure, not a fresh minute of measuring after every run. Returns
-    (spec, where it came from)."""
+    (spec, where it came from).
+
+    ``refresh``: probe again even with a cache, and keep for each math unit and for the
+    bandwidth the larger of the two measurements. A ceiling is the most the CPU was seen to do,
+    and one probe on a shared machine can run beside other work: a cache written then is too
+    low for every later run (a run that outpaces its ceiling asks for this)."""
     import hashlib
     import json
 
@@ -240,19 +245,34 @@ def cached_cpu_probe(quick: bool = True) -> tuple[DeviceSpec, str]:
            "platform": platform.platform(), "quick": quick}
     key = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"cpu-probe-{key}.json"
+    cached = None
     try:
         data = json.loads(path.read_text())
         if data.get("environment") == env:
-            return DeviceSpec.from_dict(data["spec"], str(path)), "this CPU, probed"
+            cached = DeviceSpec.from_dict(data["spec"], str(path))
     except (OSError, ValueError, KeyError, TypeError, DlperfError):
         pass  # no cache yet, or one from another version: probe afresh
+    if cached is not None and not refresh:
+        return cached, "this CPU, probed"
     spec, _ = probe(ProbeConfig(device="cpu", quick=quick))
+    if cached is not None:
+        spec = best_of(spec, cached)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, {"spec": spec.to_dict(), "environment": env})
     except (OSError, DlperfError):
         pass  # a read-only home: the figure stands, only the cache is lost
     return spec, "this CPU, probed"
+
+
+def best_of(spec: DeviceSpec, other: DeviceSpec) -> DeviceSpec:
+    """``spec`` with each math unit's peak and the bandwidth the larger of its own and
+    ``other``'s: two probes of one machine, the ceiling being the most either saw."""
+    import dataclasses
+
+    peak = {u: max(v, other.peak.get(u) or 0) for u, v in spec.peak.items()}
+    return dataclasses.replace(spec, peak=peak,
+                               mem_bandwidth=max(spec.mem_bandwidth, other.mem_bandwidth))
 
 
 def cpu_name() -> str:
