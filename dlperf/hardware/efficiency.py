@@ -417,9 +417,10 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 #   at 512-2,048 tokens are GEMM-bound and, with the table's 0.779 and the attention share that
 #   fitted best (0.143), came out 1.08-1.42x too fast while the longest sequences came out
 #   0.80-0.87x (results/experiment-fsdp-attention-fit-h100.json), where the A100 rows of the
-#   same script and container fit. The same joint fit on the A100 rows gives 0.737 (folds
-#   0.728-0.749), within 5% of 0.779: the A100 needs no share of its own
-#   (results/attention-fit-gemm.json).
+#   same script and container fit. The same joint fit on the A100 rows gives 0.762 (folds
+#   0.755-0.780), within 2% of 0.779, with the train metrics in their steps (0.737, within
+#   5%, without): the A100 needs no share of its own (results/attention-refit-metrics-a100-
+#   gemm.json, attention-fit-gemm.json).
 # - What it holds: more than cuBLAS's kernels lose. Short single-GPU GEMM benchmarks reach more
 #   of the H100's peak: 794.5 TFLOP/s (80.3%) at the best shape against 271.2 (86.9%) on an
 #   A100 SXM (stas00/ml-engineering, "Maximum Achievable Matmul FLOPS", torch 2.6-2.7), up to
