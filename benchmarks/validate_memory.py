@@ -19,8 +19,6 @@ Usage: python benchmarks/validate_memory.py [OUT.json]
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 import sys
 from pathlib import Path
@@ -35,10 +33,10 @@ KINDS = ("reserved",)
 
 def read_measured(path: Path) -> dict[str, dict]:
     """id -> {measured_gib, kind}, checked."""
-    text = "".join(line for line in path.read_text().splitlines(keepends=True)
-                   if not line.startswith("#"))
+    from dlperf.provenance import load_sibling
+
     out = {}
-    for row in csv.DictReader(io.StringIO(text)):
+    for row in load_sibling(__file__, "validate_published").commented_csv(path):
         if row["kind"] not in KINDS:
             raise SystemExit(f"{path}: {row['id']}: kind must be one of {', '.join(KINDS)}")
         out[row["id"]] = {"measured_gib": float(row["measured_gib"]), "kind": row["kind"]}

@@ -35,10 +35,15 @@ PRECISIONS = {"amp": ("fp16", False, "mixed"), "fp32": ("fp32", False, "mixed"),
               "fp16-o2": ("fp16", False, "half"), "bf16-fsdp": ("bf16", False, "fsdp")}
 
 
-def read_rows(path: Path) -> list[dict]:
+def commented_csv(path: Path) -> list[dict]:
+    """The rows of a validation table whose header lines ("# ...") cite its sources."""
     text = "".join(line for line in path.read_text().splitlines(keepends=True)
                    if not line.startswith("#"))
-    rows = list(csv.DictReader(io.StringIO(text)))
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def read_rows(path: Path) -> list[dict]:
+    rows = commented_csv(path)
     for row in rows:
         row["batch"], row["image_size"] = int(row["batch"]), int(row["image_size"])
         row["measured_img_s"] = float(row["measured_img_s"])

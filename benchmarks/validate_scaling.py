@@ -15,8 +15,6 @@ Another reading of one source's assumptions, to its own OUT.json:
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 import sys
 from pathlib import Path
@@ -42,9 +40,7 @@ def read_rows(path: Path) -> list[dict]:
 
     vp = load_sibling(__file__, "validate_published")
 
-    text = "".join(line for line in path.read_text().splitlines(keepends=True)
-                   if not line.startswith("#"))
-    rows = list(csv.DictReader(io.StringIO(text)))
+    rows = vp.commented_csv(path)
     for row in rows:
         for key in INTS:
             row[key] = int(row[key])
