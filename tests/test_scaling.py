@@ -426,6 +426,43 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     assert "then [/] my [bold]IB; DDP" in " ".join(out.split())
     code, out, err = run_cli(["devices", "--interconnects"], capsys)
     assert code == 0 and "nvlink4-h200" in out and "nccl-tests#272" in out
+    # a .json that is not there is named as a missing file, not as an unknown preset
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--interconnect",
+                              str(tmp_path / "gone.json")], capsys)
+    assert code == 2 and "gone.json: no such interconnect file" in err
+    assert "unknown interconnect" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_nodes_spreads_the_gpus_evenly(tmp_path, capsys):
+    # --nodes M is the (and torchrun's --nnodes) way to give the node count: 16 GPUs
+    # over 4 nodes are nodes of 4, the same job as --gpus-per-node 4, and not the same as
+    # nodes of 8 (more of the ring crosses the network).
+    from conftest import run_cli
+
+    from dlperf.cli.analyze import gpus_per_node
+    from dlperf.errors import DlperfError
+
+    assert gpus_per_node(16, None, None) == 8 and gpus_per_node(16, None, 2) == 2
+    assert gpus_per_node(16, 4, None) == 4 and gpus_per_node(16, 4, 4) == 4
+    for gpus, nodes, per_node, said in ((None, 2, None, "add --gpus N"),
+                                        (16, 3, None, "does not spread evenly"),
+                                        (16, 4, 8, "make 32 GPUs, not --gpus 16")):
+        with pytest.raises(DlperfError, match=said):
+            gpus_per_node(gpus, nodes, per_node)
+    runs = {}
+    for name, flags in (("nodes", ["--nodes", "4"]), ("per-node", ["--gpus-per-node", "4"]),
+                        ("eights", [])):
+        out_json = tmp_path / f"{name}.json"
+        code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "32",
+                                  "--gpus", "16", *flags, "--json", str(out_json)], capsys)
+        assert code == 0, err
+        runs[name] = json.loads(out_json.read_text())["scale_out"]["at_requested_scale"]
+    assert runs["nodes"] == runs["per-node"]
+    assert (runs["nodes"]["nodes"], runs["eights"]["nodes"]) == (4, 2)
+    assert runs["nodes"]["exposed_comm_s"] != runs["eights"]["exposed_comm_s"]
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "16", "--nodes", "3"],
+                             capsys)
+    assert code == 2 and "--nodes 3" in err and len(err.strip().splitlines()) == 1
 
 
 def test_interconnect_auto_for_pcie_cards_says_what_it_assumes(tmp_path, capsys):

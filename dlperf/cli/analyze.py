@@ -139,7 +139,10 @@ def add_parser(sub) -> None:
     s.add_argument("--gpus", type=positive_int, default=None,
                    help="GPUs in the job: predict per-GPU and total throughput, exposed "
                         "communication, input-bound or not, and the limit, from 1 to 4,096 GPUs")
-    s.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node [8]")
+    s.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node [8]")
+    s.add_argument("--nodes", type=positive_int, default=None, metavar="M",
+                   help="nodes in the job, the --gpus spread evenly over them (the same as "
+                        "--gpus-per-node GPUS/M) [GPUS/8, at least one]")
     s.add_argument("--interconnect", default="auto", metavar="NODE[,NETWORK]",
                    help="inside a node and between nodes (per GPU): presets from `dlperf "
                         "devices --interconnects`, or .json files [auto: the DGX/HGX system of "
@@ -383,6 +386,23 @@ def _gpt_config(args):
         raise DlperfError(f"{flag}{exc}") from None
 
 
+def gpus_per_node(gpus: int | None, nodes: int | None, per_node: int | None) -> int:
+    """--gpus-per-node from --nodes (torchrun's --nnodes: GPUS spread evenly), or as given, or
+    8 (a DGX/HGX node); a one-line error where the two flags disagree or M does not divide."""
+    if nodes is None:
+        return 8 if per_node is None else per_node
+    if gpus is None:
+        raise DlperfError(f"--nodes {nodes} spreads the scale-out's GPUs over nodes: add --gpus "
+                          "N (a multiple of it)")
+    if gpus % nodes:
+        raise DlperfError(f"--gpus {gpus} does not spread evenly over --nodes {nodes}: give a "
+                          "multiple of the node count (or --gpus-per-node for the node size)")
+    if per_node is not None and per_node * nodes != gpus:
+        raise DlperfError(f"--nodes {nodes} and --gpus-per-node {per_node} make "
+                          f"{nodes * per_node} GPUs, not --gpus {gpus}: give one of them")
+    return gpus // nodes
+
+
 def run(args) -> int:
     import dataclasses
 
@@ -400,6 +420,7 @@ def run(args) -> int:
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
+    args.gpus_per_node = gpus_per_node(args.gpus, args.nodes, args.gpus_per_node)
     if args.tp > 1 and args.gpus is None:
         raise DlperfError(f"--tp {args.tp} splits the model over GPUs of a node: add --gpus N "
                           "(a multiple of it)")

@@ -177,5 +177,9 @@ def get_interconnect(name: str) -> Interconnect:
                               ) from None
         _check_file_fields(ic, path)
         return ic
+    if path.suffix == ".json":
+        raise DlperfError(f"{path}: no such interconnect file; write one with `dlperf probe "
+                          "--comm --out FILE` or give a preset (`dlperf devices "
+                          "--interconnects`)")
     raise DlperfError(f"unknown interconnect {name!r}{close_matches(name, list(PRESETS))}; "
                       f"choose one of {', '.join(PRESETS)} or a .json file")
