@@ -223,17 +223,28 @@ def predict(rows: list[dict]) -> list[dict]:
     return score(capture(rows))
 
 
+# the columns that say what software a row ran, beside its model, batch and strategy: two rows
+# of one source that differ in any of them are different runs, not one run at two scales
+RUN_STACK = ("layout", "optimizer", "decode", "fusion", "cuda_graphs", "overlap", "bn_group",
+             "optimizer_impl", "kvstore", "reduce_dtype", "rope", "attention_kernel", "fp8",
+             "fp8_all_gather", "loss", "train_metrics")
+
+
 def add_relative_scaling(rows: list[dict]) -> None:
     """Where a source published the same model on the same GPU at several GPU counts (same
     per-GPU batch, precision, strategy and checkpointing), the per-GPU throughput of each row
     relative to the smallest count, measured and predicted: the scale-out model's own error,
-    free of the single-GPU prediction's (which cancels). Rows at the smallest count (two
-    systems of one GPU model, e.g. a DGX-1 with 16 and with 32 GB) are not compared."""
+    free of the single-GPU prediction's (which cancels only where the two runs ran the same
+    software: the same fusion, float8 recipe, loss and the rest of RUN_STACK, so a compiled
+    row is compared with the compiled row on fewer GPUs, never with the eager one). Rows at
+    the smallest count (two systems of one GPU model, e.g. a DGX-1 with 16 and with 32 GB) are
+    not compared."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         key = (r["source"], r["model"], r["device"], r["image_size"], r["batch"],
                r["precision"], r["strategy"], r["activation_checkpointing"],
-               r.get("checkpoint_policy"), r.get("checkpoint_every"))
+               r.get("checkpoint_policy"), r.get("checkpoint_every"),
+               *(r.get(column) for column in RUN_STACK))
         groups.setdefault(key, []).append(r)
     for group in groups.values():
         base = min(group, key=lambda r: r["gpus"])

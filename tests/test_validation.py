@@ -152,9 +152,17 @@ def test_relative_scaling_compares_one_configuration_across_gpu_counts():
             # another 8-GPU system of the same GPU: not a scaling pair
             row("b8", 8, 128, 105.0, 110.0),
             # another batch: its own group, with no second count
-            row("c64", 64, 256, 80.0, 100.0)]
+            row("c64", 64, 256, 80.0, 100.0),
+            # the same runs compiled (torchtitan's tables publish both): compared with the
+            # compiled 8-GPU run, not the eager one (the first scoring did: 120 / 100)
+            row("a8-compile", 8, 128, 120.0, 130.0, fusion="compile-blocks"),
+            row("a64-compile", 64, 128, 114.0, 130.0, fusion="compile-blocks")]
     vs.add_relative_scaling(rows)
     by_id = {r["id"]: r for r in rows}
+    # compiled: measured 114 / 120 = 0.95, predicted 130 / 130 = 1.0
+    assert by_id["a64-compile"]["relative_base"] == "a8-compile"
+    assert by_id["a64-compile"]["relative_measured"] == pytest.approx(0.95)
+    assert by_id["a8-compile"]["relative_ratio"] is None
     # 64 vs 8 GPUs: measured 90 / 100 = 0.9, predicted 110 / 110 = 1.0, ratio 1.0 / 0.9
     assert by_id["a64"]["relative_measured"] == pytest.approx(0.9)
     assert by_id["a64"]["relative_ratio"] == pytest.approx(1 / 0.9)
