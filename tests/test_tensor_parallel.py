@@ -319,7 +319,7 @@ def test_megatron_s_collectives_by_hand():
     assert tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True,
                                        sequence_parallel=False, impl="megatron") == (
         ("allreduce", 321, 134217728, None), ("allreduce", 161, 134217728, "wgrad"))
-    with pytest.raises(ValueError, match="one of torch, megatron, te"):
+    with pytest.raises(ValueError, match="one of torch, torch-async, megatron, te"):
         tensor_parallel_collectives(2, 8, 8, 2, recompute=False, impl="deepspeed")
 
 
@@ -617,6 +617,115 @@ def test_te_overlaps_what_megatron_leaves_exposed():
                     for r in groups[group])
     assert te["exposed_s"] == pytest.approx(want)
     assert 3 * each < te["exposed_s"] < megatron["exposed_s"]
+
+
+# PyTorch's async tensor parallelism (--tp-impl torch-async: Inductor's micro-pipeline pass)
+
+
+def test_torch_async_collectives_by_hand():
+    # 80 blocks, full recompute, 8,192 tokens of d 8,192 in bf16 (134,217,728 bytes each): the
+    # traffic of PyTorch's tensor parallelism (4 L + 2 = 322 gathers and as many reduce-
+    # scatters, plus the recompute's 160 each), placed by what the micro-pipeline pass fuses
+    # in torchtitan's compiled blocks. Exposed: the output layer's forward gather and the
+    # embedding's backward one, the embedding's reduce-scatter and the output layer's backward
+    # one (outside the compiled blocks), and the 160 backward reduce-scatters of the column-
+    # parallel layers' summed input gradients (q + k + v, w1 + w3: no single matmul produces
+    # them). Fused: the forward's 160 gathers (QKV, FC1) and 160 reduce-scatters (proj, FC2),
+    # the recompute's as many, the backward's 160 gathers of the row-parallel layers' output
+    # gradients (read by their data- and weight-gradient matmuls)
+    nb = 134217728
+    fused = tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True, impl="torch-async")
+    assert fused == (
+        ("allgather", 2, nb, None), ("reducescatter", 2, nb, None),
+        ("allgather", 160, nb, "fprop"), ("reducescatter", 160, nb, "row-fprop-ring"),
+        ("allgather", 160, nb, "recompute"), ("reducescatter", 160, nb, "row-recompute-ring"),
+        ("allgather", 160, nb, "row-backward"), ("reducescatter", 160, nb, None))
+    plain = tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True)
+    for kind in ("allgather", "reducescatter"):  # the same traffic as the plain form
+        assert sum(n for k, n, _, _ in fused if k == kind) == sum(
+            n for k, n, _, _ in plain if k == kind) == 322 + 160
+    assert all(n for _, n, _, _ in tensor_parallel_collectives(
+        2, 8, 8, 2, recompute=False, impl="torch-async"))
+    with pytest.raises(ValueError, match="needs it"):
+        tensor_parallel_collectives(2, 8, 8, 2, recompute=False, sequence_parallel=False,
+                                    impl="torch-async")
+
+
+def _produce_then_send(collective: float, gemm: float, ranks: int) -> float:
+    """symm_mem's fused matmul + reduce-scatter, event by event: the matmul in one chunk per
+    destination rank, the remote ones first, each sent (one at a time) once computed while
+    the next is computed, this rank's own last: what the pair takes beyond the matmul."""
+    g, c = gemm / ranks, collective / (ranks - 1)
+    sent = 0.0
+    for k in range(ranks - 1):
+        sent = max(sent, (k + 1) * g) + c
+    return max(sent, gemm) - gemm
+
+
+def test_torch_async_overlaps_within_torch_s_traffic():
+    from dlperf.analysis.nccl import generation
+    from dlperf.analysis.scaling import TP_OVERLAP, overlap_left_s
+    from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
+
+    # the fused reduce-scatter's chunks leave what a ring's do (the formula it is timed by)
+    for collective, gemm in ((1.0, 0.3), (1.0, 1.0), (0.2, 3.0), (2.5, 1.7)):
+        for tp in (2, 4, 8):
+            assert _produce_then_send(collective, gemm, tp) == pytest.approx(
+                overlap_left_s(collective, gemm, "ring", tp))
+    cfg, acfg, costs, memory = _megatron_capture("torch-async")
+    _, _, torch_costs, torch_memory = _megatron_capture("torch")
+    # the model is PyTorch's own: the same kernels and kept tensors
+    assert memory == torch_memory
+    assert sorted((c.module, c.phase, c.flops) for c in costs) == sorted(
+        (c.module, c.phase, c.flops) for c in torch_costs)
+    analysis = predict_on(costs, {}, acfg, get_device("a100-80gb"), 0.0, memory=memory)
+    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    columns, rows = column_parallel_regions(cfg), row_parallel_regions(cfg)
+
+    def run(impl):
+        coll = tensor_parallel_collectives(2, 32, 64, 2, recompute=False, impl=impl)
+        return scale_out(analysis, [("w", 4)], ScaleConfig(
+            gpus=4, tp=4, tp_collectives=coll, tp_regions=columns, tp_row_regions=rows,
+            step_cv=0.0), node, net)["communication"]["tensor_parallel"]
+
+    fused, plain = run("torch-async"), run("torch")
+    assert fused["busy_s"] == pytest.approx(plain["busy_s"])
+    assert plain["exposed_s"] == pytest.approx(plain["busy_s"])  # every one exposed
+    # 4 L + 2 = 10 of each kind; beside matmuls: 2 L forward gathers, 2 L forward
+    # reduce-scatters, 2 L backward gathers
+    assert fused["collectives_per_micro_batch"] == 20 and fused["beside_gemms"] == 12
+    each = sharded_collective_s(32 * 64 * 2, 4, 4, node, net,
+                                gen=generation(analysis.device.name))
+    time = {}
+    for p in analysis.predictions:
+        key = (p.cost.module, p.cost.phase)
+        time[key] = time.get(key, 0.0) + p.time_s
+    groups = {"row": rows, "column-blocks": tuple(r for r in columns if r != ("head",))}
+    want = 8 * each  # 2 + 2 outside the blocks, 2 L summed input gradients
+    for beside in ("fprop", "row-fprop-ring", "row-backward"):
+        group, phase, method = TP_OVERLAP[beside]
+        want += sum(overlap_left_s(each, sum(time.get((m, ph), 0.0) for m in r
+                                             for ph in phase.split("+")), method, 4)
+                    for r in groups[group])
+    assert TP_OVERLAP["row-backward"][1] == "dgrad+wgrad"
+    assert fused["exposed_s"] == pytest.approx(want)
+    assert 8 * each <= fused["exposed_s"] < plain["exposed_s"]
+
+
+def test_torch_async_needs_compile_and_sequence_parallelism(capsys):
+    from conftest import run_cli
+
+    base = ["analyze", "gpt", "--train", "--batch-size", "2", "--seq-len", "64", "--gpus", "8",
+            "--tp", "4", "--tp-impl", "torch-async", "--dtype", "bf16"]
+    code, out, err = run_cli(base, capsys)
+    assert code == 2 and "add --fusion compile-blocks" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(base + ["--fusion", "compile-blocks", "--no-sequence-parallel"],
+                             capsys)
+    assert code == 2 and "drop --no-sequence-parallel" in err
+    code, out, err = run_cli(base + ["--fusion", "compile-blocks"], capsys)
+    assert code == 0, err
+    assert "--tp-impl torch-async" in " ".join(out.split())
 
 
 def test_distributed_optimizer_by_hand():

@@ -606,7 +606,7 @@ def device_kvstore_s(params: list[tuple[str, int]], gpus: int, node,
 # HYBRID_SHARD, full sharding inside each node and a replica per node
 STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op", "hsdp")
 # whose tensor parallelism (``tensor_parallel_collectives``; models/gpt.py ``tp_impl``)
-TP_IMPLS = ("torch", "megatron", "te")
+TP_IMPLS = ("torch", "torch-async", "megatron", "te")
 # how context parallelism exchanges K and V (models/gpt.py CP_COMMS; context_parallel_s)
 CP_COMMS = ("p2p", "allgather")
 DECODES = ("gpu", "cpu", "synthetic")
@@ -671,6 +671,29 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
               if fp8 else (("allgather", regions, nbytes, "dgrad"),)),
             ("reducescatter", regions, nbytes, "wgrad"),  # bulk: dgrad's, beside wgrad
         ) if c[1])
+    if impl == "torch-async":
+        if not sequence_parallel:
+            raise ValueError("PyTorch's async tensor parallelism fuses the all-gathers and "
+                             "reduce-scatters of sequence parallelism: it needs it")
+        # Inductor's micro-pipeline pass (torch/_inductor/fx_passes/micro_pipeline_tp.py,
+        # torchtitan's --parallelism.enable_async_tensor_parallel) inside the compiled blocks:
+        # an all-gather whose output only matmuls read becomes fused_all_gather_matmul, a
+        # reduce-scatter of one matmul's output fused_matmul_reduce_scatter, each chunk's
+        # matmul beside the next chunk's transfer. The output layer and the embedding are
+        # outside torchtitan's compiled blocks: theirs stay exposed. In the backward the
+        # column-parallel layers' input gradient is a sum of matmuls (q, k and v; w1 and w3),
+        # not one matmul's output, so its reduce-scatter is not fused either.
+        return tuple(c for c in (
+            ("allgather", 2, nbytes, None),  # the output layer's, the embedding's backward
+            ("reducescatter", 2, nbytes, None),  # the embedding's, the output layer's backward
+            ("allgather", 2 * layers, nbytes, "fprop"),  # fused with QKV's, FC1's matmuls
+            ("reducescatter", 2 * layers, nbytes, "row-fprop-ring"),  # with proj's, FC2's
+            ("allgather", again, nbytes, "recompute"),
+            ("reducescatter", again, nbytes, "row-recompute-ring"),
+            # the row-parallel layers' output gradient, fused with both matmuls that read it
+            ("allgather", 2 * layers, nbytes, "row-backward"),
+            ("reducescatter", 2 * layers, nbytes, None),  # the sum of q, k, v's (w1, w3's)
+        ) if c[1])
     if impl == "torch":
         if not sequence_parallel:
             return (("allreduce", 2 * regions + again, nbytes, None),)
@@ -709,6 +732,14 @@ TP_OVERLAP = {
     "row-fprop": ("row", "forward", "pipeline"),
     "row-recompute": ("row", "recompute", "pipeline"),
     "row-dgrad": ("row", "dgrad", "ring"),
+    # PyTorch's async tensor parallelism (impl "torch-async"): its fused reduce-scatter
+    # computes the matmul one destination rank's chunk at a time, each chunk sent beside the
+    # next one's matmul (symm_mem's _pipelined_produce_and_all2all): a ring, like the
+    # all-gathers; the backward's all-gather feeds every matmul that reads it, the
+    # row-parallel layer's data and weight gradients both
+    "row-fprop-ring": ("row", "forward", "ring"),
+    "row-recompute-ring": ("row", "recompute", "ring"),
+    "row-backward": ("row", "dgrad+wgrad", "ring"),
 }
 
 
@@ -744,8 +775,9 @@ def beside_gemm_s(predictions, regions, phase: str, collective_s: float,
     ``predictions`` of what is left exposed, how many regions are present: a pipeline stage
     holds some)."""
     beside: dict[str, float] = {}
+    phases = phase.split("+")  # "dgrad+wgrad": the kernels of both phases
     for p in predictions:
-        if p.cost.phase == phase:
+        if p.cost.phase in phases:
             beside[p.cost.module] = beside.get(p.cost.module, 0.0) + p.time_s
     present = [r for r in regions if any(m in beside for m in r)]
     return (sum(overlap_left_s(collective_s, sum(beside.get(m, 0.0) for m in r), method, tp)

@@ -167,10 +167,18 @@ def add_parser(sub) -> None:
                         "split regions, so it runs their norms, dropouts and residual adds "
                         "whole, and the ranks all-reduce instead of all-gathering and "
                         "reduce-scattering")
-    s.add_argument("--tp-impl", choices=("torch", "megatron", "te"), default=None,
+    s.add_argument("--tp-impl", choices=("torch", "torch-async", "megatron", "te"),
+                   default=None,
                    help="with --tp: whose tensor parallelism. torch: PyTorch's DTensor (as "
                         "torchtitan runs it): every collective between dependent kernels, "
-                        "autograd keeping each split layer's gathered input. megatron: "
+                        "autograd keeping each split layer's gathered input. torch-async: "
+                        "the same with PyTorch's async tensor parallelism (torchtitan's "
+                        "--parallelism.enable_async_tensor_parallel; needs --fusion compile "
+                        "or compile-blocks): in the compiled blocks each all-gather fused "
+                        "with the matmuls that read it and each reduce-scatter with the "
+                        "matmul that produces it, chunk by chunk beside them; the backward's "
+                        "reduce-scatters of the summed input gradients, the embedding's and "
+                        "the output layer's stay exposed. megatron: "
                         "Megatron-LM's column-parallel linear (2021-09 on): the backward's "
                         "collectives run beside the layer's gradient GEMMs, and under "
                         "sequence parallelism the layer keeps its input's shard and gathers "
@@ -471,6 +479,12 @@ def run(args) -> int:
         raise DlperfError("--fp8-all-gather is FSDP's float8 all-gather of torchao's layers: "
                           "it needs --fp8 tensorwise (torchao's rowwise recipe gathers in "
                           "BF16), --strategy fsdp or hsdp and --gpus N")
+    if args.tp_impl == "torch-async" and (args.no_sequence_parallel
+                                          or args.fusion not in ("compile", "compile-blocks")):
+        raise DlperfError("--tp-impl torch-async is Inductor's pass over the all-gathers and "
+                          "reduce-scatters of sequence parallelism (torchtitan refuses async "
+                          "TP without --training.compile): add --fusion compile-blocks (or "
+                          "compile) and drop --no-sequence-parallel")
     if args.tp_impl == "te" and args.no_sequence_parallel:
         raise DlperfError("--tp-impl te overlaps the collectives of sequence parallelism "
                           "(Megatron-LM refuses --tp-comm-overlap without it): drop "
@@ -572,6 +586,9 @@ def run(args) -> int:
                          if gpt.tp_impl == "megatron" else
                          "run as Megatron-Core runs them on TransformerEngine's layers with "
                          "--tp-comm-overlap (--tp-impl te)." if gpt.tp_impl == "te" else
+                         "run as PyTorch's async tensor parallelism runs them, the compiled "
+                         "blocks' fused with their matmuls (--tp-impl torch-async)."
+                         if gpt.tp_impl == "torch-async" else
                          "run as PyTorch's DTensor runs them, every one exposed (for "
                          "Megatron-LM's stack: --tp-impl megatron --fusion megatron)."),
                       style="yellow")

@@ -24,6 +24,9 @@ here either: the tensors keep their shape.
 parallelism (DTensor, as torchtitan runs it; Megatron-LM before its asynchronous backward of
 2021-09): every collective sits between dependent kernels, and autograd keeps what each
 column-parallel GEMM read, the gathered [B, T, d] input under sequence parallelism.
+``"torch-async"``: the same layers and kept tensors, with PyTorch's async tensor parallelism
+(torchtitan's enable_async_tensor_parallel under torch.compile): the scale-out overlaps the
+compiled blocks' collectives with the matmuls beside them (analysis/scaling.py).
 ``"megatron"``: Megatron-LM's column-parallel linear (megatron/mpu/layers.py,
 ``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al., section 4.2.2): in
 the backward the input gradient's all-reduce, or under sequence parallelism its
@@ -154,7 +157,7 @@ class GPTConfig:
         for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
                               ("positions", ("learned", "rope")), ("rope", ROPE_FORMS),
                               ("attention", ("sdpa", "math")),
-                              ("tp_impl", ("torch", "megatron", "te")),
+                              ("tp_impl", ("torch", "torch-async", "megatron", "te")),
                               ("cp_comm", CP_COMMS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPT {name} must be one of {', '.join(allowed)}, "
