@@ -43,6 +43,7 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     megatron = [results / f"tp-{name}.json"
                 for name in ("megatron-2020", "megatron-2022", "narayanan-2021",
                              "megatron-core-2024", "llama3-405b")]
+    async_tp = results / "tp-torchtitan-async.json"  # benchmarks/validate_tp.py
     fp8 = results / "tp-megatron-bridge-fp8.json"  # benchmarks/validate_tp.py
     if fp8.exists():
         record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"])
@@ -55,7 +56,8 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     if tp.exists():
         record["tensor_parallel"] = build_tensor_parallel(
             json.loads(tp.read_text())["results"],
-            *(json.loads(m.read_text())["results"] if m.exists() else None for m in megatron))
+            *(json.loads(m.read_text())["results"] if m.exists() else None for m in megatron),
+            json.loads(async_tp.read_text())["results"] if async_tp.exists() else None)
     return record
 
 

@@ -286,6 +286,16 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
     text = describe_tensor_parallel({"tensor_parallel": entry})
     assert "three published sources" in text and "(--pp; 1,536-1,536 GPUs) ran at 1.12-1.12x" \
         in text
+    # torchtitan's async TP over vanilla TP: measured 652.4 / 597.3 = 1.092 and 4,809.4 /
+    # 4,378 = 1.099, predicted 1.169 and 1.144
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron, None, None, None, None,
+                                  {"async_over_vanilla": [
+                                      {"measured": 652.4 / 597.3, "predicted": 1.169},
+                                      {"measured": 4809.4 / 4378, "predicted": 1.144}]})
+    assert entry["sources"] == 3 and entry["async"]["runs"] == 2
+    text = " ".join(describe_tensor_parallel({"tensor_parallel": entry}).split())
+    assert ("async TP (--tp-impl torch-async) ran 1.09-1.10x as fast as vanilla TP where dlperf "
+            "predicts 1.14-1.17x" in text)
     # Megatron-Core's 2024 table: the consistent reading's predicted over measured, e.g. 0.91,
     # 0.98 and 1.04 on 768, 1,536 and 48 GPUs (median 0.98)
     core = {"consistent": [{"ratio": 0.91, "gpus": 768}, {"ratio": 1.04, "gpus": 48},

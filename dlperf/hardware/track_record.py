@@ -274,8 +274,8 @@ def describe_scale_out(spec, record: dict | None = None,
 
 def build_tensor_parallel(result: dict, megatron: dict | None = None,
                           megatron2022: dict | None = None, narayanan: dict | None = None,
-                          megatron_core: dict | None = None, llama3: dict | None = None
-                          ) -> dict:
+                          megatron_core: dict | None = None, llama3: dict | None = None,
+                          async_tp: dict | None = None) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
     results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
     as many GPUs, measured and predicted, as the losses TP costs; ``megatron``'s (2020), each
@@ -287,7 +287,8 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
     consistent (its "consistent" rows); ``llama3``'s (Llama 3 405B, 2024), in the stack
     reading of Megatron-Core's (--tp-impl te) with micro-batches of one sequence: the 8K rows'
     rate, their fall from 8,192 to 16,384 GPUs, and the context-parallel row's rate under
-    both FLOP counts (and under the eager reading)."""
+    both FLOP counts (and under the eager reading); ``async_tp``'s (torchtitan, 2025), PyTorch's
+    async tensor parallelism over the vanilla form on the same runs, measured and predicted."""
     pairs = result["tp_over_fsdp"]
     measured = [1 - p["measured"] for p in pairs]
     predicted = [1 - p["predicted"] for p in pairs]
@@ -323,8 +324,17 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
             "source": "Megatron-Core's 1.7B-462B GPTs on H100s (2024)"}
     if llama3 is not None:
         entry["llama3"] = _llama3_entry(llama3)
+    if async_tp is not None:
+        gains = async_tp["async_over_vanilla"]
+        entry["async"] = {
+            "runs": len(gains),
+            "measured_low": min(g["measured"] for g in gains),
+            "measured_high": max(g["measured"] for g in gains),
+            "predicted_low": min(g["predicted"] for g in gains),
+            "predicted_high": max(g["predicted"] for g in gains),
+            "source": "torchtitan's Llama 3.1 8B and 70B on 64 and 256 H100s, FSDP x TP 8 (2025)"}
     entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan,
-                                                       megatron_core, llama3))
+                                                       megatron_core, llama3, async_tp))
     if piped:
         gpus = [r["gpus"] for r in (megatron2022 or {}).get("iterations", []) if r["pp"] > 1]
         gpus += [r["gpus"] for r in (narayanan or {}).get("rows", [])]
@@ -397,6 +407,14 @@ def _llama3(m: dict) -> str:
                "stage's FP32 gradients held whole through the micro-batches (the paper "
                "accumulates them in FP32 and shards them, not saying when)"
                if "memory_bytes" in m else "") + ". ")
+
+
+def _async(m: dict) -> str:
+    """describe_tensor_parallel's sentence on PyTorch's async tensor parallelism."""
+    return (f"On {m['source']}, async TP (--tp-impl torch-async) ran "
+            f"{m['measured_low']:.2f}-{m['measured_high']:.2f}x as fast as vanilla TP where "
+            f"dlperf predicts {m['predicted_low']:.2f}-{m['predicted_high']:.2f}x (it takes "
+            "the fused collectives' overlap as perfect). ")
 
 
 # how the FP8 record names the GPUs of its rows
@@ -608,4 +626,5 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
             + (_pipelined(s["pipelined"]) if s.get("pipelined") else "")
             + (_megatron_core(s["megatron_core"]) if s.get("megatron_core") else "")
             + (_llama3(s["llama3"]) if s.get("llama3") else "")
+            + (_async(s["async"]) if s.get("async") else "")
             + f"In {s['source']}, {kempner}.")
