@@ -473,17 +473,22 @@ def test_cli_float8(capsys, tmp_path):
 
 
 def test_the_record_says_what_float8_was_checked_against():
-    result = {"rows": [{"id": "a-float8", "source": "s1", "gpus": 8, "image_size": 8192,
-                        "flag": "f", "measured_per_gpu": 8000.0, "per_gpu_ratio": 1.06,
+    h100 = {"device": "h100-sxm", "flag": "hbm2e-500w", "image_size": 8192}
+    result = {"rows": [{"id": "a-float8", "source": "s1", "gpus": 8, **h100,
+                        "measured_per_gpu": 8000.0, "per_gpu_ratio": 1.06,
                         "fp8": "tensorwise"},
-                       {"id": "b-float8", "source": "s2", "gpus": 128, "image_size": 8192,
-                        "flag": "f", "measured_per_gpu": 7000.0, "per_gpu_ratio": 1.14,
+                       {"id": "b-float8", "source": "s2", "gpus": 128, **h100,
+                        "measured_per_gpu": 7000.0, "per_gpu_ratio": 1.14,
                         "fp8": "tensorwise"},
-                       {"id": "a-rowwise", "source": "s1", "gpus": 8, "image_size": 8192,
-                        "flag": "f", "measured_per_gpu": 6600.0, "per_gpu_ratio": 1.3,
+                       # a stock GPU's run is told apart from the power-limited parts'
+                       {"id": "c-float8", "source": "s3", "gpus": 32, "device": "h200",
+                        "flag": "clean", "image_size": 8192, "measured_per_gpu": 10000.0,
+                        "per_gpu_ratio": 0.92, "fp8": "tensorwise"},
+                       {"id": "a-rowwise", "source": "s1", "gpus": 8, **h100,
+                        "measured_per_gpu": 6600.0, "per_gpu_ratio": 1.3,
                         "fp8": "rowwise"},
-                       {"id": "a-compile", "source": "s1", "gpus": 8, "image_size": 8192,
-                        "flag": "f", "measured_per_gpu": 6000.0, "per_gpu_ratio": 1.1,
+                       {"id": "a-compile", "source": "s1", "gpus": 8, **h100,
+                        "measured_per_gpu": 6000.0, "per_gpu_ratio": 1.1,
                         "fp8": None}],
               "float8_pairs": [{"float8": "a-float8", "bf16": "a-compile",
                                 "recipe": "tensorwise", "measured_speedup": 1.28, "predicted_speedup": 1.23,
@@ -492,15 +497,17 @@ def test_the_record_says_what_float8_was_checked_against():
                                 "recipe": "rowwise", "measured_speedup": 1.10, "predicted_speedup": 1.25,
                                 "ratio": 1.14}]}
     entry = build_float8(result)
-    assert [r["id"] for r in entry["rows"]] == ["a-float8", "b-float8", "a-rowwise"]
+    assert [r["id"] for r in entry["rows"]] == ["a-float8", "b-float8", "c-float8",
+                                                "a-rowwise"]
     assert [p["recipe"] for p in entry["pairs"]] == ["tensorwise", "rowwise"]
     text = describe_float8({"float8": entry})
-    assert "--fp8 tensorwise" in text and "2 published" in text and "runs" in text
-    assert "1.06-1.14x" in text and "(s1, s2;" in text
+    assert "--fp8 tensorwise" in text and "3 published" in text and "runs" in text
+    assert ("1.06-1.14x the measured rate of the 2 on power-limited HBM2e H100s (s1, s2) and "
+            "0.92x of the 1 on H200s (s3)" in text)
     assert "measured 1.28x, predicted 1.23x" in text
     text = describe_float8({"float8": entry}, recipe="rowwise")
-    assert "--fp8 rowwise" in text and "1 published Llama 3 8B run " in text
+    assert "--fp8 rowwise" in text and "1 published Llama 3 8B run:" in text
     assert "predicted 1.30x the measured rate" in text and "measured 1.10x, predicted 1.25x" in text
     assert describe_float8({}) is None
-    assert describe_float8({"float8": {"rows": entry["rows"][:2], "pairs": []}},
+    assert describe_float8({"float8": {"rows": entry["rows"][:3], "pairs": []}},
                            recipe="rowwise") is None
