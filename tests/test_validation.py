@@ -459,7 +459,7 @@ def test_a_token_models_memory_per_gpu_carries_the_published_peaks(capsys):
     code, out, err = run_cli(gpt, capsys)
     assert code == 0, err
     assert "Memory per GPU is judged at the step's peak" in " ".join(out.split())
-    assert "against 10 published peaks" in " ".join(out.split())
+    assert "against 12 published peaks" in " ".join(out.split())
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--batch-size", "32",
                               "--gpus", "8"], capsys)
     assert code == 0, err

@@ -629,8 +629,8 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
     if m is None:
         return (f"Tensor parallelism is the least checked part of this model: in the one "
                 f"published source it is checked against ({s['source']}), {kempner}.")
-    sources = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}.get(s.get("sources", 2),
-                                                                       "several")
+    sources = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven",
+               8: "eight"}.get(s.get("sources", 2), "several")
     return (f"Tensor parallelism is checked against {sources} published sources. {m['source']} "
             f"({m['runs']} runs): each TP=N run's rate per GPU over TP=1's was predicted "
             f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. "
