@@ -573,9 +573,41 @@ def test_overlap_left_s_by_hand_and_against_a_simulation():
         overlap_left_s(1.0, 1.0, "async", 8)
 
 
-def test_te_overlaps_what_megatron_leaves_exposed():
+def _tp_exposed(analysis, columns, rows, impl):
+    """The tensor-parallel entry of the scale-out of a 2-block decoder's micro-batch (32 tokens
+    of d 64 in bf16) on 4 GPUs of TP 4 under ``impl``."""
+    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    coll = tensor_parallel_collectives(2, 32, 64, 2, recompute=False, impl=impl)
+    return scale_out(analysis, [("w", 4)], ScaleConfig(
+        gpus=4, tp=4, tp_collectives=coll, tp_regions=columns, tp_row_regions=rows,
+        step_cv=0.0), node, net)["communication"]["tensor_parallel"]
+
+
+def _by_hand(analysis, columns, rows, exposed: int, besides) -> tuple[float, float]:
+    """(one collective's time, the exposed time by hand): ``exposed`` collectives whole, and
+    each of ``besides`` (TP_OVERLAP's names) what its region's kernels of its phase(s) leave,
+    as overlap_left_s has it."""
     from dlperf.analysis.nccl import generation
     from dlperf.analysis.scaling import TP_OVERLAP, overlap_left_s
+
+    each = sharded_collective_s(32 * 64 * 2, 4, 4, PRESETS["nvlink3-a100"], PRESETS["ib-hdr"],
+                                gen=generation(analysis.device.name))
+    time = {}
+    for p in analysis.predictions:
+        key = (p.cost.module, p.cost.phase)
+        time[key] = time.get(key, 0.0) + p.time_s
+    groups = {"column": columns, "row": rows,
+              "column-blocks": tuple(r for r in columns if r != ("head",))}
+    want = exposed * each
+    for beside in besides:
+        group, phase, method = TP_OVERLAP[beside]
+        want += sum(overlap_left_s(each, sum(time.get((m, ph), 0.0) for m in r
+                                             for ph in phase.split("+")), method, 4)
+                    for r in groups[group])
+    return each, want
+
+
+def test_te_overlaps_what_megatron_leaves_exposed():
     from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
     cfg, acfg, costs, memory = _megatron_capture("te")
@@ -588,33 +620,14 @@ def test_te_overlaps_what_megatron_leaves_exposed():
     assert rows == (("blocks.0.attn.proj",), ("blocks.0.out",), ("blocks.1.attn.proj",),
                     ("blocks.1.out",))
     analysis = predict_on(costs, {}, acfg, get_device("a100-80gb"), 0.0, memory=memory)
-    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
     columns = column_parallel_regions(cfg)
-
-    def run(impl):
-        coll = tensor_parallel_collectives(2, 32, 64, 2, recompute=False, impl=impl)
-        return scale_out(analysis, [("w", 4)], ScaleConfig(
-            gpus=4, tp=4, tp_collectives=coll, tp_regions=columns, tp_row_regions=rows,
-            step_cv=0.0), node, net)["communication"]["tensor_parallel"]
-
-    te, megatron = run("te"), run("megatron")
+    te, megatron = (_tp_exposed(analysis, columns, rows, impl) for impl in ("te", "megatron"))
     assert te["busy_s"] == pytest.approx(megatron["busy_s"])  # the same traffic
     assert te["collectives_per_micro_batch"] == 25 and te["beside_gemms"] == 22
     # by hand: 3 exposed whole, and each overlapped one what its region's GEMMs of its phase
-    # leave, as overlap_left_s has it
-    each = sharded_collective_s(32 * 64 * 2, 4, 4, node, net,
-                                gen=generation(analysis.device.name))
-    time = {}
-    for p in analysis.predictions:
-        key = (p.cost.module, p.cost.phase)
-        time[key] = time.get(key, 0.0) + p.time_s
-    groups = {"column": columns, "row": rows,
-              "column-blocks": tuple(r for r in columns if r != ("head",))}
-    want = 3 * each
-    for beside in ("fprop", "row-fprop", "row-dgrad", "dgrad", "wgrad"):
-        group, phase, method = TP_OVERLAP[beside]
-        want += sum(overlap_left_s(each, sum(time.get((m, phase), 0.0) for m in r), method, 4)
-                    for r in groups[group])
+    # leave
+    each, want = _by_hand(analysis, columns, rows, 3,
+                          ("fprop", "row-fprop", "row-dgrad", "dgrad", "wgrad"))
     assert te["exposed_s"] == pytest.approx(want)
     assert 3 * each < te["exposed_s"] < megatron["exposed_s"]
 
@@ -663,7 +676,6 @@ def _produce_then_send(collective: float, gemm: float, ranks: int) -> float:
 
 
 def test_torch_async_overlaps_within_torch_s_traffic():
-    from dlperf.analysis.nccl import generation
     from dlperf.analysis.scaling import TP_OVERLAP, overlap_left_s
     from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
@@ -679,35 +691,18 @@ def test_torch_async_overlaps_within_torch_s_traffic():
     assert sorted((c.module, c.phase, c.flops) for c in costs) == sorted(
         (c.module, c.phase, c.flops) for c in torch_costs)
     analysis = predict_on(costs, {}, acfg, get_device("a100-80gb"), 0.0, memory=memory)
-    node, net = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
     columns, rows = column_parallel_regions(cfg), row_parallel_regions(cfg)
-
-    def run(impl):
-        coll = tensor_parallel_collectives(2, 32, 64, 2, recompute=False, impl=impl)
-        return scale_out(analysis, [("w", 4)], ScaleConfig(
-            gpus=4, tp=4, tp_collectives=coll, tp_regions=columns, tp_row_regions=rows,
-            step_cv=0.0), node, net)["communication"]["tensor_parallel"]
-
-    fused, plain = run("torch-async"), run("torch")
+    fused, plain = (_tp_exposed(analysis, columns, rows, impl)
+                    for impl in ("torch-async", "torch"))
     assert fused["busy_s"] == pytest.approx(plain["busy_s"])
     assert plain["exposed_s"] == pytest.approx(plain["busy_s"])  # every one exposed
     # 4 L + 2 = 10 of each kind; beside matmuls: 2 L forward gathers, 2 L forward
-    # reduce-scatters, 2 L backward gathers
+    # reduce-scatters, 2 L backward gathers (beside both gradient matmuls)
     assert fused["collectives_per_micro_batch"] == 20 and fused["beside_gemms"] == 12
-    each = sharded_collective_s(32 * 64 * 2, 4, 4, node, net,
-                                gen=generation(analysis.device.name))
-    time = {}
-    for p in analysis.predictions:
-        key = (p.cost.module, p.cost.phase)
-        time[key] = time.get(key, 0.0) + p.time_s
-    groups = {"row": rows, "column-blocks": tuple(r for r in columns if r != ("head",))}
-    want = 8 * each  # 2 + 2 outside the blocks, 2 L summed input gradients
-    for beside in ("fprop", "row-fprop-ring", "row-backward"):
-        group, phase, method = TP_OVERLAP[beside]
-        want += sum(overlap_left_s(each, sum(time.get((m, ph), 0.0) for m in r
-                                             for ph in phase.split("+")), method, 4)
-                    for r in groups[group])
     assert TP_OVERLAP["row-backward"][1] == "dgrad+wgrad"
+    # exposed whole: 2 + 2 outside the blocks, 2 L summed input gradients
+    each, want = _by_hand(analysis, columns, rows, 8,
+                          ("fprop", "row-fprop-ring", "row-backward"))
     assert fused["exposed_s"] == pytest.approx(want)
     assert 8 * each <= fused["exposed_s"] < plain["exposed_s"]
 
