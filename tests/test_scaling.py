@@ -340,7 +340,10 @@ def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
                            ("latency_s", float("nan"), "latency_s must be a number >= 0"),
                            ("latency_s", -1e-6, "latency_s must be a number >= 0"),
                            ("name", ["x"], "name must be a string"),
-                           ("scope", "rack", "scope must be node or network")):
+                           ("scope", "rack", "scope must be node or network"),
+                           # a figure in the wrong unit: GB/s or microseconds
+                           ("bus_bandwidth", 46, "is 46 B/s; for 46 GB/s write 46e9"),
+                           ("latency_s", 5, "is 5 s; for 5 us write 5e-6")):
         path.write_text(json.dumps({**good, key: bad}))
         with pytest.raises(DlperfError, match=f"my-ib.json: .*{says}"):
             get_interconnect(str(path))

@@ -153,6 +153,16 @@ def _check_file_fields(ic: Interconnect, path: Path) -> None:
         value = getattr(ic, key)
         if not finite_number(value) or value < 0 or (positive and value == 0):
             raise DlperfError(f"{path}: {key} must be {what}, got {value!r}")
+    # a figure in the wrong unit (46 for 46 GB/s, 5 for 5 us) would predict nonsense quietly:
+    # no link a job runs over is slower than 1 MB/s (10 Mb/s Ethernet: 1.25) or waits a second
+    if ic.bus_bandwidth < 1e6:
+        raise DlperfError(f"{path}: bus_bandwidth is in bytes per second: {ic.bus_bandwidth:g} "
+                          f"is {ic.bus_bandwidth:g} B/s; for {ic.bus_bandwidth:g} GB/s write "
+                          f"{ic.bus_bandwidth:g}e9")
+    if ic.latency_s >= 1:
+        raise DlperfError(f"{path}: latency_s is in seconds: {ic.latency_s:g} is "
+                          f"{ic.latency_s:g} s; for {ic.latency_s:g} us write "
+                          f"{ic.latency_s:g}e-6")
     if ic.scope not in ("node", "network") or ic.nccl not in ("", "nvlink", "pci", "net"):
         raise DlperfError(f"{path}: scope must be node or network, and nccl nvlink, pci, net or "
                           f"absent (got scope {ic.scope!r}, nccl {ic.nccl!r})")
