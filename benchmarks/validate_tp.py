@@ -152,8 +152,8 @@ FSDP2 in BF16 with FP32 reduction (--precision fsdp), tokens/s per GPU with vani
 parallelism (--tp-impl torch: 597.3 and 4,378) and with async TP (--tp-impl torch-async:
 652.4 and 4,809.4). Grand Teton hosts: the 96 GB HBM2e H100 at 500 W of the scaling table's
 torchtitan rows (flag hbm2e-500w there), run on the h100-sxm preset, so the absolute rates
-carry that GPU's gap (1.09x on the scaling table's compiled 8-GPU torchtitan row); the measure is async
-over vanilla on one GPU, model and batch, where it cancels. The table's float8 rows (tensorwise
+carry that GPU's gap (1.09x on the scaling table's compiled 8-GPU torchtitan row); the
+measure is async over vanilla on one GPU, model and batch, where it cancels. The table's float8 rows (tensorwise
 and rowwise with TP) are not run: dlperf models torchao's float8 layers without tensor
 parallelism.
 

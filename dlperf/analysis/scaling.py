@@ -769,8 +769,9 @@ def beside_gemm_s(predictions, regions, phase: str, collective_s: float,
                   method: str = "bulk", tp: int = 1) -> tuple[float, int]:
     """What a micro-batch's collectives of ``collective_s`` each, one per region, leave
     exposed when each runs beside its region's ``phase`` ("forward", "dgrad", "wgrad",
-    "recompute") kernels (``regions``: tuples of module paths, models/gpt.py
-    ``column_parallel_regions`` and ``row_parallel_regions``), overlapped as ``method`` does
+    "recompute"; "dgrad+wgrad" for both) kernels (``regions``: tuples of module paths,
+    models/gpt.py ``column_parallel_regions`` and ``row_parallel_regions``), overlapped as
+    ``method`` does
     (``overlap_left_s``, over ``tp`` ranks): (the sum over the regions present in
     ``predictions`` of what is left exposed, how many regions are present: a pipeline stage
     holds some)."""
