@@ -585,8 +585,8 @@ def _tp_exposed(analysis, columns, rows, impl):
 
 def _by_hand(analysis, columns, rows, exposed: int, besides) -> tuple[float, float]:
     """(one collective's time, the exposed time by hand): ``exposed`` collectives whole, and
-    each of ``besides`` (TP_OVERLAP's names) what its region's kernels of its phase(s) leave,
-    as overlap_left_s has it."""
+    each of ``besides`` (TP_OVERLAP's names) what its region's kernels of its phase leave, as
+    overlap_left_s has it."""
     from dlperf.analysis.nccl import generation
     from dlperf.analysis.scaling import TP_OVERLAP, overlap_left_s
 
@@ -601,8 +601,7 @@ def _by_hand(analysis, columns, rows, exposed: int, besides) -> tuple[float, flo
     want = exposed * each
     for beside in besides:
         group, phase, method = TP_OVERLAP[beside]
-        want += sum(overlap_left_s(each, sum(time.get((m, ph), 0.0) for m in r
-                                             for ph in phase.split("+")), method, 4)
+        want += sum(overlap_left_s(each, sum(time.get((m, phase), 0.0) for m in r), method, 4)
                     for r in groups[group])
     return each, want
 
@@ -645,14 +644,15 @@ def test_torch_async_collectives_by_hand():
     # parallel layers' summed input gradients (q + k + v, w1 + w3: no single matmul produces
     # them). Fused: the forward's 160 gathers (QKV, FC1) and 160 reduce-scatters (proj, FC2),
     # the recompute's as many, the backward's 160 gathers of the row-parallel layers' output
-    # gradients (read by their data- and weight-gradient matmuls)
+    # gradients (with their data-gradient matmuls, which take them as the left operand; the
+    # weight gradient reads their transpose, after the gather)
     nb = 134217728
     fused = tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True, impl="torch-async")
     assert fused == (
         ("allgather", 2, nb, None), ("reducescatter", 2, nb, None),
         ("allgather", 160, nb, "fprop"), ("reducescatter", 160, nb, "row-fprop-ring"),
         ("allgather", 160, nb, "recompute"), ("reducescatter", 160, nb, "row-recompute-ring"),
-        ("allgather", 160, nb, "row-backward"), ("reducescatter", 160, nb, None))
+        ("allgather", 160, nb, "row-dgrad"), ("reducescatter", 160, nb, None))
     plain = tensor_parallel_collectives(80, 8192, 8192, 2, recompute=True)
     for kind in ("allgather", "reducescatter"):  # the same traffic as the plain form
         assert sum(n for k, n, _, _ in fused if k == kind) == sum(
@@ -676,7 +676,7 @@ def _produce_then_send(collective: float, gemm: float, ranks: int) -> float:
 
 
 def test_torch_async_overlaps_within_torch_s_traffic():
-    from dlperf.analysis.scaling import TP_OVERLAP, overlap_left_s
+    from dlperf.analysis.scaling import overlap_left_s
     from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
     # the fused reduce-scatter's chunks leave what a ring's do (the formula it is timed by)
@@ -697,12 +697,11 @@ def test_torch_async_overlaps_within_torch_s_traffic():
     assert fused["busy_s"] == pytest.approx(plain["busy_s"])
     assert plain["exposed_s"] == pytest.approx(plain["busy_s"])  # every one exposed
     # 4 L + 2 = 10 of each kind; beside matmuls: 2 L forward gathers, 2 L forward
-    # reduce-scatters, 2 L backward gathers (beside both gradient matmuls)
+    # reduce-scatters, 2 L backward gathers (beside the data-gradient matmuls)
     assert fused["collectives_per_micro_batch"] == 20 and fused["beside_gemms"] == 12
-    assert TP_OVERLAP["row-backward"][1] == "dgrad+wgrad"
     # exposed whole: 2 + 2 outside the blocks, 2 L summed input gradients
     each, want = _by_hand(analysis, columns, rows, 8,
-                          ("fprop", "row-fprop-ring", "row-backward"))
+                          ("fprop", "row-fprop-ring", "row-dgrad"))
     assert fused["exposed_s"] == pytest.approx(want)
     assert 8 * each <= fused["exposed_s"] < plain["exposed_s"]
 

@@ -690,8 +690,10 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
             ("reducescatter", 2 * layers, nbytes, "row-fprop-ring"),  # with proj's, FC2's
             ("allgather", again, nbytes, "recompute"),
             ("reducescatter", again, nbytes, "row-recompute-ring"),
-            # the row-parallel layers' output gradient, fused with both matmuls that read it
-            ("allgather", 2 * layers, nbytes, "row-backward"),
+            # the row-parallel layers' output gradient, fused with the data-gradient matmul
+            # (the pass fuses the matmuls that take the gathered tensor as their left
+            # operand; the weight gradient's reads its transpose, after the gather)
+            ("allgather", 2 * layers, nbytes, "row-dgrad"),
             ("reducescatter", 2 * layers, nbytes, None),  # the sum of q, k, v's (w1, w3's)
         ) if c[1])
     if impl == "torch":
@@ -735,11 +737,9 @@ TP_OVERLAP = {
     # PyTorch's async tensor parallelism (impl "torch-async"): its fused reduce-scatter
     # computes the matmul one destination rank's chunk at a time, each chunk sent beside the
     # next one's matmul (symm_mem's _pipelined_produce_and_all2all): a ring, like the
-    # all-gathers; the backward's all-gather feeds every matmul that reads it, the
-    # row-parallel layer's data and weight gradients both
+    # all-gathers
     "row-fprop-ring": ("row", "forward", "ring"),
     "row-recompute-ring": ("row", "recompute", "ring"),
-    "row-backward": ("row", "dgrad+wgrad", "ring"),
 }
 
 
@@ -769,16 +769,14 @@ def beside_gemm_s(predictions, regions, phase: str, collective_s: float,
                   method: str = "bulk", tp: int = 1) -> tuple[float, int]:
     """What a micro-batch's collectives of ``collective_s`` each, one per region, leave
     exposed when each runs beside its region's ``phase`` ("forward", "dgrad", "wgrad",
-    "recompute"; "dgrad+wgrad" for both) kernels (``regions``: tuples of module paths,
-    models/gpt.py ``column_parallel_regions`` and ``row_parallel_regions``), overlapped as
-    ``method`` does
+    "recompute") kernels (``regions``: tuples of module paths, models/gpt.py
+    ``column_parallel_regions`` and ``row_parallel_regions``), overlapped as ``method`` does
     (``overlap_left_s``, over ``tp`` ranks): (the sum over the regions present in
     ``predictions`` of what is left exposed, how many regions are present: a pipeline stage
     holds some)."""
     beside: dict[str, float] = {}
-    phases = phase.split("+")  # "dgrad+wgrad": the kernels of both phases
     for p in predictions:
-        if p.cost.phase in phases:
+        if p.cost.phase == phase:
             beside[p.cost.module] = beside.get(p.cost.module, 0.0) + p.time_s
     present = [r for r in regions if any(m in beside for m in r)]
     return (sum(overlap_left_s(collective_s, sum(beside.get(m, 0.0) for m in r), method, tp)
