@@ -18,7 +18,7 @@ from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, a
 from dlperf.analysis.fusion import COMPILED, check_fusion, fuse_costs
 from dlperf.analysis.gemm import state_element_bytes
 from dlperf.analysis.pipeline import ordered_blocks
-from dlperf.analysis.roofline import Prediction, predict, step_time
+from dlperf.analysis.roofline import Prediction, predict, predicted_step_s
 from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
 from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL, efficiency_for
@@ -151,8 +151,7 @@ class Analysis:
         gpu_s = sum(p.time_s for p in preds)
         host_s = self.host_s
         # the CPU issuing the kernels can leave the GPU idle (roofline.step_time)
-        time_s = step_time([p.time_s for p in preds], [p.kernels for p in preds], host_s,
-                           [p.cost.host_sync for p in preds])
+        time_s = predicted_step_s(preds, host_s)
         mem = sum(p.time_s for p in preds if p.bound == "memory")
         by_phase: dict[str, float] = {}
         for p in preds:

@@ -244,3 +244,10 @@ def step_time(kernel_times, kernel_counts, host_s: float, syncs=None) -> float:
         gpu = max(gpu + d, issued + host_s + d, issued + n * host_s + d / n)
         issued += n * host_s
     return gpu
+
+
+def predicted_step_s(predictions, host_s: float) -> float:
+    """``step_time`` of a list of Predictions: their times, kernel counts and host syncs, in
+    order (a step's, or the step with some kernels changed or left out)."""
+    return step_time([p.time_s for p in predictions], [p.kernels for p in predictions], host_s,
+                     [p.cost.host_sync for p in predictions])

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from dlperf.analysis.capture import METRICS_MODULE
 from dlperf.analysis.costs import fused_optimizer, scaled_optimizer
 from dlperf.analysis.gemm import GemmShape, alignment_elements
-from dlperf.analysis.roofline import Prediction, predict, step_time, winograd_shape
+from dlperf.analysis.roofline import (Prediction, predict, predicted_step_s, step_time,
+                                      winograd_shape)
 from dlperf.units import gib
 
 # A finding is shown when it saves at least this share of the step (or is a correctness-of-setup
@@ -135,8 +136,7 @@ def _mixed_precision(analysis, step_s) -> list[Finding]:
     out = [Finding("mixed-precision", msg, saving)] if saving / step_s >= MIN_SHARE else []
     if not cfg.tf32 and spec.peak_flops("tf32"):
         tf32 = [predict(p.cost, spec, tf32=True) for p in analysis.predictions]
-        tf32_total = step_time([p.time_s for p in tf32], [p.kernels for p in tf32], host_s,
-                               [p.cost.host_sync for p in tf32])
+        tf32_total = predicted_step_s(tf32, host_s)
         out.append(Finding(
             "mixed-precision",
             "If FP32 must stay, at least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True, "
@@ -406,8 +406,7 @@ def _train_metrics(analysis, step_s) -> list[Finding]:
         return []
     kept = [p for i, p in enumerate(preds) if i not in gone]
     now = analysis.totals()["predicted_time_s"]
-    saving = now - step_time([p.time_s for p in kept], [p.kernels for p in kept],
-                             analysis.host_s, [p.cost.host_sync for p in kept])
+    saving = now - predicted_step_s(kept, analysis.host_s)
     if saving / now < MIN_SHARE:
         return []
     n = analysis.config.train_metrics

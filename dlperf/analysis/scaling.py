@@ -1127,14 +1127,13 @@ class OneStep:
 
 
 def one_step(analysis, params: list[tuple[str, int]]) -> OneStep:
-    from dlperf.analysis.roofline import step_time
+    from dlperf.analysis.roofline import predicted_step_s
 
     units = unit_bytes(params)
     tl = timeline(analysis.predictions)
     single_s = analysis.totals()["predicted_time_s"]
     before = [p for p in analysis.predictions if p.cost.phase != "optimizer"]
-    micro_s = step_time([p.time_s for p in before], [p.kernels for p in before],
-                        analysis.host_s, [p.cost.host_sync for p in before])
+    micro_s = predicted_step_s(before, analysis.host_s)
     return OneStep(tl, single_s, units, _segments(analysis.predictions, units),
                    max(0.0, single_s - micro_s - tl.optimizer_s))
 

@@ -496,8 +496,7 @@ def describe_float8(record: dict | None = None, recipe: str = "tensorwise") -> s
     # hbm2e-500w in validation/published_scaling.csv), slower than the preset they run on
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r.get("device", "h100-sxm"), r["flag"] == "hbm2e-500w"),
-                          []).append(r)
+        groups.setdefault((r["device"], r["flag"] == "hbm2e-500w"), []).append(r)
     parts = []
     for (device, limited), group in sorted(groups.items(), key=lambda g: -len(g[1])):
         gpus = ("power-limited HBM2e H100s" if limited
