@@ -150,12 +150,14 @@ batch 12, per-op selective checkpointing; both 8,192 tokens (the llama3 tomls), 
 (torchtitan's per-block compile and its compiled loss: --fusion compile-blocks --loss fused),
 FSDP2 in BF16 with FP32 reduction (--precision fsdp), tokens/s per GPU with vanilla tensor
 parallelism (--tp-impl torch: 597.3 and 4,378) and with async TP (--tp-impl torch-async:
-652.4 and 4,809.4). Grand Teton hosts: the 96 GB HBM2e H100 at 500 W of the scaling table's
-torchtitan rows (flag hbm2e-500w there), run on the h100-sxm preset, so the absolute rates
-carry that GPU's gap (1.09x on the scaling table's compiled 8-GPU torchtitan row); the
-measure is async over vanilla on one GPU, model and batch, where it cancels. The table's float8 rows (tensorwise
-and rowwise with TP) are not run: dlperf models torchao's float8 layers without tensor
-parallelism.
+652.4 and 4,809.4), and the same with torchao's float8 layers (--fp8 tensorwise: 809.8 and
+942.4, 5,078.1 and 5,570.1; --fp8 rowwise: 599.6 and 624.8, 3,708.5 and 3,914.9; the tomls'
+float8 settings: FSDP gathers the weights in BF16, the output layer left out). Grand Teton
+hosts: the 96 GB HBM2e H100 at 500 W of the scaling table's torchtitan rows (flag hbm2e-500w
+there), run on the h100-sxm preset, so the absolute rates carry that GPU's gap (1.09x on the
+scaling table's compiled 8-GPU torchtitan row); the measure is async over vanilla on one GPU,
+model, recipe and batch, where it cancels. The table notes that its vanilla-TP rowwise rate
+is low for a reason being fixed (pytorch/torchtitan#1207): those rows are kept, not fitted.
 
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
@@ -1095,20 +1097,28 @@ def megatron_bridge_fp8(out: Path) -> None:
 
 
 ASYNC_TP_OUT = ROOT / "benchmarks/results/tp-torchtitan-async.json"
-# (model, GPUs, local batch, activation checkpointing, {tp impl: measured tokens/s per GPU})
+# (model, GPUs, local batch, activation checkpointing, {(float8 recipe or None, tp impl):
+# measured tokens/s per GPU})
 ASYNC_TP_RUNS = (
-    ("llama3-70b", 256, 16, "full", {"torch": 597.3, "torch-async": 652.4}),
-    ("llama3-8b", 64, 12, "selective-op", {"torch": 4378.0, "torch-async": 4809.4}),
+    ("llama3-70b", 256, 16, "full",
+     {(None, "torch"): 597.3, (None, "torch-async"): 652.4,
+      ("tensorwise", "torch"): 809.8, ("tensorwise", "torch-async"): 942.4,
+      ("rowwise", "torch"): 599.6, ("rowwise", "torch-async"): 624.8}),
+    ("llama3-8b", 64, 12, "selective-op",
+     {(None, "torch"): 4378.0, (None, "torch-async"): 4809.4,
+      ("tensorwise", "torch"): 5078.1, ("tensorwise", "torch-async"): 5570.1,
+      ("rowwise", "torch"): 3708.5, ("rowwise", "torch-async"): 3914.9}),
 )
 
 
-def async_tp_args(model: str, gpus: int, batch: int, checkpointing: str, impl: str
-                  ) -> list[str]:
+def async_tp_args(model: str, gpus: int, batch: int, checkpointing: str, impl: str,
+                  recipe: str | None = None) -> list[str]:
     return ["analyze", model, "--device", "h100-sxm", "--seq-len", "8192", "--dtype", "bf16",
             "--precision", "fsdp", "--train", "--batch-size", str(batch), "--gpus", str(gpus),
             "--tp", "8", "--tp-impl", impl, "--strategy", "fsdp",
             "--activation-checkpointing", checkpointing, "--fusion", "compile-blocks",
-            "--loss", "fused", "--interconnect", "nvlink4-h100,ib-ndr", "--top", "1"]
+            "--loss", "fused", "--interconnect", "nvlink4-h100,ib-ndr", "--top", "1"] + (
+                ["--fp8", recipe] if recipe else [])
 
 
 def torchtitan_async_tp(out: Path) -> None:
@@ -1116,37 +1126,53 @@ def torchtitan_async_tp(out: Path) -> None:
 
     from dlperf.provenance import save_result
 
-    rows, speedups = [], []
+    rows, speedups, float8 = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for model, gpus, batch, checkpointing, measured in tqdm(ASYNC_TP_RUNS,
-                                                                desc="torchtitan-async-tp"):
-            by_impl = {}
-            for impl, tokens in measured.items():
-                here = _analyze(async_tp_args(model, gpus, batch, checkpointing, impl), tmp)
-                tensor = here["communication"]["tensor_parallel"]
-                predicted = here["per_gpu_samples_per_s"] * 8192
-                by_impl[impl] = {"model": model, "gpus": gpus, "tp": 8, "batch": batch,
-                                 "tp_impl": impl, "measured_per_gpu": tokens,
-                                 "predicted_per_gpu": predicted, "ratio": predicted / tokens,
-                                 "tp_busy_s": tensor["busy_s"], "tp_exposed_s": tensor[
-                                     "exposed_s"], "step_s": here["step_s"]}
-                rows.append(by_impl[impl])
-            vanilla, fused = by_impl["torch"], by_impl["torch-async"]
+        jobs = [(run, key) for run in ASYNC_TP_RUNS for key in run[4]]
+        by_key = {}
+        for (model, gpus, batch, checkpointing, measured), (recipe, impl) in tqdm(
+                jobs, desc="torchtitan-async-tp"):
+            here = _analyze(async_tp_args(model, gpus, batch, checkpointing, impl, recipe), tmp)
+            tensor = here["communication"]["tensor_parallel"]
+            predicted = here["per_gpu_samples_per_s"] * 8192
+            tokens = measured[recipe, impl]
+            row = {"model": model, "gpus": gpus, "tp": 8, "batch": batch, "fp8": recipe,
+                   "tp_impl": impl, "measured_per_gpu": tokens,
+                   "predicted_per_gpu": predicted, "ratio": predicted / tokens,
+                   "tp_busy_s": tensor["busy_s"], "tp_exposed_s": tensor["exposed_s"],
+                   "step_s": here["step_s"]}
+            rows.append(row)
+            by_key[model, recipe, impl] = row
+    for model, gpus, *_ in ASYNC_TP_RUNS:
+        for recipe in (None, "tensorwise", "rowwise"):
+            vanilla, fused = by_key[model, recipe, "torch"], by_key[model, recipe, "torch-async"]
             m = fused["measured_per_gpu"] / vanilla["measured_per_gpu"]
             p = fused["predicted_per_gpu"] / vanilla["predicted_per_gpu"]
-            speedups.append({"model": model, "gpus": gpus, "measured": m, "predicted": p,
-                             "ratio": p / m})
+            speedups.append({"model": model, "gpus": gpus, "fp8": recipe, "measured": m,
+                             "predicted": p, "ratio": p / m})
+            if recipe is None:
+                continue
+            for impl in ("torch", "torch-async"):  # what float8 gains over BF16, same TP
+                f8, bf16 = by_key[model, recipe, impl], by_key[model, None, impl]
+                m = f8["measured_per_gpu"] / bf16["measured_per_gpu"]
+                p = f8["predicted_per_gpu"] / bf16["predicted_per_gpu"]
+                float8.append({"model": model, "gpus": gpus, "fp8": recipe, "tp_impl": impl,
+                               "measured": m, "predicted": p, "ratio": p / m})
     for r in rows:
-        print(f"{r['model']:10s} {r['gpus']:3d} GPUs {r['tp_impl']:11s}: measured "
-              f"{r['measured_per_gpu']:7,.1f} tokens/s per GPU, predicted "
+        print(f"{r['model']:10s} {r['gpus']:3d} GPUs {r['fp8'] or 'bf16':10s} {r['tp_impl']:11s}: "
+              f"measured {r['measured_per_gpu']:7,.1f} tokens/s per GPU, predicted "
               f"{r['predicted_per_gpu']:7,.1f} ({r['ratio']:.2f}x)")
     for p in speedups:
-        print(f"{p['model']:10s} async over vanilla TP: measured {p['measured']:.3f}, predicted "
-              f"{p['predicted']:.3f} ({p['ratio']:.2f}x)")
+        print(f"{p['model']:10s} {p['fp8'] or 'bf16':10s} async over vanilla TP: measured "
+              f"{p['measured']:.3f}, predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
+    for p in float8:
+        print(f"{p['model']:10s} {p['fp8']:10s} over bf16 ({p['tp_impl']}): measured "
+              f"{p['measured']:.3f}, predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
     save_result(out, "validate-tp-torchtitan-async",
-                {"runs": [[m, g, b, c, t] for m, g, b, c, t in ASYNC_TP_RUNS],
-                 "args": async_tp_args("MODEL", 0, 0, "AC", "IMPL")},
-                {"rows": rows, "async_over_vanilla": speedups})
+                {"runs": [[m, g, b, c, [[r, i, t] for (r, i), t in ts.items()]]
+                          for m, g, b, c, ts in ASYNC_TP_RUNS],
+                 "args": async_tp_args("MODEL", 0, 0, "AC", "IMPL", "RECIPE")},
+                {"rows": rows, "async_over_vanilla": speedups, "float8_over_bf16": float8})
     print(f"Wrote {out}")
 
 

@@ -128,8 +128,13 @@ def test_layer_sizes_recipe_and_stack_are_checked():
         float8.Float8Linear(32, 48, False, "rowwise", gathered=True)
     with pytest.raises(ValueError, match="rowwise recipe gathers"):
         GPTConfig(layers=1, d_model=64, heads=4, fp8="rowwise", fp8_all_gather=True)
-    with pytest.raises(ValueError, match="tp_impl 'torch', tp 1"):
+    with pytest.raises(ValueError, match="tp_impl 'torch' or 'torch-async'"):
         GPTConfig(layers=1, d_model=64, heads=4, fp8="tensorwise", tp_impl="te")
+    with pytest.raises(ValueError, match="gradient before the gather"):
+        float8.Float8Linear(32, 48, False, "rowwise")(torch.ones(2, 32), None,
+                                                      float8.Float8GradCast())
+    with pytest.raises(ValueError, match="tensorwise recipe only"):
+        float8.Float8Cast(torch.ones(1, 4, 32), "rowwise").gather(2)
     with pytest.raises(ValueError, match="fp8_all_gather"):
         GPTConfig(layers=1, d_model=64, heads=4, fp8_all_gather=True)
 
@@ -433,7 +438,7 @@ LLAMA = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "4",
 
 def test_cli_float8(capsys, tmp_path):
     code, _, err = run_cli(LLAMA + ["--fp8", "tensorwise", "--tp-impl", "te"], capsys)
-    assert code == 2 and "without tensor parallelism" in err
+    assert code == 2 and "--tp-impl torch or torch-async" in err
     assert len(err.strip().splitlines()) == 1
     code, _, err = run_cli(LLAMA + ["--fp8", "tensorwise", "--fp8-all-gather"], capsys)
     assert code == 2 and "--strategy fsdp" in err
@@ -446,7 +451,7 @@ def test_cli_float8(capsys, tmp_path):
                                     "--strategy", "fsdp"], capsys)
     assert code == 2 and "rowwise recipe gathers in BF16" in err
     code, _, err = run_cli(LLAMA + ["--fp8", "rowwise", "--tp-impl", "te"], capsys)
-    assert code == 2 and "--fp8 rowwise" in err and "without tensor parallelism" in err
+    assert code == 2 and "--fp8 rowwise" in err and "PyTorch's tensor parallelism" in err
     # compiled, float8 pays where the GEMMs are large (width 2,048 at 2,048 tokens) and not
     # where they are small (width 256 at 256 tokens: the casts cost more than the GEMMs save);
     # eager, its unfused casts cost more than the GEMMs save at both. The rowwise recipe's
@@ -511,3 +516,133 @@ def test_the_record_says_what_float8_was_checked_against():
     assert describe_float8({}) is None
     assert describe_float8({"float8": {"rows": entry["rows"][:3], "pairs": []}},
                            recipe="rowwise") is None
+
+
+def _abs_inputs(cfg: GPTConfig, batch: int) -> Counter:
+    """(forward?, shape) of every |x| a float8 cast takes (its amax's first op) in a
+    training step of GPT(cfg) on ``batch`` x seq_len tokens."""
+    model = GPT(cfg)
+    inputs = _meta_inputs((batch, cfg.seq_len), torch.long, False)
+    forward, params = _meta_forward(model, False, torch.bfloat16)
+    cap = capture(model, inputs, train=True, autocast_dtype=None, forward=forward, params=params)
+    return Counter((r.phase == "forward", tuple(r.inputs[0].shape)) for r in cap.records
+                   if r.op == "abs" and r.module.startswith("blocks."))
+
+
+def test_tensor_parallel_tensorwise_casts_on_the_token_shard_by_hand():
+    # torchao's float8 styles under sequence parallelism over 2 ranks, 2 x 32 = 64 tokens of
+    # width 64: each split region's input is cast on the rank's 32 tokens before its FP8
+    # all-gather (attention's, MLP's: 2 a block); the row layers' inputs (wo [64, 32], w2
+    # [64, 64]) on all 64 tokens (their features split, their tokens whole); the weights on
+    # one rank: q [32, 64], k and v [16, 64], o [64, 32], w1 and w3 [64, 64], w2 [64, 64].
+    # Backward: the row layers' output gradients [32, 64] on the token shard (before their
+    # FP8 gather), the column layers' [64, 32] (q), [64, 16] (k, v), [64, 64] (w1, w3)
+    cfg = _llama(tp=2)
+    assert cfg.float8_gather
+    c = _abs_inputs(cfg, batch=2)
+    blocks = 2
+    assert c[(True, (32, 64))] == (2 + 1) * blocks  # 2 region inputs on the shard; q's weight
+    assert c[(True, (64, 32))] == 2 * blocks  # wo's input and weight
+    assert c[(True, (64, 64))] == (1 + 3) * blocks  # w2's input; w1, w3, w2 weights
+    assert c[(False, (32, 64))] == 2 * blocks  # the row layers' output gradients, on the shard
+    assert c[(False, (64, 64))] == 2 * blocks and c[(False, (64, 16))] == 2 * blocks
+    assert sum(c.values()) == (4 + 7 + 7) * blocks
+    # without sequence parallelism every rank holds all 64 tokens: the region inputs and the
+    # row layers' gradients are cast whole, as on one GPU
+    assert not _llama(tp=2, sequence_parallel=False).float8_gather
+    whole = _abs_inputs(_llama(tp=2, sequence_parallel=False), batch=2)
+    assert whole[(True, (32, 64))] == 1 * blocks and whole[(False, (32, 64))] == 0
+    assert whole[(True, (64, 64))] == (2 + 1 + 3) * blocks
+    assert whole[(False, (64, 64))] == (2 + 2) * blocks
+    # the rowwise recipe runs the plain styles: it casts the gathered tokens, with sequence
+    # parallelism or without
+    rowwise = GPTConfig(**{**_llama(tp=2).__dict__, "fp8": "rowwise"})
+    assert not rowwise.float8_gather
+    assert _abs_inputs(rowwise, batch=2) == _abs_inputs(
+        GPTConfig(**{**rowwise.__dict__, "sequence_parallel": False}), batch=2)
+
+
+def test_tensor_parallel_tensorwise_layers_train_and_keep_the_gathered_fp8():
+    # the stand-ins carry shapes and gradients: every weight gets a gradient of its shape, and
+    # what a split region's layers keep for the backward is the gathered FP8 input, 1 byte a
+    # token feature of all 2 x 64 tokens (not the rank's 64, not 2 bytes)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**_llama(tp=2).__dict__, "seq_len": 64}))
+    idx = torch.randint(0, 48, (2, 64))
+    model(idx).float().sum().backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
+    block = model.blocks[0]
+    h = torch.randn(2, 32, 64)  # one rank's tokens
+    cast = block._shard_cast(h)
+    assert cast.data.dtype == torch.float8_e4m3fn and cast.data.shape == (2 * 32 * 2, 64)
+    assert cast.shape == (2, 64, 64)
+
+
+def test_tensor_parallel_collectives_of_torchao_float8_by_hand():
+    from dlperf.analysis.scaling import float8_tp_reductions, tensor_parallel_collectives
+
+    # 2 blocks, 1,000 tokens of width 64 in BF16: the whole tensor 128,000 bytes, in FP8
+    # 64,000. PyTorch's TP with torchao's tensorwise styles: the blocks' all-gathers in FP8,
+    # forward 2 a block and backward 2 (the row layers' output gradients): 8; the output
+    # layer's and the embedding's backward in BF16: 2; the reduce-scatters all BF16, 2 (2 L + 1)
+    got = tensor_parallel_collectives(2, 1000, 64, 2, recompute=False, float8="tensorwise")
+    assert got == (("allgather", 2, 128_000, None), ("allgather", 8, 64_000, None),
+                   ("reducescatter", 10, 128_000, None))
+    # a full checkpoint replays the forward's 4 gathers (FP8) and 4 reduce-scatters
+    got = tensor_parallel_collectives(2, 1000, 64, 2, recompute=True, float8="tensorwise")
+    assert got[1] == ("allgather", 12, 64_000, None) and got[2][1] == 14
+    # the rowwise recipe gathers in BF16: as without float8
+    assert (tensor_parallel_collectives(2, 1000, 64, 2, recompute=False, float8="rowwise")
+            == tensor_parallel_collectives(2, 1000, 64, 2, recompute=False))
+    # async: tensorwise fuses its FP8 gathers as BF16 ones are fused; rowwise casts after its
+    # gathers, so none is fused, only the forward's reduce-scatters
+    bf16 = tensor_parallel_collectives(2, 1000, 64, 2, False, impl="torch-async")
+    fp8 = tensor_parallel_collectives(2, 1000, 64, 2, False, impl="torch-async",
+                                      float8="tensorwise")
+    assert [c[3] for c in fp8] == [c[3] for c in bf16]
+    assert [c[2] for c in fp8 if c[0] == "allgather" and c[3]] == [64_000, 64_000]
+    rowwise = tensor_parallel_collectives(2, 1000, 64, 2, False, impl="torch-async",
+                                          float8="rowwise")
+    assert [c[3] for c in rowwise] == [None, None, None, "row-fprop-ring", None, None]
+    with pytest.raises(ValueError, match="PyTorch's tensor parallelism"):
+        tensor_parallel_collectives(2, 1000, 64, 2, False, impl="megatron", float8="tensorwise")
+    # amaxes over split tensors, Llama (5 column, 2 row layers a block), 32 blocks:
+    # tensorwise a forward 2 region inputs + 2 row inputs + 7 weights, a backward 7 gradients:
+    # 32 x 18 = 576 FP32 values all-reduced; a full checkpoint 32 x 11 more
+    assert float8_tp_reductions("tensorwise", 32, 5, 2, 1000, 64) == (
+        ("allreduce", 576, 4, None),)
+    assert float8_tp_reductions("tensorwise", 32, 5, 2, 1000, 64, recompute_layers=32)[0][1] \
+        == 576 + 32 * 11
+    # without sequence parallelism the region inputs are whole on every rank: 32 x 16
+    assert float8_tp_reductions("tensorwise", 32, 5, 2, 1000, 64,
+                                sequence_parallel=False)[0][1] == 32 * 16
+    # rowwise: a forward's 2 row inputs per token (1,000 values) and 2 row weights per output
+    # feature (64), a backward's 5 column gradients per token and 5 column weights per input
+    # feature: 32 x 7 of each
+    assert float8_tp_reductions("rowwise", 32, 5, 2, 1000, 64) == (
+        ("allreduce", 224, 4000, None), ("allreduce", 224, 256, None))
+    with pytest.raises(ValueError, match="tensorwise or rowwise"):
+        float8_tp_reductions("mxfp8", 32, 5, 2, 1000, 64)
+
+
+def test_cli_float8_with_tensor_parallelism(capsys, tmp_path):
+    # the small GPT (2 blocks of 2 column layers, qkv and fc, and 2 row layers) on 2 ranks
+    # with sequence parallelism: collectives a micro-batch 10 all-gathers + 10 reduce-scatters
+    # (as BF16) and 2 x (2 + 2 + 4 + 4) = 24 amax all-reduces (a forward's 2 region inputs, 2
+    # row inputs, 4 weights; a backward's 4 gradients); async TP needs compile, as without
+    # float8
+    argv = LLAMA + ["--device", "h100-sxm", "--gpus", "2", "--tp", "2", "--fp8", "tensorwise",
+                    "--fusion", "compile-blocks"]
+    out = {}
+    for impl in ("torch", "torch-async"):
+        path = tmp_path / f"{impl}.json"
+        code, _, err = run_cli(argv + ["--tp-impl", impl, "--json", str(path)], capsys)
+        assert code == 0, err
+        out[impl] = json.loads(path.read_text())["scale_out"]["at_requested_scale"][
+            "communication"]["tensor_parallel"]
+    assert out["torch"]["collectives_per_micro_batch"] == 10 + 10 + 24
+    assert out["torch"]["sequence_parallel"]
+    assert out["torch-async"]["exposed_s"] < out["torch"]["exposed_s"]
+    code, _, err = run_cli(LLAMA + ["--gpus", "2", "--tp", "2", "--fp8", "rowwise",
+                                    "--tp-impl", "torch-async"], capsys)
+    assert code == 2 and "--fusion compile-blocks" in err

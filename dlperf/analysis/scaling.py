@@ -617,7 +617,7 @@ REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
                                 recompute: bool, sequence_parallel: bool = True,
                                 impl: str = "torch", fp8: bool = False,
-                                recompute_every: int = 1
+                                recompute_every: int = 1, float8: str | None = None
                                 ) -> tuple[tuple[str, int, int, str | None], ...]:
     """The collectives one micro-batch of ``tokens`` (batch x sequence) makes among the
     tensor-parallel ranks of a decoder of ``layers`` blocks (see the module docstring): (kind,
@@ -639,14 +639,24 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     dtype; under ``fp8`` (TransformerEngine's FP8 layers, ``impl`` "te" only; models/fp8.py)
     the blocks' layers all-gather FP8 data, 1 byte an element (their inputs, and the
     row-parallel layers' output gradients), while the reduce-scatters and the output layer's
-    and embedding's collectives stay in the activations' dtype."""
+    and embedding's collectives stay in the activations' dtype. So do torchao's float8 layers
+    under ``float8`` "tensorwise" (``impl`` "torch" or "torch-async" with sequence parallelism:
+    models/float8.py, torchao's float8 tensor-parallel styles); under "rowwise" they gather in
+    the activations' dtype and cast after the gather, so under "torch-async" no matmul reads
+    an all-gather's output and Inductor fuses none of them (pytorch/pytorch#149990): only the
+    forward's reduce-scatters, after the matmuls that produce them."""
     if impl not in TP_IMPLS:
         raise ValueError(f"tensor-parallel implementation {impl!r}: one of "
                          f"{', '.join(TP_IMPLS)}")
     if fp8 and impl != "te":
         raise ValueError("FP8 layers are TransformerEngine's: impl must be 'te'")
+    if float8 is not None and (float8 not in ("tensorwise", "rowwise")
+                               or impl not in ("torch", "torch-async")):
+        raise ValueError(f"torchao's float8 recipe {float8!r} (tensorwise or rowwise) runs on "
+                         "PyTorch's tensor parallelism: impl 'torch' or 'torch-async'")
     nbytes = tokens * d_model * act_bytes
-    gathered = tokens * d_model * (1 if fp8 else act_bytes)  # what the blocks' layers gather
+    # what the blocks' layers gather (TransformerEngine's or torchao's tensorwise: FP8)
+    gathered = tokens * d_model * (1 if fp8 or float8 == "tensorwise" else act_bytes)
     regions = 2 * layers + 1  # the split regions' column-parallel layers, the output layer's
     # (a checkpoint of every n-th block replays the collectives of those blocks only)
     again = 2 * (layers // recompute_every) if recompute else 0
@@ -683,22 +693,29 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
         # outside torchtitan's compiled blocks: theirs stay exposed. In the backward the
         # column-parallel layers' input gradient is a sum of matmuls (q, k and v; w1 and w3),
         # not one matmul's output, so its reduce-scatter is not fused either.
+        # (torchao's rowwise recipe casts after the gather: the all-gathers' readers are its
+        # casts, not matmuls, so none of them is fused)
+        fused = float8 != "rowwise"
         return tuple(c for c in (
             ("allgather", 2, nbytes, None),  # the output layer's, the embedding's backward
             ("reducescatter", 2, nbytes, None),  # the embedding's, the output layer's backward
-            ("allgather", 2 * layers, nbytes, "fprop"),  # fused with QKV's, FC1's matmuls
+            ("allgather", 2 * layers, gathered, "fprop" if fused else None),  # QKV's, FC1's
             ("reducescatter", 2 * layers, nbytes, "row-fprop-ring"),  # with proj's, FC2's
-            ("allgather", again, nbytes, "recompute"),
+            ("allgather", again, gathered, "recompute" if fused else None),
             ("reducescatter", again, nbytes, "row-recompute-ring"),
             # the row-parallel layers' output gradient, fused with the data-gradient matmul
             # (the pass fuses the matmuls that take the gathered tensor as their left
             # operand; the weight gradient's reads its transpose, after the gather)
-            ("allgather", 2 * layers, nbytes, "row-dgrad"),
+            ("allgather", 2 * layers, gathered, "row-dgrad" if fused else None),
             ("reducescatter", 2 * layers, nbytes, None),  # the sum of q, k, v's (w1, w3's)
         ) if c[1])
     if impl == "torch":
         if not sequence_parallel:
             return (("allreduce", 2 * regions + again, nbytes, None),)
+        if gathered != nbytes:  # torchao's tensorwise: the blocks' all-gathers in FP8
+            return (("allgather", 2, nbytes, None),  # the output layer's, the embedding's
+                    ("allgather", 4 * layers + again, gathered, None),
+                    ("reducescatter", 2 * regions + again, nbytes, None))
         return (("allgather", 2 * regions + again, nbytes, None),
                 ("reducescatter", 2 * regions + again, nbytes, None))
     if not sequence_parallel:
@@ -710,6 +727,43 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
             ("reducescatter", regions + again, nbytes, None),
             ("allgather", regions, nbytes, "dgrad"),
             ("reducescatter", regions, nbytes, "wgrad"))
+
+
+def float8_tp_reductions(recipe: str, layers: int, column: int, row: int, tokens: int,
+                         d_model: int, recompute_layers: int = 0, sequence_parallel: bool = True
+                         ) -> tuple[tuple[str, int, int, None], ...]:
+    """The amax all-reduces that torchao's float8 layers (models/float8.py) add among the
+    tensor-parallel ranks in one micro-batch of ``tokens`` through ``layers`` blocks of
+    ``column`` column-parallel and ``row`` row-parallel layers each (Llama: q, k, v, w1, w3 and
+    wo, w2), ``recompute_layers`` of whose forwards run again. A float8 cast reduces its
+    amax over the axis its scale covers; where DTensor holds that axis split over the ranks,
+    the amax is partial and is all-reduced (max) before the cast, a collective between
+    dependent kernels: (kind, count, bytes, None), as ``tensor_parallel_collectives``.
+
+    * "tensorwise" (one FP32 amax a cast; torchao's float8 styles): a forward casts each split
+      region's input on the token shard (2 a block, with sequence parallelism), each
+      row-parallel layer's input (split over its features) and every weight (split over the
+      ranks); a backward each layer's output gradient (the column layers' split over their
+      features, the row layers' on the token shard).
+    * "rowwise" (an amax a row; torchtitan's plain styles, casts after the gathers): those
+      whose reduced axis is split: a forward's row-parallel inputs per token (``tokens``
+      values) and their weights per output feature (``d_model``, over the split input
+      features); a backward's column-parallel output gradients per token, and their weights
+      per input feature (``d_model``, over the split outputs)."""
+    if recipe not in ("tensorwise", "rowwise"):
+        raise ValueError(f"torchao's float8 recipe {recipe!r}: tensorwise or rowwise")
+    if min(layers, column, row, tokens, d_model, recompute_layers) < 0:
+        raise ValueError("layers, column and row layers, tokens, d_model and recomputed layers "
+                         "are counts: not negative")
+    forwards = layers + recompute_layers
+    if recipe == "tensorwise":
+        inputs = 2 if sequence_parallel else 0  # the split regions' inputs, on the token shard
+        count = forwards * (inputs + row + column + row) + layers * (column + row)
+        return (("allreduce", count, 4, None),) if count else ()
+    return tuple(c for c in (
+        ("allreduce", forwards * row + layers * column, 4 * tokens, None),  # per token
+        ("allreduce", forwards * row + layers * column, 4 * d_model, None),  # per feature
+    ) if c[1])
 
 
 # TransformerEngine's pipelined reduce-scatter splits its GEMM in this many chunks (its
@@ -1307,7 +1361,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                         pp_fill=None, p2p_bytes=0, cp=1)
         comm["tensor_parallel"] = {
             "tp": tp, "collectives_per_micro_batch": sum(n for _, n, _, _ in cfg.tp_collectives),
-            "sequence_parallel": all(k != "allreduce" for k, *_ in cfg.tp_collectives),
+            # (all-gathers only under sequence parallelism; without it all-reduces, and
+            # torchao's float8 amaxes are all-reduced either way)
+            "sequence_parallel": any(k == "allgather" for k, *_ in cfg.tp_collectives),
             "beside_gemms": sum(n for _, n, _, s in cfg.tp_collectives if s is not None),
             # TransformerEngine's overlap: collectives beside the forward's GEMMs too
             "forward_overlap": any(TP_OVERLAP[s][1] in ("forward", "recompute")

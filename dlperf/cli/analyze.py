@@ -203,7 +203,8 @@ def add_parser(sub) -> None:
                         "amax pass and a cast pass, the FP8 copies the GEMMs' layouts need. "
                         "rowwise: torchao's rowwise recipe: a scale per row of each operand, "
                         "every operand cast again for each GEMM it enters (six casts a "
-                        "layer), the backward GEMMs' outputs rescaled after them. torchao's "
+                        "layer), the backward GEMMs' outputs rescaled after them; with "
+                        "--tp the all-gathers in --dtype and the casts after them. torchao's "
                         "casts are fused only under --fusion compile or compile-blocks, "
                         "as torchao asks. The output layer and attention stay in --dtype "
                         "[off]")
@@ -470,11 +471,11 @@ def run(args) -> int:
         raise DlperfError(f"--fp8 {args.fp8} runs TransformerEngine's FP8 layers "
                           "(Megatron-Core's stack): add --tp-impl te, or use --fp8 tensorwise "
                           "(torchao's float8 layers, as torchtitan runs them)")
-    if args.fp8 in ("tensorwise", "rowwise") and (args.tp > 1
-                                                  or args.tp_impl not in (None, "torch")):
-        raise DlperfError(f"--fp8 {args.fp8} (torchao's float8 layers) is modelled without "
-                          "tensor parallelism: drop --tp and --tp-impl, or use --fp8 delayed "
-                          "or current with --tp-impl te")
+    if args.fp8 in ("tensorwise", "rowwise") and args.tp_impl not in (None, "torch",
+                                                                      "torch-async"):
+        raise DlperfError(f"--fp8 {args.fp8} (torchao's float8 layers) runs on PyTorch's "
+                          "tensor parallelism: use --tp-impl torch or torch-async, or --fp8 "
+                          "delayed or current with --tp-impl te")
     if args.fp8_all_gather and (args.fp8 != "tensorwise"
                                 or args.strategy not in ("fsdp", "hsdp") or not args.gpus):
         raise DlperfError("--fp8-all-gather is FSDP's float8 all-gather of torchao's layers: "
@@ -715,17 +716,28 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
     """The ScaleConfig fields of a stage's tensor- and context-parallel exchanges on a
     micro-batch of ``tokens``, for a stage of ``blocks`` blocks (the whole decoder without
     pipeline stages), in the activations' dtype."""
-    from dlperf.analysis.scaling import tensor_parallel_collectives
+    from dlperf.analysis.scaling import float8_tp_reductions, tensor_parallel_collectives
+    from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
 
     act_bytes = ELEMENT_BYTES[args.dtype]
+    float8 = gpt.fp8 if gpt.fp8 in FLOAT8_RECIPES else None
+    # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
+    # saves the collectives' outputs (and the amaxes: its _save_list keeps aten.max)
+    recompute = args.activation_checkpointing == "full"
     # (the +1 of the embedding or the output layer kept whatever the stage)
     collectives = () if args.tp == 1 else tensor_parallel_collectives(
-        blocks, tokens, gpt.d_model, act_bytes,
-        # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
-        # saves the collectives' outputs
-        recompute=args.activation_checkpointing == "full",
+        blocks, tokens, gpt.d_model, act_bytes, recompute=recompute,
         recompute_every=args.checkpoint_every or 1,
-        sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl, fp8=gpt.fp8 is not None)
+        sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl,
+        fp8=gpt.fp8 is not None and float8 is None, float8=float8)
+    if args.tp > 1 and float8 is not None:
+        # torchao's casts of tensors split over the ranks: their amaxes all-reduced
+        column = (3 if gpt.positions == "rope" or gpt.groups > 1 else 1) + (
+            2 if gpt.mlp == "swiglu" else 1)
+        collectives += float8_tp_reductions(
+            float8, blocks, column, 2, tokens, gpt.d_model,
+            recompute_layers=blocks // (args.checkpoint_every or 1) if recompute else 0,
+            sequence_parallel=gpt.sequence_parallel)
     # context parallel: a layer's K and V on one rank for a micro-batch (of the local tokens,
     # the rank's share of the K/V heads), what each exchange moves
     kv_bytes = (2 * tokens * (gpt.kv_heads or gpt.heads) // args.tp * gpt.head_dim * act_bytes

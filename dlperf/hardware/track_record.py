@@ -325,14 +325,28 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
     if llama3 is not None:
         entry["llama3"] = _llama3_entry(llama3)
     if async_tp is not None:
+        def span(gains: list[dict]) -> dict:
+            return {"runs": len(gains),
+                    "measured_low": min(g["measured"] for g in gains),
+                    "measured_high": max(g["measured"] for g in gains),
+                    "predicted_low": min(g["predicted"] for g in gains),
+                    "predicted_high": max(g["predicted"] for g in gains)}
+
         gains = async_tp["async_over_vanilla"]
         entry["async"] = {
-            "runs": len(gains),
-            "measured_low": min(g["measured"] for g in gains),
-            "measured_high": max(g["measured"] for g in gains),
-            "predicted_low": min(g["predicted"] for g in gains),
-            "predicted_high": max(g["predicted"] for g in gains),
+            **span([g for g in gains if g.get("fp8") is None]),
             "source": "torchtitan's Llama 3.1 8B and 70B on 64 and 256 H100s, FSDP x TP 8 (2025)"}
+        # the same runs with torchao's float8 layers: async's gain, and dlperf's rates over
+        # the measured ones, by recipe (the BF16 rows' beside them)
+        rows = async_tp.get("rows", [])
+        for recipe in sorted({g["fp8"] for g in gains if g.get("fp8")}):
+            rates = [r["ratio"] for r in rows if r.get("fp8") == recipe]
+            entry["async"].setdefault("float8", {})[recipe] = {
+                **span([g for g in gains if g.get("fp8") == recipe]),
+                "rate_low": min(rates), "rate_high": max(rates)}
+        bf16 = [r["ratio"] for r in rows if r.get("fp8") is None]
+        if bf16:
+            entry["async"].update(rate_low=min(bf16), rate_high=max(bf16))
     entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan,
                                                        megatron_core, llama3, async_tp))
     if piped:
@@ -410,11 +424,27 @@ def _llama3(m: dict) -> str:
 
 
 def _async(m: dict) -> str:
-    """describe_tensor_parallel's sentence on PyTorch's async tensor parallelism."""
-    return (f"On {m['source']}, async TP (--tp-impl torch-async) ran "
+    """describe_tensor_parallel's sentences on PyTorch's async tensor parallelism, and on
+    torchao's float8 layers under it where the record has them."""
+    text = (f"On {m['source']}, async TP (--tp-impl torch-async) ran "
             f"{m['measured_low']:.2f}-{m['measured_high']:.2f}x as fast as vanilla TP where "
             f"dlperf predicts {m['predicted_low']:.2f}-{m['predicted_high']:.2f}x (it takes "
             "the fused collectives' overlap as perfect). ")
+    float8 = m.get("float8", {})
+    if not float8:
+        return text
+    gains = "; ".join(f"{recipe} {g['measured_low']:.2f}-{g['measured_high']:.2f}x, "
+                      f"predicted {g['predicted_low']:.2f}-{g['predicted_high']:.2f}x"
+                      for recipe, g in float8.items())
+    rates = ", ".join(f"{recipe} {g['rate_low']:.2f}-{g['rate_high']:.2f}x"
+                      for recipe, g in float8.items())
+    return text + (f"With torchao's float8 layers (--fp8) on the same runs async TP gained "
+                   f"{gains}; dlperf's rates with float8 are {rates} the measured ones"
+                   + (f" (BF16: {m['rate_low']:.2f}-{m['rate_high']:.2f}x, on the 500 W "
+                      "HBM2e H100s no preset models)" if "rate_low" in m else "")
+                   + (", and the table itself calls its vanilla-TP rowwise rate low for a "
+                      "reason being fixed (torchtitan#1207)" if "rowwise" in float8 else "")
+                   + ". ")
 
 
 # how the FP8 record names the GPUs of its rows

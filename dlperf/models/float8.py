@@ -72,9 +72,24 @@ Compiled, each rowwise cast is one kernel, its amax and the cast of the same row
 feature (the amax down the tokens) knows its scale only after the last token, so it reads its
 input a second time (``compiled.outer_reduction``).
 
-Not modelled: delayed and static scaling, ``rowwise_with_gw_hp``, float8 tensor parallelism
-(``Float8ColwiseParallel``), FSDP's float8 all-gather under the rowwise recipe (torchao has
-none: the weights gather in BF16), and the kernels' rates: the rowwise CUTLASS kernel and
+Under tensor parallelism (models/gpt.py, ``tp`` > 1 with sequence parallelism) the tensorwise
+recipe runs torchao's float8 styles, as torchtitan's ``apply_tp`` picks them for it
+(torchao/float8/float8_tensor_parallel.py of 2025-06, the version torchtitan's async-TP table
+ran): ``PrepareFloat8ModuleInput`` casts the attention's and the MLP's input on this rank's
+shard of the tokens, before the all-gather, which then moves FP8 data (``Float8Cast.gather``;
+one cast for all the layers that read it, as the style's docstring says);
+``Float8RowwiseParallel`` puts ``NoopFwToFloat8BwDynamic`` after the row-parallel layer's
+reduce-scatter, so the backward casts the output gradient on the shard too and all-gathers it
+in FP8 (``scatter_float8``). The reduce-scatters stay in BF16 (they sum). Each of these casts is
+of a DTensor sharded over the ranks, so its amax is all-reduced among them (one FP32 value;
+analysis/scaling.py ``float8_tp_reductions``). The rowwise recipe runs torchtitan's plain
+tensor-parallel styles instead ("float8 all-gather with TP is only supported for tensorwise"):
+BF16 all-gathers, each cast on the gathered tensor, as without tensor parallelism; its casts
+along a sharded axis all-reduce one amax a row.
+
+Not modelled: delayed and static scaling, ``rowwise_with_gw_hp``, FSDP's float8 all-gather
+under the rowwise recipe (torchao has none: the weights gather in BF16), and the kernels'
+rates: the rowwise CUTLASS kernel and
 cuBLAS without fast accumulation (torchao's default in the backward GEMMs) are charged the
 FP8 GEMM rate of every other FP8 GEMM (the model's one; both run slower at some shapes).
 """
@@ -163,6 +178,20 @@ class Float8Cast:
                                      to_float8_axiswise(x2, E4M3, -1))
         self.shape, self._t = x.shape, None
 
+    def gather(self, tp: int) -> "Float8Cast":
+        """This cast, made on one rank's shard of the tokens (dim 1 of x), all-gathered in FP8
+        over ``tp`` ranks (torchao's ``PrepareFloat8ModuleInput``: tensorwise only; the module
+        docstring): the gathered data a stand-in as models/gpt.py's ``_SeqGather`` (allocated, no
+        kernel: the scale-out times the all-gather at one byte an element), the scale the
+        shard's (in torchao the amax all-reduced over the ranks: one value)."""
+        if self.recipe != "tensorwise":
+            raise ValueError("torchao gathers float8 data under the tensorwise recipe only")
+        out = object.__new__(Float8Cast)
+        out.recipe, out.hp, out.inv_scale, out._t = self.recipe, None, self.inv_scale, None
+        out.data = self.data.new_empty((self.data.shape[0] * tp, self.data.shape[1]))
+        out.shape = (self.shape[0], self.shape[1] * tp, *self.shape[2:])
+        return out
+
     def _wgrad(self) -> tuple[Tensor, Tensor]:
         if self.recipe == "tensorwise":  # the forward's FP8 data, column-major: one copy
             return _column_major(self.data), self.inv_scale
@@ -182,11 +211,51 @@ class Float8Cast:
         return self._t
 
 
-class _Float8LinearFn(torch.autograd.Function):
-    """y = x Wᵀ (+ b) with torchao's tensorwise FP8 GEMMs on ``cast`` (x's ``Float8Cast``)."""
+class Float8GradCast:
+    """A row-parallel layer's output gradient, cast to FP8 on this rank's shard of the tokens
+    and all-gathered in FP8 (torchao's ``Float8RowwiseParallel``: ``NoopFwToFloat8BwDynamic``
+    after the output's reduce-scatter; the module docstring): ``scatter_float8``'s backward
+    fills ``value`` with (the gathered FP8 gradient [M, N], its inverse scale), the layer's
+    backward takes it in place of its own cast."""
+
+    def __init__(self):
+        self.value: tuple[Tensor, Tensor] | None = None
+
+
+class _Float8Scatter(torch.autograd.Function):
+    """Sequence parallelism's reduce-scatter of a row-parallel float8 layer's output y [B, T,
+    N] over ``tp`` ranks (a stand-in as models/gpt.py's ``_SeqScatter``: this rank's tokens,
+    allocated), whose backward casts the gradient on the shard (real kernels) and all-gathers
+    the FP8 data (a stand-in) into ``grad_cast``; the BF16 gradient it hands on is a stand-in
+    of one element (expanded to y's shape), which the layer does not read: it takes the FP8
+    one."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, cast: Float8Cast, gathered: bool):
+    def forward(ctx, y, tp: int, grad_cast: Float8GradCast):
+        ctx.shape, ctx.tp, ctx.grad_cast = y.shape, tp, grad_cast
+        return y.new_empty((y.shape[0], y.shape[1] // tp, *y.shape[2:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gq, sg = to_float8(g2, E5M2)  # on the shard, before the gather
+        ctx.grad_cast.value = (gq.new_empty((gq.shape[0] * ctx.tp, gq.shape[1])), sg)
+        return grad.new_empty((1,) * len(ctx.shape)).expand(ctx.shape), None, None
+
+
+def scatter_float8(y: Tensor, tp: int, grad_cast: Float8GradCast) -> Tensor:
+    """``_Float8Scatter``: y reduce-scattered over ``tp`` ranks, its gradient cast to FP8 on
+    the shard and gathered in FP8 for the layer that made y (``grad_cast``, given to it)."""
+    return _Float8Scatter.apply(y, tp, grad_cast)
+
+
+class _Float8LinearFn(torch.autograd.Function):
+    """y = x Wᵀ (+ b) with torchao's tensorwise FP8 GEMMs on ``cast`` (x's ``Float8Cast``);
+    ``grad_cast``: the output gradient arrives cast already (``Float8GradCast``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, cast: Float8Cast, gathered: bool,
+                grad_cast: Float8GradCast | None = None):
         wq, sw = _weight_to_float8(weight) if gathered else to_float8(weight, E4M3)
         y = torch._scaled_mm(cast.data, wq.t(), cast.inv_scale, sw, out_dtype=x.dtype,
                              use_fast_accum=True)  # [M, N]
@@ -198,23 +267,31 @@ class _Float8LinearFn(torch.autograd.Function):
         else:
             ctx.save_for_backward(cast.data, cast.inv_scale, wq, sw)
             ctx.weight_fp8 = None
-        ctx.cast, ctx.has_bias = cast, bias is not None
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+        ctx.cast, ctx.has_bias, ctx.grad_cast = cast, bias is not None, grad_cast
+        return y.reshape(*cast.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
         saved = ctx.saved_tensors
         wq, sw = ctx.weight_fp8 if ctx.weight_fp8 is not None else saved[2:]
         sx = saved[1]
-        g2 = grad.reshape(-1, grad.shape[-1])
-        gq, sg = to_float8(g2, E5M2)
+        if ctx.grad_cast is None:
+            g2 = grad.reshape(-1, grad.shape[-1])
+            gq, sg = to_float8(g2, E5M2)
+        else:  # cast on the shard and gathered in FP8 (``scatter_float8``): grad a stand-in
+            (gq, sg), ctx.grad_cast.value = ctx.grad_cast.value, None
         # grad_input = g W: cuBLAS takes W column-major, a transposed FP8 copy
         dx = torch._scaled_mm(gq, wq.t().contiguous().t(), sg, sw, out_dtype=grad.dtype)
         # grad_weight = gᵀ x: gᵀ row-major and x column-major, two more FP8 copies
         dw = torch._scaled_mm(gq.t().contiguous(), ctx.cast.wgrad_operand()[0], sg, sx,
                               out_dtype=grad.dtype)
-        db = g2.sum(0) if ctx.has_bias else None
-        return dx.reshape(ctx.cast.shape), dw, db, None, None
+        if not ctx.has_bias:
+            db = None
+        elif ctx.grad_cast is None:
+            db = g2.sum(0)
+        else:  # from the gathered FP8 gradient (grad is a stand-in)
+            db = (gq.to(torch.float32).sum(0) * sg).to(grad.dtype)
+        return dx.reshape(ctx.cast.shape), dw, db, None, None, None
 
 
 class _Float8RowwiseFn(torch.autograd.Function):
@@ -253,8 +330,10 @@ class _Float8RowwiseFn(torch.autograd.Function):
 class Float8Linear(nn.Linear):
     """nn.Linear whose GEMMs run in FP8 as torchao's ``Float8Linear`` runs them (the module
     docstring); the same parameters. ``gathered``: FSDP gathers its weight in FP8.
-    ``forward(x, cast)``: ``cast`` is x's ``Float8Cast`` when other layers read x too
-    (``self.cast(x)`` makes one)."""
+    ``forward(x, cast, grad_cast)``: ``cast`` is x's ``Float8Cast`` when other layers read x
+    too (``self.cast(x)`` makes one) or it was gathered in FP8 (``Float8Cast.gather``: x is then
+    a stand-in of the gathered shape); ``grad_cast`` a ``Float8GradCast`` when the output's
+    gradient arrives in FP8 (``scatter_float8``)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool,
                  recipe: str = "tensorwise", gathered: bool = False):
@@ -274,11 +353,15 @@ class Float8Linear(nn.Linear):
     def cast(self, x: Tensor) -> Float8Cast:
         return Float8Cast(x, self.recipe)
 
-    def forward(self, x: Tensor, cast: Float8Cast | None = None) -> Tensor:
+    def forward(self, x: Tensor, cast: Float8Cast | None = None,
+                grad_cast: Float8GradCast | None = None) -> Tensor:
         cast = cast or self.cast(x)
         if self.recipe == "rowwise":
+            if grad_cast is not None:
+                raise ValueError("torchao casts the gradient before the gather under the "
+                                 "tensorwise recipe only")
             return _Float8RowwiseFn.apply(x, self.weight, self.bias, cast)
-        return _Float8LinearFn.apply(x, self.weight, self.bias, cast, self.gathered)
+        return _Float8LinearFn.apply(x, self.weight, self.bias, cast, self.gathered, grad_cast)
 
 
 def float8_parameters(model: nn.Module) -> frozenset[str]:

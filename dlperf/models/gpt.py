@@ -68,9 +68,13 @@ the query heads before attention, separate q, k, v projections. Under
 models/fused.py): RMSNorm, SwiGLU and the rotary embedding one kernel each, K and V given to
 the attention kernel as they are; with ``fp8`` its blocks' linear layers are TransformerEngine's
 FP8 layers (models/fp8.py), q, k and v sharing one cast of their input, as SwiGLU's two do.
-With ``fp8="tensorwise"`` or ``"rowwise"`` (``tp_impl="torch"``) they are torchao's float8
-layers instead (models/float8.py), as torchtitan converts them; its output layer stays in the
-model's dtype either way (torchtitan's float8 converter leaves ``output`` out).
+With ``fp8="tensorwise"`` or ``"rowwise"`` (``tp_impl="torch"`` or ``"torch-async"``) they are
+torchao's float8 layers instead (models/float8.py), as torchtitan converts them; its output
+layer stays in the model's dtype either way (torchtitan's float8 converter leaves ``output``
+out). Under tensor parallelism with sequence parallelism the tensorwise recipe casts each
+split region's input on the rank's shard of the tokens and gathers it in FP8, and casts the
+row-parallel layers' output gradient on the shard and gathers that in FP8 (torchao's float8
+tensor-parallel styles; ``Block``); the rowwise recipe gathers in BF16 and casts after.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
-from dlperf.models.float8 import Float8Linear
+from dlperf.models.float8 import Float8Cast, Float8GradCast, Float8Linear, scatter_float8
 from dlperf.models.fp8 import RECIPES as FP8_RECIPES
 from dlperf.models.fp8 import Fp8Linear, call, shared_cast
 from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope
@@ -138,7 +142,7 @@ class GPTConfig:
     # (BF16/FP16 GEMMs), "delayed" or "current" scaling; the output layer stays in the model's
     # dtype (Megatron-Core's is not a TE layer). Needs tp_impl "te". Or as torchao runs them
     # (models/float8.py, torchtitan's float8 converter): "tensorwise" or "rowwise", with
-    # tp_impl "torch" and tp 1.
+    # tp_impl "torch" or "torch-async" (PyTorch's tensor parallelism, torchtitan's).
     fp8: str | None = None
     # torchao only: FSDP gathers the float8 layers' weights in FP8, cast before the gather
     # (torchtitan's enable_fsdp_float8_all_gather)
@@ -184,10 +188,9 @@ class GPTConfig:
         if self.fp8 in FP8_RECIPES and self.tp_impl != "te":
             raise ValueError("FP8 layers with delayed or current scaling are "
                              "TransformerEngine's: tp_impl must be 'te'")
-        if self.fp8 in FLOAT8_RECIPES and (self.tp_impl != "torch" or self.tp > 1):
-            raise ValueError("torchao's float8 layers are modelled without "
-                             "tensor parallelism, on PyTorch's own layers: tp_impl 'torch', "
-                             "tp 1")
+        if self.fp8 in FLOAT8_RECIPES and self.tp_impl not in ("torch", "torch-async"):
+            raise ValueError("torchao's float8 layers run on PyTorch's tensor parallelism: "
+                             "tp_impl 'torch' or 'torch-async'")
         if self.fp8_all_gather and self.fp8 != "tensorwise":
             raise ValueError("fp8_all_gather is torchao's float8 all-gather: it needs fp8 "
                              "'tensorwise' (the rowwise recipe gathers its weights in BF16)")
@@ -233,6 +236,12 @@ class GPTConfig:
         only its shard and gathers it again in the backward (Megatron's sequence parallelism);
         1 when the layer is given its input whole (gathered before it, or never split)."""
         return self.token_split if self.tp_impl in ("megatron", "te") else 1
+
+    @property
+    def float8_gather(self) -> bool:
+        """Whether the split regions gather torchao's FP8 data (the tensorwise recipe under
+        sequence parallelism: the module docstring, ``Block``), not the BF16 tokens."""
+        return self.fp8 == "tensorwise" and self.token_split > 1
 
     @property
     def local_seq_len(self) -> int:
@@ -487,14 +496,18 @@ class Attention(nn.Module):
         self.qkv = _column(cfg, cfg.d_model, 3 * width, cfg.bias)
         self.proj = _row(cfg, width, cfg.d_model, cfg.bias)
 
-    def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
-        qkv = self.qkv(x)  # (x: this rank's shard of the tokens when the projection gathers)
+    def forward(self, x: torch.Tensor, rope=None, mask=None, cast=None,
+                grad_cast=None) -> torch.Tensor:
+        # (x: this rank's shard of the tokens when the projection gathers; cast, grad_cast:
+        # torchao's float8 tensor parallelism, ``Block``)
+        qkv = call(self.qkv, x, cast)
         b, t, _ = qkv.shape
         # [B, T, 3 H D] -> 3 x [B, H, T, D]
         q, k, v = qkv.view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = (cp_attend(q, k, v, self.cfg, self.training) if self.cfg.cp > 1
              else attend(q, k, v, self.cfg, self.training, mask))
-        return self.proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return call_row(self.proj, y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim),
+                        grad_cast)
 
 
 class GQAttention(nn.Module):
@@ -513,8 +526,11 @@ class GQAttention(nn.Module):
         self.wv = _column(cfg, cfg.d_model, self.kv_heads * self.head_dim, cfg.bias)
         self.wo = _row(cfg, self.heads * self.head_dim, cfg.d_model, cfg.bias)
 
-    def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
-        cast = shared_cast(self.wq, x)  # FP8: x cast once for the three (Megatron's linear_qkv)
+    def forward(self, x: torch.Tensor, rope=None, mask=None, cast=None,
+                grad_cast=None) -> torch.Tensor:
+        # FP8: x cast once for the three (Megatron's linear_qkv), or before its gather (cast
+        # given: torchao's float8 tensor parallelism, ``Block``)
+        cast = cast or shared_cast(self.wq, x)
         q = call(self.wq, x, cast)  # (x: this rank's shard of the tokens when they gather)
         b, t, _ = q.shape
         q = q.view(b, t, self.heads, self.head_dim)
@@ -528,28 +544,34 @@ class GQAttention(nn.Module):
         if self.cfg.cp > 1:  # K and V cross the ranks before their repeat to the query heads
             y = cp_attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
                           self.training)
-            return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+            return call_row(self.wo, y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim),
+                            grad_cast)
         if groups > 1 and not (self.cfg.fused_kernels and self.cfg.attention == "sdpa"):
             k, v = (z[:, :, :, None].expand(b, t, self.kv_heads, groups, self.head_dim)
                     .reshape(b, t, self.heads, self.head_dim) for z in (k, v))
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
                    self.training, mask)
-        return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return call_row(self.wo, y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim),
+                        grad_cast)
 
 
 class _SeqGather(torch.autograd.Function):
     """Sequence parallelism's all-gather of the tokens before a split region (its backward, a
     reduce-scatter): the full-length tensor, allocated (no kernel); the scale-out times the
-    collective itself."""
+    collective itself. ``shape_only``: what is gathered is the FP8 cast of x (torchao's float8
+    tensor parallelism, ``Block``), which the region's layers read instead, so this carries
+    only the shape and the gradient's path: one element, expanded."""
 
     @staticmethod
-    def forward(ctx, x, tp: int):
+    def forward(ctx, x, tp: int, shape_only: bool = False):
         ctx.tokens = x.shape[1]
-        return x.new_empty((x.shape[0], x.shape[1] * tp, *x.shape[2:]))
+        shape = (x.shape[0], x.shape[1] * tp, *x.shape[2:])
+        return (x.new_empty((1,) * x.dim()).expand(shape) if shape_only
+                else x.new_empty(shape))
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.new_empty((grad.shape[0], ctx.tokens, *grad.shape[2:])), None
+        return grad.new_empty((grad.shape[0], ctx.tokens, *grad.shape[2:])), None, None
 
 
 class _SeqScatter(torch.autograd.Function):
@@ -648,12 +670,23 @@ def _row_split(cfg: GPTConfig) -> int:
     return 1 if cfg.fp8 in FP8_RECIPES else cfg.token_split
 
 
-def _gather(x: torch.Tensor, tp: int) -> torch.Tensor:
-    return x if tp == 1 else _SeqGather.apply(x, tp)
+def _gather(x: torch.Tensor, tp: int, cast=None) -> torch.Tensor:
+    """x's tokens gathered over ``tp`` ranks; a shape-only stand-in when the region's layers
+    read ``cast``, x's FP8 cast gathered instead (``Block``)."""
+    return x if tp == 1 else _SeqGather.apply(x, tp, cast is not None)
 
 
-def _scatter(x: torch.Tensor, tp: int) -> torch.Tensor:
-    return x if tp == 1 else _SeqScatter.apply(x, tp)
+def _scatter(x: torch.Tensor, tp: int, grad_cast=None) -> torch.Tensor:
+    """x reduce-scattered over ``tp`` ranks; its gradient cast to FP8 on the shard and
+    gathered in FP8 into ``grad_cast`` for the layer that made x (``Block``)."""
+    if tp == 1:
+        return x
+    return _SeqScatter.apply(x, tp) if grad_cast is None else scatter_float8(x, tp, grad_cast)
+
+
+def call_row(layer: nn.Module, x: torch.Tensor, grad_cast) -> torch.Tensor:
+    """A row-parallel layer on x, handed its output gradient's FP8 cast when there is one."""
+    return layer(x) if grad_cast is None else layer(x, None, grad_cast)
 
 
 class Block(nn.Module):
@@ -664,6 +697,7 @@ class Block(nn.Module):
         # the ranks the split regions gather their input from here (1: the layers gather it
         # themselves, Megatron's way, or it is whole)
         self.gather = 1 if cfg.regather > 1 else self.split
+        self.float8_gather = cfg.float8_gather  # (and its gradient's: ``_shard_cast``)
         self.ln1 = _norm(cfg)
         self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
             else Attention(cfg)
@@ -679,20 +713,35 @@ class Block(nn.Module):
         self.out = _row(cfg, hidden, cfg.d_model, cfg.bias)
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
+    def _shard_cast(self, h: torch.Tensor):
+        """torchao's float8 tensor parallelism (``GPTConfig.float8_gather``): h's cast on
+        this rank's shard of the tokens, gathered in FP8 (``PrepareFloat8ModuleInput``); None
+        otherwise."""
+        return Float8Cast(h).gather(self.gather) if self.float8_gather else None
+
+    def _grad_cast(self):
+        """torchao's ``Float8RowwiseParallel``: the holder of a row-parallel layer's output
+        gradient, cast on the shard and gathered in FP8; None otherwise."""
+        return Float8GradCast() if self.float8_gather else None
+
     def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
         # x: this rank's tokens of the residual stream (all of them when tp is 1 or without
         # sequence parallelism)
-        a = self.attn(_gather(self.ln1(x), self.gather), rope, mask)
-        x = x + self.drop(_scatter(a, self.scatter))
-        h = _gather(self.ln2(x), self.gather)
+        h = self.ln1(x)
+        cast, back = self._shard_cast(h), self._grad_cast()
+        a = self.attn(_gather(h, self.gather, cast), rope, mask, cast, back)
+        x = x + self.drop(_scatter(a, self.scatter, back))
+        h = self.ln2(x)
+        cast, back = self._shard_cast(h), self._grad_cast()
+        h = _gather(h, self.gather, cast)
         # FP8: Megatron's linear_fc1 (torchao: both layers' casts of h, computed once)
-        cast = shared_cast(self.fc, h) if self.swiglu else None
+        cast = cast or (shared_cast(self.fc, h) if self.swiglu else None)
         if isinstance(self.act, FusedSwiGLU):
             h = self.act(call(self.fc, h, cast), call(self.gate, h, cast))
         else:
             h = (self.act(call(self.fc, h, cast)) * call(self.gate, h, cast) if self.swiglu
-                 else self.act(self.fc(h)))
-        return x + self.drop(_scatter(self.out(h), self.scatter))
+                 else self.act(call(self.fc, h, cast)))
+        return x + self.drop(_scatter(call_row(self.out, h, back), self.scatter, back))
 
 
 class GPT(nn.Module):
