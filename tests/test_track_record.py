@@ -296,6 +296,25 @@ def test_tensor_parallel_record_reads_validate_tps_pairs():
     text = " ".join(describe_tensor_parallel({"tensor_parallel": entry}).split())
     assert ("async TP (--tp-impl torch-async) ran 1.09-1.10x as fast as vanilla TP where dlperf "
             "predicts 1.14-1.17x" in text)
+    assert "float8" not in text
+    # with the table's float8 rows: async's gain by recipe apart from BF16's, and each
+    # recipe's predicted over measured rates (e.g. tensorwise 1.11 and 1.30, rowwise 1.35)
+    gains = [{"measured": 1.092, "predicted": 1.162}, {"measured": 1.099, "predicted": 1.132},
+             {"measured": 1.164, "predicted": 1.129, "fp8": "tensorwise"},
+             {"measured": 1.097, "predicted": 1.103, "fp8": "tensorwise"},
+             {"measured": 1.042, "predicted": 1.045, "fp8": "rowwise"}]
+    rows = [{"ratio": 1.08}, {"ratio": 1.23}, {"ratio": 1.11, "fp8": "tensorwise"},
+            {"ratio": 1.30, "fp8": "tensorwise"}, {"ratio": 1.35, "fp8": "rowwise"}]
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron, None, None, None, None,
+                                  {"async_over_vanilla": gains, "rows": rows})
+    assert entry["async"]["runs"] == 2 and entry["async"]["measured_high"] == 1.099
+    assert list(entry["async"]["float8"]) == ["tensorwise", "rowwise"]
+    assert entry["async"]["float8"]["tensorwise"]["predicted_low"] == 1.103
+    text = " ".join(describe_tensor_parallel({"tensor_parallel": entry}).split())
+    assert ("async TP gained tensorwise 1.10-1.16x, predicted 1.10-1.13x; rowwise 1.04-1.04x, "
+            "predicted 1.04-1.04x; dlperf's rates with float8 are tensorwise 1.11-1.30x, "
+            "rowwise 1.35-1.35x the measured ones (BF16: 1.08-1.23x" in text)
+    assert "torchtitan#1207" in text
     # Megatron-Core's 2024 table: the consistent reading's predicted over measured, e.g. 0.91,
     # 0.98 and 1.04 on 768, 1,536 and 48 GPUs (median 0.98)
     core = {"consistent": [{"ratio": 0.91, "gpus": 768}, {"ratio": 1.04, "gpus": 48},

@@ -720,7 +720,7 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
     from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
 
     act_bytes = ELEMENT_BYTES[args.dtype]
-    float8 = gpt.fp8 if gpt.fp8 in FLOAT8_RECIPES else None
+    float8 = gpt.fp8 if gpt is not None and gpt.fp8 in FLOAT8_RECIPES else None
     # a full checkpoint replays the forward's collectives; torchtitan's op-level policy
     # saves the collectives' outputs (and the amaxes: its _save_list keeps aten.max)
     recompute = args.activation_checkpointing == "full"

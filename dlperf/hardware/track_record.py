@@ -339,7 +339,8 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
         # the same runs with torchao's float8 layers: async's gain, and dlperf's rates over
         # the measured ones, by recipe (the BF16 rows' beside them)
         rows = async_tp.get("rows", [])
-        for recipe in sorted({g["fp8"] for g in gains if g.get("fp8")}):
+        for recipe in [r for r in ("tensorwise", "rowwise")
+                       if any(g.get("fp8") == r for g in gains)]:
             rates = [r["ratio"] for r in rows if r.get("fp8") == recipe]
             entry["async"].setdefault("float8", {})[recipe] = {
                 **span([g for g in gains if g.get("fp8") == recipe]),
