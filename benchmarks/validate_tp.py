@@ -158,6 +158,9 @@ there), run on the h100-sxm preset, so the absolute rates carry that GPU's gap (
 scaling table's compiled 8-GPU torchtitan row); the measure is async over vanilla on one GPU,
 model, recipe and batch, where it cancels. The table notes that its vanilla-TP rowwise rate
 is low for a reason being fixed (pytorch/torchtitan#1207): those rows are kept, not fitted.
+Beside the table, the same team's runs of 70B on 128 GPUs (FSDP 16 x TP 8, otherwise the
+same) three months before (pytorch/pytorch#149990, 2025-03-25: BF16 598 and 673, tensorwise
+820 and 950 tokens/s per GPU, vanilla and async; its rowwise figures are cut short there).
 
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
@@ -1108,6 +1111,11 @@ ASYNC_TP_RUNS = (
      {(None, "torch"): 4378.0, (None, "torch-async"): 4809.4,
       ("tensorwise", "torch"): 5078.1, ("tensorwise", "torch-async"): 5570.1,
       ("rowwise", "torch"): 3708.5, ("rowwise", "torch-async"): 3914.9}),
+    # the same stack three months before, on 128 GPUs (FSDP 16 x TP 8): pytorch/pytorch#149990
+    # (2025-03-25, a torch nightly); its rowwise rows are not all given, so not run
+    ("llama3-70b", 128, 16, "full",
+     {(None, "torch"): 598.0, (None, "torch-async"): 673.0,
+      ("tensorwise", "torch"): 820.0, ("tensorwise", "torch-async"): 950.0}),
 )
 
 
@@ -1142,10 +1150,13 @@ def torchtitan_async_tp(out: Path) -> None:
                    "tp_busy_s": tensor["busy_s"], "tp_exposed_s": tensor["exposed_s"],
                    "step_s": here["step_s"]}
             rows.append(row)
-            by_key[model, recipe, impl] = row
-    for model, gpus, *_ in ASYNC_TP_RUNS:
+            by_key[model, gpus, recipe, impl] = row
+    for model, gpus, _, _, measured in ASYNC_TP_RUNS:
         for recipe in (None, "tensorwise", "rowwise"):
-            vanilla, fused = by_key[model, recipe, "torch"], by_key[model, recipe, "torch-async"]
+            if (recipe, "torch") not in measured:
+                continue
+            vanilla = by_key[model, gpus, recipe, "torch"]
+            fused = by_key[model, gpus, recipe, "torch-async"]
             m = fused["measured_per_gpu"] / vanilla["measured_per_gpu"]
             p = fused["predicted_per_gpu"] / vanilla["predicted_per_gpu"]
             speedups.append({"model": model, "gpus": gpus, "fp8": recipe, "measured": m,
@@ -1153,7 +1164,7 @@ def torchtitan_async_tp(out: Path) -> None:
             if recipe is None:
                 continue
             for impl in ("torch", "torch-async"):  # what float8 gains over BF16, same TP
-                f8, bf16 = by_key[model, recipe, impl], by_key[model, None, impl]
+                f8, bf16 = by_key[model, gpus, recipe, impl], by_key[model, gpus, None, impl]
                 m = f8["measured_per_gpu"] / bf16["measured_per_gpu"]
                 p = f8["predicted_per_gpu"] / bf16["predicted_per_gpu"]
                 float8.append({"model": model, "gpus": gpus, "fp8": recipe, "tp_impl": impl,
@@ -1163,11 +1174,13 @@ def torchtitan_async_tp(out: Path) -> None:
               f"measured {r['measured_per_gpu']:7,.1f} tokens/s per GPU, predicted "
               f"{r['predicted_per_gpu']:7,.1f} ({r['ratio']:.2f}x)")
     for p in speedups:
-        print(f"{p['model']:10s} {p['fp8'] or 'bf16':10s} async over vanilla TP: measured "
-              f"{p['measured']:.3f}, predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
+        print(f"{p['model']:10s} {p['gpus']:3d} {p['fp8'] or 'bf16':10s} async over vanilla: "
+              f"measured {p['measured']:.3f}, predicted {p['predicted']:.3f} "
+              f"({p['ratio']:.2f}x)")
     for p in float8:
-        print(f"{p['model']:10s} {p['fp8']:10s} over bf16 ({p['tp_impl']}): measured "
-              f"{p['measured']:.3f}, predicted {p['predicted']:.3f} ({p['ratio']:.2f}x)")
+        print(f"{p['model']:10s} {p['gpus']:3d} {p['fp8']:10s} over bf16 ({p['tp_impl']}): "
+              f"measured {p['measured']:.3f}, predicted {p['predicted']:.3f} "
+              f"({p['ratio']:.2f}x)")
     save_result(out, "validate-tp-torchtitan-async",
                 {"runs": [[m, g, b, c, [[r, i, t] for (r, i), t in ts.items()]]
                           for m, g, b, c, ts in ASYNC_TP_RUNS],

@@ -335,7 +335,7 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
         gains = async_tp["async_over_vanilla"]
         entry["async"] = {
             **span([g for g in gains if g.get("fp8") is None]),
-            "source": "torchtitan's Llama 3.1 8B and 70B on 64 and 256 H100s, FSDP x TP 8 (2025)"}
+            "source": "torchtitan's Llama 3.1 8B and 70B on 64-256 H100s, FSDP x TP 8 (2025)"}
         # the same runs with torchao's float8 layers: async's gain, and dlperf's rates over
         # the measured ones, by recipe (the BF16 rows' beside them)
         rows = async_tp.get("rows", [])
