@@ -89,9 +89,9 @@ along a sharded axis all-reduce one amax a row.
 
 Not modelled: delayed and static scaling, ``rowwise_with_gw_hp``, FSDP's float8 all-gather
 under the rowwise recipe (torchao has none: the weights gather in BF16), and the kernels'
-rates: the rowwise CUTLASS kernel and
-cuBLAS without fast accumulation (torchao's default in the backward GEMMs) are charged the
-FP8 GEMM rate of every other FP8 GEMM (the model's one; both run slower at some shapes).
+rates: the rowwise CUTLASS kernel and cuBLAS without fast accumulation (torchao's default in
+the backward GEMMs) are charged the FP8 GEMM rate of every other FP8 GEMM (the model's one;
+both run slower at some shapes).
 """
 
 from __future__ import annotations

@@ -697,7 +697,7 @@ class Block(nn.Module):
         # the ranks the split regions gather their input from here (1: the layers gather it
         # themselves, Megatron's way, or it is whole)
         self.gather = 1 if cfg.regather > 1 else self.split
-        self.float8_gather = cfg.float8_gather  # (and its gradient's: ``_shard_cast``)
+        self.float8_gather = cfg.float8_gather  # torchao's float8 styles: ``_shard_cast``
         self.ln1 = _norm(cfg)
         self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
             else Attention(cfg)
