@@ -718,6 +718,7 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
     pipeline stages), in the activations' dtype."""
     from dlperf.analysis.scaling import float8_tp_reductions, tensor_parallel_collectives
     from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
+    from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
     act_bytes = ELEMENT_BYTES[args.dtype]
     float8 = gpt.fp8 if gpt is not None and gpt.fp8 in FLOAT8_RECIPES else None
@@ -731,11 +732,12 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
         sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl,
         fp8=gpt.fp8 is not None and float8 is None, float8=float8)
     if args.tp > 1 and float8 is not None:
-        # torchao's casts of tensors split over the ranks: their amaxes all-reduced
-        column = (3 if gpt.positions == "rope" or gpt.groups > 1 else 1) + (
-            2 if gpt.mlp == "swiglu" else 1)
+        # torchao's casts of tensors split over the ranks: their amaxes all-reduced; a block's
+        # column- and row-parallel layers as the model builds them (its first two regions)
+        column = sum(len(r) for r in column_parallel_regions(gpt)[:2])
+        row = sum(len(r) for r in row_parallel_regions(gpt)[:2])
         collectives += float8_tp_reductions(
-            float8, blocks, column, 2, tokens, gpt.d_model,
+            float8, blocks, column, row, tokens, gpt.d_model,
             recompute_layers=blocks // (args.checkpoint_every or 1) if recompute else 0,
             sequence_parallel=gpt.sequence_parallel)
     # context parallel: a layer's K and V on one rank for a micro-batch (of the local tokens,
