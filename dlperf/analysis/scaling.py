@@ -712,7 +712,7 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     if impl == "torch":
         if not sequence_parallel:
             return (("allreduce", 2 * regions + again, nbytes, None),)
-        if gathered != nbytes:  # torchao's tensorwise: the blocks' all-gathers in FP8
+        if float8 == "tensorwise":  # torchao's float8 styles: the blocks' all-gathers in FP8
             return (("allgather", 2, nbytes, None),  # the output layer's, the embedding's
                     ("allgather", 4 * layers + again, gathered, None),
                     ("reducescatter", 2 * regions + again, nbytes, None))
