@@ -136,7 +136,12 @@ class GraphedStep:
         static_x, static_y = x.clone(), y.clone()  # clone keeps channels_last strides
         self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates them
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: the GPU input path decodes the next batches in its own thread on its
+        # own stream while this thread captures; in PyTorch's default "global" mode any CUDA
+        # call that thread makes (nvJPEG's allocations, its event syncs) invalidates the
+        # capture (cudaErrorStreamCaptureInvalidated, seen on the H200 run of 2026-12-04).
+        # The caching allocator routes only this stream's allocations to the graph's pool.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             outputs = self._body(static_x, static_y)
         self._pool = graph.pool()
         self.captures += 1
