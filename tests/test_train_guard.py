@@ -254,6 +254,75 @@ def test_graphed_step_eager_fallback_trains_like_the_plain_step():
         assert torch.equal(p, q)
 
 
+def test_the_capture_tolerates_the_input_threads_cuda_calls(monkeypatch):
+    # The GPU input path decodes in its own thread on its own stream while the step is
+    # captured; in the default "global" mode any CUDA call of that thread invalidated the
+    # capture (cudaErrorStreamCaptureInvalidated on the H200 run of 2026-12-04). The capture
+    # must be thread_local. Checked here with a stand-in for torch.cuda.graph that records its
+    # arguments and runs the body eagerly.
+    from dlperf.train import graphs
+    from dlperf.train.guard import StepGuard
+    from dlperf.train.step import StepParts
+
+    seen = []
+
+    class FakeGraph:
+        def pool(self):
+            return "pool"
+
+    class FakeCapture:
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            seen.append((pool, capture_error_mode))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", FakeCapture)
+    model, _, opt, _ = _sgd_pair("sgd")
+    prepare_deferred(opt)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    guard = StepGuard("deferred", 3, scaler, torch.device("cpu"), RunLog(None))
+    parts = StepParts(model, model, torch.nn.CrossEntropyLoss(), opt, scaler, guard, None,
+                      None, torch.device("cpu"))
+    step = graphs.GraphedStep(parts, capture=False)
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    graph, static_x, _, (loss, norm, applied) = step._capture(x, y)
+    step._capture(x, y)  # a second shape's capture shares the first one's pool
+    assert seen == [(None, "thread_local"), ("pool", "thread_local")]
+    assert torch.equal(static_x, x) and static_x is not x
+    assert torch.isfinite(loss) and bool(applied)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_a_capture_beside_a_thread_doing_cuda_work(toy, tmp_path):
+    # What the GPU input path does during the capture: another thread allocating and
+    # synchronising its own stream. The run must capture and train.
+    import threading
+
+    stop = threading.Event()
+
+    def busy():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                torch.empty(1 << 20, device="cuda").fill_(1.0)
+                stream.synchronize()
+
+    worker = threading.Thread(target=busy, daemon=True)
+    worker.start()
+    try:
+        summary = train(_cfg(toy, tmp_path / "c", epochs=1, device="cuda", dtype="fp32",
+                             cuda_graphs=True), resume=None, progress=False, mfu=False)
+    finally:
+        stop.set()
+        worker.join()
+    assert summary["steps"] > 0
+
+
 @pytest.mark.parametrize("overrides,message", [
     (dict(cuda_graphs=True, compile="default"), "cuda_graphs and compile are exclusive"),
     (dict(cuda_graphs=True, dtype="fp16"), "does not support fp16"),
