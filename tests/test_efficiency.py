@@ -190,7 +190,10 @@ def test_fused_attention_runs_at_its_kernels_share_on_each_preset():
     assert seconds(h100, "triton-2023") == pytest.approx(flops / (0.187 * 989.4e12), rel=1e-3)
     assert seconds(a100, "triton-2023") / seconds(h100, "triton-2023") == pytest.approx(
         1.82, abs=0.01)
+    # cuDNN's, timed on an H200: 0.475 x 989.4 = 470.0 TFLOP/s, 1.48x FlashAttention-2's
+    assert seconds(h100, "flash2") / seconds(h100, "cudnn") == pytest.approx(0.475 / 0.322)
     for name in ("h100-sxm", "h100-pcie", "h200", "gh200"):
+        assert efficiency_for(get_device(name), "cudnn").attention == 0.475, name
         eff = efficiency_for(get_device(name), "triton-2023")
         assert eff.attention == HOPPER_ATTENTION, name
         assert eff.tensor_gemm == HOPPER_TENSOR_GEMM, name
@@ -205,7 +208,7 @@ def test_fused_attention_runs_at_its_kernels_share_on_each_preset():
         assert efficiency_for(get_device(name)).attention == A100_FLASH2_ATTENTION
     # GPUs without a calibrated share run either kernel at the generic fitted one
     for name in ("v100-sxm2", "l40s", "b200", "rtx3090"):
-        for kernel in ("flash2", "triton-2023"):
+        for kernel in ("flash2", "triton-2023", "cudnn"):
             assert efficiency_for(get_device(name), kernel) == FITTED, (name, kernel)
     # a share the user sets (a device file, --efficiency attention=X) is theirs
     own = replace(a100, efficiency={**a100.efficiency, "attention": 0.4})
@@ -235,6 +238,31 @@ def test_attention_kernel_shares_come_from_the_saved_experiment_and_the_literatu
     assert 0.5 <= A100_FLASH2_ATTENTION <= 0.73
     h100 = saved["results"]["summary"]["h100-sxm"]
     assert HOPPER_FLASH2_ATTENTION < h100["fitted_fraction"]
+
+
+def test_the_cudnn_share_is_the_lent_h200s_timing():
+    # Step 0c of scripts/device_check.sh on the H200 of 2026-12-04: causal BF16 attention,
+    # batch 2 x 32 heads x 4,096 tokens x head 128. Its FLOPs as attention_cost counts them:
+    # forward 2 matmuls x 2 x 2*32*4096*4096*128 / 2 (causal) = 274,877,906,944; the
+    # backward 2.5x that. cuDNN's forward and backward over that at 989.4 TFLOP/s is the share.
+    from dlperf.hardware.efficiency import HOPPER_CUDNN_ATTENTION
+
+    saved = json.loads((ROOT / "benchmarks/results/device-h200-2026-12-04/analyses.json"
+                        ).read_text())["sdpa_share"]
+    assert saved["environment"]["gpu"] == "NVIDIA H200"
+    result = saved["results"]
+    forward = 2 * 2 * 2 * 32 * 4096 * 4096 * 128 // 2
+    assert result["flops"] == {"forward": forward, "dgrad": forward * 5 // 2}
+    backends = {b["backend"]: b for b in result["backends"]}
+    cudnn = backends["cudnn"]
+    share = 3.5 * forward / cudnn["forward_backward_s"] / 989.4e12
+    assert share == pytest.approx(cudnn["forward_backward_share"])
+    assert HOPPER_CUDNN_ATTENTION == round(share, 3)
+    # what PyTorch picked by default runs at cuDNN's speed (within 5%), 1.7-2.3x
+    # FlashAttention-2 as huggingface/transformers#48163 found on Hopper
+    assert backends["default"]["forward_backward_s"] == pytest.approx(
+        cudnn["forward_backward_s"], rel=0.05)
+    assert 1.7 <= backends["flash"]["forward_backward_s"] / cudnn["forward_backward_s"] <= 2.3
 
 
 def test_by_attention_in_a_device_file_is_checked():

@@ -98,7 +98,8 @@ class AnalysisConfig:
     fp8_weight_cast_share: float = 1.0
     # the fused attention kernel the stack runs (hardware/efficiency.py ATTENTION_KERNELS):
     # "flash2" (PyTorch's SDPA since 2.2: FlashAttention-2) or "triton-2023" (llm-foundry's
-    # Triton flash kernel, MosaicML's 2023 runs): its share of the Tensor Core peak
+    # Triton flash kernel, MosaicML's 2023 runs) or "cudnn" (cuDNN's, what torch 2.11's SDPA
+    # picked on an H200): its share of the Tensor Core peak
     attention_kernel: str = DEFAULT_ATTENTION_KERNEL
     # how the loss computes cross-entropy over the logits (models/losses.py LOSSES): "fp32"
     # (upcast first: torchtitan, Hugging Face, Megatron-LM, autocast), "half" (in the logits'
@@ -721,7 +722,7 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     torch.compile, analysis/compiled.py);
     ``cuda_graphs``: the step replayed as a CUDA graph (no CPU issue time per kernel).
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
-    ``attention_kernel``: the fused attention kernel, "flash2" or "triton-2023"
+    ``attention_kernel``: the fused attention kernel, "flash2", "triton-2023" or "cudnn"
     (``AnalysisConfig.attention_kernel``); None: ``default_attention_kernel`` (the MPT
     presets ran llm-foundry's Triton kernel; else "flash2").
     ``loss``: how the loss computes cross-entropy, "fp32", "half" or "fused"

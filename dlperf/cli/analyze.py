@@ -52,7 +52,9 @@ def add_parser(sub) -> None:
                         "Core peak: flash2 = PyTorch's scaled_dot_product_attention since 2.2 "
                         "(FlashAttention-2: 0.553 on an A100, 0.322 on Hopper); triton-2023 = "
                         "llm-foundry's Triton flash kernel of MosaicML's 2023 runs (0.325, "
-                        "0.187). GPUs without a calibrated share take 0.325 for both; "
+                        "0.187); cudnn = cuDNN's fused attention (Hopper: 0.475, timed on an "
+                        "H200, where torch 2.11's SDPA picks it). GPUs without a calibrated "
+                        "share take 0.325; "
                         "--efficiency attention=X sets it outright [flash2; the mpt-* "
                         "presets: triton-2023, as MosaicML's published runs]")
     a.add_argument("--batch-size", type=batch_size_arg, default=None,

@@ -463,11 +463,24 @@ HOPPER_TENSOR_GEMM = 0.578
 #   instructions, it does not use Hopper's warpgroup MMA. IBM's 4 rows on 96 H100s alone fit
 #   0.406 (held out 0.388-0.433) with the 2023 stack's GEMM share beside it: they cannot
 #   separate the two, so the measured kernel's figure is shipped and the rows are its check.
-# Other GPUs have no calibrated share for either: they take ``attention`` (0.325).
-ATTENTION_KERNELS = ("flash2", "triton-2023")
+# - "cudnn": cuDNN's fused attention (``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``, and what
+#   PyTorch's SDPA picked by default on the lent H200 with torch 2.11 and cuDNN 9.19: 1.98 ms
+#   against cuDNN's 2.05 and FlashAttention-2's 3.71). Hopper: 0.475 of the peak, forward and
+#   backward, causal BF16 at head size 128 and 4,096 tokens, timed by step 0c of
+#   scripts/device_check.sh on that H200 (benchmarks/results/device-h200-2026-12-04/
+#   analyses.json, "sdpa_share"; FlashAttention-2 there: 0.262 forward and backward, 0.299
+#   forward, where the FlashAttention-3 paper's forward gives the shipped 0.322). 1.81x
+#   FlashAttention-2, inside the 1.7-2.3x that huggingface/transformers#48163 measured for
+#   training shapes on Hopper (where it found cuDNN slower than FlashAttention-2 on Ampere and
+#   Blackwell: no share for them here). PyTorch 2.5.1 made the backend opt-in
+#   (pytorch/pytorch#138522); the stacks the validation rows ran called FlashAttention-2,
+#   which stays the default.
+# Other GPUs have no calibrated share for these: they take ``attention`` (0.325).
+ATTENTION_KERNELS = ("flash2", "triton-2023", "cudnn")
 DEFAULT_ATTENTION_KERNEL = "flash2"
 A100_FLASH2_ATTENTION = 0.553
 HOPPER_FLASH2_ATTENTION = round(319 / 989.4, 3)  # 0.322
+HOPPER_CUDNN_ATTENTION = 0.475
 
 # A measured profile (dlperf probe) already holds achieved rates: nothing left to discount.
 MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
 from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, HOPPER_ATTENTION,
-                                         HOPPER_FLASH2_ATTENTION, HOPPER_TENSOR_GEMM)
+                                         HOPPER_CUDNN_ATTENTION, HOPPER_FLASH2_ATTENTION,
+                                         HOPPER_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -141,12 +142,14 @@ _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-d
 # What the efficiency model knows of Hopper GPUs beyond the fitted defaults: the GEMM share and
 # the Triton attention kernel's, fitted together to the GEMM- and attention-bound decoder runs
 # on H100s (hardware/efficiency.py, HOPPER_TENSOR_GEMM, HOPPER_ATTENTION, and their fit), and
-# FlashAttention-2's from the FlashAttention-3 paper's timing (HOPPER_FLASH2_ATTENTION):
+# FlashAttention-2's from the FlashAttention-3 paper's timing (HOPPER_FLASH2_ATTENTION), cuDNN's
+# as timed on a lent H200 (HOPPER_CUDNN_ATTENTION):
 # cuBLAS's GEMMs keep a smaller share of the Tensor Core peak in sustained training than on an
 # A100, and fused attention (kernels written for Ampere's MMA instructions) about half of its
 # A100 share, by kernel (--attention-kernel).
 _HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM,
-           "by_attention": {"flash2": HOPPER_FLASH2_ATTENTION, "triton-2023": HOPPER_ATTENTION}}
+           "by_attention": {"flash2": HOPPER_FLASH2_ATTENTION, "triton-2023": HOPPER_ATTENTION,
+                            "cudnn": HOPPER_CUDNN_ATTENTION}}
 # The A100s' FlashAttention-2 share, fitted to the eager Llama rows (hardware/efficiency.py,
 # A100_FLASH2_ATTENTION); the Triton kernel's is the generic fitted one, FITTED.attention.
 _A100_ATTENTION = {"by_attention": {"flash2": A100_FLASH2_ATTENTION}}
@@ -156,10 +159,14 @@ _HOPPER_CAVEAT = (
     f"Its GEMM share ({HOPPER_TENSOR_GEMM} of the Tensor Core peak) is fitted to MosaicML's "
     "FSDP runs on H100s with a 2023 stack (PyTorch 2.1, CUDA 12.1), its fused attention is "
     f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, the FlashAttention-3 paper's figure; "
-    f"--attention-kernel triton-2023: that stack's {HOPPER_ATTENTION}); newer stacks ran faster "
-    "than predicted (Lambda's BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B "
-    "on two and four H200s 1.3x with `--fusion compile`, KempnerForge): `--efficiency "
-    "tensor_gemm=...` (or a device file's \"efficiency\") sets a stack's own values.")
+    f"--attention-kernel triton-2023: that stack's {HOPPER_ATTENTION}; --attention-kernel "
+    f"cudnn: {HOPPER_CUDNN_ATTENTION}, cuDNN's, timed on an H200 with torch 2.11, whose SDPA "
+    "picked it by default). On that H200 a single GPU's GEMMs sustained 0.70 of the peak and "
+    "0.59 beside a collective's copy: one GPU without collectives runs faster than this share "
+    "says (`--efficiency tensor_gemm=0.699`). Newer stacks ran faster than predicted (Lambda's "
+    "BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B on two and four H200s "
+    "1.3x with `--fusion compile`, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
+    "file's \"efficiency\") sets a stack's own values.")
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
