@@ -29,7 +29,8 @@ from dlperf.train.evaluate import evaluate
 from dlperf.train.graphs import graphed_step_for
 from dlperf.train.guard import NonFinite
 from dlperf.train.inputs import build_loaders, image_size_at, loader_for_epoch, source_kind
-from dlperf.train.metrics import RunLog, Throughput, add_step_loss, finish_summary
+from dlperf.train.metrics import (InputStall, RunLog, Throughput, add_step_loss,
+                                  finish_summary)
 from dlperf.train.optim import build_optimizer, build_scheduler, host_lr, step_schedule
 from dlperf.train.profiling import profiler_for
 from dlperf.train.recipes import TrainConfig
@@ -105,6 +106,7 @@ class Trainer:
                               scaler=parts.scaler, ema=parts.ema, loader=loader,
                               guard=parts.guard)
         self.tput = Throughput()
+        self.stall = InputStall(self.info.device)
         self.bar = Progress(progress and info.is_main, console)
         self.profiler = profiler_for(cfg, out, info, log)
         self.compile_s, self.time_to_target = 0.0, None
@@ -153,16 +155,20 @@ class Trainer:
         it = self._start_epoch(epoch)
         wait, last_loss = it.last_wait, float("nan")  # the epoch's first fetch
         self.tput.start_epoch()
+        self.stall.reset()
         while True:
             batches = []
             for _ in range(self.cfg.grad_accum):
                 got = next(it, None)
                 if got is None:
+                    self.tput.add_wait(self.stall.take(0.0, drain=True))
                     return
                 wait += it.last_wait
                 batches.append(got)
+            self.stall.step_start()
             loss_sum, grad_norm, applied, images = self._step(batches)
-            self.tput.lap(images * self.info.world_size, wait)
+            self.stall.step_end()
+            self.tput.lap(images * self.info.world_size, self.stall.take(wait))
             wait = 0.0
             last_loss = self._account(epoch, loss_sum, grad_norm, applied, last_loss)
             self._maybe_stop(signals)

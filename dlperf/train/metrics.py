@@ -121,6 +121,65 @@ class Throughput:
     def data_wait_share(self) -> float:
         return self.data_wait / self.wall if self.wall else 0.0
 
+    def add_wait(self, seconds: float) -> None:
+        """Input stall read after its step's lap (``InputStall.take(drain=True)``)."""
+        if self.laps:
+            self.data_wait += seconds
+
+
+class InputStall:
+    """How long the device sat idle waiting for the next batch, step by step.
+
+    The host's wait for a batch is the stall only when the host waits for the GPU every step.
+    A step that syncs nothing (deferred non-finite check, a CUDA graph replay, a compiled
+    step) returns while its kernels still run, so the host then waits for the loader while the
+    GPU is busy: on the H200 run of 2026-12-04 the host waited 52% of a graphed run fed by the
+    GPU JPEG path and called the rest "compute-only" at 6,425 img/s, where the same step on
+    synthetic data ran 4,958 (benchmarks/results/device-h200-2026-12-04/). On CUDA the stall is
+    measured on the GPU's own clock instead: an event after each step's work and one when the
+    next step's work is issued (after its batch is in hand) on the same stream; the time
+    between them is the GPU's idle gap (zero when the batch came before the GPU was done).
+    Events are read when complete (``query``, no sync) or drained where the trainer
+    synchronises anyway (an epoch's end). On a CPU, where everything runs as issued, the host's
+    wait is the stall.
+    """
+
+    def __init__(self, device: torch.device, event=None):
+        self.cuda = device.type == "cuda" or event is not None
+        self._event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self._end = None  # the event after the previous step's work
+        self._gaps: list[tuple] = []  # (previous step's end, this step's start), unread
+
+    def _mark(self):
+        event = self._event()
+        event.record()
+        return event
+
+    def reset(self) -> None:
+        """An epoch starts: the gap across evaluation and checkpoints is not an input stall."""
+        self._end = None
+
+    def step_start(self) -> None:
+        if self.cuda and self._end is not None:
+            self._gaps.append((self._end, self._mark()))
+
+    def step_end(self) -> None:
+        if self.cuda:
+            self._end = self._mark()
+
+    def take(self, host_wait: float, drain: bool = False) -> float:
+        """Seconds of stall to count now: on a CPU ``host_wait``; on CUDA the gaps whose events
+        have completed (all of them, waiting, with ``drain``)."""
+        if not self.cuda:
+            return host_wait
+        seconds = 0.0
+        while self._gaps and (drain or self._gaps[0][1].query()):
+            end, start = self._gaps.pop(0)
+            if drain:
+                start.synchronize()
+            seconds += max(0.0, end.elapsed_time(start)) / 1e3
+        return seconds
+
 
 def flops_per_image(model_name: str, num_classes: int, image_size: int, dtype: str,
                     channels: int = 3) -> float | None:
