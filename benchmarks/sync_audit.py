@@ -18,6 +18,7 @@ import collections
 import json
 import sys
 import tempfile
+import traceback
 import warnings
 from pathlib import Path
 
@@ -26,6 +27,23 @@ import torch
 from dlperf.provenance import save_result
 from dlperf.train.loop import train
 from dlperf.train.recipes import apply_overrides, get_recipe
+
+
+def blame(stack: list, library_line: str, package: Path | None = None) -> str:
+    """The innermost frame of ``stack`` (``traceback.extract_stack()``, outermost first) in
+    dlperf's own package (``package``: its folder), as "dlperf/…/file.py:line", with
+    ``library_line`` (the warning's own line) beside it; ``library_line`` alone when no dlperf
+    frame is on the stack."""
+    import dlperf
+
+    package = package or Path(dlperf.__file__).resolve().parent
+    for frame in reversed(stack):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(package):
+            where = f"dlperf/{path.relative_to(package).as_posix()}:{frame.lineno}"
+            return where if path.name + f":{frame.lineno}" == library_line else (
+                f"{where} (via {library_line})")
+    return library_line
 
 
 def main(argv=None) -> int:
@@ -43,8 +61,16 @@ def main(argv=None) -> int:
         overrides.update(kv.split("=", 1) for kv in args.overrides)
         cfg = apply_overrides(get_recipe(args.recipe), overrides)
         counts: collections.Counter = collections.Counter()
-        with warnings.catch_warnings(record=True) as caught:
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            # called while the synchronising call's frames are still on the stack
+            if "synchroniz" in str(message).lower():
+                counts[blame(traceback.extract_stack()[:-1],
+                             f"{Path(filename).name}:{lineno}")] += 1
+
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = record
             if cuda:
                 torch.cuda.set_sync_debug_mode("warn")
             try:
@@ -52,9 +78,6 @@ def main(argv=None) -> int:
             finally:
                 if cuda:
                     torch.cuda.set_sync_debug_mode("default")
-        for w in caught:
-            if "synchroniz" in str(w.message).lower():
-                counts[f"{Path(w.filename).name}:{w.lineno}"] += 1
     steps = summary["steps"]
     per_step = {line: n for line, n in counts.items() if n >= steps}
     results = {"audited": cuda, "steps": steps, "syncs_by_line": dict(counts),
