@@ -161,9 +161,10 @@ _HOPPER_CAVEAT = (
     f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, the FlashAttention-3 paper's figure; "
     f"--attention-kernel triton-2023: that stack's {HOPPER_ATTENTION}; --attention-kernel "
     f"cudnn: {HOPPER_CUDNN_ATTENTION}, cuDNN's, timed on an H200 with torch 2.11, whose SDPA "
-    "picked it by default). On that H200 a single GPU's GEMMs sustained 0.70 of the peak and "
-    "0.59 beside a collective's copy: one GPU without collectives runs faster than this share "
-    "says (`--efficiency tensor_gemm=0.699`). Newer stacks ran faster than predicted (Lambda's "
+    "picked it by default). On that H200 an MPT-13B block's GEMMs sustained 0.70 of the peak "
+    "alone and 0.59 beside a collective's copy (a 350M GPT's smaller ones ran near this share): "
+    "one GPU without collectives runs large GEMMs faster than it says (`--efficiency "
+    "tensor_gemm=0.699`). Newer stacks ran faster than predicted (Lambda's "
     "BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B on two and four H200s "
     "1.3x with `--fusion compile`, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
     "file's \"efficiency\") sets a stack's own values.")
