@@ -13,6 +13,12 @@ tensorwise scales and once with the rowwise recipe, beside ``--fp8 tensorwise`` 
 rowwise``'s predictions: each recipe's speed-up over the compiled BF16 stack (the rowwise one
 also times PyTorch's rowwise CUTLASS GEMM, which dlperf charges at cuBLAS's FP8 rate).
 
+Each stack's step is also profiled once on the GPU (``torch.profiler``) and its kernels' time
+summed by class, GEMMs, fused attention, Inductor's fused kernels and the rest, beside the
+same classes of the prediction (``kernels_ms``): on the H200 of 2026-12-04 the rowwise stack
+ran 19% slower than predicted against the others' speed-ups within 1.5%, and one step's total
+could not say whether its GEMMs or its casts took the difference.
+
 Usage: python benchmarks/bench_compile_gpu.py OUT.json [--preset h200] [--device cuda]
        [--layers 4] [--d-model 2048] [--heads 16] [--kv-heads 8] [--ffn 5632] [--vocab 32000]
        [--tokens 4096] [--batch 2] [--rope complex] [--iters 10] [--fp8]
@@ -37,10 +43,63 @@ def gpt_config(args):
                      ffn_hidden=args.ffn, positions="rope", rope=args.rope)
 
 
-def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False) -> dict:
+# A CUDA kernel's class by its name (first match): fused attention (FlashAttention, cuDNN's
+# and PyTorch's memory-efficient kernels), GEMMs (cuBLAS's sm90_xmma / nvjet kernels, CUTLASS's,
+# the rowwise _scaled_mm), Inductor's generated kernels; the rest is ATen's own (elementwise,
+# reductions, copies).
+KERNEL_CLASSES = (("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+                  ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm", "matmul",
+                            "wgmma")),
+                  ("fused", ("triton",)))
+GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "fp8_gemm", "_int_mm"}
+
+
+def kernel_class(name: str) -> str:
+    lower = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in lower for k in keys):
+            return cls
+    return "other"
+
+
+def predicted_class(op: str) -> str:
+    """The class of a predicted kernel (``Cost.op``), as ``kernel_class`` names them."""
+    if op in GEMM_OPS:
+        return "gemm"
+    if op.startswith("attention"):
+        return "attention"
+    return "fused" if op == "compiled" else "other"
+
+
+def by_class(pairs) -> dict:
+    """{class: milliseconds} from (class, seconds) pairs."""
+    out: dict = {}
+    for cls, seconds in pairs:
+        out[cls] = out.get(cls, 0.0) + seconds * 1e3
+    return out
+
+
+def profile_step(model, tokens, targets, sync) -> dict | None:
+    """One step's CUDA kernel time by class (ms), after ``measure`` warmed it; None off CUDA."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if tokens.device.type != "cuda":
+        return None
+    step = _step(model, tokens, targets)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    return by_class((kernel_class(e.name), e.device_time_total / 1e6)
+                    for e in prof.key_averages()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False,
+              classes: dict | None = None) -> dict:
     """dlperf's predicted forward + backward (no optimizer) eager and compiled per block, and
     with ``fp8`` compiled per block with torchao's float8 layers ("float8": tensorwise;
-    "rowwise")."""
+    "rowwise"); each one's time by kernel class (ms) into ``classes`` where given."""
     import dataclasses
 
     import torch
@@ -63,11 +122,16 @@ def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False) -> di
                                 fusion=fusion, device=spec.name, fp8=recipe)
         analysis = analyze_model(model, config, spec, torch.long)
         out[name] = analysis.totals()["predicted_time_s"]
+        if classes is not None:  # the kernels, and what the step waits on the host beyond them
+            classes[name] = by_class([*((predicted_class(p.cost.op), p.time_s)
+                                        for p in analysis.predictions),
+                                      ("host", out[name] - sum(p.time_s for p
+                                                               in analysis.predictions))])
     return out
 
 
-def measure(model, tokens, targets, iters: int, sync) -> float:
-    """Median seconds of one forward and backward (the loss outside the compiled modules)."""
+def _step(model, tokens, targets):
+    """One forward and backward (the loss outside the compiled modules), as a function."""
     from torch.nn import functional as F
 
     def step():
@@ -77,6 +141,12 @@ def measure(model, tokens, targets, iters: int, sync) -> float:
         for p in model.parameters():
             p.grad = None
 
+    return step
+
+
+def measure(model, tokens, targets, iters: int, sync) -> float:
+    """Median seconds of one forward and backward (the loss outside the compiled modules)."""
+    step = _step(model, tokens, targets)
     for _ in range(3):  # warm-up (and, compiled, the compilation)
         step()
     sync()
@@ -119,19 +189,25 @@ def run(args) -> dict:
     tokens = torch.randint(0, cfg.vocab, (args.batch, cfg.seq_len), device=args.device)
     targets = torch.randint(0, cfg.vocab, (args.batch, cfg.seq_len), device=args.device)
     eager = measure(model, tokens, targets, args.iters, sync)
+    kernels = {"none": profile_step(model, tokens, targets, sync)}
     model = compiled_blocks(model)
     start = time.perf_counter()
     compiled = measure(model, tokens, targets, args.iters, sync)
     wall = time.perf_counter() - start
+    kernels["compile-blocks"] = profile_step(model, tokens, targets, sync)
+    predicted_kernels: dict = {}
     pred = predicted(cfg, args.batch, args.preset,
-                     "bf16" if dtype == torch.bfloat16 else "fp32", fp8)
+                     "bf16" if dtype == torch.bfloat16 else "fp32", fp8, predicted_kernels)
     measured_speedup = eager / compiled
     predicted_speedup = pred["none"] / pred["compile-blocks"]
     float8 = {}
     if fp8:
         del model
         for name, recipe in (("float8", "tensorwise"), ("rowwise", "rowwise")):
-            f8 = measure(compiled_blocks(build(recipe)), tokens, targets, args.iters, sync)
+            f8_model = compiled_blocks(build(recipe))
+            f8 = measure(f8_model, tokens, targets, args.iters, sync)
+            kernels[name] = profile_step(f8_model, tokens, targets, sync)
+            del f8_model
             gain, predicted_gain = compiled / f8, pred["compile-blocks"] / pred[name]
             float8 |= {f"{name}_s": f8, f"predicted_{name}_s": pred[name],
                        f"measured_{name}_speedup": gain,
@@ -148,7 +224,9 @@ def run(args) -> dict:
             "speedup_ratio": predicted_speedup / measured_speedup,
             "eager_measured_over_predicted": pred["none"] / eager,
             "compiled_measured_over_predicted": pred["compile-blocks"] / compiled,
-            "dtype": str(dtype).removeprefix("torch."), "preset": args.preset}
+            "dtype": str(dtype).removeprefix("torch."), "preset": args.preset,
+            "kernels_ms": {name: {"measured": kernels.get(name), "predicted": classes}
+                           for name, classes in predicted_kernels.items()}}
 
 
 def main(argv: list[str]) -> int:

@@ -77,7 +77,9 @@ step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa.json \
 # 0d. Issue #14: torch.compile's speed-up on a 4-block Llama stack (bf16, 2 x 4,096 tokens,
 #    each block compiled as torchtitan does), measured beside dlperf's --fusion compile-blocks
 #    prediction; then the same stack with torchao's float8 layers as dlperf models them
-#    (--fp8 tensorwise, then --fp8 rowwise), compiled too. ~120 s with the compilations.
+#    (--fp8 tensorwise, then --fp8 rowwise), compiled too; each stack's kernels profiled once
+#    and summed by class beside the prediction's classes (the H200 run could not say whether
+#    the rowwise GEMMs or casts took its 19%). ~120 s with the compilations.
 step timeout 180 $PY benchmarks/bench_compile_gpu.py /tmp/dlperf-compile.json --fp8 \
     --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
                 *H200*) echo h200;; *) echo h100-sxm;; esac)"

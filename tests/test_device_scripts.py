@@ -236,6 +236,43 @@ def test_compile_speedup_benchmark_runs_on_cpu(tmp_path):
     assert res["predicted_speedup"] > 1  # the compiled step moves fewer bytes
     assert res["speedup_ratio"] == pytest.approx(res["predicted_speedup"] /
                                                  res["measured_speedup"])
+    # each stack's predicted time by kernel class adds up to its predicted step; the measured
+    # classes need CUDA's profiler (None here)
+    kernels = res["kernels_ms"]
+    assert set(kernels) == {"none", "compile-blocks", "float8", "rowwise"}
+    for name, key in (("none", "predicted_eager_s"), ("compile-blocks", "predicted_compiled_s"),
+                      ("float8", "predicted_float8_s"), ("rowwise", "predicted_rowwise_s")):
+        assert kernels[name]["measured"] is None
+        assert sum(kernels[name]["predicted"].values()) == pytest.approx(res[key] * 1e3)
+    assert "fused" not in kernels["none"]["predicted"]  # eager: no compiled kernels
+    assert kernels["compile-blocks"]["predicted"]["fused"] > 0
+    assert kernels["none"]["predicted"]["gemm"] == pytest.approx(
+        kernels["compile-blocks"]["predicted"]["gemm"])  # compiling fuses around the GEMMs
+
+
+def test_compile_benchmark_sorts_kernels_by_name_as_the_prediction_does():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_compile_gpu import kernel_class, predicted_class
+    finally:
+        sys.path.pop(0)
+    # kernel names as CUDA's profiler reports them on Hopper (cuBLAS, CUTLASS's rowwise
+    # _scaled_mm, FlashAttention-2, cuDNN's attention, Inductor, ATen)
+    assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
+    assert kernel_class("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT") == "gemm"
+    assert kernel_class("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal"
+                        "<...RowwiseScaledMM...>>") == "gemm"
+    assert kernel_class("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"
+                        "<Flash_bwd_kernel_traits<128, 64, 128>>") == "attention"
+    assert kernel_class("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == (
+        "attention")
+    assert kernel_class("fmha_cutlassB_bf16_aligned_64x64_k128_sm80") == "attention"
+    assert kernel_class("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "fused"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4, "
+                        "at::native::CUDAFunctor_add<float>>") == "other"
+    assert [predicted_class(op) for op in ("mm", "_scaled_mm", "attention_backward",
+                                           "compiled", "_to_copy")] == [
+        "gemm", "gemm", "attention", "fused", "other"]
 
 
 def test_sync_audit_blames_the_dlperf_line_under_the_library_call(tmp_path):
