@@ -166,3 +166,56 @@ def test_depthwise_bench_reads_onednn_verbose_lines():
         "---unrelated line"])
     assert bench.parse_verbose(log) == {"5x1x14x96x8": {"dgrad": "jit_dw:avx2",
                                                         "wgrad": "x64:gemm:jit"}}
+
+
+def test_the_gpu_timer_reads_the_gpus_clock_not_the_hosts():
+    # A stand-in CUDA module with a host clock and a GPU timeline: dispatching the op costs the
+    # host 40 µs, its kernel runs 10 µs. The H200 run's timer (host clock between two syncs)
+    # read ~50 µs for such a kernel; the GPU's events read its 10 µs, the sleep kernel having
+    # kept the GPU busy through the dispatch.
+    from dlperf.analysis import measure as M
+
+    class Cuda:
+        host = 0.0
+        gpu = 0.0  # when the GPU finishes what has been issued
+        calls: list = []
+
+        @classmethod
+        def synchronize(cls, device=None):
+            cls.calls.append("sync")
+            cls.host = max(cls.host, cls.gpu)
+
+        @classmethod
+        def _sleep(cls, cycles):
+            cls.calls.append("sleep")
+            cls.gpu = max(cls.gpu, cls.host) + cycles / 2e9  # at 2 GHz
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                self.at = None
+
+            def record(self):
+                Cuda.calls.append("record")
+                self.at = max(Cuda.gpu, Cuda.host)
+
+            def synchronize(self):
+                Cuda.calls.append("event sync")
+                Cuda.host = max(Cuda.host, self.at)
+
+            def elapsed_time(self, other):
+                return (other.at - self.at) * 1e3
+
+    def op(x):
+        Cuda.calls.append("op")
+        Cuda.host += 40e-6  # the host dispatching it
+        Cuda.gpu = max(Cuda.gpu, Cuda.host) + 10e-6  # its kernel
+        return x + 1
+
+    timer = M.kernel_timer(torch.device("cuda"), cuda=Cuda)
+    out, seconds = timer(op, (1,), {})
+    assert out == 2 and seconds == pytest.approx(10e-6)
+    assert Cuda.calls == ["sync", "sleep", "record", "op", "record", "event sync"]
+    # without the sleep the start event would complete at once and the GPU would sit idle
+    # through the dispatch: 50 µs, what the old timer read
+    assert M.DISPATCH_COVER_CYCLES / 2e9 > 40e-6

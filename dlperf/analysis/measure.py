@@ -8,9 +8,13 @@ the rest is kept per kernel (warm-up excluded, medians: timing noise stays out).
 
 The optimizer step is not part of the measured step (the analysis can count it: --optimizer).
 
-On CPU the timer is wall time around the kernel (CPU kernels are synchronous). On a GPU it
-synchronises before and after each kernel, which serialises the step: per-kernel times include
-launch latency, as the roofline's launch term does.
+On CPU the timer is wall time around the kernel (CPU kernels are synchronous). On a GPU it is
+the GPU's own time between two CUDA events around the kernel, the GPU kept busy (a sleep kernel)
+while the host dispatches the op, so the host's dispatch, launch and synchronisation are not in
+it; the step is serialised (a sync before each kernel) so no two kernels overlap. Until
+2026-12-04 it was the host's clock between two synchronisations: on the lent H200 that put
+25-50 µs under every kernel (113 weight casts predicted at 0.31 ms measured 6.4 ms; weighted
+median errors 0.35-0.81; benchmarks/results/device-h200-2026-12-04/).
 """
 
 from __future__ import annotations
@@ -37,14 +41,26 @@ class MeasureConfig:
     seed: int = 0
 
 
-def kernel_timer(device: torch.device):
+# GPU cycles the sleep kernel holds the GPU before a timed kernel: ~0.5 ms at 2 GHz, longer
+# than the capture's dispatch of one op from Python (tens of µs), so the start event completes
+# when the op's first kernel can start, not when the host issued the event.
+DISPATCH_COVER_CYCLES = 1_000_000
+
+
+def kernel_timer(device: torch.device, cuda=torch.cuda):
+    """``timer(func, args, kwargs) -> (out, seconds)`` for the capture (``cuda``: the module
+    whose synchronize, _sleep and Event it uses; tests pass a stand-in)."""
     if device.type == "cuda":
         def timer(func, args, kwargs):
-            torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            cuda.synchronize(device)
+            start = cuda.Event(enable_timing=True)
+            end = cuda.Event(enable_timing=True)
+            cuda._sleep(DISPATCH_COVER_CYCLES)
+            start.record()
             out = func(*args, **kwargs)
-            torch.cuda.synchronize(device)
-            return out, time.perf_counter() - t0
+            end.record()
+            end.synchronize()
+            return out, start.elapsed_time(end) / 1e3
     else:
         def timer(func, args, kwargs):
             t0 = time.perf_counter()
