@@ -4,7 +4,8 @@ results (issues #11 and #14).
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
 validation-memory.json,
 tp-kempnerforge-h200.json, tp-{megatron-2020,megatron-2022,narayanan-2021,
-megatron-core-2024,llama3-405b,megatron-bridge-fp8}.json and kvstore-fit.json (rerun them first:
+megatron-core-2024,llama3-405b,megatron-bridge-fp8}.json, kvstore-fit.json and a lent GPU's
+device-*/analyses.json (step 0d's float8 speed-ups) (rerun the others first:
 validate_published.py, validate_scaling.py, validate_tp.py, fit_kvstore.py) and condenses
 them per device and class of workload (dlperf/hardware/track_record.py), the record `dlperf
 analyze` prints beside every prediction on a preset.
@@ -20,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks/results"
+# the lent GPU's run whose float8 speed-ups the record quotes (scripts/device_check.sh, step 0d)
+DEVICE_RUN = "device-h200-2026-12-04"
 
 
 def record_from_results(results: Path = RESULTS) -> dict:
@@ -38,7 +41,10 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
     if scaling["results"].get("float8_pairs"):  # torchao's float8 rows (--fp8 tensorwise)
-        record["float8"] = build_float8(scaling["results"])
+        device = results / DEVICE_RUN / "analyses.json"  # a lent GPU's step 0d
+        record["float8"] = build_float8(
+            scaling["results"],
+            json.loads(device.read_text())["compile_speedup"] if device.exists() else None)
     tp = results / "tp-kempnerforge-h200.json"  # benchmarks/validate_tp.py
     megatron = [results / f"tp-{name}.json"
                 for name in ("megatron-2020", "megatron-2022", "narayanan-2021",

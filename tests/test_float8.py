@@ -513,6 +513,23 @@ def test_the_record_says_what_float8_was_checked_against():
     text = describe_float8({"float8": entry}, recipe="rowwise")
     assert "--fp8 rowwise" in text and "1 published Llama 3 8B run:" in text
     assert "predicted 1.30x the measured rate" in text and "measured 1.10x, predicted 1.25x" in text
+    assert "lent to dlperf" not in text
+    # a lent GPU's own step-0d speed-ups (bench_compile_gpu.py --fp8) join each recipe's line
+    device_run = {"environment": {"gpu": "NVIDIA H200"},
+                  "results": {"preset": "h200", "measured_float8_speedup": 1.112,
+                              "predicted_float8_speedup": 1.127,
+                              "measured_rowwise_speedup": 0.893,
+                              "predicted_rowwise_speedup": 1.064}}
+    entry = build_float8(result, device_run)
+    assert entry["device_pairs"] == [
+        {"recipe": "tensorwise", "gpu": "NVIDIA H200", "preset": "h200",
+         "measured_speedup": 1.112, "predicted_speedup": 1.127},
+        {"recipe": "rowwise", "gpu": "NVIDIA H200", "preset": "h200",
+         "measured_speedup": 0.893, "predicted_speedup": 1.064}]
+    assert ("; on the NVIDIA H200 lent to dlperf (a 4-block Llama stack compiled per block), "
+            "measured 1.11x, predicted 1.13x." in describe_float8({"float8": entry}))
+    assert "measured 0.89x, predicted 1.06x (dlperf charges" in describe_float8(
+        {"float8": entry}, recipe="rowwise")
     assert describe_float8({}) is None
     assert describe_float8({"float8": {"rows": entry["rows"][:3], "pairs": []}},
                            recipe="rowwise") is None

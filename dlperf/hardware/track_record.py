@@ -497,13 +497,23 @@ def describe_fp8(record: dict | None = None) -> str | None:
             "it against.")
 
 
-def build_float8(result: dict) -> dict:
+def build_float8(result: dict, device_run: dict | None = None) -> dict:
     """The scale-out record's entry on torchao's float8 training (``analyze --fp8
     tensorwise|rowwise``), from validate_scaling.py's results: each float8 row's recipe,
     measured rate and dlperf's prediction over it, and each published float8 / BF16 pair's
-    speed-up, measured and predicted."""
+    speed-up, measured and predicted; with ``device_run`` (a saved ``bench_compile_gpu.py
+    --fp8`` result, a lent GPU's), the same speed-ups measured by dlperf itself."""
     rows = [r for r in result["rows"] if r.get("fp8")]
-    return {"rows": [{"id": r["id"], "recipe": r["fp8"], "source": r["source"],
+    own = []
+    if device_run is not None:
+        res, gpu = device_run["results"], device_run["environment"].get("gpu")
+        own = [{"recipe": recipe, "gpu": gpu, "preset": res["preset"],
+                "measured_speedup": res[f"measured_{name}_speedup"],
+                "predicted_speedup": res[f"predicted_{name}_speedup"]}
+               for name, recipe in (("float8", "tensorwise"), ("rowwise", "rowwise"))
+               if f"measured_{name}_speedup" in res]
+    return {"device_pairs": own,
+            "rows": [{"id": r["id"], "recipe": r["fp8"], "source": r["source"],
                       "device": r["device"], "gpus": r["gpus"], "tokens": r["image_size"],
                       "flag": r["flag"],
                       "measured": r["measured_per_gpu"], "ratio": r["per_gpu_ratio"]}
@@ -545,6 +555,10 @@ def describe_float8(record: dict | None = None, recipe: str = "tensorwise") -> s
         predicted = [p["predicted_speedup"] for p in pairs]
         text += (f"; float8's speed-up over the same compiled BF16 run, measured "
                  f"{_span(measured)}x, predicted {_span(predicted)}x")
+    for own in (p for p in f.get("device_pairs", []) if p["recipe"] == recipe):
+        text += (f"; on the {own['gpu']} lent to dlperf (a 4-block Llama stack compiled per "
+                 f"block), measured {own['measured_speedup']:.2f}x, predicted "
+                 f"{own['predicted_speedup']:.2f}x")
     if recipe == "rowwise":  # (models/float8.py: the GEMMs' rates are not the recipe's own)
         text += (" (dlperf charges the rowwise recipe's GEMM kernels, PyTorch's rowwise "
                  "CUTLASS kernel and cuBLAS without fast accumulation, at cuBLAS's FP8 rate)")
