@@ -244,6 +244,9 @@ def test_signal_checkpoints_and_resumes(toy, tmp_path, sig):
     assert again.returncode == 0, again.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"].endswith(f"step-{stopped:08d}.pt")
+    # the figures carry the machine, versions and commit they came from
+    assert summary["environment"]["torch"] == torch.__version__
+    assert "git_commit" in summary["environment"] and summary["environment"]["cpu_count"]
 
 
 def test_lr_schedule_shapes():

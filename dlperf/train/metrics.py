@@ -250,12 +250,18 @@ def utilisation(achieved: float, device: torch.device, dtype: str, spec_and_sour
 
 
 def finish_summary(summary: dict, cfg, info, image_size: int, out, log, mfu: bool) -> dict:
-    """Write the run's summary, then add the model FLOP utilisation (dlperf's FLOP count of a
-    step at the last image size over this device's ceiling: a first run on a CPU probes it,
-    so the summary is on disk before) and the advice, and write it again."""
+    """Write the run's summary with its environment (dlperf.provenance), then add the model
+    FLOP utilisation (dlperf's FLOP count of a step at the last image size over this device's
+    ceiling: a first run on a CPU probes it, so the summary is on disk before) and the advice,
+    and write it again."""
     from dlperf.files import write_json_atomic
+    from dlperf.provenance import environment
     from dlperf.train.advice import advice
 
+    # the machine, versions and commit beside the figures (the device run's train summaries
+    # of 2026-12-04 carried none: which GPU and torch they came from was only known from the
+    # files beside them)
+    summary["environment"] = environment()
     if info.is_main:
         write_json_atomic(out / "summary.json", summary)
     if mfu and summary["img_per_s"]:
