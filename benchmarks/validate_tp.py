@@ -186,7 +186,10 @@ BASE = ["analyze", "llama3-8b", "--device", "h200", "--seq-len", "4096", "--dtyp
         "--optimizer", "adamw", "--gpus-per-node", "4", "--interconnect", "nvlink4-h200,ib-ndr",
         "--fusion", "compile", "--top", "1",
         # its scripts/train.py: F.cross_entropy on the BF16 logits, outside the compiled model
-        "--loss", "half"]
+        "--loss", "half",
+        # its torch 2.11.0+cu128 and cuDNN 9.19 (uv.lock at 01b461a): SDPA runs cuDNN's
+        # attention on Hopper (the scaling table's kempnerforge-h200 rows say why)
+        "--attention-kernel", "cudnn"]
 # (run, GPUs, tp, strategy, batch, micro-batches, measured tokens/s over all GPUs), as
 # mfu_bench.sh ran them (experiments 02, 03, 04, 05, 06, 07, 10, 12)
 RUNS = (
