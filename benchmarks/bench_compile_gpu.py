@@ -51,7 +51,6 @@ KERNEL_CLASSES = (("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
                   ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm", "matmul",
                             "wgmma")),
                   ("fused", ("triton",)))
-GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "fp8_gemm", "_int_mm"}
 
 
 def kernel_class(name: str) -> str:
@@ -63,7 +62,10 @@ def kernel_class(name: str) -> str:
 
 
 def predicted_class(op: str) -> str:
-    """The class of a predicted kernel (``Cost.op``), as ``kernel_class`` names them."""
+    """The class of a predicted kernel (``Cost.op``), as ``kernel_class`` names them (GEMMs:
+    the ops the cost rules cost as GEMMs, ``analysis.costs.GEMM_OPS``)."""
+    from dlperf.analysis.costs import GEMM_OPS
+
     if op in GEMM_OPS:
         return "gemm"
     if op.startswith("attention"):
