@@ -1335,3 +1335,14 @@ def test_the_input_side_benchmark_runs_and_predicts_as_the_model_does(tmp_path):
     run = subprocess.run([sys.executable, str(script), str(small), str(out), "--quick"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "needs at least 64" in run.stderr
+
+
+def test_roce_200g_is_a_200_gbe_nic_per_gpu():
+    """MosaicML's A100 tables ran on '1600 Gbps node-node interconnect (RoCE)' for 8 GPUs:
+    one 200 Gb/s NIC per GPU. Hand-computed: 200e9 / 8 bytes x 0.92 (NCCL over RDMA, the
+    network presets' estimate) = 23.0 GB/s busbw per GPU, half of roce-400g's 46.0."""
+    roce = PRESETS["roce-200g"]
+    assert roce.scope == "network" and roce.nccl == "net"
+    assert roce.bus_bandwidth == pytest.approx(23.0e9)
+    assert roce.bus_bandwidth * 2 == pytest.approx(PRESETS["roce-400g"].bus_bandwidth)
+    assert roce.latency_s == PRESETS["roce-400g"].latency_s  # Ethernet's, not InfiniBand's

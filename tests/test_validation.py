@@ -464,3 +464,26 @@ def test_a_token_models_memory_per_gpu_carries_the_published_peaks(capsys):
                               "--gpus", "8"], capsys)
     assert code == 0, err
     assert "published peaks" not in out
+
+
+def test_llm_foundry_2023_05_rows_are_its_pure_bf16_tables():
+    # llm-foundry 5f43bf16, "A100 40GB" and "A100 80GB": every row PURE (bf16 reduce), RoCE at
+    # 1600 Gbps per node of 8 (roce-200g), tokens/s per GPU as published. Their MFU column
+    # checks the reading: MFU = tokens/s/GPU x (6 N + 12 L d s) / 312 TFLOP/s (A100 bf16), e.g.
+    # 7B at 2,048 tokens on 8 x 40GB: 3,679 x (6 x 6,658,859,008 + 12 x 32 x 4,096 x 2,048)
+    # / 312e12 = 3,679 x 4.3174e10 / 312e12 = 50.91% (published 50.92); 70B on 128 x 40GB:
+    # 376 x (6 x 64,862,437,376 + 12 x 80 x 8,192 x 2,048) / 312e12 = 376 x 4.0528e11 / 312e12
+    # = 48.84% (published 48.91: the table rounds 48,194 / 128 = 376.5 tokens/s down)
+    vs = load_benchmark("validate_scaling")
+    rows = [r for r in vs.read_rows(ROOT / "benchmarks/validation/published_scaling.csv")
+            if r["source"] == "llm-foundry-mpt-2023-05"]
+    assert len(rows) == 164
+    assert sum(r["device"] == "a100-40gb" for r in rows) == 78
+    assert all(r["reduce_dtype"] == "bf16" and r["strategy"] == "fsdp" for r in rows)
+    assert all(r["interconnect"] == "nvlink3-a100,roce-200g" for r in rows)
+    by_id = {r["id"]: r for r in rows}
+    flops = {"lf2305-mpt-7b-a100-40gb-x8-s2048": (6 * 6658859008 + 12 * 32 * 4096 * 2048, 0.5092),
+             "lf2305-mpt-70b-a100-40gb-x128-s2048": (6 * 64862437376 + 12 * 80 * 8192 * 2048,
+                                                     0.4891)}
+    for id_, (per_token, mfu) in flops.items():
+        assert by_id[id_]["measured_per_gpu"] * per_token / 312e12 == pytest.approx(mfu, abs=1e-3)

@@ -98,6 +98,10 @@ PRESETS = {i.name: i for i in (
     _net("ib-xdr", "InfiniBand XDR, one NIC per GPU", 800.0, 1, "XDR 800 Gb/s"),
     _net("roce-100g", "RoCE 100 GbE, one NIC per GPU", 100.0, 1, "100 Gb Ethernet",
          latency_s=10e-6),
+    _net("roce-200g", "RoCE 200 GbE, one NIC per GPU", 200.0, 1,
+         "200 Gb Ethernet: MosaicML's A100 clusters of its MPT throughput tables ('1600 Gbps "
+         "node-node interconnect (RoCE)' for nodes of 8 GPUs; llm-foundry, scripts/train/"
+         "benchmarking/README.md)", latency_s=10e-6),
     _net("roce-400g", "RoCE 400 GbE, one NIC per GPU", 400.0, 1,
          "400 Gb Ethernet: Meta's Llama 3 405B cluster, 400 Gb/s between GPUs (arXiv "
          "2407.21783, section 3.3.1)", latency_s=10e-6),
