@@ -238,9 +238,13 @@ def add_relative_scaling(rows: list[dict]) -> None:
     software: the same fusion, float8 recipe, loss and the rest of RUN_STACK, so a compiled
     row is compared with the compiled row on fewer GPUs, never with the eager one). Rows at
     the smallest count (two systems of one GPU model, e.g. a DGX-1 with 16 and with 32 GB) are
-    not compared."""
+    not compared, and neither is a row flagged suspect (a measurement its own source's runs
+    contradict): as a base it would skew every figure of its group."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
+        if r.get("flag", "").startswith("suspect"):
+            r["relative_measured"] = r["relative_predicted"] = r["relative_ratio"] = None
+            continue
         key = (r["source"], r["model"], r["device"], r["image_size"], r["batch"],
                r["precision"], r["strategy"], r["activation_checkpointing"],
                r.get("checkpoint_policy"), r.get("checkpoint_every"),

@@ -168,6 +168,16 @@ def test_relative_scaling_compares_one_configuration_across_gpu_counts():
     assert by_id["a64"]["relative_ratio"] == pytest.approx(1 / 0.9)
     assert by_id["b8"]["relative_ratio"] is None and by_id["a8"]["relative_ratio"] is None
     assert by_id["c64"]["relative_ratio"] is None
+    # a suspect row is neither a base nor compared: without the flag the 32-GPU run (half the
+    # rate of its 16- and 64-GPU siblings) would be the 64-GPU run's base, 100 / 50 = 2.0
+    rows = [row("d32", 32, 10, 50.0, 100.0, flag="suspect: slower than its siblings"),
+            row("d64", 64, 10, 100.0, 100.0, flag="clean"),
+            row("d128", 128, 10, 98.0, 100.0, flag="clean")]
+    vs.add_relative_scaling(rows)
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["d32"]["relative_ratio"] is None and by_id["d64"]["relative_ratio"] is None
+    assert by_id["d128"]["relative_base"] == "d64"
+    assert by_id["d128"]["relative_measured"] == pytest.approx(0.98)  # 98 / 100
 
 
 def test_compile_pairs_compare_the_published_and_predicted_speedups():
