@@ -52,7 +52,7 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     async_tp = results / "tp-torchtitan-async.json"  # benchmarks/validate_tp.py
     fp8 = results / "tp-megatron-bridge-fp8.json"  # benchmarks/validate_tp.py
     if fp8.exists():
-        record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"])
+        record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"], scaling["results"])
     memory = results / "validation-memory.json"  # benchmarks/validate_memory.py
     if memory.exists():
         record["memory"] = build_memory(json.loads(memory.read_text())["results"])

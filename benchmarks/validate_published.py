@@ -79,6 +79,14 @@ def csv_bool(value, default: bool) -> bool:
     return value == "true"
 
 
+def te_tp_impl(fp8: str | None) -> str | None:
+    """The decoder's tp_impl for a row's fp8 column: "te" for TransformerEngine's recipes
+    (models/fp8.py: te.Linear layers), None (the preset's) otherwise."""
+    from dlperf.models.fp8 import RECIPES as TE_RECIPES
+
+    return "te" if fp8 in TE_RECIPES else None
+
+
 def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
                  ) -> list[tuple]:
     """(row, config, costs, uncounted, seconds) per row; one capture per (model, size, batch,
@@ -110,6 +118,8 @@ def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
         rope = row.get("rope") or None
         # torchao's float8 layers (optional columns, multi-GPU tables: models/float8.py): the
         # recipe, and whether FSDP gathered their weights in FP8 (then each GPU cast its shard)
+        # (TransformerEngine's recipes, delayed or current: te.Linear layers, models/fp8.py,
+        # built as tp_impl "te", the form those layers take in dlperf's decoder)
         fp8 = row.get("fp8") or None
         gathered = csv_bool(row.get("fp8_all_gather"), False)
         # how the run computed its loss (optional column; blank: the preset's, else fp32)
@@ -126,7 +136,7 @@ def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
                rope, fp8, tuple(sorted(shares.items())), loss, metrics)
         # a GPT preset is built for the row's sequence length (its learned positions)
         gpt = gpt_config(row["model"], seq_len=row["image_size"], rope=rope, fp8=fp8,
-                         fp8_all_gather=gathered or None) \
+                         fp8_all_gather=gathered or None, tp_impl=te_tp_impl(fp8)) \
             if row["model"] in PRESETS else None
         if (row["model"], fused, gpt) not in models:
             model, model_input = build_model(row["model"], gpt=gpt)

@@ -34,6 +34,7 @@ def read_rows(path: Path) -> list[dict]:
     from dlperf.analysis.scaling import KVSTORES
     from dlperf.hardware.efficiency import ATTENTION_KERNELS
     from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
+    from dlperf.models.fp8 import RECIPES as TE_RECIPES
     from dlperf.models.gpt import ROPE_FORMS
     from dlperf.models.loss_forms import LOSSES
     from dlperf.provenance import load_sibling
@@ -104,10 +105,11 @@ def read_rows(path: Path) -> list[dict]:
             raise SystemExit(f"{path}: {row['id']}: kvstore must be one of "
                              f"{', '.join(KVSTORES)} or blank (NCCL)")
         # torchao's float8 layers (blank: none) and FSDP's float8 all-gather of their weights
+        # (or TransformerEngine's te.Linear layers: delayed or current scaling, models/fp8.py)
         row["fp8"] = row.get("fp8") or None
-        if row["fp8"] not in (None, *FLOAT8_RECIPES):
+        if row["fp8"] not in (None, *FLOAT8_RECIPES, *TE_RECIPES):
             raise SystemExit(f"{path}: {row['id']}: fp8 must be one of "
-                             f"{', '.join(FLOAT8_RECIPES)} or blank")
+                             f"{', '.join(FLOAT8_RECIPES + TE_RECIPES)} or blank")
         try:
             row["fp8_all_gather"] = vp.csv_bool(row.get("fp8_all_gather"), False)
         except ValueError:
@@ -139,7 +141,8 @@ def capture(rows: list[dict]) -> list[tuple]:
     for row, (_, cfg, costs, uncounted, seconds), footprint in zip(rows, captured,
                                                                    footprints):
         gpt = (gpt_config(row["model"], seq_len=row["image_size"], rope=row["rope"],
-                          fp8=row["fp8"], fp8_all_gather=row["fp8_all_gather"] or None)
+                          fp8=row["fp8"], fp8_all_gather=row["fp8_all_gather"] or None,
+                          tp_impl=vp.te_tp_impl(row["fp8"]))
                if row["model"] in PRESETS else None)
         model, _ = build_model(row["model"], gpt=gpt)
         grad_bytes = state_element_bytes(cfg.precision)
@@ -263,8 +266,9 @@ def add_relative_scaling(rows: list[dict]) -> None:
 
 
 COMPILED_SUFFIX = "-compile"
-# a float8 row's id: its BF16 sibling's with one of these for "-compile" (tensorwise, rowwise)
-FLOAT8_SUFFIXES = ("-float8", "-rowwise")
+# a float8 row's id and its BF16 sibling's: torchao's (tensorwise, rowwise) compiled runs
+# replace the sibling's "-compile"; TransformerEngine's (delayed, current) add "-fp8" to it
+FLOAT8_SUFFIXES = (("-float8", COMPILED_SUFFIX), ("-rowwise", COMPILED_SUFFIX), ("-fp8", ""))
 
 
 def compile_pairs(rows: list[dict]) -> list[dict]:
@@ -276,12 +280,13 @@ def compile_pairs(rows: list[dict]) -> list[dict]:
 
 
 def float8_pairs(rows: list[dict]) -> list[dict]:
-    """Each float8 row beside its BF16 sibling (the id with "-compile" for "-float8" or
-    "-rowwise"): torchao's float8 speed-up as published and as predicted, and their ratio."""
+    """Each FP8 row beside its BF16 sibling (FLOAT8_SUFFIXES: the id with "-compile" for
+    "-float8" or "-rowwise", torchao's; without "-fp8", TransformerEngine's): FP8's speed-up
+    as published and as predicted, and their ratio."""
     return [{"float8": r["id"], "bf16": base["id"], "recipe": r["fp8"],
              "fp8_all_gather": r["fp8_all_gather"], **gain}
-            for suffix in FLOAT8_SUFFIXES
-            for r, base, gain in _pairs(rows, suffix, COMPILED_SUFFIX)]
+            for suffix, sibling in FLOAT8_SUFFIXES
+            for r, base, gain in _pairs(rows, suffix, sibling)]
 
 
 def _pairs(rows: list[dict], suffix: str, sibling: str) -> list[tuple]:
@@ -390,8 +395,8 @@ def main(argv: list[str]) -> int:
               f"  predicted {p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")
     fp8_pairs = float8_pairs(rows)
     if fp8_pairs:
-        print("torchao float8's speed-up, published and predicted (float8 / BF16 per GPU, "
-              "both compiled):")
+        print("FP8's speed-up, published and predicted (FP8 / BF16 per GPU, the same run "
+              "otherwise: torchao's rows compiled, TransformerEngine's as they ran):")
     for p in fp8_pairs:
         print(f"  {p['float8']:34s} {p['recipe']:10s} measured {p['measured_speedup']:.3f}"
               f"  predicted {p['predicted_speedup']:.3f}  ratio {p['ratio']:.3f}")

@@ -279,7 +279,7 @@ def test_cli_fp8(capsys, tmp_path):
             if flags:
                 assert "FP8 linear layers (delayed scaling)" in text
                 # and what the published FP8 runs say of it (the scale-out record)
-                assert "FP8 (--fp8) is checked against one published source" in " ".join(
+                assert "FP8 (--fp8) is checked against two published sources" in " ".join(
                     text.split())
     assert rates[256, True] < rates[256, False]
     assert rates[2048, True] > rates[2048, False]
@@ -303,6 +303,31 @@ def test_the_record_says_what_fp8_was_checked_against():
     assert "the H100 rows 0.95-1.12x with the attention kernel at cuDNN's own speed " \
            "(--efficiency attention=0.5)" in text
     assert "1.46-1.70x" in text
+    assert "checked against one published source." in text and "te.Linear" not in text
+    # with validate_scaling's TransformerEngine rows (MosaicML's te.Linear runs) and a pair
+    scaling = {"rows": [{"id": "m-fp8", "model": "mpt-1b", "fp8": "delayed", "source": "s",
+                         "device": "h100-sxm", "gpus": 8, "measured_per_gpu": 10.0,
+                         "per_gpu_ratio": 0.92},
+                        {"id": "t-float8", "model": "llama3-8b", "fp8": "tensorwise",
+                         "source": "s", "device": "h100-sxm", "gpus": 8,
+                         "measured_per_gpu": 10.0, "per_gpu_ratio": 1.1},
+                        {"id": "m", "model": "mpt-1b", "fp8": None, "source": "s",
+                         "device": "h100-sxm", "gpus": 8, "measured_per_gpu": 8.0,
+                         "per_gpu_ratio": 0.95}],
+               "float8_pairs": [{"float8": "m-fp8", "bf16": "m", "recipe": "delayed",
+                                 "measured_speedup": 1.25, "predicted_speedup": 1.3,
+                                 "ratio": 1.04},
+                                {"float8": "t-float8", "bf16": "t-compile",
+                                 "recipe": "tensorwise", "measured_speedup": 1.2,
+                                 "predicted_speedup": 1.2, "ratio": 1.0}]}
+    text = describe_fp8({"fp8": build_fp8({"rows": [row("big", 1024, 1.02, 1.64)],
+                                           "cudnn_attention": 0.5}, scaling)})
+    assert "checked against two published sources." in text
+    assert ("MosaicML's mpt-1b on 8 H100s with TransformerEngine's te.Linear layers (delayed "
+            "scaling, TransformerEngine 0.10, 2023; 1 run): dlperf predicted 0.92x the "
+            "measured rate, and FP8's speed-up over the same BF16 run (the same "
+            "micro-batches; 1 pair) measured 1.25x, predicted 1.30x (1.04x the measured "
+            "gain).") in text  # the torchao row and pair belong to describe_float8
     assert describe_fp8({}) is None
     # the shipped record holds the saved validation's rows
     assert [r["ratio"] for r in load_scale_out()["fp8"]["rows"]] == [

@@ -180,6 +180,30 @@ def test_relative_scaling_compares_one_configuration_across_gpu_counts():
     assert by_id["d128"]["relative_measured"] == pytest.approx(0.98)  # 98 / 100
 
 
+def test_float8_pairs_match_each_fp8_run_with_its_bf16_sibling():
+    vs = load_benchmark("validate_scaling")
+
+    def row(id_, measured, predicted, fp8=None):
+        return {"id": id_, "fp8": fp8, "fp8_all_gather": False,
+                "measured_per_gpu": measured, "predicted_per_gpu": predicted}
+
+    rows = [row("t-compile", 100.0, 100.0), row("t-float8", 125.0, 130.0, "tensorwise"),
+            row("t-rowwise", 110.0, 118.0, "rowwise"),
+            # TransformerEngine's run: the BF16 sibling is the id without "-fp8"
+            row("m", 200.0, 190.0), row("m-fp8", 230.0, 228.0, "delayed"),
+            # a TE run whose BF16 twin ran another micro-batch: its id names no sibling
+            row("m-mb2-fp8", 240.0, 230.0, "delayed")]
+    pairs = {p["float8"]: p for p in vs.float8_pairs(rows)}
+    assert set(pairs) == {"t-float8", "t-rowwise", "m-fp8"}
+    assert pairs["t-rowwise"]["bf16"] == "t-compile" and pairs["m-fp8"]["bf16"] == "m"
+    # measured 230 / 200 = 1.15, predicted 228 / 190 = 1.2, ratio 1.2 / 1.15
+    assert pairs["m-fp8"]["measured_speedup"] == pytest.approx(1.15)
+    assert pairs["m-fp8"]["predicted_speedup"] == pytest.approx(1.2)
+    assert pairs["m-fp8"]["ratio"] == pytest.approx(1.2 / 1.15)
+    assert pairs["m-fp8"]["recipe"] == "delayed"
+    assert pairs["t-float8"]["measured_speedup"] == pytest.approx(1.25)
+
+
 def test_compile_pairs_compare_the_published_and_predicted_speedups():
     vs = load_benchmark("validate_scaling")
     rows = [{"id": "a", "fusion": "none", "measured_per_gpu": 100.0, "predicted_per_gpu": 90.0},
@@ -497,3 +521,23 @@ def test_llm_foundry_2023_05_rows_are_its_pure_bf16_tables():
                                                      0.4891)}
     for id_, (per_token, mfu) in flops.items():
         assert by_id[id_]["measured_per_gpu"] * per_token / 312e12 == pytest.approx(mfu, abs=1e-3)
+
+
+def test_llm_foundry_fp8_rows_pair_only_with_identical_bf16_runs():
+    # the "H100 80GB FP8" table (llm-foundry b2a43a147): 7 TransformerEngine runs, 5 of them
+    # with a BF16 run of the same micro-batch, accumulation and checkpointing (the pairs
+    # validate_scaling.py scores FP8's speed-up on)
+    vs = load_benchmark("validate_scaling")
+    rows = vs.read_rows(ROOT / "benchmarks/validation/published_scaling.csv")
+    te = [r for r in rows if r["source"] == "llm-foundry-mpt-fp8"]
+    assert len(te) == 7 and all(r["fp8"] == "delayed" and not r["fp8_all_gather"] for r in te)
+    scored = [{**r, "predicted_per_gpu": 1.0} for r in rows]
+    pairs = [p for p in vs.float8_pairs(scored) if p["recipe"] == "delayed"]
+    assert len(pairs) == 5
+    by_id = {r["id"]: r for r in rows}
+    same = ("model", "image_size", "batch", "grad_accum", "gpus", "device", "strategy",
+            "activation_checkpointing", "attention_kernel", "loss", "train_metrics")
+    for p in pairs:
+        fp8, bf16 = by_id[p["float8"]], by_id[p["bf16"]]
+        assert all(fp8[k] == bf16[k] for k in same), p
+        assert bf16["fp8"] is None and bf16["source"] == "llm-foundry-mpt"

@@ -452,13 +452,29 @@ def _async(m: dict) -> str:
 DEVICE_NAMES = {"h100-sxm": "H100s", "h200": "H200s", "b200": "B200s"}
 
 
-def build_fp8(result: dict) -> dict:
+def build_fp8(result: dict, scaling: dict | None = None) -> dict:
     """The scale-out record's entry on FP8 training (``analyze --fp8``), from validate_tp.py's
     tp-megatron-bridge-fp8.json: each published row's measured rate and dlperf's FP8
     prediction over it (cuDNN's attention as read for Megatron-Core), and the FP8 gain over
-    BF16 dlperf predicts for the same configuration."""
+    BF16 dlperf predicts for the same configuration; with ``scaling`` (validate_scaling.py's
+    results), its TransformerEngine rows (``fp8`` delayed or current: MosaicML's te.Linear
+    runs) and their FP8 / BF16 pairs, measured and predicted."""
+    from dlperf.models.fp8 import RECIPES as TE_RECIPES
+
+    te_rows = [r for r in (scaling or {}).get("rows", []) if r.get("fp8") in TE_RECIPES]
+    te_pairs = [p for p in (scaling or {}).get("float8_pairs", [])
+                if p.get("recipe") in TE_RECIPES]
     return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s and DGX B200s in "
                       "FP8 with current scaling (NeMo 25.11-26.06)",
+            "te_linear": {"rows": [{"id": r["id"], "model": r["model"], "recipe": r["fp8"],
+                                    "source": r["source"], "device": r["device"],
+                                    "gpus": r["gpus"], "measured": r["measured_per_gpu"],
+                                    "ratio": r["per_gpu_ratio"]} for r in te_rows],
+                          "pairs": [{"fp8": p["float8"], "bf16": p["bf16"],
+                                     "recipe": p["recipe"],
+                                     "measured_speedup": p["measured_speedup"],
+                                     "predicted_speedup": p["predicted_speedup"],
+                                     "ratio": p["ratio"]} for p in te_pairs]},
             "rows": [{"row": r["row"], "model": r["model"], "gpus": r["gpus"],
                       "device": r.get("device", "h100-sxm"),
                       "measured": r["measured_tokens_per_s_per_gpu"],
@@ -486,7 +502,9 @@ def describe_fp8(record: dict | None = None) -> str | None:
     gains = [r["predicted_gain"] for r in f["rows"]]
     cudnn = [r["ratio_cudnn"] for r in f["rows"] if r.get("ratio_cudnn") is not None]
     share = f.get("cudnn_attention")
-    return (f"FP8 (--fp8) is checked against one published source, {f['source']}, run as "
+    te = f.get("te_linear") or {"rows": [], "pairs": []}
+    sources = "one published source" if not te["rows"] else "two published sources"
+    text = (f"FP8 (--fp8) is checked against {sources}. {f['source']}, run as "
             f"--tp-impl te: dlperf predicted {'; '.join(parts)} the measured rate"
             + (f", and the H100 rows {min(cudnn):.2f}-{max(cudnn):.2f}x with the attention "
                f"kernel at cuDNN's own speed (--efficiency attention={share}): the newer the "
@@ -495,6 +513,23 @@ def describe_fp8(record: dict | None = None) -> str | None:
             + f". dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
             f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "
             "it against.")
+    if te["rows"]:
+        models = sorted({r["model"] for r in te["rows"]}, key=len)
+        gpus = sorted({(r["gpus"], r["device"]) for r in te["rows"]})
+        where = " and ".join(f"{n} {DEVICE_NAMES.get(d, d)}" for n, d in gpus)
+        text += (f" MosaicML's {' and '.join(models)} on {where} with TransformerEngine's "
+                 f"te.Linear layers (delayed scaling, TransformerEngine 0.10, 2023; "
+                 f"{_count(len(te['rows']), 'run')}): dlperf predicted "
+                 f"{_span([r['ratio'] for r in te['rows']])}x the measured rate")
+        if te["pairs"]:
+            measured = [p["measured_speedup"] for p in te["pairs"]]
+            predicted = [p["predicted_speedup"] for p in te["pairs"]]
+            text += (f", and FP8's speed-up over the same BF16 run (the same micro-batches; "
+                     f"{_count(len(te['pairs']), 'pair')}) measured {_span(measured)}x, "
+                     f"predicted {_span(predicted)}x "
+                     f"({_span([p['ratio'] for p in te['pairs']])}x the measured gain)")
+        text += "."
+    return text
 
 
 def build_float8(result: dict, device_run: dict | None = None) -> dict:
@@ -503,7 +538,9 @@ def build_float8(result: dict, device_run: dict | None = None) -> dict:
     measured rate and dlperf's prediction over it, and each published float8 / BF16 pair's
     speed-up, measured and predicted; with ``device_run`` (a saved ``bench_compile_gpu.py
     --fp8`` result, a lent GPU's), the same speed-ups measured by dlperf itself."""
-    rows = [r for r in result["rows"] if r.get("fp8")]
+    from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES  # (TE's rows: build_fp8)
+
+    rows = [r for r in result["rows"] if r.get("fp8") in FLOAT8_RECIPES]
     own = []
     if device_run is not None:
         res, gpu = device_run["results"], device_run["environment"].get("gpu")
@@ -522,7 +559,8 @@ def build_float8(result: dict, device_run: dict | None = None) -> dict:
                        "recipe": p.get("recipe", "tensorwise"),
                        "measured_speedup": p["measured_speedup"],
                        "predicted_speedup": p["predicted_speedup"], "ratio": p["ratio"]}
-                      for p in result["float8_pairs"]]}
+                      for p in result["float8_pairs"]
+                      if p.get("recipe", "tensorwise") in FLOAT8_RECIPES]}
 
 
 def describe_float8(record: dict | None = None, recipe: str = "tensorwise") -> str | None:
@@ -563,6 +601,11 @@ def describe_float8(record: dict | None = None, recipe: str = "tensorwise") -> s
         text += (" (dlperf charges the rowwise recipe's GEMM kernels, PyTorch's rowwise "
                  "CUTLASS kernel and cuBLAS without fast accumulation, at cuBLAS's FP8 rate)")
     return text + "."
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 run', '7 runs'."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _span(values: list[float]) -> str:
