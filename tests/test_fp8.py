@@ -285,6 +285,28 @@ def test_cli_fp8(capsys, tmp_path):
     assert rates[2048, True] > rates[2048, False]
 
 
+def test_cli_fp8_recast_weights_casts_them_in_every_micro_batch(capsys, tmp_path):
+    # Megatron-Core tells TransformerEngine the step's first micro-batch, so with --grad-accum
+    # 4 a micro-batch carries a quarter of the weight casts; Composer (llm-foundry's fc_type
+    # te) does not, and every micro-batch casts them again. The gpt preset's 2 blocks hold
+    # 4 x 256^2 + 2 x 256 x 1,024 = 786,432 weights each, 1,572,864 in all; a cast reads 2
+    # bytes and writes 1 plus 1 for the transpose: 6,291,456 bytes, of which a micro-batch
+    # moves a quarter with reuse, all of it with --fp8-recast-weights: 3/4 x 6,291,456 =
+    # 4,718,592 bytes more (and 3/4 of the casts' few bytes of scales)
+    moved = {}
+    for flags in ([], ["--fp8-recast-weights"]):
+        out = tmp_path / f"r{len(flags)}.json"
+        code, _, err = run_cli(LLAMA + ["--tp-impl", "te", "--device", "h100-sxm", "--fp8",
+                                        "delayed", "--grad-accum", "4", "--gpus", "8",
+                                        "--strategy", "fsdp", "--json", str(out)] + flags,
+                               capsys)
+        assert code == 0, err
+        moved[bool(flags)] = json.loads(out.read_text())["totals"]["bytes"]
+    assert moved[True] - moved[False] == pytest.approx(3 / 4 * 6291456, abs=64)
+    code, _, err = run_cli(LLAMA + ["--fp8", "tensorwise", "--fp8-recast-weights"], capsys)
+    assert code == 2 and "needs --fp8 delayed or current" in err
+
+
 def test_the_record_says_what_fp8_was_checked_against():
     def row(model, gpus, ratio, gain):
         return {"row": model, "model": model, "gpus": gpus,

@@ -216,6 +216,13 @@ def add_parser(sub) -> None:
                         "the gather (torchtitan's enable_fsdp_float8_all_gather with "
                         "precompute_float8_dynamic_scale_for_fsdp): half the gathered bytes "
                         "of those weights, no weight cast in the model [off]")
+    s.add_argument("--fp8-recast-weights", action="store_true",
+                   help="with --fp8 delayed or current and --grad-accum: every micro-batch "
+                        "casts the weights to FP8 again, as TransformerEngine does when its "
+                        "layers are called without is_first_microbatch (Composer and "
+                        "llm-foundry's fc_type te, Hugging Face Accelerate) [off: the "
+                        "step's first micro-batch casts them and the rest reuse the copies, "
+                        "as Megatron-Core does]")
     s.add_argument("--pp", type=positive_int, default=1, metavar="N",
                    help="pipeline parallel (gpt and its presets, --strategy ddp): the blocks "
                         "split into N stages of consecutive blocks on N GPUs (of --tp each), "
@@ -478,6 +485,10 @@ def run(args) -> int:
         raise DlperfError(f"--fp8 {args.fp8} (torchao's float8 layers) runs on PyTorch's "
                           "tensor parallelism: use --tp-impl torch or torch-async, or --fp8 "
                           "delayed or current with --tp-impl te")
+    if args.fp8_recast_weights and args.fp8 not in ("delayed", "current"):
+        raise DlperfError("--fp8-recast-weights is TransformerEngine's weight cast per "
+                          "micro-batch: it needs --fp8 delayed or current (torchao's float8 "
+                          "layers cast their weights in every micro-batch already)")
     if args.fp8_all_gather and (args.fp8 != "tensorwise"
                                 or args.strategy not in ("fsdp", "hsdp") or not args.gpus):
         raise DlperfError("--fp8-all-gather is FSDP's float8 all-gather of torchao's layers: "
@@ -530,9 +541,10 @@ def run(args) -> int:
                          fusion=args.fusion, cuda_graphs=args.cuda_graphs,
                          optimizer_impl=args.optimizer_impl,
                          fp8=args.fp8,
-                         # TE casts the weights in a step's first micro-batch only
+                         # TE casts the weights in a step's first micro-batch only, when
+                         # told which one that is (is_first_microbatch: Megatron-Core)
                          fp8_weight_reuse=(args.grad_accum if args.fp8 in ("delayed", "current")
-                                           else 1),
+                                           and not args.fp8_recast_weights else 1),
                          **_float8_gather_shares(args),
                          attention_kernel=args.attention_kernel
                          or default_attention_kernel(args.model),
