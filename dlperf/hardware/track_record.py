@@ -450,6 +450,10 @@ def _async(m: dict) -> str:
 
 # how the FP8 record names the GPUs of its rows
 DEVICE_NAMES = {"h100-sxm": "H100s", "h200": "H200s", "b200": "B200s"}
+# and the sources of its TransformerEngine rows (validation/published_scaling.csv, fp8
+# delayed or current: te.Linear layers outside Megatron-Core)
+TE_SOURCES = {"llm-foundry-mpt-fp8": "MosaicML's runs with TransformerEngine 0.10's te.Linear "
+                                     "layers (delayed scaling, Composer, 2023)"}
 
 
 def build_fp8(result: dict, scaling: dict | None = None) -> dict:
@@ -503,8 +507,9 @@ def describe_fp8(record: dict | None = None) -> str | None:
     cudnn = [r["ratio_cudnn"] for r in f["rows"] if r.get("ratio_cudnn") is not None]
     share = f.get("cudnn_attention")
     te = f.get("te_linear") or {"rows": [], "pairs": []}
-    sources = "one published source" if not te["rows"] else "two published sources"
-    text = (f"FP8 (--fp8) is checked against {sources}. {f['source']}, run as "
+    sources = ["one", "two", "three", "four"][min(len({r["source"] for r in te["rows"]}), 3)]
+    text = (f"FP8 (--fp8) is checked against {sources} published "
+            f"source{'s' if sources != 'one' else ''}. {f['source']}, run as "
             f"--tp-impl te: dlperf predicted {'; '.join(parts)} the measured rate"
             + (f", and the H100 rows {min(cudnn):.2f}-{max(cudnn):.2f}x with the attention "
                f"kernel at cuDNN's own speed (--efficiency attention={share}): the newer the "
@@ -513,21 +518,23 @@ def describe_fp8(record: dict | None = None) -> str | None:
             + f". dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
             f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "
             "it against.")
-    if te["rows"]:
-        models = sorted({r["model"] for r in te["rows"]}, key=len)
-        gpus = sorted({(r["gpus"], r["device"]) for r in te["rows"]})
+    for source in sorted({r["source"] for r in te["rows"]}):
+        rows = [r for r in te["rows"] if r["source"] == source]
+        pairs = [p for p in te["pairs"]
+                 if any(r["id"] == p["fp8"] for r in rows)]
+        models = sorted({r["model"] for r in rows}, key=lambda m: (len(m), m))
+        gpus = sorted({(r["gpus"], r["device"]) for r in rows})
         where = " and ".join(f"{n} {DEVICE_NAMES.get(d, d)}" for n, d in gpus)
-        text += (f" MosaicML's {' and '.join(models)} on {where} with TransformerEngine's "
-                 f"te.Linear layers (delayed scaling, TransformerEngine 0.10, 2023; "
-                 f"{_count(len(te['rows']), 'run')}): dlperf predicted "
-                 f"{_span([r['ratio'] for r in te['rows']])}x the measured rate")
-        if te["pairs"]:
-            measured = [p["measured_speedup"] for p in te["pairs"]]
-            predicted = [p["predicted_speedup"] for p in te["pairs"]]
+        text += (f" {TE_SOURCES.get(source, source)}: {' and '.join(models)} on {where} "
+                 f"({_count(len(rows), 'run')}), dlperf predicted "
+                 f"{_span([r['ratio'] for r in rows])}x the measured rate")
+        if pairs:
+            measured = [p["measured_speedup"] for p in pairs]
+            predicted = [p["predicted_speedup"] for p in pairs]
             text += (f", and FP8's speed-up over the same BF16 run (the same micro-batches; "
-                     f"{_count(len(te['pairs']), 'pair')}) measured {_span(measured)}x, "
+                     f"{_count(len(pairs), 'pair')}) measured {_span(measured)}x, "
                      f"predicted {_span(predicted)}x "
-                     f"({_span([p['ratio'] for p in te['pairs']])}x the measured gain)")
+                     f"({_span([p['ratio'] for p in pairs])}x the measured gain)")
         text += "."
     return text
 
