@@ -34,9 +34,10 @@ def record_from_results(results: Path = RESULTS) -> dict:
 
 
 def scale_out_record_from_results(results: Path = RESULTS) -> dict:
+    from dlperf.hardware.specs import get_device
     from dlperf.hardware.track_record import (build_float8, build_fp8, build_kvstore,
-                                              build_memory, build_scale_out,
-                                              build_tensor_parallel)
+                                              build_memory, build_memory_pressure,
+                                              build_scale_out, build_tensor_parallel)
 
     scaling = json.loads((results / "validation-scaling.json").read_text())
     record = build_scale_out(scaling["results"]["rows"])
@@ -56,6 +57,10 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     memory = results / "validation-memory.json"  # benchmarks/validate_memory.py
     if memory.exists():
         record["memory"] = build_memory(json.loads(memory.read_text())["results"])
+        # the runs that filled their GPUs (dlperf's peaks read through the memory record)
+        record["memory_pressure"] = build_memory_pressure(
+            scaling["results"]["rows"], record["memory"]["summary"]["median_ratio"],
+            lambda device: get_device(device).memory_bytes)
     kvstore = results / "kvstore-fit.json"  # benchmarks/fit_kvstore.py
     if kvstore.exists():
         record["kvstore"] = build_kvstore(json.loads(kvstore.read_text())["results"])

@@ -374,3 +374,66 @@ def test_llama3_record_and_the_context_parallel_sentence():
     assert "0.54-0.76x with PyTorch's collectives exposed" in cp
     # no such record: says that nothing has checked it
     assert "not yet checked against a published run" in describe_context_parallel({})
+
+
+def test_memory_pressure_splits_the_runs_at_the_share_of_a_full_gpu():
+    # 100 GiB cards, the allocator's share read as a reserved / predicted ratio of 0.8: a
+    # 72 GiB peak counts as 90 GiB (0.9, full), a 71 GiB one as 88.75 (0.8875, not)
+    gib = 2 ** 30
+
+    def row(id_, peak_gib, ratio, flag="clean"):
+        return {"id": id_, "device": "d", "flag": flag, "per_gpu_ratio": ratio,
+                "memory_per_gpu": {"peak_bytes": peak_gib * gib}}
+
+    rows = [row("a", 72, 1.20), row("b", 80, 1.00), row("c", 71, 1.30), row("d", 10, 0.95),
+            row("e", 90, 1.50, flag="suspect: x"), {"id": "f", "device": "d",
+                                                    "flag": "clean", "per_gpu_ratio": 1.0}]
+    p = tr.build_memory_pressure(rows, 0.8, lambda device: 100 * gib)
+    assert p["full"]["rows"] == 2 and p["full"]["missed"] == 1  # a (1.20 > 1.15), b
+    assert p["full"]["missed_ids"] == ["a"] and p["full"]["median"] == pytest.approx(1.1)
+    assert p["rest"]["rows"] == 2 and p["rest"]["missed_ids"] == ["c"]  # c, d; e flagged
+    record = {"memory_pressure": p}
+    # a 75 GiB peak on the same card: 75 / 0.8 / 100 = 94%
+    text = tr.describe_memory_pressure({"peak_bytes": 75 * gib, "capacity_bytes": 100 * gib},
+                                       record)
+    assert "fills ~94% of each GPU's memory" in text
+    assert "Of the 2 published runs predicted at 90% or more, dlperf predicted 1 more than " \
+           "15% too fast (median predicted / measured 1.10), against 1 of the 2 below" in text
+    assert tr.describe_memory_pressure({"peak_bytes": 70 * gib, "capacity_bytes": 100 * gib},
+                                       record) is None  # 87.5%
+    assert tr.describe_memory_pressure({"peak_bytes": 75 * gib}, record) is None
+    assert tr.describe_memory_pressure({"peak_bytes": 75 * gib,
+                                        "capacity_bytes": 100 * gib}, {}) is None
+    # the shipped record: MosaicML's 13B on 8 A100 40GB and 30B on 8 A100 80GB among the
+    # full runs that were predicted too fast
+    shipped = tr.load_scale_out()["memory_pressure"]
+    assert "lf2305-mpt-13b-a100-40gb-x8-s2048" in shipped["full"]["missed_ids"]
+    assert shipped["full"]["missed"] / shipped["full"]["rows"] > \
+        shipped["rest"]["missed"] / shipped["rest"]["rows"]
+
+
+def test_cli_warns_when_the_scale_out_fills_the_gpus(capsys, tmp_path):
+    # the same small FSDP run on an A100 80GB and on a copy of it with just enough memory for
+    # its peak to fill 95% of the card once the allocator's share is counted
+    import dataclasses
+
+    argv = ["analyze", "gpt", "--layers", "2", "--d-model", "256", "--heads", "4",
+            "--seq-len", "256", "--train", "--dtype", "bf16", "--precision", "fsdp",
+            "--batch-size", "8", "--gpus", "8", "--strategy", "fsdp", "--top", "1"]
+    out = tmp_path / "roomy.json"
+    code, text, err = _run(argv + ["--device", "a100-80gb", "--json", str(out)], capsys)
+    assert code == 0, err
+    assert "Counting the allocator's share" not in text
+    peak = json.loads(out.read_text())["scale_out"]["at_requested_scale"]["memory_per_gpu"][
+        "peak_bytes"]
+    reserved = tr.load_scale_out()["memory_pressure"]["reserved_ratio"]
+    spec = dataclasses.asdict(PRESETS["a100-80gb"])
+    spec.update(name="small-a100", memory_bytes=int(peak / reserved / 0.95))
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(spec))
+    page = tmp_path / "small.html"
+    code, text, err = _run(argv + ["--device", str(path), "--interconnect", "nvlink3-a100,ib-hdr",
+                                   "--html", str(page)], capsys)
+    assert code == 0, err
+    assert "this run fills ~95% of each GPU's memory" in " ".join(text.split())
+    assert "this run fills ~95% of each GPU&#x27;s memory" in page.read_text()  # and the page

@@ -8,7 +8,7 @@ import math
 
 from dlperf.analysis.liveness import peak_total
 from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
-                                          describe_tensor_parallel)
+                                          describe_memory_pressure, describe_tensor_parallel)
 from dlperf.units import gib, seconds, si
 
 
@@ -291,7 +291,9 @@ def _scaling_section(scale_out: dict) -> str:
             + (_record_p(describe_context_parallel(), True) if cp else "")
             + (_record_p(text, False)
                if here["communication"].get("kvstore") and (text := describe_kvstore()) else "")
-            + (_record_p(text, True) if tp and (text := describe_tensor_parallel()) else ""))
+            + (_record_p(text, True) if tp and (text := describe_tensor_parallel()) else "")
+            + (_record_p(text, True) if (m := here.get("memory_per_gpu"))
+               and (text := describe_memory_pressure(m)) else ""))
 
 
 def _scale_out_record_html(scale_out: dict) -> str:

@@ -9,7 +9,8 @@ from rich.text import Text
 from dlperf.analysis.html import dtype_label, fp8_label, memory_parts, memory_total
 from dlperf.analysis.liveness import peak_total
 from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
-                                          describe_memory, describe_tensor_parallel)
+                                          describe_memory, describe_memory_pressure,
+                                          describe_tensor_parallel)
 from dlperf.hardware.track_record import describe as describe_record
 from dlperf.term import new_console, styled
 from dlperf.units import gib, seconds, si
@@ -253,6 +254,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
                       "N (each sequence over N GPUs) splits them N ways.", style="yellow")
     if tokens_per_sample and here.get("memory_per_gpu") and (mem_record := describe_memory()):
         console.print(mem_record, style="yellow")  # (validate_memory.py's published peaks)
+    if here.get("memory_per_gpu") and (full := describe_memory_pressure(here["memory_per_gpu"])):
+        console.print(full, style="yellow")  # (the published runs that filled their GPUs)
     if cp:  # what the one published context-parallel run says (or that none has checked it)
         console.print(describe_context_parallel(), style="yellow")
     if comm.get("kvstore") and (kv_record := describe_kvstore()):  # (fit_kvstore.py's runs)

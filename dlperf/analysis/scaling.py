@@ -1476,6 +1476,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             and gathered < grad_bytes else None)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = peak_total(memory) <= analysis.device.memory_bytes
+        memory["capacity_bytes"] = analysis.device.memory_bytes
     return {"gpus": cfg.gpus, "nodes": cfg.nodes, "per_gpu_samples_per_s": per_gpu,
             "memory_per_gpu": memory,
             "total_samples_per_s": per_gpu * cfg.gpus,

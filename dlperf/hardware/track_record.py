@@ -686,6 +686,63 @@ def describe_memory(record: dict | None = None) -> str | None:
     return text + "."
 
 
+# A run predicted to fill at least this share of its GPU's memory, counting the allocator's
+# own share (dlperf's peak over the memory record's median reserved-over-predicted ratio), is
+# as full as the published runs that ran well below dlperf's rate; "well below": predicted
+# over measured above MISSED_BY (benchmarks/README.md, nineteenth session).
+PRESSURE_SHARE = 0.9
+MISSED_BY = 1.15
+
+
+def build_memory_pressure(rows: list[dict], reserved_ratio: float, capacity) -> dict:
+    """The scale-out record's entry on runs that fill their GPUs, from validate_scaling.py's
+    rows: the clean runs predicted at ``PRESSURE_SHARE`` of the memory or more once the
+    allocator's share is added (each run's peak / ``reserved_ratio``, the memory record's
+    median, over ``capacity(device)`` bytes) against the rest, and how many of each ran more
+    than ``MISSED_BY`` below dlperf's rate."""
+    full: list[dict] = []
+    rest: list[dict] = []
+    for r in rows:
+        memory = r.get("memory_per_gpu") or {}
+        cap = capacity(r["device"])
+        if r.get("flag") != "clean" or not memory.get("peak_bytes") or not cap:
+            continue
+        share = memory["peak_bytes"] / reserved_ratio / cap
+        (full if share >= PRESSURE_SHARE else rest).append(r)
+
+    def part(group: list[dict]) -> dict:
+        missed = [r for r in group if r["per_gpu_ratio"] > MISSED_BY]
+        return {"rows": len(group), "missed": len(missed),
+                "median": round(statistics.median(r["per_gpu_ratio"] for r in group), 3)
+                if group else None,
+                "missed_ids": [r["id"] for r in missed]}
+
+    return {"share": PRESSURE_SHARE, "missed_by": MISSED_BY,
+            "reserved_ratio": round(reserved_ratio, 3), "full": part(full), "rest": part(rest)}
+
+
+def describe_memory_pressure(memory: dict, record: dict | None = None) -> str | None:
+    """What the published runs say of a scale-out whose GPUs are full (printed under the
+    memory per GPU when its peak, with the allocator's share, reaches the record's share of
+    the GPU's memory); None below it, or without the record or the GPU's capacity."""
+    record = load_scale_out() if record is None else record
+    p = record.get("memory_pressure")
+    cap = memory.get("capacity_bytes")
+    if not p or not cap or not p["full"]["rows"] or not memory.get("peak_bytes"):
+        return None
+    share = memory["peak_bytes"] / p["reserved_ratio"] / cap
+    if share < p["share"]:
+        return None
+    full, rest = p["full"], p["rest"]
+    return (f"Counting the allocator's share (the peak / {p['reserved_ratio']:.2f}), this "
+            f"run fills ~{share:.0%} of each GPU's memory. Of the {full['rows']} published "
+            f"runs predicted at {p['share']:.0%} or more, dlperf predicted {full['missed']} "
+            f"more than {p['missed_by'] - 1:.0%} too fast (median predicted / measured "
+            f"{full['median']:.2f}), against {rest['missed']} of the {rest['rows']} below "
+            "that: more GPUs (less sharded state on each) or a smaller micro-batch leaves "
+            "room.")
+
+
 def describe_context_parallel(record: dict | None = None) -> str:
     """What published runs say of ``analyze --cp`` (printed under every context-parallel
     prediction): Llama 3 405B's 128K row where the record has it, else that none has checked
