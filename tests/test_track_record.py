@@ -402,6 +402,8 @@ def test_memory_pressure_splits_the_runs_at_the_share_of_a_full_gpu():
     assert tr.describe_memory_pressure({"peak_bytes": 70 * gib, "capacity_bytes": 100 * gib},
                                        record) is None  # 87.5%
     assert tr.describe_memory_pressure({"peak_bytes": 75 * gib}, record) is None
+    assert tr.describe_memory_pressure({"peak_bytes": 120 * gib, "capacity_bytes": 100 * gib,
+                                        "fits": False}, record) is None  # "does not fit"
     assert tr.describe_memory_pressure({"peak_bytes": 75 * gib,
                                         "capacity_bytes": 100 * gib}, {}) is None
     # the shipped record: MosaicML's 13B on 8 A100 40GB and 30B on 8 A100 80GB among the

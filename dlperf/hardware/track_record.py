@@ -698,8 +698,8 @@ def build_memory_pressure(rows: list[dict], reserved_ratio: float, capacity) -> 
     """The scale-out record's entry on runs that fill their GPUs, from validate_scaling.py's
     rows: the clean runs predicted at ``PRESSURE_SHARE`` of the memory or more once the
     allocator's share is added (each run's peak / ``reserved_ratio``, the memory record's
-    median, over ``capacity(device)`` bytes) against the rest, and how many of each ran more
-    than ``MISSED_BY`` below dlperf's rate."""
+    median, over ``capacity(device)`` bytes) against the rest, and how many of each dlperf
+    predicted too fast by more than ``MISSED_BY`` (predicted over measured)."""
     full: list[dict] = []
     rest: list[dict] = []
     for r in rows:
@@ -724,11 +724,13 @@ def build_memory_pressure(rows: list[dict], reserved_ratio: float, capacity) -> 
 def describe_memory_pressure(memory: dict, record: dict | None = None) -> str | None:
     """What the published runs say of a scale-out whose GPUs are full (printed under the
     memory per GPU when its peak, with the allocator's share, reaches the record's share of
-    the GPU's memory); None below it, or without the record or the GPU's capacity."""
+    the GPU's memory); None below it, without the record or the GPU's capacity, or when the
+    run does not fit at all (the scale-out says so on its own)."""
     record = load_scale_out() if record is None else record
     p = record.get("memory_pressure")
     cap = memory.get("capacity_bytes")
-    if not p or not cap or not p["full"]["rows"] or not memory.get("peak_bytes"):
+    if (not p or not cap or not p["full"]["rows"] or not memory.get("peak_bytes")
+            or memory.get("fits") is False):
         return None
     share = memory["peak_bytes"] / p["reserved_ratio"] / cap
     if share < p["share"]:
