@@ -666,7 +666,7 @@ def test_another_reading_of_a_source_swaps_only_what_it_names():
 
 def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     # the table's rows name known presets, models and interconnects, cite a source its header
-    # explains, and one row of each source runs through the script that scores them (all 26
+    # explains, and one row of each source runs through the script that scores them (all 25
     # take ~40 s: `python benchmarks/validate_scaling.py` runs them)
     from conftest import ROOT, load_benchmark
 
