@@ -59,26 +59,43 @@ def predicted_vs_measured(path: str | Path, points: list[tuple[str, float, float
                           xlabel: str, ylabel: str, title: str, band: float = 0.15
                           ) -> Path | None:
     """The validation scatter: (group, measured, predicted, clean) points, log-log, one colour
-    per group, flagged points hollow, the identity line and +-``band`` dotted."""
+    per group, flagged points hollow, the identity line and +-``band`` dotted; beside it the
+    same points as predicted / measured against measured, where a few percent show (on the
+    log-log scatter they vanish into the diagonal). More than ten groups take tab20's colours
+    (the default cycle repeats after ten) and a legend outside the axes."""
     plt = pyplot()
     if plt is None or not points:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    for i, group in enumerate(sorted({p[0] for p in points})):
+    groups = sorted({p[0] for p in points})
+    colours = (plt.get_cmap("tab20").colors if len(groups) > 10
+               else [f"C{i}" for i in range(10)])
+    fig, (ax, ratio) = plt.subplots(1, 2, figsize=(14.5, 5.6))
+    for i, group in enumerate(groups):
+        colour = colours[i % len(colours)]
         for clean in (True, False):
             pts = [p for p in points if p[0] == group and p[3] == clean]
-            if pts:
-                ax.scatter([p[1] for p in pts], [p[2] for p in pts], s=28,
-                           label=group + ("" if clean else " (flagged)"),
-                           facecolors=f"C{i}" if clean else "none", edgecolors=f"C{i}")
+            if not pts:
+                continue
+            style = {"s": 22, "facecolors": colour if clean else "none", "edgecolors": colour}
+            ax.scatter([p[1] for p in pts], [p[2] for p in pts],
+                       label=group + ("" if clean else " (flagged)"), **style)
+            ratio.scatter([p[1] for p in pts], [p[2] / p[1] for p in pts], **style)
     lo = min(min(p[1], p[2]) for p in points) * 0.8
     hi = max(max(p[1], p[2]) for p in points) * 1.25
     for k, style in ((1.0, "-"), (1 + band, ":"), (1 / (1 + band), ":")):
         ax.plot([lo, hi], [lo * k, hi * k], "k" + style, lw=0.8)
+        ratio.axhline(k, color="k", ls=style, lw=0.8)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=xlabel,
            ylabel=ylabel, title=title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ratio.set(xscale="log", yscale="log", xlim=(lo, hi), xlabel=xlabel,
+              ylabel="predicted / measured", title=f"the same, as a ratio (dotted: +-{band:.0%})")
+    from matplotlib.ticker import FormatStrFormatter  # (ratios as 0.9, 1, 1.2: not 10^0)
+
+    ratio.yaxis.set_major_formatter(FormatStrFormatter("%.2g"))
+    ratio.yaxis.set_minor_formatter(FormatStrFormatter("%.2g"))
+    fig.legend(*ax.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.83, 0.5),
+               fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
     save_figure(fig, path)
     plt.close(fig)
     return Path(path)

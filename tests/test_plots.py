@@ -35,3 +35,21 @@ def test_save_figure_leaves_no_partial_file_when_drawing_fails(tmp_path):
     except RuntimeError:
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_validation_scatter_has_a_ratio_panel_and_a_legend_beside_them(tmp_path):
+    # twelve groups (more than matplotlib's ten default colours), clean and flagged points:
+    # the picture is the log-log scatter and the predicted / measured panel side by side with
+    # the legend outside both, so it is far wider than tall (PNG: width, height at 16-24)
+    import struct
+
+    from dlperf.plots import predicted_vs_measured
+
+    points = [(f"group {i}", 100.0 * (i + 1), 100.0 * (i + 1) * (1 + 0.01 * i), i % 3 != 0)
+              for i in range(12)]
+    path = predicted_vs_measured(tmp_path / "v.png", points, "measured", "predicted", "t")
+    data = path.read_bytes()
+    assert data[:8] == PNG
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 2.2 * height
+    assert predicted_vs_measured(tmp_path / "none.png", [], "m", "p", "t") is None
