@@ -704,8 +704,10 @@ def build_memory_pressure(rows: list[dict], reserved_ratio: float, capacity) -> 
     rest: list[dict] = []
     for r in rows:
         memory = r.get("memory_per_gpu") or {}
-        cap = capacity(r["device"])
-        if r.get("flag") != "clean" or not memory.get("peak_bytes") or not cap:
+        if r.get("flag") != "clean" or not memory.get("peak_bytes"):
+            continue
+        cap = capacity(r["device"])  # (only for the rows that count: a preset lookup each)
+        if not cap:
             continue
         share = memory["peak_bytes"] / reserved_ratio / cap
         (full if share >= PRESSURE_SHARE else rest).append(r)
