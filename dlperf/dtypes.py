@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 STORAGE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
@@ -18,3 +20,26 @@ def autocast_dtype(name: str) -> torch.dtype | None:
     """The dtype autocast computes in for ``name``; None for FP32 (no autocast)."""
     dtype = STORAGE[name]
     return None if dtype is torch.float32 else dtype
+
+
+@contextmanager
+def tf32_flags(enabled: bool, cudnn_benchmark: bool | None = None):
+    """Run the body with cuBLAS's and cuDNN's TF32 switches both set to ``enabled`` (and, when
+    given, cuDNN's autotuning to ``cudnn_benchmark``), restoring the caller's settings after.
+
+    Why both: PyTorch's defaults differ (``torch.backends.cudnn.allow_tf32`` is True,
+    ``torch.backends.cuda.matmul.allow_tf32`` is False), so an "fp32" step left at the
+    defaults runs its convolutions on TF32 Tensor Cores and its matmuls on the CUDA cores.
+    dlperf's ``--dtype fp32`` means strict FP32 and ``--tf32`` TF32 for both (guide 2.2); a
+    measurement must run what the prediction costs (on the second lent H200 an unflagged
+    "fp32" ResNet-50 step ran its convolutions in TF32: 26.7 ms measured against 47.0 ms
+    predicted for strict FP32, benchmarks/results/device-h200-2026-12-04-2/analyses.json)."""
+    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    old = (cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark)
+    cuda.allow_tf32 = cudnn.allow_tf32 = enabled
+    if cudnn_benchmark is not None:
+        cudnn.benchmark = cudnn_benchmark
+    try:
+        yield
+    finally:
+        cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = old

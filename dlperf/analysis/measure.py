@@ -30,6 +30,7 @@ from dlperf.analysis.api import DTYPES, HALF_MODEL, Analysis, AnalysisConfig
 from dlperf.analysis.capture import capture
 from dlperf.analysis.costs import all_costs
 from dlperf.analysis.roofline import predict
+from dlperf.dtypes import tf32_flags
 from dlperf.errors import DlperfError
 from dlperf.hardware.specs import DeviceSpec
 
@@ -156,20 +157,8 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
         model = model.to(memory_format=torch.channels_last)
     inputs = _inputs(config, input_dtype, device, gen)
     timer = kernel_timer(device)
-    runs = []
-    for step in range(cfg.warmup + cfg.steps):
-        model.zero_grad(set_to_none=True)  # same kernels every step (no grad accumulation)
-        try:
-            cap = capture(model, inputs, train=config.train, timer=timer,
-                          autocast_dtype=None if half is not None else DTYPES[config.dtype],
-                          loss=config.loss)
-        except torch.OutOfMemoryError:
-            raise DlperfError(f"--measure: out of memory at batch {config.input_shape[0]}; "
-                              "try a smaller --batch-size") from None
-        if step >= cfg.warmup:
-            runs.append(cap)
-        if progress:
-            progress()
+    with tf32_flags(config.tf32):  # run what is predicted: strict FP32 unless --tf32
+        runs = _timed_steps(model, inputs, config, half, timer, cfg, progress)
     first = runs[0]
     ops = [r.op for r in first.records]
     if any([r.op for r in c.records] != ops for c in runs[1:]):
@@ -185,6 +174,26 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
     return Measurement(analysis=analysis, measured_s=_attribute(predictions, per_record),
                        free_ops_s=free, steps=cfg.steps, device=str(device),
                        per_record=per_record)
+
+
+def _timed_steps(model, inputs, config: AnalysisConfig, half, timer, cfg: MeasureConfig,
+                 progress) -> list:
+    """Capture ``cfg.warmup + cfg.steps`` timed steps; the captures after the warm-up."""
+    runs = []
+    for step in range(cfg.warmup + cfg.steps):
+        model.zero_grad(set_to_none=True)  # same kernels every step (no grad accumulation)
+        try:
+            cap = capture(model, inputs, train=config.train, timer=timer,
+                          autocast_dtype=None if half is not None else DTYPES[config.dtype],
+                          loss=config.loss)
+        except torch.OutOfMemoryError:
+            raise DlperfError(f"--measure: out of memory at batch {config.input_shape[0]}; "
+                              "try a smaller --batch-size") from None
+        if step >= cfg.warmup:
+            runs.append(cap)
+        if progress:
+            progress()
+    return runs
 
 
 def _attribute(predictions, per_record: list[float]) -> list[float]:

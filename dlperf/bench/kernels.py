@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from dlperf.dtypes import STORAGE
+from dlperf.dtypes import STORAGE, tf32_flags
 from dlperf.errors import DlperfError
 
 DTYPES = STORAGE  # --dtype of `dlperf bench gemm|conv`: tf32 included
@@ -210,21 +210,12 @@ def predict_point(point: Point, spec, dtype: str) -> dict:
             "transpose_s": sum(p.transpose_time_s for p in preds)}
 
 
-@contextmanager
 def _backend_flags(dtype: str, device: torch.device):
     """TF32 on for --dtype tf32 only; cuDNN autotuning on (the record recipe's tuned kernels);
     the caller's settings restored afterwards."""
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-           torch.backends.cudnn.benchmark)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-        torch.backends.cudnn.allow_tf32 = dtype == "tf32"
-        torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         torch.backends.cudnn.benchmark) = old
+    if device.type != "cuda":
+        return nullcontext()
+    return tf32_flags(dtype == "tf32", cudnn_benchmark=True)
 
 
 def _operator(point: Point, dtype: str, device: torch.device):
