@@ -14,8 +14,10 @@ Held-out errors, the honest number: for each source in the table, the parameters
 without that source's rows, and those rows are predicted with them (leave one source out).
 
 Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
-       python benchmarks/fit_efficiency.py CSV OUT.json --channel-norm   (an experiment: batch
-       and group norm's kernels at a fitted fraction of the streaming rate of their own)
+       python benchmarks/fit_efficiency.py CSV OUT.json [--channel-norm] [--fix NAME=VALUE ...]
+           [--tf32-nchw SHARE]   (experiments; --channel-norm: batch and group norm's kernels
+       at a fitted fraction of the streaming rate of their own; --fix and --tf32-nchw:
+       ``experiment_flags``)
 Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
 row, class and source) and prints the parameters to put in dlperf/hardware/efficiency.py.
 """
@@ -61,13 +63,17 @@ def identity():
 class Terms:
     """Per-kernel raw terms of every row, flattened, with the row each kernel belongs to."""
 
-    def __init__(self, captured, host_s: float):
+    def __init__(self, captured, host_s: float, tf32_nchw: float | None = None):
+        from dataclasses import replace
+
         from dlperf.analysis.api import predict_on
         from dlperf.analysis.roofline import winograd_runs
         from dlperf.hardware.efficiency import sm_cycles_per_s
         from dlperf.hardware.specs import get_device
 
         unit = identity()
+        if tf32_nchw is not None:  # --tf32-nchw: TF32 NCHW convolutions' layout cost
+            unit = replace(unit, tf32_nchw=tf32_nchw)
         self.host_s = host_s  # not fitted: no row of the table is host-bound
         math_s, math_cls, mem_s, dw, trans_s, kernels, row_of = [], [], [], [], [], [], []
         channel_norm = []
@@ -165,11 +171,16 @@ def _from_params(params: dict, bounds: dict = BOUNDS) -> np.ndarray:
     return np.array(z)
 
 
-def fit(terms: Terms, mask: np.ndarray, start: dict, bounds: dict = BOUNDS) -> dict:
+def fit(terms: Terms, mask: np.ndarray, start: dict, bounds: dict = BOUNDS,
+        fixed: dict | None = None) -> dict:
     """Parameters minimising the mean squared log ratio over the rows in ``mask``; restarted
-    from the best point until it stops improving (Nelder-Mead stalls in 8 dimensions)."""
+    from the best point until it stops improving (Nelder-Mead stalls in 8 dimensions).
+    ``fixed``: parameters held at the given values (``--fix``), not searched."""
+    fixed = fixed or {}
+    bounds = {k: v for k, v in bounds.items() if k not in fixed}
+
     def loss(z):
-        r = terms.ratios(_to_params(z, bounds))[mask]
+        r = terms.ratios({**fixed, **_to_params(z, bounds)})[mask]
         return float(np.mean(np.log(r) ** 2))
 
     z = _from_params(start, bounds)
@@ -180,7 +191,7 @@ def fit(terms: Terms, mask: np.ndarray, start: dict, bounds: dict = BOUNDS) -> d
         if new > best - 1e-9:
             break
         z, best = z_new, new
-    return _to_params(z, bounds)
+    return {**fixed, **_to_params(z, bounds)}
 
 
 def errors(ratios) -> dict:
@@ -189,14 +200,45 @@ def errors(ratios) -> dict:
             "median_ratio": statistics.median(ratios), "max_abs_error": max(err)} if err else None
 
 
+def _finite(params: dict) -> dict:
+    """``params`` for JSON: an infinite value (``--fix sm_bytes_per_clock=inf``) as "inf"."""
+    return {k: v if math.isfinite(v) else "inf" for k, v in params.items()}
+
+
+def experiment_flags(argv: list[str]) -> tuple[list[str], dict, float | None]:
+    """(the other arguments, ``--fix NAME=VALUE`` parameters held fixed, ``--tf32-nchw
+    SHARE``): experiments that test a fact measured elsewhere (a lent GPU's per-kernel times,
+    benchmarks/gpu_kernel_classes.py) against the published table. ``--fix
+    sm_bytes_per_clock=inf`` drops the SM term (the DRAM alone); ``--tf32-nchw`` costs TF32
+    NCHW convolutions that share of the fp16 transposes (``Efficiency.tf32_nchw``)."""
+    rest, fixed, tf32_nchw = [], {}, None
+    it = iter(argv)
+    for a in it:
+        if a in ("--fix", "--tf32-nchw"):
+            value = next(it, None)
+            if value is None:
+                raise SystemExit(f"{a} needs a value")
+            if a == "--tf32-nchw":
+                tf32_nchw = float(value)
+                continue
+            name, _, number = value.partition("=")
+            if name not in BOUNDS:
+                raise SystemExit(f"--fix {value}: choose one of {', '.join(BOUNDS)}")
+            fixed[name] = float(number)
+        else:
+            rest.append(a)
+    return rest, fixed, tf32_nchw
+
+
 def main(argv: list[str]) -> int:
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
+    argv, fixed, tf32_nchw = experiment_flags(argv)
     experiment = "--channel-norm" in argv
     argv = [a for a in argv if a != "--channel-norm"]
-    if experiment and len(argv) < 2:
-        raise SystemExit("--channel-norm is an experiment: give CSV and OUT.json (the default "
+    if (experiment or fixed or tf32_nchw is not None) and len(argv) < 2:
+        raise SystemExit("--channel-norm, --fix and --tf32-nchw are experiments: give CSV and OUT.json (the default "
                          "OUT is the shipped fit's)")
     bounds = {**BOUNDS, "channel_norm": CHANNEL_NORM_BOUNDS} if experiment else BOUNDS
     csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
@@ -209,7 +251,7 @@ def main(argv: list[str]) -> int:
         captured = vp.capture_rows(rows, progress=lambda: bar.advance(task))
     from dlperf.hardware.efficiency import FITTED
 
-    terms = Terms(captured, FITTED.host_s)
+    terms = Terms(captured, FITTED.host_s, tf32_nchw)
     clean = np.array([r["flag"] == "clean" for r in terms.rows])
     from dlperf.hardware.efficiency import Efficiency
 
@@ -218,14 +260,14 @@ def main(argv: list[str]) -> int:
     start["winograd"] = 0.6  # its default, 1.0, is its bound, where the squashed search stalls
     if experiment:
         start["channel_norm"] = 0.6
-    params = fit(terms, clean, start, bounds)
+    params = fit(terms, clean, start, bounds, fixed)
     in_sample = terms.ratios(params)
     held_out = np.full(len(rows), np.nan)
     sources = sorted({r["source"] for r in terms.rows if r["flag"] == "clean"})
     folds = {}
     for source in sources:
         mine = np.array([r["source"] == source for r in terms.rows])
-        fold = fit(terms, clean & ~mine, params, bounds)
+        fold = fit(terms, clean & ~mine, params, bounds, fixed)
         held_out[mine] = terms.ratios(fold)[mine]
         folds[source] = fold
     before = terms.ratios({**Efficiency().to_dict(), "sm_bytes_per_clock": math.inf})
@@ -240,13 +282,14 @@ def main(argv: list[str]) -> int:
         return out
 
     result = {
-        "parameters": params,
+        "parameters": _finite(params),
         "bounds": bounds,
+        "fixed": _finite(fixed), "tf32_nchw": tf32_nchw,
         "objective": "mean squared log(predicted / measured) over the clean rows",
         "summary_in_sample": summary(in_sample),
         "summary_held_out_by_source": summary(held_out),
         "summary_constants_0.8_0.85_two_pass": summary(before),
-        "folds": folds,
+        "folds": {k: _finite(v) for k, v in folds.items()},
         "rows": [{"id": r["id"], "source": r["source"], "class": r["class"],
                   "device": r["device"], "flag": r["flag"], "measured_img_s": r["measured_img_s"],
                   "ratio_in_sample": float(a), "ratio_held_out": float(h),

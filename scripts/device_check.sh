@@ -11,8 +11,9 @@
 # then run: OUT=$OUT bash scripts/device_check.sh   with carry [".devext"] and
 # timeout_s 590. Issue #14's steps 0, 0b, 0c and 0d come first (at most 150 + 60 + 40 + 180 s,
 # ~275 s expected), then issue #11's steps (1-4), at most 560 s by their timeouts (far less when
-# all goes well); the later steps use what is left of the call (the H200's run took 470 s,
-# before step 4's TF32 convolutions, ~40 s more).
+# all goes well); the later steps use what is left of the call (the first H200's run took
+# 470 s, the second's 550 s with a TF32 convolution sweep in step 4 that step 3's five
+# per-kernel ResNet-50 runs, ~75 s, have replaced).
 # Without the extension dlperf still runs (full-image decoding, no restart-marker cuts).
 # The device tool carries at most 64 MiB of working tree and benchmarks/results/ holds more
 # (none of it is read here): before the call run
@@ -97,14 +98,30 @@ step timeout 150 $PY -m dlperf probe --device cuda --sweep --out "$OUT/probe.jso
 step timeout 100 $PY -m dlperf analyze resnet50 --device h200 --batch-size 256 --dtype bf16 --train \
     --channels-last --measure --measure-steps 5 --top 15 --json "$OUT/resnet50-bf16-cl.json"
 
-# 3. A GPT stack and the fp32 NCHW baseline, predicted vs measured (gathered: analyses.json).
+# 3. A GPT stack, and ResNet-50 per kernel in five precisions and layouts (TF32, strict FP32
+#    and bf16; NCHW and channels_last; the bf16 channels_last one is step 2's), predicted vs
+#    measured (gathered: analyses.json; benchmarks/gpu_kernel_classes.py sums them by kernel
+#    class: the second lent H200's showed its elementwise kernels at 4.1 TB/s, twice the model's
+#    rate, and TF32 NCHW convolutions 1.47x slower than channels_last ones).
 step timeout 70 $PY -m dlperf analyze gpt --layers 12 --d-model 1024 --heads 16 --vocab 32000 \
     --seq-len 2048 --batch-size 8 --device h200 --dtype bf16 --train --measure --top 15 \
     --json /tmp/dlperf-gpt.json
-step timeout 70 $PY -m dlperf analyze resnet50 --device h200 --batch-size 128 --dtype fp32 --train \
-    --measure --measure-steps 3 --top 10 --json /tmp/dlperf-fp32-nchw.json
-gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json \
-    resnet50_fp32_nchw=/tmp/dlperf-fp32-nchw.json host_issue=/tmp/dlperf-host-issue.json \
+step timeout 40 $PY -m dlperf analyze resnet50 --device h200 --train --measure --measure-steps 3 \
+    --top 5 --dtype fp32 --tf32 --batch-size 128 --json /tmp/dlperf-r50-tf32_nchw.json
+step timeout 40 $PY -m dlperf analyze resnet50 --device h200 --train --measure --measure-steps 3 \
+    --top 5 --dtype fp32 --tf32 --channels-last --batch-size 128 --json /tmp/dlperf-r50-tf32_cl.json
+step timeout 40 $PY -m dlperf analyze resnet50 --device h200 --train --measure --measure-steps 3 \
+    --top 5 --dtype bf16 --batch-size 256 --json /tmp/dlperf-r50-bf16_nchw.json
+step timeout 40 $PY -m dlperf analyze resnet50 --device h200 --train --measure --measure-steps 3 \
+    --top 5 --dtype fp32 --batch-size 128 --json /tmp/dlperf-r50-fp32_nchw.json
+step timeout 40 $PY -m dlperf analyze resnet50 --device h200 --train --measure --measure-steps 3 \
+    --top 5 --dtype fp32 --channels-last --batch-size 128 --json /tmp/dlperf-r50-fp32_cl.json
+LAYOUTS=""
+for n in tf32_nchw tf32_cl bf16_nchw fp32_nchw fp32_cl; do
+  LAYOUTS="$LAYOUTS resnet50_layout_$n=/tmp/dlperf-r50-$n.json"
+done
+gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json $LAYOUTS \
+    host_issue=/tmp/dlperf-host-issue.json \
     sustained_gemm=/tmp/dlperf-sustained-gemm.json sdpa_share=/tmp/dlperf-sdpa.json \
     compile_speedup=/tmp/dlperf-compile.json
 
@@ -114,13 +131,9 @@ gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json \
 step timeout 50 $PY -m dlperf bench gemm --device cuda --out /tmp/dlperf-gemm.json
 step timeout 60 $PY -m dlperf bench conv --device cuda --out /tmp/dlperf-conv.json
 gather "$OUT/kernels.json" gemm=/tmp/dlperf-gemm.json conv=/tmp/dlperf-conv.json
-#    The same convolutions in TF32 (issue #11's lead: the H200's ladder ran ResNet-50 in TF32
-#    1.44x faster in channels_last, where dlperf predicts no gain; does NCHW cost a TF32 conv
-#    what it costs an fp16 one?).
-step timeout 60 $PY -m dlperf bench conv --device cuda --dtype tf32 --repeats 3 \
-    --out /tmp/dlperf-conv-tf32.json
-gather "$OUT/kernels.json" gemm=/tmp/dlperf-gemm.json conv=/tmp/dlperf-conv.json \
-    conv_tf32=/tmp/dlperf-conv-tf32.json
+#    (The same sweep in TF32, `--dtype tf32`, ran on the second lent H200: NCHW cost a TF32
+#    3x3 convolution 1.87x at 64 channels, an fp16 one 2.26x; kernels.json in
+#    benchmarks/results/device-h200-2026-12-04-2/. Step 3's per-kernel runs now cover it.)
 
 # 5. Issue #4's goal: >= 8,000 img/s, ResNet-50 224 px, bf16, channels_last, compiled, synthetic.
 step timeout 200 $TRAIN steps_per_epoch=60 compile=default out_dir=/tmp/dlperf-compiled

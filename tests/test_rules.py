@@ -99,7 +99,9 @@ def test_launch_overhead_flagged_for_tiny_batches():
 
 
 def test_tf32_convolutions_read_nchw_without_transposes():
-    # cuDNN transposes NCHW around FP16/BF16 Tensor Core convolutions, not around TF32 ones.
+    # The shipped model charges NCHW transposes around FP16/BF16 Tensor Core convolutions and
+    # none to TF32 ones (Efficiency.tf32_nchw = 0: the published TF32 NCHW rows fit without;
+    # tests/test_tf32_layout.py covers the term a user can set).
     tf32 = dlperf.analyze("resnet18", (8, 3, 112, 112), device="a100-80gb", dtype="fp32",
                           tf32=True)
     fp16 = dlperf.analyze("resnet18", (8, 3, 112, 112), device="a100-80gb", dtype="fp16")

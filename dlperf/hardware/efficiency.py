@@ -40,6 +40,19 @@ quantization of ``gemm.py``, which stays separate):
   ResNeXt-101 and SE-ResNeXt-101 (grouped 3x3 convolutions, which the algorithms do not
   take) came out at 0.94-1.01x (docs/design.md, "Winograd"). 1.0 (no Winograd) for measured profiles: a CPU's
   convolutions (oneDNN) run direct or GEMM-based kernels by default.
+* ``tf32_nchw``: what a TF32 convolution on NCHW tensors pays for its layout, as a share of
+  the NCHW transposes a 16-bit one is charged (analysis/roofline.py: its input activations read
+  and written once more at streaming bandwidth, inside the kernel: no launches of their own).
+  0 for the presets: every TF32 CNN row of the published table is NCHW and they fit without it
+  (with it, and the other parameters as shipped, their median error goes from 3.9% to 9.5%).
+  The second lent H200 (torch 2.11, cuDNN 9.19) measured otherwise, per kernel: its TF32 NCHW
+  convolutions took 8.5 ms more per ResNet-50 step at batch 128 than channels_last ones, 0.57 of
+  what NCHW cost its bf16 convolutions over the same bytes, and the step ran 1.43x faster in
+  channels_last, where dlperf predicts 1.00x (benchmarks/results/h200-kernel-classes.json).
+  The model gets it right on the NCHW step only because it predicts that GPU's elementwise
+  kernels at half the rate they ran (2.1 against 4.1 TB/s): shipping the term needs a refit of
+  the memory side (benchmarks/README.md, twentieth session). ``--efficiency tf32_nchw=0.57``
+  costs it.
 * ``conv_backward``: the share of its convolution fraction a backward convolution (dgrad and
   wgrad, one ``convolution_backward`` kernel) reaches, relative to the forward one. 1.0 for the
   presets (the published table's steps always hold twice the forward FLOPs in backward, so it
@@ -194,6 +207,7 @@ class Efficiency:
     attention: float | None = None  # None: as tensor_gemm
     cuda_core_attention: float | None = None  # None: as cuda_core
     winograd: float = 1.0  # FP32 NCHW 3x3 convolutions' share of their math time (Winograd)
+    tf32_nchw: float = 0.0  # a TF32 NCHW convolution's layout cost, a share of fp16's (0: none)
     conv_backward: float = 1.0  # backward convolutions' share of the forward's fraction
     depthwise_backward: float = 1.0  # depthwise backward's share of cuda_core (its math)
     depthwise_wgrad_wide: float | None = None  # None: as depthwise_backward
@@ -497,7 +511,8 @@ FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_co
              "depthwise_wgrad_wide",
              "memory", "depthwise", "reduction", "norm", "reduction_backward",
              "channel_norm", "channel_norm_backward",
-             "transcendental", "gelu_tanh", "window", "window_backward", "misaligned")
+             "transcendental", "gelu_tanh", "window", "window_backward", "misaligned",
+             "tf32_nchw")
 
 
 def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Efficiency:
@@ -537,7 +552,7 @@ def check_overrides(overrides, origin: str) -> dict:
         if key in NULLABLE and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                value > 0 or (key in ("host_s", "conv_launch_s") and value == 0)):
+                value > 0 or (key in ("host_s", "conv_launch_s", "tf32_nchw") and value == 0)):
             raise DlperfError(f"{origin}: efficiency {key} must be a positive number, "
                               f"got {value!r}")
         if key in FRACTIONS and value > 3:

@@ -1,0 +1,215 @@
+"""Where a GPU step's predicted time is right and where it is wrong, by kernel class (issue #14's
+single-GPU base, issue #11's model).
+
+A prediction can match a measured step by cancellation: one class of kernels predicted too
+fast, another too slow. The published tables only give whole steps, so they cannot tell; a lent
+GPU's ``dlperf analyze --measure`` times every kernel. This script reads those per-kernel
+measurements (one JSON per precision and layout, from scripts/device_check.sh or a short call)
+and sums measured and predicted time per class:
+
+* convolutions, forward / data gradient / weight gradient (cuDNN);
+* batch norm forward and backward;
+* elementwise kernels that stream their bytes (ReLU, its backward, the residual add), with the
+  bandwidth they achieved (the guide's minimum bytes over the measured time) beside the rate
+  the model gives them;
+* pooling, and the rest.
+
+It also reads the layout contrasts the per-kernel files hold: per convolution pass, what NCHW
+costs over channels_last in TF32, bf16 and strict FP32, beside what the model charges (the
+NCHW transposes of hardware roofline.py), and the speed-up ladder's TF32 channels_last rung.
+
+Usage: python benchmarks/gpu_kernel_classes.py [DEVICE_RESULTS_DIR] [OUT.json]
+Default: benchmarks/results/device-h200-2026-12-04-2 -> benchmarks/results/h200-kernel-classes.json
+(+ .png). Reads r50-<precision>-<layout>.json (and resnet50-bf16-cl.json as bf16-cl), or where
+one is missing the same run gathered in analyses.json as resnet50_layout_<precision>_<layout>.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DIR = ROOT / "benchmarks/results/device-h200-2026-12-04-2"
+DEFAULT_OUT = ROOT / "benchmarks/results/h200-kernel-classes.json"
+# configuration name -> file in the device folder
+FILES = {"tf32-nchw": "r50-tf32-nchw.json", "tf32-cl": "r50-tf32-cl.json",
+         "bf16-nchw": "r50-bf16-nchw.json", "bf16-cl": "resnet50-bf16-cl.json",
+         "fp32-nchw": "r50-fp32-nchw.json", "fp32-cl": "r50-fp32-cl.json"}
+CONV_PASSES = ("conv forward", "conv dgrad", "conv wgrad")
+CLASSES = (*CONV_PASSES, "batch norm forward", "batch norm backward", "elementwise (stream)",
+           "pooling", "other")
+# The layout contrasts: (precision, NCHW config, channels_last config)
+LAYOUTS = (("tf32", "tf32-nchw", "tf32-cl"), ("bf16", "bf16-nchw", "bf16-cl"),
+           ("fp32", "fp32-nchw", "fp32-cl"))
+
+
+def kernel_class(layer: dict) -> str:
+    """The class of one analysed layer (its ``kind``, ``phase``, ``math_class`` and
+    ``memory_class`` from ``dlperf analyze --json``)."""
+    if layer["kind"] == "gemm" and layer["op"].startswith("convolution"):
+        return {"forward": "conv forward", "dgrad": "conv dgrad", "wgrad": "conv wgrad"}[
+            layer["phase"]]
+    memory = layer.get("memory_class")
+    if memory == "channel-norm":
+        return "batch norm forward"
+    if memory == "channel-norm-backward":
+        return "batch norm backward"
+    if layer["kind"] == "memory" and memory == "stream":
+        return "elementwise (stream)"
+    if memory in ("window", "window-backward"):
+        return "pooling"
+    return "other"
+
+
+def _occurrences(layers: list[dict]):
+    """Each layer keyed by (module, phase, kind, n-th such): the analysed and the measured lists
+    of one run name the same kernels, in the same order, but may differ in op names."""
+    seen: Counter = Counter()
+    for layer in layers:
+        key = (layer["module"], layer["phase"], layer["kind"])
+        yield (*key, seen[key]), layer
+        seen[key] += 1
+
+
+def classes(result: dict) -> dict:
+    """Measured and predicted seconds, kernels and bytes per class for one per-kernel result."""
+    analysed = dict(_occurrences(result["layers"]))
+    out = {c: {"measured_s": 0.0, "predicted_s": 0.0, "kernels": 0, "bytes": 0,
+               "transpose_s": 0.0} for c in CLASSES}
+    unmatched = 0
+    for key, m in _occurrences(result["measurement"]["layers"]):
+        layer = analysed.get(key)
+        if layer is None:
+            unmatched += 1
+            continue
+        c = out[kernel_class(layer)]
+        c["measured_s"] += m["measured_time_s"]
+        c["predicted_s"] += m["predicted_time_s"]
+        c["kernels"] += 1
+        c["bytes"] += layer["bytes"]
+        c["transpose_s"] += layer.get("transpose_time_s", 0.0)
+    for c in out.values():
+        c["predicted_over_measured"] = (c["predicted_s"] / c["measured_s"]
+                                        if c["measured_s"] else None)
+    stream = out["elementwise (stream)"]
+    return {"config": {k: result["config"][k] for k in ("dtype", "tf32", "channels_last")}
+            | {"batch": result["config"]["input_shape"][0]},
+            "by_class": out, "unmatched_kernels": unmatched,
+            "measured_s": result["measurement"]["totals"]["measured_s"],
+            "predicted_s": result["measurement"]["totals"]["predicted_s"],
+            "stream_achieved_bytes_per_s": (stream["bytes"] / stream["measured_s"]
+                                            if stream["measured_s"] else None),
+            "stream_model_bytes_per_s": (stream["bytes"] / stream["predicted_s"]
+                                         if stream["predicted_s"] else None)}
+
+
+def layout_contrasts(runs: dict) -> list[dict]:
+    """Per precision and convolution pass: NCHW's measured and predicted cost over channels_last
+    (seconds per step, both runs at the same batch and bytes)."""
+    out = []
+    for precision, nchw, cl in LAYOUTS:
+        if nchw not in runs or cl not in runs:
+            continue
+        a, b = runs[nchw]["by_class"], runs[cl]["by_class"]
+        for p in CONV_PASSES:
+            out.append({"precision": precision, "pass": p,
+                        "nchw_measured_s": a[p]["measured_s"], "cl_measured_s": b[p]["measured_s"],
+                        "measured_extra_s": a[p]["measured_s"] - b[p]["measured_s"],
+                        "nchw_predicted_s": a[p]["predicted_s"],
+                        "cl_predicted_s": b[p]["predicted_s"],
+                        "predicted_extra_s": a[p]["predicted_s"] - b[p]["predicted_s"]})
+    return out
+
+
+def ladder_layout(path: Path) -> dict | None:
+    """The speed-up ladder's TF32 channels_last rung: measured and predicted gain over NCHW."""
+    if not path.exists():
+        return None
+    rungs = json.loads(path.read_text())["results"]["rungs"]
+    base, cl = rungs[0], rungs[1]
+    return {"nchw_img_s": base["img_per_s"], "cl_img_s": cl["img_per_s"],
+            "measured_gain": cl["img_per_s"] / base["img_per_s"],
+            "predicted_gain": cl["predicted_img_per_s"] / base["predicted_img_per_s"],
+            "rungs": [base["rung"], cl["rung"]]}
+
+
+def plot(runs: dict, path: Path) -> Path | None:
+    from dlperf.plots import pyplot, save_figure
+
+    plt = pyplot()
+    if plt is None:
+        return None
+    names = [c for c in CLASSES if c != "other"]
+    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=120)
+    width = 0.8 / len(runs)
+    for i, (name, run) in enumerate(runs.items()):
+        ratios = [run["by_class"][c]["predicted_over_measured"] or 0 for c in names]
+        ax.bar([x + i * width for x in range(len(names))], ratios, width, label=name)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=20,
+                  ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_yticks([0.25, 0.5, 1, 2, 4], ["0.25", "0.5", "1", "2", "4"])
+    ax.minorticks_off()
+    ax.set_ylabel("predicted / measured time (log)", fontsize=9)
+    ax.set_title("ResNet-50 training step by kernel class: the model against the GPU's kernels",
+                 fontsize=10)
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    from dlperf.errors import DlperfError
+    from dlperf.provenance import save_result
+
+    folder = Path(argv[0]) if argv else DEFAULT_DIR
+    out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
+    runs, environment = {}, None
+    gathered = folder / "analyses.json"  # scripts/device_check.sh step 3 gathers them there
+    gathered = json.loads(gathered.read_text()) if gathered.exists() else {}
+    for name, file in FILES.items():
+        f = folder / file
+        result = (json.loads(f.read_text()) if f.exists()
+                  else gathered.get("resnet50_layout_" + name.replace("-", "_")))
+        if result:
+            runs[name] = classes(result)
+            environment = environment or result.get("environment")
+    if not runs:
+        raise DlperfError(f"{folder}: no per-kernel results ({', '.join(FILES.values())}); run "
+                          "`dlperf analyze resnet50 --measure --json ...` on a GPU first")
+    contrasts = layout_contrasts(runs)
+    ladder = ladder_layout(folder / "train-ladder-gpu.json")
+    for name, run in runs.items():
+        print(f"{name:10s} batch {run['config']['batch']:4d}: measured {run['measured_s'] * 1e3:6.1f} "
+              f"ms, predicted {run['predicted_s'] * 1e3:6.1f} ms")
+        for c, v in run["by_class"].items():
+            if v["measured_s"]:
+                print(f"    {c:22s} {v['measured_s'] * 1e3:7.2f} ms measured, "
+                      f"{v['predicted_s'] * 1e3:7.2f} predicted ({v['predicted_over_measured']:.2f}x)")
+        if run["stream_achieved_bytes_per_s"]:
+            print(f"    elementwise kernels: {run['stream_achieved_bytes_per_s'] / 1e12:.2f} TB/s "
+                  f"achieved, {run['stream_model_bytes_per_s'] / 1e12:.2f} TB/s in the model")
+    for c in contrasts:
+        print(f"NCHW over channels_last, {c['precision']} {c['pass']}: measured "
+              f"{c['measured_extra_s'] * 1e3:+.2f} ms, predicted {c['predicted_extra_s'] * 1e3:+.2f}")
+    if ladder:
+        print(f"ladder {ladder['rungs'][1]!r}: measured {ladder['measured_gain']:.2f}x, "
+              f"predicted {ladder['predicted_gain']:.2f}x")
+    config = {"folder": str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder),
+              "files": {k: v for k, v in FILES.items() if k in runs},
+              "measured_on": environment}
+    save_result(out_path, "gpu-kernel-classes", config,
+                {"runs": runs, "layout_contrasts": contrasts, "ladder_tf32_channels_last": ladder})
+    png = plot(runs, out_path.with_suffix(".png"))
+    print(f"Wrote {out_path}" + (f" and {png}" if png else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

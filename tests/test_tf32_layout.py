@@ -1,0 +1,208 @@
+"""TF32 and layout: what --measure runs (both TF32 switches as the analysis says), the TF32 NCHW
+layout term of the roofline (``Efficiency.tf32_nchw``), the per-kernel-class summary of a lent
+GPU's measurements (benchmarks/gpu_kernel_classes.py) and the efficiency fit's experiment flags."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dlperf
+from dlperf.analysis import measure as measure_mod
+from dlperf.analysis.api import AnalysisConfig
+from dlperf.analysis.measure import MeasureConfig, measure
+from dlperf.dtypes import tf32_flags
+from dlperf.errors import DlperfError
+from dlperf.hardware.efficiency import FITTED, check_overrides
+from dlperf.hardware.specs import DeviceSpec, get_device
+from conftest import load_benchmark
+
+CPU = DeviceSpec(name="cpu", display_name="test cpu", sm_count=2, mem_bandwidth=20e9,
+                 peak={"fp32": 100e9}, tensor_cores=False, measured=True)
+
+
+@pytest.fixture
+def restore_flags():
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+           torch.backends.cudnn.benchmark)
+    yield
+    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+     torch.backends.cudnn.benchmark) = old
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_tf32_flags_sets_both_switches_and_restores_them(enabled, restore_flags):
+    # PyTorch's defaults disagree (cuDNN's TF32 on, cuBLAS's off); set the opposite of what
+    # the body asks, so that both a set and a restore can be seen
+    torch.backends.cuda.matmul.allow_tf32 = not enabled
+    torch.backends.cudnn.allow_tf32 = not enabled
+    torch.backends.cudnn.benchmark = False
+    with tf32_flags(enabled, cudnn_benchmark=True):
+        assert torch.backends.cuda.matmul.allow_tf32 is enabled
+        assert torch.backends.cudnn.allow_tf32 is enabled
+        assert torch.backends.cudnn.benchmark is True
+    assert torch.backends.cuda.matmul.allow_tf32 is (not enabled)
+    assert torch.backends.cudnn.allow_tf32 is (not enabled)
+    assert torch.backends.cudnn.benchmark is False
+    with pytest.raises(RuntimeError):  # restored on an exception too
+        with tf32_flags(enabled):
+            raise RuntimeError("boom")
+    assert torch.backends.cudnn.allow_tf32 is (not enabled)
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_measure_runs_the_steps_with_the_tf32_switches_of_the_analysis(tf32, monkeypatch,
+                                                                         restore_flags):
+    # cuDNN's TF32 switch left at PyTorch's default (on) made an "fp32" measurement run TF32
+    # convolutions against a strict-FP32 prediction (the second lent H200's first call)
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    seen = []
+    real = measure_mod.capture
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(measure_mod, "capture", spy)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(8 * 8 * 8, 10))
+    cfg = AnalysisConfig(model="net", input_shape=(2, 3, 8, 8), dtype="fp32", tf32=tf32,
+                         train=True, device="cpu", optimizer="none")
+    measure(net, cfg, CPU, "cpu", cfg=MeasureConfig(steps=1, warmup=1))
+    assert seen == [(tf32, tf32)] * 2
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (
+        False, True)  # the caller's settings back
+
+
+def _tf32_conv_passes(share):
+    """The forward, dgrad and wgrad predictions of a TF32 NCHW 1x1 convolution, 64 -> 256
+    channels at 56x56, batch 8, on an A100 with ``tf32_nchw`` = ``share``."""
+    from dlperf.analysis.roofline import predict
+
+    model = nn.Sequential(nn.Conv2d(64, 64, 1, bias=False), nn.Conv2d(64, 256, 1, bias=False))
+    a = dlperf.analyze(model, (8, 64, 56, 56), device="a100-80gb", dtype="fp32", tf32=True,
+                       train=True)
+    eff = dataclasses.replace(a.efficiency, tf32_nchw=share)
+    spec = get_device("a100-80gb")
+    passes = {p.cost.phase: predict(p.cost, spec, tf32=True, efficiency=eff)
+              for p in a.predictions if p.cost.op.startswith("convolution")
+              and p.cost.kind == "gemm" and p.cost.module == "1"}
+    return passes, eff.bandwidth(spec)
+
+
+def test_tf32_nchw_costs_a_share_of_the_16_bit_transposes_inside_the_kernel():
+    # x = 8 x 64 x 56 x 56 fp32 = 6,422,528 B; y = dy = 8 x 256 x 56 x 56 fp32 = 25,690,112 B.
+    # The fp16 rule on Ampere (tests/test_rules.py): forward transposes x, dgrad dy, wgrad dy
+    # and x, each read and written once; TF32 pays 0.57 of that and launches nothing more.
+    passes, bw = _tf32_conv_passes(0.57)
+    expected = {"forward": 6_422_528, "dgrad": 25_690_112, "wgrad": 25_690_112 + 6_422_528}
+    for phase, moved in expected.items():
+        p = passes[phase]
+        assert p.unit == "tf32"
+        assert p.transpose_time_s == pytest.approx(0.57 * 2 * moved / bw, rel=1e-9)
+        assert p.kernels == p.cost.kernels
+    # the shipped share is 0: no layout cost, as every published TF32 NCHW row fits
+    assert FITTED.tf32_nchw == 0
+    shipped, _ = _tf32_conv_passes(FITTED.tf32_nchw)
+    assert all(p.transpose_time_s == 0 for p in shipped.values())
+
+
+def test_tf32_nchw_is_an_override_a_user_can_set_and_zero_is_allowed():
+    assert check_overrides({"tf32_nchw": 0.57}, "--efficiency") == {"tf32_nchw": 0.57}
+    assert check_overrides({"tf32_nchw": 0}, "--efficiency") == {"tf32_nchw": 0}
+    with pytest.raises(DlperfError, match="tf32_nchw"):
+        check_overrides({"tf32_nchw": -0.1}, "--efficiency")
+    # through the analysis: channels_last removes exactly the term it adds
+    shape = (8, 3, 112, 112)
+    h200 = get_device("h200")
+    spec = dataclasses.replace(h200, efficiency={**(h200.efficiency or {}), "tf32_nchw": 0.57})
+    nchw = dlperf.analyze("resnet18", shape, device=spec, dtype="fp32", tf32=True)
+    cl = dlperf.analyze("resnet18", shape, device=spec, dtype="fp32", tf32=True,
+                        channels_last=True)
+    extra = nchw.totals()["nchw_transpose_time_s"]
+    assert extra > 0 and cl.totals()["nchw_transpose_time_s"] == 0
+    def convs(a):
+        return sum(p.time_s for p in a.predictions if p.cost.op.startswith("convolution"))
+    assert convs(nchw) - convs(cl) == pytest.approx(extra, rel=1e-6)
+
+
+def _result(layers):
+    """A minimal `dlperf analyze --measure --json` result: (module, op, phase, kind,
+    memory_class, bytes, measured_s, predicted_s) per kernel."""
+    analysed = [{"module": m, "op": op, "phase": ph, "kind": k, "memory_class": mc,
+                 "bytes": b, "transpose_time_s": 0.0} for m, op, ph, k, mc, b, _, _ in layers]
+    measured = [{"module": m, "op": op, "phase": ph, "kind": k, "measured_time_s": t,
+                 "predicted_time_s": p} for m, op, ph, k, _, _, t, p in layers]
+    return {"config": {"dtype": "fp32", "tf32": True, "channels_last": False,
+                       "input_shape": [128, 3, 224, 224]},
+            "layers": analysed,
+            "measurement": {"layers": measured,
+                            "totals": {"measured_s": sum(x[6] for x in layers),
+                                       "predicted_s": sum(x[7] for x in layers)}}}
+
+
+def test_kernel_classes_sum_by_class_and_report_the_elementwise_bandwidth():
+    kc = load_benchmark("gpu_kernel_classes")
+    run = kc.classes(_result([
+        ("c1", "convolution", "forward", "gemm", "stream", 100, 3e-3, 2e-3),
+        ("c1", "convolution_backward", "dgrad", "gemm", "stream", 100, 1e-3, 1e-3),
+        ("c1", "convolution_backward", "wgrad", "gemm", "stream", 100, 2e-3, 1e-3),
+        ("bn", "cudnn_batch_norm", "forward", "memory", "channel-norm", 400, 1e-3, 2e-3),
+        ("r", "relu", "forward", "memory", "stream", 4e9, 1e-3, 2e-3),
+        ("r", "threshold_backward", "dgrad", "memory", "stream", 6e9, 1.5e-3, 3e-3),
+    ]))
+    by = run["by_class"]
+    assert by["conv forward"]["measured_s"] == 3e-3 and by["conv wgrad"]["kernels"] == 1
+    assert by["conv forward"]["predicted_over_measured"] == pytest.approx(2 / 3)
+    assert by["batch norm forward"]["predicted_over_measured"] == pytest.approx(2.0)
+    # elementwise: 10 GB in 2.5 ms measured = 4 TB/s; 5 ms predicted = 2 TB/s
+    assert run["stream_achieved_bytes_per_s"] == pytest.approx(4e12)
+    assert run["stream_model_bytes_per_s"] == pytest.approx(2e12)
+    assert run["unmatched_kernels"] == 0 and run["config"]["batch"] == 128
+
+
+def test_kernel_classes_layout_contrast_is_nchw_minus_channels_last_per_pass():
+    kc = load_benchmark("gpu_kernel_classes")
+    nchw = kc.classes(_result([("c", "convolution", "forward", "gemm", "stream", 1, 8e-3, 5e-3)]))
+    cl = kc.classes(_result([("c", "convolution", "forward", "gemm", "stream", 1, 5e-3, 5e-3)]))
+    rows = kc.layout_contrasts({"tf32-nchw": nchw, "tf32-cl": cl})
+    fwd = next(r for r in rows if r["pass"] == "conv forward")
+    assert fwd["precision"] == "tf32"
+    assert fwd["measured_extra_s"] == pytest.approx(3e-3) and fwd["predicted_extra_s"] == 0
+    assert len(rows) == 3  # one per pass; bf16 and fp32 pairs absent
+
+
+def test_fit_experiment_flags_and_fixed_parameters_stay_put():
+    fe = load_benchmark("fit_efficiency")
+    rest, fixed, share = fe.experiment_flags(["a.csv", "--fix", "memory=0.86", "out.json",
+                                              "--fix", "sm_bytes_per_clock=inf",
+                                              "--tf32-nchw", "0.57"])
+    assert rest == ["a.csv", "out.json"] and share == 0.57
+    assert fixed == {"memory": 0.86, "sm_bytes_per_clock": math.inf}
+    assert fe._finite(fixed) == {"memory": 0.86, "sm_bytes_per_clock": "inf"}
+    with pytest.raises(SystemExit, match="choose one of"):
+        fe.experiment_flags(["--fix", "nonsense=1"])
+
+    class Terms:  # ratio = memory / 0.5: the loss is smallest at memory = 0.5, if it were free
+        def ratios(self, params):
+            assert params["sm_bytes_per_clock"] == math.inf
+            return np.array([params["memory"] / 0.5])
+    start = {n: 0.6 if n != "sm_bytes_per_clock" else 8.0 for n in fe.BOUNDS}
+    free = fe.fit(Terms(), np.array([True]), start, fixed={"sm_bytes_per_clock": math.inf})
+    assert free["memory"] == pytest.approx(0.5, rel=1e-3)
+    held = fe.fit(Terms(), np.array([True]), start,
+                  fixed={"sm_bytes_per_clock": math.inf, "memory": 0.86})
+    assert held["memory"] == 0.86
+
+
+def test_tf32_nchw_experiment_sets_the_share_and_keeps_each_presets_own_values():
+    exp = load_benchmark("experiment_tf32_nchw")
+    h100 = get_device("h100-sxm")
+    from dlperf.hardware.efficiency import efficiency_for
+
+    eff = exp.with_share(0.57)(h100)
+    assert eff.tf32_nchw == 0.57
+    assert eff.tensor_gemm == efficiency_for(h100).tensor_gemm != FITTED.tensor_gemm
