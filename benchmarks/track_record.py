@@ -4,9 +4,10 @@ results (issues #11 and #14).
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
 validation-memory.json,
 tp-kempnerforge-h200.json, tp-{megatron-2020,megatron-2022,narayanan-2021,
-megatron-core-2024,llama3-405b,megatron-bridge-fp8}.json, kvstore-fit.json and a lent GPU's
-device-*/analyses.json (step 0d's float8 speed-ups) (rerun the others first:
-validate_published.py, validate_scaling.py, validate_tp.py, fit_kvstore.py) and condenses
+megatron-core-2024,llama3-405b,megatron-bridge-fp8}.json, kvstore-fit.json, a lent GPU's
+device-*/analyses.json (step 0d's float8 speed-ups) and h200-kernel-classes.json (its
+per-kernel times by class) (rerun the others first: validate_published.py,
+validate_scaling.py, validate_tp.py, fit_kvstore.py, gpu_kernel_classes.py) and condenses
 them per device and class of workload (dlperf/hardware/track_record.py), the record `dlperf
 analyze` prints beside every prediction on a preset.
 
@@ -23,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks/results"
 # the lent GPU's run whose float8 speed-ups the record quotes (scripts/device_check.sh, step 0d)
 DEVICE_RUN = "device-h200-2026-12-04"
+# a lent GPU's per-kernel times by class (benchmarks/gpu_kernel_classes.py)
+KERNEL_CLASSES = "h200-kernel-classes.json"
 
 
 def record_from_results(results: Path = RESULTS) -> dict:
@@ -35,8 +38,9 @@ def record_from_results(results: Path = RESULTS) -> dict:
 
 def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     from dlperf.hardware.specs import get_device
-    from dlperf.hardware.track_record import (build_float8, build_fp8, build_kvstore,
-                                              build_memory, build_memory_pressure,
+    from dlperf.hardware.track_record import (build_float8, build_fp8, build_kernels,
+                                              build_kvstore, build_memory,
+                                              build_memory_pressure,
                                               build_scale_out, build_tensor_parallel)
 
     scaling = json.loads((results / "validation-scaling.json").read_text())
@@ -61,6 +65,10 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
         record["memory_pressure"] = build_memory_pressure(
             scaling["results"]["rows"], record["memory"]["summary"]["median_ratio"],
             lambda device: get_device(device).memory_bytes)
+    kernels = results / KERNEL_CLASSES  # benchmarks/gpu_kernel_classes.py
+    if kernels.exists():
+        record["kernels"] = build_kernels(json.loads(kernels.read_text()),
+                                          f"benchmarks/results/{KERNEL_CLASSES}")
     kvstore = results / "kvstore-fit.json"  # benchmarks/fit_kvstore.py
     if kvstore.exists():
         record["kvstore"] = build_kvstore(json.loads(kvstore.read_text())["results"])

@@ -439,3 +439,77 @@ def test_cli_warns_when_the_scale_out_fills_the_gpus(capsys, tmp_path):
     assert code == 0, err
     assert "this run fills ~95% of each GPU's memory" in " ".join(text.split())
     assert "this run fills ~95% of each GPU&#x27;s memory" in page.read_text()  # and the page
+
+
+def _kernel_classes_result():
+    """A gpu_kernel_classes.py result: TF32 NCHW and channels_last, one class each worth
+    checking by hand."""
+    def run(conv_meas, conv_pred, bn_meas, bn_pred, stream_meas, stream_pred):
+        by = {c: {"measured_s": 0.0, "predicted_s": 0.0} for c in (
+            "conv forward", "conv dgrad", "conv wgrad", "batch norm forward",
+            "batch norm backward")}
+        by["conv forward"] = {"measured_s": conv_meas, "predicted_s": conv_pred}
+        by["batch norm backward"] = {"measured_s": bn_meas, "predicted_s": bn_pred}
+        return {"config": {"batch": 128}, "by_class": by,
+                "measured_s": conv_meas + bn_meas + stream_meas,
+                "predicted_s": conv_pred + bn_pred + stream_pred,
+                "stream_achieved_bytes_per_s": 4.14e12, "stream_model_bytes_per_s": 2.11e12}
+    return {"config": {"measured_on": {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
+                                       "cudnn": 91900}},
+            "results": {
+                # NCHW: 27 ms of convolutions predicted 17; all kernels 60 measured, 59 predicted
+                "runs": {"tf32-nchw": run(0.027, 0.017, 0.023, 0.022, 0.010, 0.020),
+                         # channels_last: 18 ms of convolutions; 42 measured, 59 predicted
+                         "tf32-cl": run(0.018, 0.017, 0.014, 0.022, 0.010, 0.020)},
+                "layout_contrasts": [
+                    {"precision": "tf32", "pass": "conv forward", "nchw_measured_s": 0.027,
+                     "cl_measured_s": 0.018}],
+                "ladder_tf32_channels_last": {"measured_gain": 1.433, "predicted_gain": 1.0}}}
+
+
+def test_kernel_record_condenses_a_lent_gpus_classes():
+    k = tr.build_kernels(_kernel_classes_result(), "benchmarks/results/x.json")
+    assert k["gpu"] == "NVIDIA H200" and k["stack"] == "torch 2.11.0, cuDNN 9.19"
+    # predicted over measured: all kernels 0.059 / 0.060; convolutions 0.017 / 0.027
+    nchw = k["runs"]["tf32-nchw"]
+    assert nchw["kernels"] == round(0.059 / 0.060, 3) and nchw["convolutions"] == 0.63
+    assert k["runs"]["tf32-cl"]["kernels"] == round(0.059 / 0.042, 3)
+    assert nchw["stream_tb_s"] == 4.14 and nchw["model_stream_tb_s"] == 2.11
+    assert k["nchw_over_cl_convolutions"] == {"tf32": 1.5}  # 27 / 18 ms
+    assert k["ladder_tf32_channels_last"] == {"measured": 1.433, "predicted": 1.0}
+
+
+def test_describe_kernels_names_the_layout_gain_and_the_misses_it_measured():
+    from dlperf.hardware.specs import get_device
+
+    record = {"kernels": tr.build_kernels(_kernel_classes_result(), "benchmarks/results/x.json")}
+    h200 = get_device("h200")
+
+    def cfg(**kw):
+        return AnalysisConfig(model="resnet50", input_shape=(128, 3, 224, 224),
+                              **{"dtype": "fp32", "tf32": True, **kw})
+    nchw = tr.describe_kernels(h200, cfg(), record)
+    # within 2% overall, but channels_last gained 1.43x where dlperf says 1.00x
+    assert "as fast as dlperf predicted" in nchw and "1.50x the time" in nchw
+    assert "1.43x faster, where dlperf predicts 1.00x" in nchw and "use channels_last" in nchw
+    cl = tr.describe_kernels(h200, cfg(channels_last=True), record)
+    assert "1.41x faster than dlperf predicted" in cl  # 59 / 42 ms = 1.405 (stored 3 places)
+    assert "4.1 TB/s against the model's 2.1" in cl and "use channels_last" not in cl
+    # no record for this precision (strict FP32 here), a GPU without TF32, fp16, a measured
+    # profile or a transformer: nothing to say
+    assert tr.describe_kernels(h200, cfg(tf32=False), record) is None
+    assert tr.describe_kernels(get_device("v100-sxm2"), cfg(), record) is None
+    assert tr.describe_kernels(h200, cfg(tf32=False, dtype="fp16"), record) is None
+    gpt = AnalysisConfig(model="gpt", input_shape=(8, 1024), dtype="fp32", tf32=True,
+                         tokens=True)
+    assert tr.describe_kernels(h200, gpt, record) is None
+    assert tr.describe_kernels(h200, cfg(), {}) is None
+
+
+def test_the_shipped_kernel_record_is_printed_beside_a_tf32_nchw_cnn():
+    # the shipped record (results/h200-kernel-classes.json) reaches the track record line
+    from dlperf.hardware.specs import get_device
+
+    text, warn = tr.describe(get_device("h100-sxm"), AnalysisConfig(
+        model="resnet50", input_shape=(128, 3, 224, 224), dtype="fp32", tf32=True))
+    assert warn and "On a lent NVIDIA H200" in text and "use channels_last" in text

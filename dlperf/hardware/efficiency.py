@@ -44,15 +44,16 @@ quantization of ``gemm.py``, which stays separate):
   the NCHW transposes a 16-bit one is charged (analysis/roofline.py: its input activations read
   and written once more at streaming bandwidth, inside the kernel: no launches of their own).
   0 for the presets: every TF32 CNN row of the published table is NCHW and they fit without it
-  (with it, and the other parameters as shipped, their median error goes from 3.9% to 9.5%).
+  (with it, and the other parameters as shipped, their median error goes from 3.9% to 9.5%:
+  benchmarks/results/experiment-tf32-nchw.json).
   The second lent H200 (torch 2.11, cuDNN 9.19) measured otherwise, per kernel: its TF32 NCHW
   convolutions took 8.5 ms more per ResNet-50 step at batch 128 than channels_last ones, 0.57 of
   what NCHW cost its bf16 convolutions over the same bytes, and the step ran 1.43x faster in
   channels_last, where dlperf predicts 1.00x (benchmarks/results/h200-kernel-classes.json).
   The model gets it right on the NCHW step only because it predicts that GPU's elementwise
   kernels at half the rate they ran (2.1 against 4.1 TB/s): shipping the term needs a refit of
-  the memory side (benchmarks/README.md, twentieth session). ``--efficiency tf32_nchw=0.57``
-  costs it.
+  the memory side (benchmarks/README.md, "The second lent GPU"). ``--efficiency
+  tf32_nchw=0.57`` costs it.
 * ``conv_backward``: the share of its convolution fraction a backward convolution (dgrad and
   wgrad, one ``convolution_backward`` kernel) reaches, relative to the forward one. 1.0 for the
   presets (the published table's steps always hold twice the forward FLOPs in backward, so it

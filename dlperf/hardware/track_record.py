@@ -127,6 +127,9 @@ def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | Non
             if fp8 else None)
     if line:
         text += f" {line}"
+    kernels = describe_kernels(spec, config)
+    if kernels:
+        text, warn = f"{text} {kernels}", True
     return text, warn
 
 
@@ -745,6 +748,100 @@ def describe_memory_pressure(memory: dict, record: dict | None = None) -> str | 
             f"{full['median']:.2f}), against {rest['missed']} of the {rest['rows']} below "
             "that: more GPUs (less sharded state on each) or a smaller micro-batch leaves "
             "room.")
+
+
+def build_kernels(result: dict, path: str) -> dict:
+    """The record of a lent GPU's per-kernel measurements (benchmarks/gpu_kernel_classes.py's
+    result, ``path`` where it is saved): per precision and layout of ResNet-50's training step,
+    dlperf's kernel time over the measured one, its convolutions' and batch norms', the
+    elementwise kernels' bandwidth against the model's, NCHW's cost to the convolutions over
+    channels_last, and the ladder's measured and predicted channels_last gain in TF32."""
+    env = result.get("config", {}).get("measured_on") or {}
+    cudnn = env.get("cudnn")
+    stack = ", ".join(x for x in (
+        f"torch {env['torch'].split('+')[0]}" if env.get("torch") else "",
+        f"cuDNN {cudnn // 10000}.{cudnn // 100 % 100}" if isinstance(cudnn, int) else "") if x)
+
+    def ratio(by: dict, names: tuple[str, ...]) -> float | None:
+        measured = sum(by[n]["measured_s"] for n in names)
+        return round(sum(by[n]["predicted_s"] for n in names) / measured, 3) if measured else None
+
+    runs = {}
+    for name, run in result["results"]["runs"].items():
+        by = run["by_class"]
+        runs[name] = {
+            "batch": run["config"]["batch"],
+            "kernels": round(run["predicted_s"] / run["measured_s"], 3),
+            "convolutions": ratio(by, ("conv forward", "conv dgrad", "conv wgrad")),
+            "batch_norm": ratio(by, ("batch norm forward", "batch norm backward")),
+            "stream_tb_s": round((run["stream_achieved_bytes_per_s"] or 0) / 1e12, 2),
+            "model_stream_tb_s": round((run["stream_model_bytes_per_s"] or 0) / 1e12, 2)}
+    layouts = {}
+    for c in result["results"]["layout_contrasts"]:
+        entry = layouts.setdefault(c["precision"], {"nchw_s": 0.0, "cl_s": 0.0})
+        entry["nchw_s"] += c["nchw_measured_s"]
+        entry["cl_s"] += c["cl_measured_s"]
+    ladder = result["results"].get("ladder_tf32_channels_last")
+    return {"gpu": env.get("gpu"), "stack": stack, "model": "resnet50", "source": path,
+            "runs": runs,
+            "nchw_over_cl_convolutions": {k: round(v["nchw_s"] / v["cl_s"], 3)
+                                          for k, v in layouts.items() if v["cl_s"]},
+            "ladder_tf32_channels_last": None if not ladder else {
+                "measured": round(ladder["measured_gain"], 3),
+                "predicted": round(ladder["predicted_gain"], 3)}}
+
+
+def describe_kernels(spec, config, record: dict | None = None) -> str | None:
+    """What a lent GPU measured per kernel for a step like this one (a CNN in TF32, strict FP32
+    or bf16/fp16, NCHW or channels_last, on a GPU with TF32 Tensor Cores), where its kernel
+    time differed from dlperf's by more than ``SYSTEMATIC`` or where channels_last gained what
+    dlperf does not predict; None otherwise, for a measured profile, or without the record."""
+    record = load_scale_out() if record is None else record
+    k = record.get("kernels")
+    if (not k or spec.measured or workload_class(config) not in ("cnn-fp32-tf32", "cnn-amp")
+            or not spec.tensor_cores or spec.peak_flops("tf32") is None):
+        return None
+    if config.dtype not in ("fp32", "bf16"):  # (fp16 has no record yet)
+        return None
+    precision = ("tf32" if config.tf32 else "fp32") if config.dtype == "fp32" else "bf16"
+    layout = "cl" if config.channels_last else "nchw"
+    run = k["runs"].get(f"{precision}-{layout}")
+    if run is None:
+        return None
+    where = f"On a lent {k['gpu']} ({k['stack']}), {k['model']}'s training step in this precision "
+    speed = _times(run["kernels"])
+    where += ("and layout ran its kernels " + (
+        "as fast as dlperf predicted" if speed == "as predicted" else
+        f"{speed} than dlperf predicted"))
+    parts = []
+    if abs(run["kernels"] - 1) > SYSTEMATIC:
+        parts.append(f"its convolutions {_times(run['convolutions'])}, batch norm "
+                     f"{_times(run['batch_norm'])}, elementwise kernels at "
+                     f"{run['stream_tb_s']:.1f} TB/s against the model's "
+                     f"{run['model_stream_tb_s']:.1f}")
+    gain = k.get("ladder_tf32_channels_last")
+    convs = k["nchw_over_cl_convolutions"].get(precision)
+    if precision == "tf32" and layout == "nchw" and gain and convs:
+        parts.append(f"its NCHW convolutions took {convs:.2f}x the time of channels_last ones "
+                     f"and channels_last ran the whole step {gain['measured']:.2f}x faster, "
+                     f"where dlperf predicts {gain['predicted']:.2f}x (it charges TF32 no "
+                     "layout cost; `--efficiency tf32_nchw=0.57` does): use channels_last")
+    if precision == "fp32":
+        parts.append("PyTorch runs cuDNN convolutions in TF32 unless told not to: `--tf32` "
+                     "predicts that step")
+    if not parts:
+        return None
+    return where + ": " + "; ".join(parts) + f" ({k['source']})."
+
+
+def _times(ratio: float | None) -> str:
+    """A predicted/measured time ratio as the measured speed it means: '1.62x slower' (the
+    kernels took longer than predicted), '1.39x faster', or 'as predicted' within 2%."""
+    if ratio is None:
+        return "unmeasured"
+    if abs(ratio - 1) < 0.02:
+        return "as predicted"
+    return f"{1 / ratio:.2f}x slower" if ratio < 1 else f"{ratio:.2f}x faster"
 
 
 def describe_context_parallel(record: dict | None = None) -> str:
