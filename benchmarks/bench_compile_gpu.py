@@ -82,19 +82,24 @@ def by_class(pairs) -> dict:
 
 
 def profile_step(model, tokens, targets, sync) -> dict | None:
-    """One step's CUDA kernel time by class (ms), after ``measure`` warmed it; None off CUDA."""
+    """One step's CUDA kernel time by class (ms), after ``measure`` warmed it; None off CUDA;
+    {"error": ...} when the profiler fails, so that the timings around it still come back
+    (the second lent H200's step 0d, the first with this profile, returned nothing)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     if tokens.device.type != "cuda":
         return None
     step = _step(model, tokens, targets)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        sync()
-    return by_class((kernel_class(e.name), e.device_time_total / 1e6)
-                    for e in prof.key_averages()
-                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            sync()
+        return by_class((kernel_class(e.name), e.device_time_total / 1e6)
+                        for e in prof.key_averages()
+                        if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception as e:  # noqa: BLE001 (a profiler's failure is a result, not the run's end)
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False,

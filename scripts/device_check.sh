@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared GPU run (brief: installs nothing, < 8 minutes, JSON results under $OUT;
-# exactly 8 result files, the most the device tool brings back).
+# exactly 8 result files, the most the device tool brings back; run-log.txt holds the GPU's
+# name and driver and each step's time and exit status).
 # On the lent device machine: python3 (3.12) there already holds torch, torchvision and rich; dlperf
 # runs from this checkout via PYTHONPATH (its C extension from .devext). Copy $OUT/* to
 # benchmarks/results/ afterwards and summarise them in benchmarks/README.md.
@@ -9,7 +10,7 @@
 # (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
 # then run: OUT=$OUT bash scripts/device_check.sh   with carry [".devext"] and
-# timeout_s 590. Issue #14's steps 0, 0b, 0c and 0d come first (at most 150 + 60 + 40 + 180 s,
+# timeout_s 590. Issue #14's steps 0, 0b, 0c and 0d come first (at most 150 + 60 + 40 + 220 s,
 # ~275 s expected), then issue #11's steps (1-4), at most 560 s by their timeouts (far less when
 # all goes well); the later steps use what is left of the call (the first H200's run took
 # 470 s, the second's 550 s with a TF32 convolution sweep in step 4 that step 3's five
@@ -22,15 +23,32 @@
 # 2026-12-04: the call was refused until then; its results: benchmarks/results/device-h200-*/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# One failed or timed-out step must not cost the others' results: each is run through `step`.
-step() { "$@" || echo "FAILED (exit $?): $*" >&2; }
 OUT=${OUT:-benchmarks/results/device}
 mkdir -p "$OUT"
+# One failed or timed-out step must not cost the others' results: each is run through `step`,
+# which logs its seconds and exit status to $OUT/run-log.txt and, when it fails, the last 40
+# lines of its stderr (the device tool returns only the call's last 12,000 characters, and the
+# second H200's step 0d failed with nothing to say why).
+LOG="$OUT/run-log.txt"
+step() {
+  local start=$SECONDS err rc
+  err=$(mktemp)
+  "$@" 2>"$err"
+  rc=$?
+  cat "$err" >&2
+  echo "[$((SECONDS - start)) s] exit $rc: $*" >> "$LOG"
+  if [ "$rc" -ne 0 ]; then
+    echo "FAILED (exit $rc): $*" >&2
+    tail -n 40 "$err" | sed 's/^/    /' >> "$LOG"
+  fi
+  rm -f "$err"
+}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 [ -d .devext ] && cp .devext/* dlperf/data/
-$PY -c "import dlperf.data.decode as D; print('dlperf C extension:', D.ROI_AVAILABLE)"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > "$OUT/gpu.csv" || true
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv || true
+  $PY -c "import dlperf.data.decode as D; print('dlperf C extension:', D.ROI_AVAILABLE)"
+} | tee "$LOG"
 
 # Ordered by what the open issues need most, so a run cut short still brings those back.
 TRAIN="$PY -m dlperf train --recipe resnet50-90ep --no-progress --resume never data=synthetic \
@@ -81,8 +99,9 @@ step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa.json \
 #    prediction; then the same stack with torchao's float8 layers as dlperf models them
 #    (--fp8 tensorwise, then --fp8 rowwise), compiled too; each stack's kernels profiled once
 #    and summed by class beside the prediction's classes (the H200 run could not say whether
-#    the rowwise GEMMs or casts took its 19%). ~120 s with the compilations.
-step timeout 180 $PY benchmarks/bench_compile_gpu.py /tmp/dlperf-compile.json --fp8 \
+#    the rowwise GEMMs or casts took its 19%). ~120 s with the compilations; the second H200
+#    returned nothing from it (its time or its profiler: run-log.txt will say next time).
+step timeout 220 $PY benchmarks/bench_compile_gpu.py /tmp/dlperf-compile.json --fp8 \
     --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
                 *H200*) echo h200;; *) echo h100-sxm;; esac)"
 

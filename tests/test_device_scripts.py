@@ -306,3 +306,42 @@ def test_sync_audit_blames_the_dlperf_line_under_the_library_call(tmp_path):
     outer = tmp_path / "dlperf"
     assert blame([frame(str(outer / "benchmarks/x.py"), 3, "f")], "x.py:9",
                  outer / "dlperf") == "x.py:9"
+
+
+def test_each_step_logs_its_time_status_and_a_failures_stderr(tmp_path):
+    # the device tool returns only the call's last 12,000 characters: a step that fails must
+    # leave its reason in a file that comes back ($OUT/run-log.txt)
+    text = SCRIPT.read_text()
+    body = re.search(r"^step\(\) \{\n.*?^\}\n", text, re.M | re.S).group(0)
+    log = tmp_path / "run-log.txt"
+    harness = (f'LOG="{log}"\n{body}'
+               'step bash -c "echo fine >&2; exit 0"\n'
+               'step bash -c "echo first >&2; echo the reason >&2; exit 3"\n'
+               'echo after\n')
+    done = subprocess.run(["bash", "-c", harness], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "after"  # a failed step does not stop the run
+    assert "FAILED (exit 3)" in done.stderr and "the reason" in done.stderr
+    lines = log.read_text().splitlines()
+    assert re.fullmatch(r"\[\d+ s\] exit 0: bash -c echo fine >&2; exit 0", lines[0]), lines
+    assert re.fullmatch(r"\[\d+ s\] exit 3: bash -c .*exit 3", lines[1]), lines
+    assert lines[2:] == ["    first", "    the reason"]  # the failure's stderr, indented
+
+
+def test_a_failing_profile_is_reported_not_fatal(monkeypatch):
+    # step 0d's kernel profile may fail on a GPU; the timings around it must still be saved
+    from types import SimpleNamespace
+
+    bench = load_benchmark("bench_compile_gpu")
+
+    def broken(*_):
+        def step():
+            raise RuntimeError("CUPTI is busy")
+        return step
+    monkeypatch.setattr(bench, "_step", broken)
+    cuda_tokens = SimpleNamespace(device=SimpleNamespace(type="cuda"))
+    out = bench.profile_step(None, cuda_tokens, None, lambda: None)
+    # (here the profiler itself refuses first: no CUDA activity on this CPU; either way, a line)
+    assert set(out) == {"error"} and 0 < len(out["error"]) <= 300
+    assert out["error"].split(":")[0] in ("RuntimeError", "AssertionError")
+    cpu_tokens = SimpleNamespace(device=SimpleNamespace(type="cpu"))
+    assert bench.profile_step(None, cpu_tokens, None, lambda: None) is None
