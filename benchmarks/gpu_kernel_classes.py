@@ -14,6 +14,8 @@ and sums measured and predicted time per class:
   the model gives them;
 * pooling, and the rest.
 
+Beside the classes, each run's memory-bound kernels by the model's memory class (and the GPT of
+the same device run's step 3, from analyses.json), with the bandwidth each achieved.
 It also reads the layout contrasts the per-kernel files hold: per convolution pass, what NCHW
 costs over channels_last in TF32, bf16 and strict FP32, beside what the model charges (the
 NCHW transposes of hardware roofline.py), and the speed-up ladder's TF32 channels_last rung.
@@ -106,6 +108,29 @@ def classes(result: dict) -> dict:
                                          if stream["predicted_s"] else None)}
 
 
+def memory_classes(result: dict) -> dict:
+    """Per memory class of the model's (hardware/efficiency.py: stream, channel-norm, norm,
+    reduction-backward, transcendental, gelu-tanh, window, ...), the memory-bound and copy
+    kernels' bytes, measured and predicted seconds, and the bandwidth each achieved against the
+    one the model gave them (the guide's minimum bytes over the time)."""
+    analysed = dict(_occurrences(result["layers"]))
+    out: dict = {}
+    for key, m in _occurrences(result["measurement"]["layers"]):
+        layer = analysed.get(key)
+        if layer is None or layer["kind"] not in ("memory", "copy", "transpose"):
+            continue
+        c = out.setdefault(layer.get("memory_class") or "stream",
+                           {"kernels": 0, "bytes": 0, "measured_s": 0.0, "predicted_s": 0.0})
+        c["kernels"] += 1
+        c["bytes"] += layer["bytes"]
+        c["measured_s"] += m["measured_time_s"]
+        c["predicted_s"] += m["predicted_time_s"]
+    for c in out.values():
+        c["achieved_bytes_per_s"] = c["bytes"] / c["measured_s"] if c["measured_s"] else None
+        c["model_bytes_per_s"] = c["bytes"] / c["predicted_s"] if c["predicted_s"] else None
+    return out
+
+
 def layout_contrasts(runs: dict) -> list[dict]:
     """Per precision and convolution pass: NCHW's measured and predicted cost over channels_last
     (seconds per step, both runs at the same batch and bytes)."""
@@ -183,6 +208,12 @@ def main(argv: list[str]) -> int:
     if not runs:
         raise DlperfError(f"{folder}: no per-kernel results ({', '.join(FILES.values())}); run "
                           "`dlperf analyze resnet50 --measure --json ...` on a GPU first")
+    memory = {name: memory_classes(json.loads((folder / FILES[name]).read_text())
+                                   if (folder / FILES[name]).exists()
+                                   else gathered["resnet50_layout_" + name.replace("-", "_")])
+              for name in runs}
+    if gathered.get("gpt_350m_bf16"):  # the decoder of step 3: its memory kernels, by class
+        memory["gpt-350m-bf16"] = memory_classes(gathered["gpt_350m_bf16"])
     contrasts = layout_contrasts(runs)
     ladder = ladder_layout(folder / "train-ladder-gpu.json")
     for name, run in runs.items():
@@ -198,6 +229,11 @@ def main(argv: list[str]) -> int:
     for c in contrasts:
         print(f"NCHW over channels_last, {c['precision']} {c['pass']}: measured "
               f"{c['measured_extra_s'] * 1e3:+.2f} ms, predicted {c['predicted_extra_s'] * 1e3:+.2f}")
+    for name, classes_ in memory.items():
+        print(f"{name}: memory-bound kernels by class, TB/s achieved (model): " + ", ".join(
+            f"{c} {v['achieved_bytes_per_s'] / 1e12:.2f} ({v['model_bytes_per_s'] / 1e12:.2f})"
+            for c, v in sorted(classes_.items(), key=lambda kv: -kv[1]["measured_s"])
+            if v["achieved_bytes_per_s"] and v["model_bytes_per_s"] and v["measured_s"] > 2e-4))
     if ladder:
         print(f"ladder {ladder['rungs'][1]!r}: measured {ladder['measured_gain']:.2f}x, "
               f"predicted {ladder['predicted_gain']:.2f}x")
@@ -205,7 +241,8 @@ def main(argv: list[str]) -> int:
               "files": {k: v for k, v in FILES.items() if k in runs},
               "measured_on": environment}
     save_result(out_path, "gpu-kernel-classes", config,
-                {"runs": runs, "layout_contrasts": contrasts, "ladder_tf32_channels_last": ladder})
+                {"runs": runs, "layout_contrasts": contrasts, "ladder_tf32_channels_last": ladder,
+                 "memory_classes": memory})
     png = plot(runs, out_path.with_suffix(".png"))
     print(f"Wrote {out_path}" + (f" and {png}" if png else ""))
     return 0

@@ -164,6 +164,23 @@ def test_kernel_classes_sum_by_class_and_report_the_elementwise_bandwidth():
     assert run["unmatched_kernels"] == 0 and run["config"]["batch"] == 128
 
 
+def test_memory_classes_give_each_class_its_achieved_and_modelled_bandwidth():
+    kc = load_benchmark("gpu_kernel_classes")
+    out = kc.memory_classes(_result([
+        ("c1", "convolution", "forward", "gemm", "stream", 100, 3e-3, 2e-3),  # not memory
+        ("bn", "cudnn_batch_norm", "forward", "memory", "channel-norm", 2e9, 2e-3, 1e-3),
+        ("r", "relu", "forward", "memory", "stream", 4e9, 1e-3, 2e-3),
+        ("r", "add", "forward", "memory", "stream", 4e9, 1e-3, 2e-3),
+    ]))
+    assert set(out) == {"channel-norm", "stream"}
+    # stream: 8 GB in 2 ms measured = 4 TB/s, in 4 ms predicted = 2 TB/s
+    assert out["stream"]["kernels"] == 2
+    assert out["stream"]["achieved_bytes_per_s"] == pytest.approx(4e12)
+    assert out["stream"]["model_bytes_per_s"] == pytest.approx(2e12)
+    # batch norm: 2 GB in 2 ms = 1 TB/s measured, 2 TB/s in the model
+    assert out["channel-norm"]["achieved_bytes_per_s"] == pytest.approx(1e12)
+
+
 def test_kernel_classes_layout_contrast_is_nchw_minus_channels_last_per_pass():
     kc = load_benchmark("gpu_kernel_classes")
     nchw = kc.classes(_result([("c", "convolution", "forward", "gemm", "stream", 1, 8e-3, 5e-3)]))
