@@ -223,3 +223,21 @@ def test_tf32_nchw_experiment_sets_the_share_and_keeps_each_presets_own_values()
     eff = exp.with_share(0.57)(h100)
     assert eff.tf32_nchw == 0.57
     assert eff.tensor_gemm == efficiency_for(h100).tensor_gemm != FITTED.tensor_gemm
+
+
+def test_flash2_experiment_reads_the_lent_gpus_shares_and_patches_only_flash2():
+    exp = load_benchmark("experiment_flash2_hopper")
+    # two lent H200s timed FlashAttention-2's forward and backward at 0.262 of the peak
+    shares = exp.measured_shares()
+    assert len(shares) == 2 and all(0.25 < s < 0.27 for s in shares)
+    patched = exp.with_flash2(0.262)
+    h100 = get_device("h100-sxm")
+    assert patched["h100-sxm"].efficiency["by_attention"]["flash2"] == 0.262
+    assert (patched["h100-sxm"].efficiency["by_attention"]["cudnn"]
+            == h100.efficiency["by_attention"]["cudnn"])
+    assert h100.efficiency["by_attention"]["flash2"] == 0.322  # the preset itself untouched
+    rows = [{"device": "h100-sxm", "model": "llama3-8b", "source": "torchtitan"},
+            {"device": "h100-sxm", "model": "llama3-8b", "source": "x", "attention_kernel": "cudnn"},
+            {"device": "a100-80gb", "model": "llama3-8b", "source": "torchtitan"},
+            {"device": "h100-sxm", "model": "mpt-7b", "source": "llm-foundry-mpt"}]
+    assert exp.flash2_rows(rows) == rows[:1]
