@@ -793,7 +793,7 @@ def build_kernels(result: dict, path: str) -> dict:
 
 def describe_kernels(spec, config, record: dict | None = None) -> str | None:
     """What a lent GPU measured per kernel for a step like this one (a CNN in TF32, strict FP32
-    or bf16/fp16, NCHW or channels_last, on a GPU with TF32 Tensor Cores), where its kernel
+    or bf16, NCHW or channels_last, on a GPU with TF32 Tensor Cores), where its kernel
     time differed from dlperf's by more than ``SYSTEMATIC`` or where channels_last gained what
     dlperf does not predict; None otherwise, for a measured profile, or without the record."""
     record = load_scale_out() if record is None else record
@@ -824,8 +824,9 @@ def describe_kernels(spec, config, record: dict | None = None) -> str | None:
     if precision == "tf32" and layout == "nchw" and gain and convs:
         parts.append(f"its NCHW convolutions took {convs:.2f}x the time of channels_last ones "
                      f"and channels_last ran the whole step {gain['measured']:.2f}x faster, "
-                     f"where dlperf predicts {gain['predicted']:.2f}x (it charges TF32 no "
-                     "layout cost; `--efficiency tf32_nchw=0.57` does): use channels_last")
+                     f"where dlperf's shipped model predicts {gain['predicted']:.2f}x (it "
+                     "charges TF32 no layout cost; `--efficiency tf32_nchw=0.57` does): use "
+                     "channels_last")
     if precision == "fp32":
         parts.append("PyTorch runs cuDNN convolutions in TF32 unless told not to: `--tf32` "
                      "predicts that step")
