@@ -18,7 +18,8 @@ Beside the classes, each run's memory-bound kernels by the model's memory class 
 the same device run's step 3, from analyses.json), with the bandwidth each achieved.
 It also reads the layout contrasts the per-kernel files hold: per convolution pass, what NCHW
 costs over channels_last in TF32, bf16 and strict FP32, beside what the model charges (the
-NCHW transposes of hardware roofline.py), and the speed-up ladder's TF32 channels_last rung.
+NCHW transposes of dlperf/analysis/roofline.py), and the speed-up ladder's TF32
+channels_last rung.
 
 Usage: python benchmarks/gpu_kernel_classes.py [DEVICE_RESULTS_DIR] [OUT.json]
 Default: benchmarks/results/device-h200-2026-12-04-2 -> benchmarks/results/h200-kernel-classes.json
