@@ -196,7 +196,7 @@ def main(argv: list[str]) -> int:
 
     folder = Path(argv[0]) if argv else DEFAULT_DIR
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    runs, environment = {}, None
+    runs, memory, environment = {}, {}, None
     gathered = folder / "analyses.json"  # scripts/device_check.sh step 3 gathers them there
     gathered = json.loads(gathered.read_text()) if gathered.exists() else {}
     for name, file in FILES.items():
@@ -205,14 +205,11 @@ def main(argv: list[str]) -> int:
                   else gathered.get("resnet50_layout_" + name.replace("-", "_")))
         if result:
             runs[name] = classes(result)
+            memory[name] = memory_classes(result)
             environment = environment or result.get("environment")
     if not runs:
         raise DlperfError(f"{folder}: no per-kernel results ({', '.join(FILES.values())}); run "
                           "`dlperf analyze resnet50 --measure --json ...` on a GPU first")
-    memory = {name: memory_classes(json.loads((folder / FILES[name]).read_text())
-                                   if (folder / FILES[name]).exists()
-                                   else gathered["resnet50_layout_" + name.replace("-", "_")])
-              for name in runs}
     if gathered.get("gpt_350m_bf16"):  # the decoder of step 3: its memory kernels, by class
         memory["gpt-350m-bf16"] = memory_classes(gathered["gpt_350m_bf16"])
     contrasts = layout_contrasts(runs)
