@@ -104,6 +104,31 @@ def test_cli_measure_on_cpu_writes_measurement(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["measurement"]["totals"]["measured_s"] > 0
     assert len(data["measurement"]["layers"]) > 50
+    assert "By class" in out.out and "math:cuda-core-conv" in out.out
+    assert {"class", "bytes"} <= set(data["measurement"]["layers"][0])
+
+
+def test_by_class_sums_each_class_and_gives_memory_classes_their_bandwidth():
+    cfg = AnalysisConfig(model="net", input_shape=(4, 3, 32, 32), dtype="fp32", train=True,
+                         device="cpu", optimizer="none")
+    m = measure(_net(), cfg, CPU, "cpu", cfg=MeasureConfig(steps=1, warmup=1))
+    from dlperf.analysis.measure import kernel_class
+
+    t = m.totals()
+    by = t["by_class"]
+    # every kernel in exactly one class: the class sums are the totals
+    assert sum(v["measured_s"] for v in by.values()) == pytest.approx(t["measured_s"])
+    assert sum(v["kernels"] for v in by.values()) == len(m.analysis.predictions)
+    for name, v in by.items():
+        members = [(p, x) for p, x in zip(m.analysis.predictions, m.measured_s)
+                   if kernel_class(p) == name]
+        assert v["predicted_s"] == pytest.approx(sum(p.time_s for p, _ in members))
+        if name.startswith("memory:"):  # minimum bytes over the measured time
+            assert v["achieved_bytes_per_s"] == pytest.approx(
+                sum(p.cost.bytes for p, _ in members) / sum(x for _, x in members))
+        else:
+            assert v["achieved_bytes_per_s"] is None
+    assert any(k.startswith("math:") for k in by) and any(k.startswith("memory:") for k in by)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

@@ -115,21 +115,36 @@ class Measurement:
                 median_log = err
                 break
         by_kind: dict[str, dict] = {}
+        by_class: dict[str, dict] = {}
         for p, m in zip(self.analysis.predictions, self.measured_s):
             k = by_kind.setdefault(p.cost.kind, {"predicted_s": 0.0, "measured_s": 0.0})
             k["predicted_s"] += p.time_s
             k["measured_s"] += m
+            c = by_class.setdefault(kernel_class(p), {"predicted_s": 0.0, "measured_s": 0.0,
+                                                      "kernels": 0, "bytes": 0})
+            c["predicted_s"] += p.time_s
+            c["measured_s"] += m
+            c["kernels"] += 1
+            c["bytes"] += p.cost.bytes
+        for name, c in by_class.items():
+            # memory-bound classes: the bandwidth achieved against the model's (the guide's
+            # minimum bytes over each time), what `--efficiency memory=...` calibrates
+            bandwidth = name.startswith("memory:") and c["measured_s"] > 0 and c["predicted_s"] > 0
+            c["achieved_bytes_per_s"] = c["bytes"] / c["measured_s"] if bandwidth else None
+            c["model_bytes_per_s"] = c["bytes"] / c["predicted_s"] if bandwidth else None
         return {"predicted_s": predicted, "measured_s": measured,
                 "measured_over_predicted": measured / predicted if predicted else math.inf,
                 "free_ops_s": self.free_ops_s,
                 "weighted_median_abs_error": math.exp(median_log) - 1,
-                "by_kind": by_kind, "steps": self.steps, "device": self.device,
+                "by_kind": by_kind, "by_class": by_class, "steps": self.steps,
+                "device": self.device,
                 "measured_samples_per_s": (self.analysis.batch_size / (measured + self.free_ops_s)
                                            if measured else math.inf)}
 
     def to_dict(self) -> dict:
         layers = [{"module": p.cost.module, "op": p.cost.op, "phase": p.cost.phase,
-                   "kind": p.cost.kind, "predicted_time_s": p.time_s, "measured_time_s": m}
+                   "kind": p.cost.kind, "class": kernel_class(p), "bytes": p.cost.bytes,
+                   "predicted_time_s": p.time_s, "measured_time_s": m}
                   for p, m in zip(self.analysis.predictions, self.measured_s)]
         return {"totals": self.totals(), "layers": layers}
 
@@ -174,6 +189,19 @@ def measure(model: torch.nn.Module, config: AnalysisConfig, spec: DeviceSpec,
     return Measurement(analysis=analysis, measured_s=_attribute(predictions, per_record),
                        free_ops_s=free, steps=cfg.steps, device=str(device),
                        per_record=per_record)
+
+
+def kernel_class(p) -> str:
+    """A prediction's class for the per-class comparison: "math:<class>" for GEMM-shaped
+    kernels (tensor-conv, tensor-gemm, attention, cuda-core-conv, ...), "memory:<class>" for
+    the memory-bound ones (stream, channel-norm, norm, window, ...: hardware/efficiency.py),
+    else the kernel's kind (fill, copy, ...). A model right in total can be wrong by class,
+    each error hiding another (benchmarks/README.md, "The second lent GPU")."""
+    if p.cost.kind in ("gemm", "fused"):
+        return f"math:{p.math_class}"
+    if p.cost.kind in ("memory", "copy", "transpose"):
+        return f"memory:{p.memory_class}"
+    return p.cost.kind
 
 
 def _timed_steps(model, inputs, config: AnalysisConfig, half, timer, cfg: MeasureConfig,

@@ -315,6 +315,17 @@ def render_measurement(m, console: Console | None = None, top: int = 25) -> None
         f"{t['measured_over_predicted']:.2f}x; by kind: {kinds}. Time-weighted median per-kernel "
         f"error {t['weighted_median_abs_error']:.0%}. Measured {t['measured_samples_per_s']:,.1f} "
         "samples/s (kernel time only).")
+    classes = sorted(((k, v) for k, v in t.get("by_class", {}).items()
+                      if v["predicted_s"] > 0 and v["measured_s"] >= 0.02 * t["measured_s"]),
+                     key=lambda kv: -kv[1]["measured_s"])
+    if classes:
+        console.print(styled("[bold]By class[/]") + " (measured/predicted; memory classes: "
+                      "bandwidth achieved, the model's): " + ", ".join(
+                          f"{k} {v['measured_s'] / v['predicted_s']:.2f}x"
+                          + (f" ({si(v['achieved_bytes_per_s'], 'B/s')}, "
+                             f"{si(v['model_bytes_per_s'], 'B/s')})"
+                             if v.get("achieved_bytes_per_s") else "")
+                          for k, v in classes) + ".")
 
 
 def _record_cell(record: dict | None) -> str | Text:
