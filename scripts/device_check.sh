@@ -94,6 +94,12 @@ step timeout 60 $PY benchmarks/bench_sustained_gemm_gpu.py /tmp/dlperf-sustained
 step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa.json \
     --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
                 *H200*) echo h200;; *) echo h100-sxm;; esac)"
+#    The same at Llama 3 8B's torchtitan shape (8,192 tokens, batch 1): the Hopper decoder rows
+#    that ran FlashAttention-2 are at 8,192 tokens, and both H200s timed it at 4,096 only
+#    (0.262, where the presets ship 0.322: benchmarks/experiment_flash2_hopper.py). ~20 s.
+step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa-8k.json --tokens 8192 \
+    --batch 1 --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader \
+                2>/dev/null)" in *H200*) echo h200;; *) echo h100-sxm;; esac)"
 # 0d. Issue #14: torch.compile's speed-up on a 4-block Llama stack (bf16, 2 x 4,096 tokens,
 #    each block compiled as torchtitan does), measured beside dlperf's --fusion compile-blocks
 #    prediction; then the same stack with torchao's float8 layers as dlperf models them
@@ -142,7 +148,7 @@ done
 gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json $LAYOUTS \
     host_issue=/tmp/dlperf-host-issue.json \
     sustained_gemm=/tmp/dlperf-sustained-gemm.json sdpa_share=/tmp/dlperf-sdpa.json \
-    compile_speedup=/tmp/dlperf-compile.json
+    sdpa_share_8k=/tmp/dlperf-sdpa-8k.json compile_speedup=/tmp/dlperf-compile.json
 
 # 4. The guide's figures on this GPU (fp16): GEMM alignment, tile/wave quantization, 512 vs 520;
 #    the padded stem, channels around 64, NCHW vs NHWC; measured with the prediction over them
