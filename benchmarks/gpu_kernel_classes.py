@@ -21,7 +21,10 @@ costs over channels_last in TF32, bf16 and strict FP32, beside what the model ch
 NCHW transposes of dlperf/analysis/roofline.py), and the speed-up ladder's TF32
 channels_last rung.
 
-Usage: python benchmarks/gpu_kernel_classes.py [DEVICE_RESULTS_DIR] [OUT.json]
+Usage: python benchmarks/gpu_kernel_classes.py [DEVICE_RESULTS_DIR] [OUT.json] [--as-measured]
+The predictions are the model's as it is now (each configuration analysed again on the meta
+device), so a measurement keeps scoring the shipped model; --as-measured keeps the ones the
+measurement was taken with.
 Default: benchmarks/results/device-h200-2026-12-04-2 -> benchmarks/results/h200-kernel-classes.json
 (+ .png). Reads r50-<precision>-<layout>.json (and resnet50-bf16-cl.json as bf16-cl), or where
 one is missing the same run gathered in analyses.json as resnet50_layout_<precision>_<layout>.
@@ -77,9 +80,24 @@ def _occurrences(layers: list[dict]):
         seen[key] += 1
 
 
-def classes(result: dict) -> dict:
-    """Measured and predicted seconds, kernels and bytes per class for one per-kernel result."""
-    analysed = dict(_occurrences(result["layers"]))
+def current_layers(result: dict) -> list[dict]:
+    """The per-kernel analysis of ``result``'s configuration by the model as it is now
+    (``dlperf analyze`` on the meta device: the capture is device-independent), so that a
+    measurement taken with an older model is scored against the shipped one."""
+    from dlperf.analysis.api import analyze
+
+    cfg = result["config"]
+    return analyze(cfg["model"], tuple(cfg["input_shape"]), device=cfg["device"],
+                   dtype=cfg["dtype"], train=cfg["train"], tf32=cfg["tf32"],
+                   channels_last=cfg["channels_last"], optimizer=cfg["optimizer"],
+                   precision=cfg["precision"], loss=cfg["loss"],
+                   train_metrics=cfg["train_metrics"]).to_dict()["layers"]
+
+
+def classes(result: dict, layers: list[dict] | None = None) -> dict:
+    """Measured and predicted seconds, kernels and bytes per class for one per-kernel result;
+    the predictions from ``layers`` (``current_layers``) where given, else as measured."""
+    analysed = dict(_occurrences(layers or result["layers"]))
     out = {c: {"measured_s": 0.0, "predicted_s": 0.0, "kernels": 0, "bytes": 0,
                "transpose_s": 0.0} for c in CLASSES}
     unmatched = 0
@@ -90,7 +108,7 @@ def classes(result: dict) -> dict:
             continue
         c = out[kernel_class(layer)]
         c["measured_s"] += m["measured_time_s"]
-        c["predicted_s"] += m["predicted_time_s"]
+        c["predicted_s"] += layer["predicted_time_s"]
         c["kernels"] += 1
         c["bytes"] += layer["bytes"]
         c["transpose_s"] += layer.get("transpose_time_s", 0.0)
@@ -101,20 +119,21 @@ def classes(result: dict) -> dict:
     return {"config": {k: result["config"][k] for k in ("dtype", "tf32", "channels_last")}
             | {"batch": result["config"]["input_shape"][0]},
             "by_class": out, "unmatched_kernels": unmatched,
-            "measured_s": result["measurement"]["totals"]["measured_s"],
-            "predicted_s": result["measurement"]["totals"]["predicted_s"],
+            "measured_s": sum(c["measured_s"] for c in out.values()),
+            "predicted_s": sum(c["predicted_s"] for c in out.values()),
             "stream_achieved_bytes_per_s": (stream["bytes"] / stream["measured_s"]
                                             if stream["measured_s"] else None),
             "stream_model_bytes_per_s": (stream["bytes"] / stream["predicted_s"]
                                          if stream["predicted_s"] else None)}
 
 
-def memory_classes(result: dict) -> dict:
+def memory_classes(result: dict, layers: list[dict] | None = None) -> dict:
     """Per memory class of the model's (hardware/efficiency.py: stream, channel-norm, norm,
     reduction-backward, transcendental, gelu-tanh, window, ...), the memory-bound and copy
     kernels' bytes, measured and predicted seconds, and the bandwidth each achieved against the
-    one the model gave them (the guide's minimum bytes over the time)."""
-    analysed = dict(_occurrences(result["layers"]))
+    one the model gave them (the guide's minimum bytes over the time); predictions as in
+    ``classes``."""
+    analysed = dict(_occurrences(layers or result["layers"]))
     out: dict = {}
     for key, m in _occurrences(result["measurement"]["layers"]):
         layer = analysed.get(key)
@@ -125,7 +144,7 @@ def memory_classes(result: dict) -> dict:
         c["kernels"] += 1
         c["bytes"] += layer["bytes"]
         c["measured_s"] += m["measured_time_s"]
-        c["predicted_s"] += m["predicted_time_s"]
+        c["predicted_s"] += layer["predicted_time_s"]
     for c in out.values():
         c["achieved_bytes_per_s"] = c["bytes"] / c["measured_s"] if c["measured_s"] else None
         c["model_bytes_per_s"] = c["bytes"] / c["predicted_s"] if c["predicted_s"] else None
@@ -194,6 +213,8 @@ def main(argv: list[str]) -> int:
     from dlperf.errors import DlperfError
     from dlperf.provenance import save_result
 
+    as_measured = "--as-measured" in argv
+    argv = [a for a in argv if a != "--as-measured"]
     folder = Path(argv[0]) if argv else DEFAULT_DIR
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
     runs, memory, environment = {}, {}, None
@@ -204,13 +225,15 @@ def main(argv: list[str]) -> int:
         result = (json.loads(f.read_text()) if f.exists()
                   else gathered.get("resnet50_layout_" + name.replace("-", "_")))
         if result:
-            runs[name] = classes(result)
-            memory[name] = memory_classes(result)
+            layers = None if as_measured else current_layers(result)
+            runs[name] = classes(result, layers)
+            memory[name] = memory_classes(result, layers)
             environment = environment or result.get("environment")
     if not runs:
         raise DlperfError(f"{folder}: no per-kernel results ({', '.join(FILES.values())}); run "
                           "`dlperf analyze resnet50 --measure --json ...` on a GPU first")
     if gathered.get("gpt_350m_bf16"):  # the decoder of step 3: its memory kernels, by class
+        # (as measured: its configuration does not record the GPT's shape to analyse again)
         memory["gpt-350m-bf16"] = memory_classes(gathered["gpt_350m_bf16"])
     contrasts = layout_contrasts(runs)
     ladder = ladder_layout(folder / "train-ladder-gpu.json")
@@ -237,6 +260,8 @@ def main(argv: list[str]) -> int:
               f"predicted {ladder['predicted_gain']:.2f}x")
     config = {"folder": str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder),
               "files": {k: v for k, v in FILES.items() if k in runs},
+              "predictions": ("as measured" if as_measured else
+                              "the model at this result's commit (the GPT's as measured)"),
               "measured_on": environment}
     save_result(out_path, "gpu-kernel-classes", config,
                 {"runs": runs, "layout_contrasts": contrasts, "ladder_tf32_channels_last": ladder,

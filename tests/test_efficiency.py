@@ -198,10 +198,15 @@ def test_fused_attention_runs_at_its_kernels_share_on_each_preset():
         assert eff.attention == HOPPER_ATTENTION, name
         assert eff.tensor_gemm == HOPPER_TENSOR_GEMM, name
         assert efficiency_for(get_device(name)).attention == HOPPER_FLASH2_ATTENTION, name
+        # strict-FP32 convolutions as a lent H200 ran them: 0.44 of the FP32 peak, no
+        # net Winograd gain (HOPPER_CUDA_CORE_CONV)
+        assert (eff.cuda_core_conv, eff.winograd) == (0.44, 1.0), name
         # everything else as fitted, and the source says what the preset changed
         assert replace(eff, attention=FITTED.attention, tensor_gemm=FITTED.tensor_gemm,
-                       by_attention=FITTED.by_attention, source=FITTED.source) == FITTED
-        assert f"{name}'s own by_attention, tensor_gemm" in eff.source
+                       by_attention=FITTED.by_attention, cuda_core_conv=FITTED.cuda_core_conv,
+                       winograd=FITTED.winograd, source=FITTED.source) == FITTED
+        assert (f"{name}'s own by_attention, cuda_core_conv, tensor_gemm, winograd"
+                in eff.source)
         assert eff.source.endswith("attention: triton-2023 0.187")
     for name in ("a100-80gb", "a100-40gb", "a100-pcie-40gb", "a100-pcie-80gb"):
         assert efficiency_for(get_device(name), "triton-2023").attention == FITTED.attention

@@ -133,7 +133,8 @@ def _result(layers):
     """A minimal `dlperf analyze --measure --json` result: (module, op, phase, kind,
     memory_class, bytes, measured_s, predicted_s) per kernel."""
     analysed = [{"module": m, "op": op, "phase": ph, "kind": k, "memory_class": mc,
-                 "bytes": b, "transpose_time_s": 0.0} for m, op, ph, k, mc, b, _, _ in layers]
+                 "bytes": b, "transpose_time_s": 0.0, "predicted_time_s": p}
+                for m, op, ph, k, mc, b, _, p in layers]
     measured = [{"module": m, "op": op, "phase": ph, "kind": k, "measured_time_s": t,
                  "predicted_time_s": p} for m, op, ph, k, _, _, t, p in layers]
     return {"config": {"dtype": "fp32", "tf32": True, "channels_last": False,
@@ -162,6 +163,17 @@ def test_kernel_classes_sum_by_class_and_report_the_elementwise_bandwidth():
     assert run["stream_achieved_bytes_per_s"] == pytest.approx(4e12)
     assert run["stream_model_bytes_per_s"] == pytest.approx(2e12)
     assert run["unmatched_kernels"] == 0 and run["config"]["batch"] == 128
+
+
+def test_kernel_classes_score_a_measurement_against_the_model_given():
+    # a measurement taken with an older model, scored against the current one: the measured
+    # times stay, the predictions are the given analysis's (matched by module, phase, kind)
+    kc = load_benchmark("gpu_kernel_classes")
+    result = _result([("c1", "convolution", "forward", "gemm", "stream", 100, 3e-3, 1e-3)])
+    now = [{**result["layers"][0], "predicted_time_s": 2.5e-3}]
+    run = kc.classes(result, now)
+    assert run["measured_s"] == 3e-3 and run["predicted_s"] == 2.5e-3
+    assert kc.classes(result)["predicted_s"] == 1e-3  # as measured
 
 
 def test_memory_classes_give_each_class_its_achieved_and_modelled_bandwidth():

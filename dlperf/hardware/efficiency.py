@@ -496,6 +496,16 @@ DEFAULT_ATTENTION_KERNEL = "flash2"
 A100_FLASH2_ATTENTION = 0.553
 HOPPER_FLASH2_ATTENTION = round(319 / 989.4, 3)  # 0.322
 HOPPER_CUDNN_ATTENTION = 0.475
+# Strict-FP32 convolutions on Hopper (no TF32: cuDNN on the CUDA cores), as the second lent H200
+# ran them (torch 2.11, cuDNN 9.19; benchmarks/results/h200-kernel-classes.json, measured per
+# kernel): in channels_last, where no Winograd algorithm runs, ResNet-50's convolutions took
+# 112.1 ms at batch 128 against 61.3 predicted at the fitted CUDA-core share (0.804, fitted to
+# V100 rows), i.e. 0.804 x 61.3 / 112.1 = 0.44 of the FP32 peak, which on Hopper counts two
+# FP32 lanes per core that an implicit-GEMM convolution rarely fills (a large sgemm reached
+# 0.76 of it in `dlperf probe` there). In NCHW they took 110.6 ms: Winograd's forward gain
+# (6.6 ms) was lost again in the backward (5.1 ms), so Hopper carries no Winograd share
+# (``winograd`` 1.0; the V100's published NCHW/NHWC rows keep FITTED's 0.378).
+HOPPER_CUDA_CORE_CONV = 0.44
 
 # A measured profile (dlperf probe) already holds achieved rates: nothing left to discount.
 MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_core=1.0,

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
 from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, HOPPER_ATTENTION,
-                                         HOPPER_CUDNN_ATTENTION, HOPPER_FLASH2_ATTENTION,
+                                         HOPPER_CUDA_CORE_CONV, HOPPER_CUDNN_ATTENTION,
+                                         HOPPER_FLASH2_ATTENTION,
                                          HOPPER_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -149,7 +150,9 @@ _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-d
 # A100 share, by kernel (--attention-kernel).
 _HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM,
            "by_attention": {"flash2": HOPPER_FLASH2_ATTENTION, "triton-2023": HOPPER_ATTENTION,
-                            "cudnn": HOPPER_CUDNN_ATTENTION}}
+                            "cudnn": HOPPER_CUDNN_ATTENTION},
+           # strict-FP32 convolutions, as a lent H200 ran them (HOPPER_CUDA_CORE_CONV)
+           "cuda_core_conv": HOPPER_CUDA_CORE_CONV, "winograd": 1.0}
 # The A100s' FlashAttention-2 share, fitted to the eager Llama rows (hardware/efficiency.py,
 # A100_FLASH2_ATTENTION); the Triton kernel's is the generic fitted one, FITTED.attention.
 _A100_ATTENTION = {"by_attention": {"flash2": A100_FLASH2_ATTENTION}}
@@ -164,7 +167,9 @@ _HOPPER_CAVEAT = (
     "picked it by default). On that H200 an MPT-13B block's GEMMs sustained 0.70 of the peak "
     "alone and 0.59 beside a collective's copy (a 350M GPT's smaller ones ran near this share): "
     "one GPU without collectives runs large GEMMs faster than it says (`--efficiency "
-    "tensor_gemm=0.699`). Newer stacks ran faster than predicted (Lambda's "
+    f"tensor_gemm=0.699`); its strict-FP32 convolutions ran at {HOPPER_CUDA_CORE_CONV} of "
+    "the FP32 peak there, without a net Winograd gain. Newer stacks ran faster than "
+    "predicted (Lambda's "
     "BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B on two and four H200s "
     "1.3x with `--fusion compile`, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
     "file's \"efficiency\") sets a stack's own values.")
