@@ -1081,3 +1081,20 @@ def test_fit_attention_takes_a_device_and_refuses_one_without_rows():
     # no MPT row on a V100: one line naming the flag, before any capture
     with pytest.raises(SystemExit, match="--device v100-sxm2: no llm-foundry-mpt rows"):
         fit.main(["--device", "v100-sxm2"])
+
+
+def test_hopper_strict_fp32_convolutions_reproduce_the_lent_h200():
+    # HOPPER_CUDA_CORE_CONV was read off the H200's channels_last FP32 run (no Winograd):
+    # 0.804 x 61.3 / 112.1 ms = 0.44. The saved record scores each run with the current model
+    # (benchmarks/gpu_kernel_classes.py), so both layouts' convolutions land on their measured
+    # time, NCHW too (Winograd's forward gain and backward loss cancel there).
+    from dlperf.hardware.efficiency import HOPPER_CUDA_CORE_CONV
+
+    assert HOPPER_CUDA_CORE_CONV == pytest.approx(FITTED.cuda_core * 61.3 / 112.1, abs=0.005)
+    record = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+                         / "h200-kernel-classes.json").read_text())["results"]["runs"]
+    for name in ("fp32-nchw", "fp32-cl"):
+        by = record[name]["by_class"]
+        convs = [by[c] for c in ("conv forward", "conv dgrad", "conv wgrad")]
+        ratio = sum(c["predicted_s"] for c in convs) / sum(c["measured_s"] for c in convs)
+        assert ratio == pytest.approx(1.0, abs=0.02), name
