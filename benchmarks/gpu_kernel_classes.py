@@ -94,15 +94,21 @@ def current_layers(result: dict) -> list[dict]:
                    train_metrics=cfg["train_metrics"]).to_dict()["layers"]
 
 
+def matched(result: dict, layers: list[dict] | None = None):
+    """(analysed layer or None, measured layer) for each measured kernel of ``result``: the
+    analysis is ``layers`` (``current_layers``) where given, else the result's own."""
+    analysed = dict(_occurrences(layers or result["layers"]))
+    for key, m in _occurrences(result["measurement"]["layers"]):
+        yield analysed.get(key), m
+
+
 def classes(result: dict, layers: list[dict] | None = None) -> dict:
     """Measured and predicted seconds, kernels and bytes per class for one per-kernel result;
     the predictions from ``layers`` (``current_layers``) where given, else as measured."""
-    analysed = dict(_occurrences(layers or result["layers"]))
     out = {c: {"measured_s": 0.0, "predicted_s": 0.0, "kernels": 0, "bytes": 0,
                "transpose_s": 0.0} for c in CLASSES}
     unmatched = 0
-    for key, m in _occurrences(result["measurement"]["layers"]):
-        layer = analysed.get(key)
+    for layer, m in matched(result, layers):
         if layer is None:
             unmatched += 1
             continue
@@ -133,10 +139,8 @@ def memory_classes(result: dict, layers: list[dict] | None = None) -> dict:
     kernels' bytes, measured and predicted seconds, and the bandwidth each achieved against the
     one the model gave them (the guide's minimum bytes over the time); predictions as in
     ``classes``."""
-    analysed = dict(_occurrences(layers or result["layers"]))
     out: dict = {}
-    for key, m in _occurrences(result["measurement"]["layers"]):
-        layer = analysed.get(key)
+    for layer, m in matched(result, layers):
         if layer is None or layer["kind"] not in ("memory", "copy", "transpose"):
             continue
         c = out.setdefault(layer.get("memory_class") or "stream",

@@ -796,12 +796,13 @@ def describe_kernels(spec, config, record: dict | None = None) -> str | None:
     or bf16, NCHW or channels_last, on a GPU with TF32 Tensor Cores), where its kernel
     time differed from dlperf's by more than ``SYSTEMATIC`` or where channels_last gained what
     dlperf does not predict; None otherwise, for a measured profile, or without the record."""
+    if (spec.measured or workload_class(config) not in ("cnn-fp32-tf32", "cnn-amp")
+            or not spec.tensor_cores or spec.peak_flops("tf32") is None
+            or config.dtype not in ("fp32", "bf16")):  # (fp16 has no record yet)
+        return None  # (decided before reading the record: this runs beside every prediction)
     record = load_scale_out() if record is None else record
     k = record.get("kernels")
-    if (not k or spec.measured or workload_class(config) not in ("cnn-fp32-tf32", "cnn-amp")
-            or not spec.tensor_cores or spec.peak_flops("tf32") is None):
-        return None
-    if config.dtype not in ("fp32", "bf16"):  # (fp16 has no record yet)
+    if not k:
         return None
     precision = ("tf32" if config.tf32 else "fp32") if config.dtype == "fp32" else "bf16"
     layout = "cl" if config.channels_last else "nchw"
