@@ -24,6 +24,7 @@ row, class and source) and prints the parameters to put in dlperf/hardware/effic
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -49,6 +50,34 @@ NAMES = tuple(BOUNDS)
 # group norm's kernels at their own fraction of the streaming rate, fitted with the rest
 CHANNEL_NORM_BOUNDS = (0.1, 1.0)
 MATH_CLASSES = ("tensor-gemm", "tensor-conv", "grouped-conv", "cuda-core")
+HALF = ("fp16", "bf16")
+# ``--kernel-classes`` (an experiment): the memory classes a lent GPU timed per kernel
+# (benchmarks/gpu_kernel_classes.py) whose share of the streaming rate is taken from it, by
+# precision (16-bit: the bf16 runs; 32-bit: the strict FP32 ones) and layout (the row's)
+MEASURED_CLASSES = ("channel-norm", "channel-norm-backward", "window", "window-backward")
+KERNEL_CLASS_RUNS = {(True, False): "bf16-nchw", (True, True): "bf16-cl",
+                     (False, False): "fp32-nchw", (False, True): "fp32-cl"}
+
+
+def measured_shares(result: dict) -> dict:
+    """{(memory class, 16-bit, channels_last): share of the streaming rate} from a saved
+    ``gpu_kernel_classes.py`` result: each class's real traffic (the guide's minimum bytes x
+    ``traffic_factor``: batch norm reads its input twice) over its measured time, divided by
+    the rate the same run's streaming kernels achieved. On the lent H200 the elementwise kernels
+    streamed 4.1 TB/s in every run while batch norm moved 0.7-3.9 TB/s of real traffic,
+    depending on precision and layout (results/h200-kernel-classes.json)."""
+    from dlperf.hardware.efficiency import TRAFFIC_FACTOR
+
+    factor = {"channel-norm": TRAFFIC_FACTOR["native_batch_norm"],
+              "channel-norm-backward": TRAFFIC_FACTOR["native_batch_norm_backward"]}
+    shares = {}
+    for (half, nhwc), run in KERNEL_CLASS_RUNS.items():
+        classes = result["results"]["memory_classes"][run]
+        stream = classes["stream"]["achieved_bytes_per_s"]
+        for cls in MEASURED_CLASSES:
+            achieved = classes[cls]["achieved_bytes_per_s"] * factor.get(cls, 1.0)
+            shares[(cls, half, nhwc)] = achieved / stream
+    return shares
 
 
 def identity():
@@ -63,7 +92,8 @@ def identity():
 class Terms:
     """Per-kernel raw terms of every row, flattened, with the row each kernel belongs to."""
 
-    def __init__(self, captured, host_s: float, tf32_nchw: float | None = None):
+    def __init__(self, captured, host_s: float, tf32_nchw: float | None = None,
+                 shares: dict | None = None):
         from dataclasses import replace
 
         from dlperf.analysis.api import predict_on
@@ -76,7 +106,7 @@ class Terms:
             unit = replace(unit, tf32_nchw=tf32_nchw)
         self.host_s = host_s  # not fitted: no row of the table is host-bound
         math_s, math_cls, mem_s, dw, trans_s, kernels, row_of = [], [], [], [], [], [], []
-        channel_norm = []
+        channel_norm, class_share = [], []
         wino, syncs, own_gemm = [], [], []
         self.rows, self.batch, self.bw, self.sm_rate = [], [], [], []
         for i, (row, cfg, costs, uncounted, seconds) in enumerate(captured):
@@ -97,6 +127,8 @@ class Terms:
                 mem_s.append(p.memory_time_s)
                 dw.append(p.memory_class == "depthwise")
                 channel_norm.append(p.memory_class in ("channel-norm", "channel-norm-backward"))
+                class_share.append((shares or {}).get(
+                    (p.memory_class, p.cost.dtype in HALF, row["layout"] == "nhwc"), 1.0))
                 trans_s.append(p.transpose_time_s)
                 kernels.append(p.launch_time_s)  # launch_s = 1: the kernel count
                 syncs.append(p.cost.host_sync)
@@ -108,6 +140,7 @@ class Terms:
         self.math_s, self.mem_s = np.array(math_s), np.array(mem_s)
         self.math_cls, self.dw = np.array(math_cls), np.array(dw)
         self.channel_norm = np.array(channel_norm, dtype=bool)
+        self.class_share = np.array(class_share, dtype=float)  # --kernel-classes
         self.winograd = np.array(wino, dtype=bool)
         self.trans_s, self.kernels = np.array(trans_s), np.array(kernels)
         self.row_of = np.array(row_of)
@@ -131,7 +164,8 @@ class Terms:
         ach = combine_bandwidth(params["memory"], params["sm_bytes_per_clock"] * self.sm_rate
                                 / self.bw)
         stream = ach[self.row_of]
-        mem_t = self.mem_s / (stream * np.where(self.dw, params["depthwise"], 1.0)
+        mem_t = self.mem_s / (stream * self.class_share
+                              * np.where(self.dw, params["depthwise"], 1.0)
                               * np.where(self.channel_norm, params.get("channel_norm") or 1.0,
                                          1.0))
         kernel_t = (np.maximum(math_t, mem_t) + self.trans_s / stream
@@ -205,21 +239,26 @@ def _finite(params: dict) -> dict:
     return {k: v if math.isfinite(v) else "inf" for k, v in params.items()}
 
 
-def experiment_flags(argv: list[str]) -> tuple[list[str], dict, float | None]:
+def experiment_flags(argv: list[str]) -> tuple[list[str], dict, float | None, Path | None]:
     """(the other arguments, ``--fix NAME=VALUE`` parameters held fixed, ``--tf32-nchw
-    SHARE``): experiments that test a fact measured elsewhere (a lent GPU's per-kernel times,
-    benchmarks/gpu_kernel_classes.py) against the published table. ``--fix
-    sm_bytes_per_clock=inf`` drops the SM term (the DRAM alone); ``--tf32-nchw`` costs TF32
-    NCHW convolutions that share of the fp16 transposes (``Efficiency.tf32_nchw``)."""
-    rest, fixed, tf32_nchw = [], {}, None
+    SHARE``, ``--kernel-classes RESULT.json``): experiments that test a fact measured elsewhere
+    (a lent GPU's per-kernel times, benchmarks/gpu_kernel_classes.py) against the published
+    table. ``--fix sm_bytes_per_clock=inf`` drops the SM term (the DRAM alone); ``--tf32-nchw``
+    costs TF32 NCHW convolutions that share of the fp16 transposes (``Efficiency.tf32_nchw``);
+    ``--kernel-classes`` puts batch norm and pooling at the shares of the streaming rate that
+    result measured (``measured_shares``)."""
+    rest, fixed, tf32_nchw, kernel_classes = [], {}, None, None
     it = iter(argv)
     for a in it:
-        if a in ("--fix", "--tf32-nchw"):
+        if a in ("--fix", "--tf32-nchw", "--kernel-classes"):
             value = next(it, None)
             if value is None:
                 raise SystemExit(f"{a} needs a value")
             if a == "--tf32-nchw":
                 tf32_nchw = float(value)
+                continue
+            if a == "--kernel-classes":
+                kernel_classes = Path(value)
                 continue
             name, _, number = value.partition("=")
             if name not in BOUNDS:
@@ -227,19 +266,23 @@ def experiment_flags(argv: list[str]) -> tuple[list[str], dict, float | None]:
             fixed[name] = float(number)
         else:
             rest.append(a)
-    return rest, fixed, tf32_nchw
+    return rest, fixed, tf32_nchw, kernel_classes
 
 
 def main(argv: list[str]) -> int:
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
-    argv, fixed, tf32_nchw = experiment_flags(argv)
+    argv, fixed, tf32_nchw, kernel_classes = experiment_flags(argv)
     experiment = "--channel-norm" in argv
     argv = [a for a in argv if a != "--channel-norm"]
-    if (experiment or fixed or tf32_nchw is not None) and len(argv) < 2:
-        raise SystemExit("--channel-norm, --fix and --tf32-nchw are experiments: give CSV and OUT.json (the default "
-                         "OUT is the shipped fit's)")
+    if (experiment or fixed or tf32_nchw is not None or kernel_classes) and len(argv) < 2:
+        raise SystemExit("--channel-norm, --fix, --tf32-nchw and --kernel-classes are "
+                         "experiments: give CSV and OUT.json (the default OUT is the shipped "
+                         "fit's)")
+    shares = None
+    if kernel_classes:
+        shares = measured_shares(json.loads(kernel_classes.read_text()))
     bounds = {**BOUNDS, "channel_norm": CHANNEL_NORM_BOUNDS} if experiment else BOUNDS
     csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
@@ -251,7 +294,7 @@ def main(argv: list[str]) -> int:
         captured = vp.capture_rows(rows, progress=lambda: bar.advance(task))
     from dlperf.hardware.efficiency import FITTED
 
-    terms = Terms(captured, FITTED.host_s, tf32_nchw)
+    terms = Terms(captured, FITTED.host_s, tf32_nchw, shares)
     clean = np.array([r["flag"] == "clean" for r in terms.rows])
     from dlperf.hardware.efficiency import Efficiency
 
@@ -285,6 +328,10 @@ def main(argv: list[str]) -> int:
         "parameters": _finite(params),
         "bounds": bounds,
         "fixed": _finite(fixed), "tf32_nchw": tf32_nchw,
+        "kernel_classes": None if shares is None else {
+            "result": str(kernel_classes), "shares": {
+                f"{cls} {'16-bit' if half else '32-bit'} {'nhwc' if nhwc else 'nchw'}": share
+                for (cls, half, nhwc), share in sorted(shares.items())}},
         "objective": "mean squared log(predicted / measured) over the clean rows",
         "summary_in_sample": summary(in_sample),
         "summary_held_out_by_source": summary(held_out),

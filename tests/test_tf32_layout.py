@@ -206,10 +206,10 @@ def test_kernel_classes_layout_contrast_is_nchw_minus_channels_last_per_pass():
 
 def test_fit_experiment_flags_and_fixed_parameters_stay_put():
     fe = load_benchmark("fit_efficiency")
-    rest, fixed, share = fe.experiment_flags(["a.csv", "--fix", "memory=0.86", "out.json",
-                                              "--fix", "sm_bytes_per_clock=inf",
-                                              "--tf32-nchw", "0.57"])
-    assert rest == ["a.csv", "out.json"] and share == 0.57
+    rest, fixed, share, classes = fe.experiment_flags(
+        ["a.csv", "--fix", "memory=0.86", "out.json", "--fix", "sm_bytes_per_clock=inf",
+         "--tf32-nchw", "0.57", "--kernel-classes", "k.json"])
+    assert rest == ["a.csv", "out.json"] and share == 0.57 and classes.name == "k.json"
     assert fixed == {"memory": 0.86, "sm_bytes_per_clock": math.inf}
     assert fe._finite(fixed) == {"memory": 0.86, "sm_bytes_per_clock": "inf"}
     with pytest.raises(SystemExit, match="choose one of"):
@@ -253,3 +253,46 @@ def test_flash2_experiment_reads_the_lent_gpus_shares_and_patches_only_flash2():
             {"device": "a100-80gb", "model": "llama3-8b", "source": "torchtitan"},
             {"device": "h100-sxm", "model": "mpt-7b", "source": "llm-foundry-mpt"}]
     assert exp.flash2_rows(rows) == rows[:1]
+
+
+def test_measured_shares_are_real_traffic_over_the_same_runs_streaming_rate():
+    import json
+    from pathlib import Path
+
+    fe = load_benchmark("fit_efficiency")
+    saved = json.loads((Path(__file__).resolve().parents[1]
+                        / "benchmarks/results/h200-kernel-classes.json").read_text())
+    shares = fe.measured_shares(saved)
+    assert len(shares) == 4 * 4  # 4 classes x (16/32-bit) x (NCHW/channels_last)
+    run = saved["results"]["memory_classes"]["bf16-nchw"]
+    # bf16 NCHW batch norm forward: 1.1381e10 minimum bytes in 23.78 ms = 0.479 TB/s, x 1.5
+    # (it reads its input twice) = 0.718 TB/s of real traffic, over the 3.97 TB/s the same
+    # run's elementwise kernels streamed: 0.181
+    bn = run["channel-norm"]
+    by_hand = bn["bytes"] / bn["measured_s"] * 1.5 / run["stream"]["achieved_bytes_per_s"]
+    assert shares[("channel-norm", True, False)] == pytest.approx(by_hand)
+    assert 0.17 < by_hand < 0.19
+    # pooling has no second pass: its share is its own minimum-byte rate over the stream's
+    cl = saved["results"]["memory_classes"]["fp32-cl"]
+    assert shares[("window", False, True)] == pytest.approx(
+        cl["window"]["achieved_bytes_per_s"] / cl["stream"]["achieved_bytes_per_s"])
+    # every class ran slower than the elementwise stream, on every layout and precision
+    assert all(0 < s < 1 for s in shares.values())
+
+
+def test_kernel_class_variants_pick_the_subsets_they_name():
+    exp = load_benchmark("experiment_kernel_classes")
+    shares = {(c, half, nhwc): 0.5 for c in ("channel-norm", "channel-norm-backward", "window",
+                                             "window-backward")
+              for half in (True, False) for nhwc in (True, False)}
+    v = exp.variants(shares)
+    assert v["none (the shipped model's form)"] == {} and v["all measured classes"] == shares
+    bn, pool = v["batch norm only"], v["pooling only"]
+    assert len(bn) == len(pool) == 8 and not set(bn) & set(pool)  # a partition of the 16
+    assert set(bn) | set(pool) == set(shares)
+    assert all(not half for _, half, _ in v["32-bit kernels only"]) and len(
+        v["32-bit kernels only"]) == 8
+    assert set(v["16-bit channels_last only"]) == {k for k in shares if k[1] and k[2]}
+    # the pinned variant: the H200's elementwise rate, 4.13-4.15 TB/s of 4.8, no SM term
+    assert exp.PINNED_STREAM["memory"] == pytest.approx(4.14 / 4.8, abs=0.005)
+    assert exp.PINNED_STREAM["sm_bytes_per_clock"] == math.inf
