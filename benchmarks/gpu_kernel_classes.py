@@ -15,7 +15,8 @@ and sums measured and predicted time per class:
 * pooling, and the rest.
 
 Beside the classes, each run's memory-bound kernels by the model's memory class (and the GPT of
-the same device run's step 3, from analyses.json), with the bandwidth each achieved.
+the same device run's step 3, from analyses.json), with the bandwidth each achieved, and the
+streaming class split by op (``stream_ops``: elementwise, casts, strided copies).
 It also reads the layout contrasts the per-kernel files hold: per convolution pass, what NCHW
 costs over channels_last in TF32, bf16 and strict FP32, beside what the model charges (the
 NCHW transposes of dlperf/analysis/roofline.py), and the speed-up ladder's TF32
@@ -139,12 +140,32 @@ def memory_classes(result: dict, layers: list[dict] | None = None) -> dict:
     kernels' bytes, measured and predicted seconds, and the bandwidth each achieved against the
     one the model gave them (the guide's minimum bytes over the time); predictions as in
     ``classes``."""
+    return _memory_kernels(result, layers, lambda layer: layer.get("memory_class") or "stream")
+
+
+def stream_ops(result: dict, layers: list[dict] | None = None) -> dict:
+    """The ``stream`` class of ``memory_classes`` split by op (add, relu, _to_copy, clone,
+    stack, ...): the model streams them all at one rate, which a GPU need not. On the lent
+    H200 a ResNet-50's elementwise kernels streamed 4.1 TB/s, while the GPT of the same run
+    cast its FP32 activations to bf16 at 2.7 TB/s (``_to_copy``) and ran its attention
+    backward's layout copies (``stack`` of dq, dk, dv; a transposing ``clone``) at 1.0-1.3, so
+    that its stream class averaged 2.35 (results/h200-kernel-classes.json)."""
+    return _memory_kernels(result, layers, lambda layer: layer["op"] if (
+        layer.get("memory_class") or "stream") == "stream" else None)
+
+
+def _memory_kernels(result: dict, layers, key) -> dict:
+    """The memory-bound and copy kernels of ``result`` summed by ``key(layer)`` (None: left
+    out), with the bandwidth each group achieved and the one the model gave it."""
     out: dict = {}
     for layer, m in matched(result, layers):
         if layer is None or layer["kind"] not in ("memory", "copy", "transpose"):
             continue
-        c = out.setdefault(layer.get("memory_class") or "stream",
-                           {"kernels": 0, "bytes": 0, "measured_s": 0.0, "predicted_s": 0.0})
+        group = key(layer)
+        if group is None:
+            continue
+        c = out.setdefault(group, {"kernels": 0, "bytes": 0, "measured_s": 0.0,
+                                   "predicted_s": 0.0})
         c["kernels"] += 1
         c["bytes"] += layer["bytes"]
         c["measured_s"] += m["measured_time_s"]
@@ -221,7 +242,7 @@ def main(argv: list[str]) -> int:
     argv = [a for a in argv if a != "--as-measured"]
     folder = Path(argv[0]) if argv else DEFAULT_DIR
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    runs, memory, environment = {}, {}, None
+    runs, memory, ops, environment = {}, {}, {}, None
     gathered = folder / "analyses.json"  # scripts/device_check.sh step 3 gathers them there
     gathered = json.loads(gathered.read_text()) if gathered.exists() else {}
     for name, file in FILES.items():
@@ -232,6 +253,7 @@ def main(argv: list[str]) -> int:
             layers = None if as_measured else current_layers(result)
             runs[name] = classes(result, layers)
             memory[name] = memory_classes(result, layers)
+            ops[name] = stream_ops(result, layers)
             environment = environment or result.get("environment")
     if not runs:
         raise DlperfError(f"{folder}: no per-kernel results ({', '.join(FILES.values())}); run "
@@ -239,6 +261,7 @@ def main(argv: list[str]) -> int:
     if gathered.get("gpt_350m_bf16"):  # the decoder of step 3: its memory kernels, by class
         # (as measured: its configuration does not record the GPT's shape to analyse again)
         memory["gpt-350m-bf16"] = memory_classes(gathered["gpt_350m_bf16"])
+        ops["gpt-350m-bf16"] = stream_ops(gathered["gpt_350m_bf16"])
     contrasts = layout_contrasts(runs)
     ladder = ladder_layout(folder / "train-ladder-gpu.json")
     for name, run in runs.items():
@@ -259,6 +282,11 @@ def main(argv: list[str]) -> int:
             f"{c} {v['achieved_bytes_per_s'] / 1e12:.2f} ({v['model_bytes_per_s'] / 1e12:.2f})"
             for c, v in sorted(classes_.items(), key=lambda kv: -kv[1]["measured_s"])
             if v["achieved_bytes_per_s"] and v["model_bytes_per_s"] and v["measured_s"] > 2e-4))
+    for name, by_op in ops.items():
+        print(f"{name}: streaming kernels by op, TB/s achieved (model): " + ", ".join(
+            f"{op} {v['achieved_bytes_per_s'] / 1e12:.2f} ({v['model_bytes_per_s'] / 1e12:.2f})"
+            for op, v in sorted(by_op.items(), key=lambda kv: -kv[1]["measured_s"])
+            if v["achieved_bytes_per_s"] and v["model_bytes_per_s"] and v["measured_s"] > 2e-4))
     if ladder:
         print(f"ladder {ladder['rungs'][1]!r}: measured {ladder['measured_gain']:.2f}x, "
               f"predicted {ladder['predicted_gain']:.2f}x")
@@ -269,7 +297,7 @@ def main(argv: list[str]) -> int:
               "measured_on": environment}
     save_result(out_path, "gpu-kernel-classes", config,
                 {"runs": runs, "layout_contrasts": contrasts, "ladder_tf32_channels_last": ladder,
-                 "memory_classes": memory})
+                 "memory_classes": memory, "stream_ops": ops})
     png = plot(runs, out_path.with_suffix(".png"))
     print(f"Wrote {out_path}" + (f" and {png}" if png else ""))
     return 0

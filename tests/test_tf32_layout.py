@@ -296,3 +296,24 @@ def test_kernel_class_variants_pick_the_subsets_they_name():
     # the pinned variant: the H200's elementwise rate, 4.13-4.15 TB/s of 4.8, no SM term
     assert exp.PINNED_STREAM["memory"] == pytest.approx(4.14 / 4.8, abs=0.005)
     assert exp.PINNED_STREAM["sm_bytes_per_clock"] == math.inf
+
+
+def test_stream_ops_split_the_streaming_class_by_op_and_leave_the_other_classes_out():
+    kc = load_benchmark("gpu_kernel_classes")
+    result = _result([
+        ("r", "relu", "forward", "memory", "stream", 4e9, 1e-3, 2e-3),
+        ("r2", "relu", "forward", "memory", "stream", 4e9, 1e-3, 2e-3),
+        ("w", "_to_copy", "forward", "copy", "stream", 3e9, 1.5e-3, 1.5e-3),
+        ("bn", "cudnn_batch_norm", "forward", "memory", "channel-norm", 400, 1e-3, 2e-3),
+        ("c", "convolution", "forward", "gemm", "stream", 100, 3e-3, 2e-3),
+    ])
+    ops = kc.stream_ops(result)
+    assert set(ops) == {"relu", "_to_copy"}  # batch norm and the convolution are not streams
+    # two ReLUs: 8e9 bytes in 2 ms measured = 4 TB/s; the model's 4 ms = 2 TB/s
+    assert ops["relu"]["kernels"] == 2
+    assert ops["relu"]["achieved_bytes_per_s"] == pytest.approx(4e12)
+    assert ops["relu"]["model_bytes_per_s"] == pytest.approx(2e12)
+    assert ops["_to_copy"]["achieved_bytes_per_s"] == pytest.approx(2e12)  # 3e9 / 1.5 ms
+    # the classes view of the same kernels still sums the streams together
+    stream = kc.memory_classes(result)["stream"]
+    assert stream["bytes"] == 11e9 and stream["kernels"] == 3
