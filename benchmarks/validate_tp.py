@@ -290,7 +290,13 @@ def _analyze(args: list[str], tmp: str, whole: bool = False) -> dict:
     from io import StringIO
 
     from dlperf.cli import main as cli
+    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
 
+    if "--attention-kernel" not in args:
+        # a published run's stack, not the torch installed here: where a source says no
+        # other kernel, its SDPA ran FlashAttention-2 (these runs predate cuDNN's coming
+        # first on Hopper, torch 2.11; efficiency.sdpa_kernel)
+        args = args + ["--attention-kernel", DEFAULT_ATTENTION_KERNEL]
     path = Path(tmp) / "r.json"
     with redirect_stdout(StringIO()):
         code = cli(args + ["--json", str(path)])

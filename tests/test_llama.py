@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from dlperf.hardware.specs import get_device
 from dlperf.models.gpt import GPT, PRESETS, GPTConfig
 
 
@@ -479,3 +480,61 @@ def test_selective_attention_checkpointing_recomputes_the_attention_core_only():
     total = {n: sum(p.time_s for p in a.predictions) for n, a in
              (("none", none), ("full", full), ("sel", sel))}
     assert total["none"] < total["sel"] < total["full"]
+
+
+def test_sdpa_kernel_follows_pytorchs_own_backend_order():
+    from dlperf.hardware.efficiency import sdpa_kernel
+
+    h200, a100, b200 = (get_device(n) for n in ("h200", "a100-80gb", "b200"))
+    # torch 2.11 with its bundled cuDNN 9.19 on Hopper: cuDNN first (what the lent H200 ran)
+    assert sdpa_kernel(h200, "2.11.0+cu130", 91900, "13.0", environ={})[0] == "cudnn"
+    # cuDNN 9.15.0 is below the gate (> 9.15.0: 9.15.1 fixed lengths not multiples of 128)
+    assert sdpa_kernel(h200, "2.10.0", 91500, "12.9", environ={})[0] == "flash2"
+    assert sdpa_kernel(h200, "2.10.0", 91501, "12.9", environ={})[0] == "cudnn"
+    # ... and CUDA before 12.9 keeps it off (pytorch/pytorch#171627)
+    assert sdpa_kernel(h200, "2.11.0+cu126", 91900, "12.6", environ={})[0] == "flash2"
+    # Trainy's NGC 25.05 stack (torch 2.8, cuDNN 9.10): FlashAttention-2
+    assert sdpa_kernel(h200, "2.8.0a0", 91001, "12.9", environ={})[0] == "flash2"
+    # the environment switch PyTorch reads
+    kernel, why = sdpa_kernel(h200, "2.14.1", 92400, "13.0",
+                              environ={"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
+    assert kernel == "flash2" and "TORCH_CUDNN_SDPA_DEPRIORITIZED" in why
+    # an A100 (sm80) keeps FlashAttention-2 at any version; B200 (sm100) is on the list
+    assert sdpa_kernel(a100, "2.14.1", 92400, "13.0", environ={})[0] == "flash2"
+    assert sdpa_kernel(b200, "2.14.1", 92400, "13.0", environ={})[0] == "cudnn"
+    # a CPU-only PyTorch has no cuDNN to ask: its version stands for its CUDA wheels'
+    assert sdpa_kernel(h200, "2.11.0+cpu", None, None, environ={})[0] == "cudnn"
+    assert sdpa_kernel(h200, "2.10.1+cpu", None, None, environ={})[0] == "flash2"
+    assert "cuDNN 9.19.0" in sdpa_kernel(h200, "2.11.0", 91900, "13.0", environ={})[1]
+
+
+def test_analyze_times_the_attention_the_installed_torch_would_run(capsys, tmp_path,
+                                                                   monkeypatch):
+    import json
+
+    from conftest import run_cli
+
+    import dlperf.hardware.efficiency as eff
+
+    base = ["analyze", "llama3-8b", "--layers", "1", "--seq-len", "4096", "--batch-size", "1",
+            "--train", "--precision", "fsdp", "--top", "1"]
+    chosen = {}
+    for device in ("h100-sxm", "a100-80gb"):
+        out_json = tmp_path / f"{device}.json"
+        code, out, err = run_cli(base + ["--device", device, "--json", str(out_json)], capsys)
+        assert code == 0, err
+        chosen[device] = json.loads(out_json.read_text())["config"]["attention_kernel"]
+        assert f"fused attention ({chosen[device]})" in " ".join(out.split())
+    assert chosen == {"h100-sxm": eff.sdpa_kernel(get_device("h100-sxm"))[0],
+                      "a100-80gb": "flash2"}
+    # with TORCH_CUDNN_SDPA_DEPRIORITIZED, as PyTorch itself, FlashAttention-2 on the H100
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    out_json = tmp_path / "deprioritized.json"
+    code, out, err = run_cli(base + ["--device", "h100-sxm", "--json", str(out_json)], capsys)
+    assert code == 0, err
+    assert json.loads(out_json.read_text())["config"]["attention_kernel"] == "flash2"
+    # the validation scripts name a stack's kernel; without a device, FlashAttention-2
+    from dlperf.models.gpt import default_attention_kernel
+
+    assert default_attention_kernel("llama3-8b") == "flash2"
+    assert default_attention_kernel("mpt-7b", get_device("h100-sxm")) == "triton-2023"

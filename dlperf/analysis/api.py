@@ -724,7 +724,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
     ``optimizer_impl``: "fused", "foreach" or "for-loop" (``AnalysisConfig.optimizer_impl``).
     ``attention_kernel``: the fused attention kernel, "flash2", "triton-2023" or "cudnn"
     (``AnalysisConfig.attention_kernel``); None: ``default_attention_kernel`` (the MPT
-    presets ran llm-foundry's Triton kernel; else "flash2").
+    presets ran llm-foundry's Triton kernel; else what the installed PyTorch's SDPA picks on
+    ``device``: "cudnn" on Hopper and B200 from torch 2.11, "flash2" otherwise).
     ``loss``: how the loss computes cross-entropy, "fp32", "half" or "fused"
     (``AnalysisConfig.loss``, models/losses.py); None: ``default_loss`` (the MPT presets ran
     llm-foundry's fused kernel; else "fp32").
@@ -752,7 +753,8 @@ def analyze(model, example_input_shape, device: str | DeviceSpec = "h100-sxm", d
                          checkpoint_policy=checkpoint_policy, checkpoint_every=checkpoint_every,
                          fusion=fusion, cuda_graphs=cuda_graphs,
                          optimizer_impl=optimizer_impl,
-                         attention_kernel=attention_kernel or default_attention_kernel(name),
+                         attention_kernel=(attention_kernel
+                                           or default_attention_kernel(name, spec)),
                          loss=loss or default_loss(name),
                          train_metrics=(default_train_metrics(name) if train_metrics is None
                                         else train_metrics) if train else 0)

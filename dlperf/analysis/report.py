@@ -132,7 +132,7 @@ def _notes(analysis, console) -> None:
         console.print(
             f"Efficiency model ({eff.source or 'hardware/efficiency.py'}): GEMMs "
             f"{eff.tensor_gemm:.0%} and convolutions {eff.tensor_conv:.0%} of Tensor Core peak "
-            f"after tile/wave losses, fused attention "
+            f"after tile/wave losses, fused attention ({analysis.config.attention_kernel}) "
             f"{eff.math('attention'):.0%}, FP32 {eff.cuda_core:.0%}"
             f"{winograd}; memory "
             f"{eff.bandwidth(spec) / 1e9:,.0f} GB/s achieved of {spec.mem_bandwidth / 1e9:,.0f} "

@@ -55,8 +55,10 @@ def add_parser(sub) -> None:
                         "0.187); cudnn = cuDNN's fused attention (Hopper: 0.475, timed on an "
                         "H200, where torch 2.11's SDPA picks it). GPUs without a calibrated "
                         "share take 0.325; "
-                        "--efficiency attention=X sets it outright [flash2; the mpt-* "
-                        "presets: triton-2023, as MosaicML's published runs]")
+                        "--efficiency attention=X sets it outright [what the PyTorch installed "
+                        "here picks on the --device: cudnn on H100, H200, GH200 and B200 from "
+                        "torch 2.11 (cuDNN 9.15.1 and later), else flash2; the mpt-* presets: "
+                        "triton-2023, as MosaicML's published runs]")
     a.add_argument("--batch-size", type=batch_size_arg, default=None,
                    help="samples per step [256 for image models, 8 for gpt]")
     a.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
@@ -547,7 +549,7 @@ def run(args) -> int:
                                            and not args.fp8_recast_weights else 1),
                          **_float8_gather_shares(args),
                          attention_kernel=args.attention_kernel
-                         or default_attention_kernel(args.model),
+                         or default_attention_kernel(args.model, spec),
                          loss=args.loss or default_loss(args.model),
                          train_metrics=(args.train_metrics if args.train_metrics is not None
                                         else default_train_metrics(args.model)

@@ -472,8 +472,9 @@ HOPPER_TENSOR_GEMM = 0.578
 # Fused attention by kernel (``--attention-kernel``, ``AnalysisConfig.attention_kernel``): the
 # shares above are MosaicML's 2023 stack's, whose attention was llm-foundry's Triton flash
 # kernel ("triton-2023"). PyTorch's F.scaled_dot_product_attention runs FlashAttention-2 on
-# Ampere and Hopper since PyTorch 2.2 (2024-01; "flash2", the default: what an eager PyTorch
-# step calls today, and torchtitan's and IBM's fms-fsdp published Llama runs ran):
+# Ampere and Hopper since PyTorch 2.2 (2024-01; "flash2": what an eager PyTorch step called
+# until cuDNN's came first on Hopper, ``sdpa_kernel`` below, and what torchtitan's and IBM's
+# fms-fsdp published Llama runs ran):
 # - A100: 0.553 of the Tensor Core peak, fitted to the 12 eager Llama FSDP rows on A100s
 #   (torchtitan's 8 on 64 GPUs, IBM's 4 on 128: 7B-70B, 4,096-8,192 tokens) with everything
 #   else as shipped, each row held out in turn giving 0.512-0.587; the rows' median error 6.1%
@@ -498,11 +499,70 @@ HOPPER_TENSOR_GEMM = 0.578
 #   FlashAttention-2, inside the 1.7-2.3x that huggingface/transformers#48163 measured for
 #   training shapes on Hopper (where it found cuDNN slower than FlashAttention-2 on Ampere and
 #   Blackwell: no share for them here). PyTorch 2.5.1 made the backend opt-in
-#   (pytorch/pytorch#138522); the stacks the validation rows ran called FlashAttention-2,
-#   which stays the default.
+#   (pytorch/pytorch#138522); the stacks the validation rows ran called FlashAttention-2
+#   unless their row says cudnn.
 # Other GPUs have no calibrated share for these: they take ``attention`` (0.325).
 ATTENTION_KERNELS = ("flash2", "triton-2023", "cudnn")
+# The kernel of a stack that does not say (a validation row's blank, ``AnalysisConfig``'s
+# default): PyTorch's SDPA before it put cuDNN first.
 DEFAULT_ATTENTION_KERNEL = "flash2"
+# Which kernel PyTorch's own SDPA picks (``sdpa_kernel``, what `dlperf analyze` assumes when
+# neither --attention-kernel nor the model's preset says): PyTorch 2.9 first put cuDNN ahead on
+# those GPUs (pytorch/pytorch#162073); since 2.10 its backend order puts cuDNN's fused attention
+# first on datacenter Hopper and Blackwell (sm90, sm100) when the cuDNN
+# it runs is newer than 9.15.0 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+# check_prefer_cudnn_attention: 9.15.1 fixed sequence lengths that are not multiples of 128,
+# pytorch/pytorch#169849) and its CUDA is 12.9 or later (pytorch/pytorch#171627), unless
+# TORCH_CUDNN_SDPA_DEPRIORITIZED is set; the wheels cross that threshold at 2.11, whose bundled
+# cuDNN is 9.19 (huggingface/transformers#48163, where this was found on 2026-08-31). The lent
+# H200 saw it: torch 2.11's SDPA ran causal attention in 1.98 ms, cuDNN's alone in 2.05 and
+# FlashAttention-2's in 3.71 (benchmarks/results/device-h200-2026-12-04/analyses.json).
+SDPA_CUDNN_FIRST_DEVICES = frozenset({"h100-sxm", "h100-pcie", "h200", "gh200", "b200"})
+SDPA_CUDNN_MIN_VERSION = 91501  # cuDNN 9.15.1 (torch.backends.cudnn.version() numbering)
+SDPA_CUDNN_FIRST_TORCH = (2, 11)  # the first wheels whose bundled cuDNN passes it
+
+
+def sdpa_kernel(spec, torch_version: str | None = None, cudnn_version: int | None = None,
+                cuda_version: str | None = None, environ=None) -> tuple[str, str]:
+    """(kernel, why): the fused attention PyTorch's scaled_dot_product_attention runs on
+    ``spec`` with the PyTorch installed here (or the versions given): "cudnn" where it puts
+    cuDNN first (see above), else "flash2". A CPU-only PyTorch has no cuDNN to ask: its
+    version decides, as its CUDA wheels of the same version would."""
+    import os
+
+    import torch
+
+    environ = os.environ if environ is None else environ
+    torch_version = torch_version or torch.__version__
+    if cudnn_version is None and torch_version == torch.__version__:
+        cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() \
+            else None
+    if cuda_version is None and torch_version == torch.__version__:
+        cuda_version = torch.version.cuda
+    stack = f"torch {torch_version.split('+')[0]}" + (
+        f" with cuDNN {cudnn_version // 10000}.{cudnn_version // 100 % 100}.{cudnn_version % 100}"
+        if cudnn_version else "")
+    if spec.name not in SDPA_CUDNN_FIRST_DEVICES:
+        return "flash2", f"{stack}: FlashAttention-2 on {spec.name} (cuDNN first only on sm90/sm100)"
+    if environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED"):
+        return "flash2", f"{stack}: TORCH_CUDNN_SDPA_DEPRIORITIZED is set"
+    if cudnn_version is not None:
+        cuda_ok = cuda_version is None or _version_tuple(cuda_version) >= (12, 9)
+        first = cudnn_version >= SDPA_CUDNN_MIN_VERSION and cuda_ok
+    else:
+        first = _version_tuple(torch_version) >= SDPA_CUDNN_FIRST_TORCH
+    if first:
+        return "cudnn", f"{stack} runs cuDNN's fused attention first on {spec.name}"
+    return "flash2", f"{stack} runs FlashAttention-2 first on {spec.name}"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string such as "2.14.1+cu130" or "12.9"."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 A100_FLASH2_ATTENTION = 0.553
 HOPPER_FLASH2_ATTENTION = round(319 / 989.4, 3)  # 0.322
 HOPPER_CUDNN_ATTENTION = 0.475

@@ -897,12 +897,17 @@ PRESET_LOSSES = {name: "fused" for name in PRESETS if name.startswith("mpt-")}
 PRESET_TRAIN_METRICS = {name: 2 for name in PRESETS if name.startswith("mpt-")}
 
 
-def default_attention_kernel(name: str) -> str:
+def default_attention_kernel(name: str, spec=None) -> str:
     """The attention kernel to time model ``name`` with when none is given: its preset's
-    published one, else PyTorch's SDPA (``DEFAULT_ATTENTION_KERNEL``)."""
-    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL
+    published one; else, on device ``spec``, the one the PyTorch installed here would pick
+    there (``efficiency.sdpa_kernel``: cuDNN's on Hopper and B200 with torch 2.11 and later);
+    without a device, FlashAttention-2 (``DEFAULT_ATTENTION_KERNEL``: the stack of a
+    validation row that does not say)."""
+    from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL, sdpa_kernel
 
-    return PRESET_ATTENTION_KERNELS.get(name, DEFAULT_ATTENTION_KERNEL)
+    if name in PRESET_ATTENTION_KERNELS:
+        return PRESET_ATTENTION_KERNELS[name]
+    return sdpa_kernel(spec)[0] if spec is not None else DEFAULT_ATTENTION_KERNEL
 
 
 def default_loss(name: str) -> str:
