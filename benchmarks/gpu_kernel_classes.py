@@ -53,9 +53,11 @@ LAYOUTS = (("tf32", "tf32-nchw", "tf32-cl"), ("bf16", "bf16-nchw", "bf16-cl"),
            ("fp32", "fp32-nchw", "fp32-cl"))
 
 
-def kernel_class(layer: dict) -> str:
-    """The class of one analysed layer (its ``kind``, ``phase``, ``math_class`` and
-    ``memory_class`` from ``dlperf analyze --json``)."""
+def layer_group(layer: dict) -> str:
+    """The group (``CLASSES``) of one analysed layer, from its ``kind``, ``phase``,
+    ``math_class`` and ``memory_class`` in ``dlperf analyze --json``: a CNN step's coarser
+    groups than ``dlperf.analysis.measure.kernel_class``'s (convolutions by pass, batch norm
+    by direction), which results saved before that class existed can still be read into."""
     if layer["kind"] == "gemm" and layer["op"].startswith("convolution"):
         return {"forward": "conv forward", "dgrad": "conv dgrad", "wgrad": "conv wgrad"}[
             layer["phase"]]
@@ -113,7 +115,7 @@ def classes(result: dict, layers: list[dict] | None = None) -> dict:
         if layer is None:
             unmatched += 1
             continue
-        c = out[kernel_class(layer)]
+        c = out[layer_group(layer)]
         c["measured_s"] += m["measured_time_s"]
         c["predicted_s"] += layer["predicted_time_s"]
         c["kernels"] += 1

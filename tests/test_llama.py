@@ -499,6 +499,9 @@ def test_sdpa_kernel_follows_pytorchs_own_backend_order():
     kernel, why = sdpa_kernel(h200, "2.14.1", 92400, "13.0",
                               environ={"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
     assert kernel == "flash2" and "TORCH_CUDNN_SDPA_DEPRIORITIZED" in why
+    # ... read as PyTorch reads it (c10::utils::check_env): "0" leaves cuDNN first
+    assert sdpa_kernel(h200, "2.14.1", 92400, "13.0",
+                       environ={"TORCH_CUDNN_SDPA_DEPRIORITIZED": "0"})[0] == "cudnn"
     # an A100 (sm80) keeps FlashAttention-2 at any version; B200 (sm100) is on the list
     assert sdpa_kernel(a100, "2.14.1", 92400, "13.0", environ={})[0] == "flash2"
     assert sdpa_kernel(b200, "2.14.1", 92400, "13.0", environ={})[0] == "cudnn"

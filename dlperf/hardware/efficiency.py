@@ -544,7 +544,9 @@ def sdpa_kernel(spec, torch_version: str | None = None, cudnn_version: int | Non
         if cudnn_version else "")
     if spec.name not in SDPA_CUDNN_FIRST_DEVICES:
         return "flash2", f"{stack}: FlashAttention-2 on {spec.name} (cuDNN first only on sm90/sm100)"
-    if environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED"):
+    # c10::utils::check_env: 1/on/yes/true/y set it, 0/off/no/false/n and the rest do not
+    if environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").strip().upper() in (
+            "1", "ON", "YES", "TRUE", "Y"):
         return "flash2", f"{stack}: TORCH_CUDNN_SDPA_DEPRIORITIZED is set"
     if cudnn_version is not None:
         cuda_ok = cuda_version is None or _version_tuple(cuda_version) >= (12, 9)
