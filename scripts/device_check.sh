@@ -96,7 +96,9 @@ step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa.json \
                 *H200*) echo h200;; *) echo h100-sxm;; esac)"
 #    The same at Llama 3 8B's torchtitan shape (8,192 tokens, batch 1): the Hopper decoder rows
 #    that ran FlashAttention-2 are at 8,192 tokens, and both H200s timed it at 4,096 only
-#    (0.262, where the presets ship 0.322: benchmarks/experiment_flash2_hopper.py). ~20 s.
+#    (0.262, where the presets ship 0.322: benchmarks/experiment_flash2_hopper.py); and
+#    cuDNN's there, the kernel `dlperf analyze` now times on Hopper with torch 2.11 and later
+#    (efficiency.sdpa_kernel; its 0.475 is the 4,096-token timing). ~20 s.
 step timeout 40 $PY benchmarks/bench_sdpa_gpu.py /tmp/dlperf-sdpa-8k.json --tokens 8192 \
     --batch 1 --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader \
                 2>/dev/null)" in *H200*) echo h200;; *) echo h100-sxm;; esac)"

@@ -345,3 +345,29 @@ def test_a_failing_profile_is_reported_not_fatal(monkeypatch):
     assert out["error"].split(":")[0] in ("RuntimeError", "AssertionError")
     cpu_tokens = SimpleNamespace(device=SimpleNamespace(type="cpu"))
     assert bench.profile_step(None, cpu_tokens, None, lambda: None) is None
+
+
+def test_compile_rescore_takes_the_kernel_the_measuring_stack_ran():
+    import json
+
+    rescore = load_benchmark("rescore_compile_gpu")
+    saved = json.loads(rescore.DEFAULT_IN.read_text())["compile_speedup"]
+    # the first lent H200: torch 2.11.0+cu130 with cuDNN 9.19, whose SDPA puts cuDNN first
+    assert saved["environment"]["cudnn"] == 91900
+    assert rescore.measured_stack_kernel(saved) == "cudnn"
+    older = {**saved, "environment": {**saved["environment"], "torch": "2.8.0a0",
+                                      "cudnn": 91001}}
+    assert rescore.measured_stack_kernel(older) == "flash2"
+    out = json.loads((rescore.DEFAULT_OUT).read_text())["results"]
+    by = out["by_kernel"]
+    # the same stack with cuDNN's attention (0.475 of the peak) is predicted faster than with
+    # FlashAttention-2's (0.322), by the attention's time alone: 6.04 -> 4.10 ms
+    assert by["cudnn"]["predicted_eager_s"] < by["flash2"]["predicted_eager_s"]
+    gap = by["flash2"]["predicted_eager_s"] - by["cudnn"]["predicted_eager_s"]
+    attention = (by["flash2"]["predicted_ms_by_class"]["none"]["attention"]
+                 - by["cudnn"]["predicted_ms_by_class"]["none"]["attention"])
+    assert gap * 1e3 == pytest.approx(attention, rel=0.01)
+    assert attention == pytest.approx(6.04 * (1 - 0.322 / 0.475), rel=0.02)
+    # the saved prediction at measuring time was FlashAttention-2's, 1.40x the measured step
+    assert by["flash2"]["predicted_eager_s"] == pytest.approx(
+        saved["results"]["predicted_eager_s"], rel=1e-3)
