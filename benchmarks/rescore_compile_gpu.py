@@ -33,7 +33,7 @@ def measured_stack_kernel(result: dict) -> str:
 
     env = result["environment"]
     return sdpa_kernel(get_device(result["config"]["preset"]), env["torch"], env.get("cudnn"),
-                       env.get("cuda"), environ={})[0]
+                       environ={})[0]
 
 
 def rescore(result: dict) -> dict:

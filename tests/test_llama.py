@@ -487,28 +487,28 @@ def test_sdpa_kernel_follows_pytorchs_own_backend_order():
 
     h200, a100, b200 = (get_device(n) for n in ("h200", "a100-80gb", "b200"))
     # torch 2.11 with its bundled cuDNN 9.19 on Hopper: cuDNN first (what the lent H200 ran)
-    assert sdpa_kernel(h200, "2.11.0+cu130", 91900, "13.0", environ={})[0] == "cudnn"
+    assert sdpa_kernel(h200, "2.11.0+cu130", 91900, environ={})[0] == "cudnn"
     # cuDNN 9.15.0 is below the gate (> 9.15.0: 9.15.1 fixed lengths not multiples of 128)
-    assert sdpa_kernel(h200, "2.10.0", 91500, "12.9", environ={})[0] == "flash2"
-    assert sdpa_kernel(h200, "2.10.0", 91501, "12.9", environ={})[0] == "cudnn"
-    # ... and CUDA before 12.9 keeps it off (pytorch/pytorch#171627)
-    assert sdpa_kernel(h200, "2.11.0+cu126", 91900, "12.6", environ={})[0] == "flash2"
-    # Trainy's NGC 25.05 stack (torch 2.8, cuDNN 9.10): FlashAttention-2
-    assert sdpa_kernel(h200, "2.8.0a0", 91001, "12.9", environ={})[0] == "flash2"
+    assert sdpa_kernel(h200, "2.10.0", 91500, environ={})[0] == "flash2"
+    assert sdpa_kernel(h200, "2.10.0", 91501, environ={})[0] == "cudnn"
+    # Trainy's NGC 25.05 stack (torch 2.8, cuDNN 9.10), and 2.9's wheels (cuDNN 9.10):
+    # FlashAttention-2
+    assert sdpa_kernel(h200, "2.8.0a0", 91001, environ={})[0] == "flash2"
+    assert sdpa_kernel(h200, "2.9.1+cu128", 91002, environ={})[0] == "flash2"
     # the environment switch PyTorch reads
-    kernel, why = sdpa_kernel(h200, "2.14.1", 92400, "13.0",
+    kernel, why = sdpa_kernel(h200, "2.14.1", 92400,
                               environ={"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
     assert kernel == "flash2" and "TORCH_CUDNN_SDPA_DEPRIORITIZED" in why
     # ... read as PyTorch reads it (c10::utils::check_env): "0" leaves cuDNN first
-    assert sdpa_kernel(h200, "2.14.1", 92400, "13.0",
+    assert sdpa_kernel(h200, "2.14.1", 92400,
                        environ={"TORCH_CUDNN_SDPA_DEPRIORITIZED": "0"})[0] == "cudnn"
     # an A100 (sm80) keeps FlashAttention-2 at any version; B200 (sm100) is on the list
-    assert sdpa_kernel(a100, "2.14.1", 92400, "13.0", environ={})[0] == "flash2"
-    assert sdpa_kernel(b200, "2.14.1", 92400, "13.0", environ={})[0] == "cudnn"
+    assert sdpa_kernel(a100, "2.14.1", 92400, environ={})[0] == "flash2"
+    assert sdpa_kernel(b200, "2.14.1", 92400, environ={})[0] == "cudnn"
     # a CPU-only PyTorch has no cuDNN to ask: its version stands for its CUDA wheels'
-    assert sdpa_kernel(h200, "2.11.0+cpu", None, None, environ={})[0] == "cudnn"
-    assert sdpa_kernel(h200, "2.10.1+cpu", None, None, environ={})[0] == "flash2"
-    assert "cuDNN 9.19.0" in sdpa_kernel(h200, "2.11.0", 91900, "13.0", environ={})[1]
+    assert sdpa_kernel(h200, "2.11.0+cpu", None, environ={})[0] == "cudnn"
+    assert sdpa_kernel(h200, "2.10.1+cpu", None, environ={})[0] == "flash2"
+    assert "cuDNN 9.19.0" in sdpa_kernel(h200, "2.11.0", 91900, environ={})[1]
 
 
 def test_analyze_times_the_attention_the_installed_torch_would_run(capsys, tmp_path,

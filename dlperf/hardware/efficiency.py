@@ -507,12 +507,12 @@ ATTENTION_KERNELS = ("flash2", "triton-2023", "cudnn")
 # default): PyTorch's SDPA before it put cuDNN first.
 DEFAULT_ATTENTION_KERNEL = "flash2"
 # Which kernel PyTorch's own SDPA picks (``sdpa_kernel``, what `dlperf analyze` assumes when
-# neither --attention-kernel nor the model's preset says): PyTorch 2.9 first put cuDNN ahead on
-# those GPUs (pytorch/pytorch#162073); since 2.10 its backend order puts cuDNN's fused attention
-# first on datacenter Hopper and Blackwell (sm90, sm100) when the cuDNN
-# it runs is newer than 9.15.0 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-# check_prefer_cudnn_attention: 9.15.1 fixed sequence lengths that are not multiples of 128,
-# pytorch/pytorch#169849) and its CUDA is 12.9 or later (pytorch/pytorch#171627), unless
+# neither --attention-kernel nor the model's preset says): PyTorch 2.9 meant to put cuDNN's
+# fused attention first on datacenter Hopper and Blackwell (pytorch/pytorch#162073), but its
+# wheels, built against cuDNN 9.8, did not (pytorch/pytorch#165801); since 2.10 the backend
+# order puts it first on those GPUs (sm90, sm100) when the cuDNN it runs is newer than 9.15.0
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention: 9.15.1
+# fixed sequence lengths that are not multiples of 128, pytorch/pytorch#169849), unless
 # TORCH_CUDNN_SDPA_DEPRIORITIZED is set; the wheels cross that threshold at 2.11, whose bundled
 # cuDNN is 9.19 (huggingface/transformers#48163, where this was found on 2026-08-31). The lent
 # H200 saw it: torch 2.11's SDPA ran causal attention in 1.98 ms, cuDNN's alone in 2.05 and
@@ -523,7 +523,7 @@ SDPA_CUDNN_FIRST_TORCH = (2, 11)  # the first wheels whose bundled cuDNN passes 
 
 
 def sdpa_kernel(spec, torch_version: str | None = None, cudnn_version: int | None = None,
-                cuda_version: str | None = None, environ=None) -> tuple[str, str]:
+                environ=None) -> tuple[str, str]:
     """(kernel, why): the fused attention PyTorch's scaled_dot_product_attention runs on
     ``spec`` with the PyTorch installed here (or the versions given): "cudnn" where it puts
     cuDNN first (see above), else "flash2". A CPU-only PyTorch has no cuDNN to ask: its
@@ -537,8 +537,6 @@ def sdpa_kernel(spec, torch_version: str | None = None, cudnn_version: int | Non
     if cudnn_version is None and torch_version == torch.__version__:
         cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() \
             else None
-    if cuda_version is None and torch_version == torch.__version__:
-        cuda_version = torch.version.cuda
     stack = f"torch {torch_version.split('+')[0]}" + (
         f" with cuDNN {cudnn_version // 10000}.{cudnn_version // 100 % 100}.{cudnn_version % 100}"
         if cudnn_version else "")
@@ -549,8 +547,7 @@ def sdpa_kernel(spec, torch_version: str | None = None, cudnn_version: int | Non
             "1", "ON", "YES", "TRUE", "Y"):
         return "flash2", f"{stack}: TORCH_CUDNN_SDPA_DEPRIORITIZED is set"
     if cudnn_version is not None:
-        cuda_ok = cuda_version is None or _version_tuple(cuda_version) >= (12, 9)
-        first = cudnn_version >= SDPA_CUDNN_MIN_VERSION and cuda_ok
+        first = cudnn_version >= SDPA_CUDNN_MIN_VERSION
     else:
         first = _version_tuple(torch_version) >= SDPA_CUDNN_FIRST_TORCH
     if first:
@@ -559,7 +556,7 @@ def sdpa_kernel(spec, torch_version: str | None = None, cudnn_version: int | Non
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
-    """(major, minor) of a version string such as "2.14.1+cu130" or "12.9"."""
+    """(major, minor) of a version string such as "2.14.1+cu130" or "2.8.0a0"."""
     parts = []
     for piece in version.split("+")[0].split(".")[:2]:
         digits = "".join(ch for ch in piece if ch.isdigit())
