@@ -541,3 +541,35 @@ def test_analyze_times_the_attention_the_installed_torch_would_run(capsys, tmp_p
 
     assert default_attention_kernel("llama3-8b") == "flash2"
     assert default_attention_kernel("mpt-7b", get_device("h100-sxm")) == "triton-2023"
+
+
+def test_a_device_comparison_times_each_gpu_with_its_own_attention_kernel(capsys, tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    from dlperf.hardware.efficiency import sdpa_kernel
+
+    base = ["analyze", "llama3-8b", "--layers", "1", "--seq-len", "4096", "--batch-size", "1",
+            "--train", "--precision", "fsdp", "--top", "1"]
+    out_json = tmp_path / "both.json"
+    code, out, err = run_cli(base + ["--device", "a100-80gb,h100-sxm", "--json",
+                                     str(out_json)], capsys)
+    assert code == 0, err
+    rows = {r["device"]: r for r in json.loads(out_json.read_text())["comparison"]}
+    h100 = sdpa_kernel(get_device("h100-sxm"))[0]
+    assert rows["a100-80gb"]["attention_kernel"] == "flash2"
+    assert rows["h100-sxm"]["attention_kernel"] == h100
+    # the H100's row is the H100 analysed alone
+    alone = tmp_path / "h100.json"
+    code, out, err = run_cli(base + ["--device", "h100-sxm", "--json", str(alone)], capsys)
+    assert code == 0, err
+    assert rows["h100-sxm"]["predicted_time_s"] == pytest.approx(
+        json.loads(alone.read_text())["totals"]["predicted_time_s"], rel=1e-9)
+    # a kernel given applies to every device
+    code, out, err = run_cli(base + ["--device", "a100-80gb,h100-sxm",
+                                     "--attention-kernel", "flash2", "--json", str(out_json)],
+                             capsys)
+    assert code == 0, err
+    assert {r["attention_kernel"] for r in json.loads(out_json.read_text())["comparison"]} == {
+        "flash2"}

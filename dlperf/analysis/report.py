@@ -357,7 +357,8 @@ def render_comparison(analyses: list, console: Console | None = None) -> list[di
         t = a.totals()
         best = max(a.findings, key=lambda f: f.saving_s, default=None)
         record = a.track_record()
-        rows.append({"device": a.device.name, "predicted_time_s": t["predicted_time_s"],
+        rows.append({"device": a.device.name, "attention_kernel": a.config.attention_kernel,
+                     "predicted_time_s": t["predicted_time_s"],
                      "samples_per_s": t["samples_per_s"],
                      "memory_bound_time_share": t["memory_bound_time_share"],
                      "top_finding": best.rule if best else None,

@@ -632,8 +632,12 @@ def run(args) -> int:
                       + ", and the memory of the stage that holds the most.", style="yellow")
     result = analysis.to_dict()
     if len(specs) > 1:
-        others = [analysis] + [predict_on(costs, uncounted, cfg, s, seconds, memory=memory)
-                               for s in specs[1:]]
+        # each GPU's own attention kernel where none was given (the SDPA of the installed
+        # torch picks per GPU: cuDNN's on Hopper from torch 2.11, FlashAttention-2 on Ampere)
+        others = [analysis] + [predict_on(costs, uncounted, dataclasses.replace(
+            cfg, attention_kernel=args.attention_kernel
+            or default_attention_kernel(args.model, s)), s, seconds, memory=memory)
+            for s in specs[1:]]
         result["comparison"] = render_comparison(others, console)
     if args.gpus:
         result["scale_out"] = _scale_out(args, analysis, model, console, scale_setup, stage,
