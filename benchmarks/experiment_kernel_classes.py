@@ -23,7 +23,6 @@ benchmarks/results/experiment-kernel-classes.json
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 

@@ -4,7 +4,7 @@ measuring stack ran (issue #14).
 
 The measurement is kept as taken; only the prediction beside it is redone: the saved config's
 Llama stack analysed on its preset, its attention at the kernel PyTorch's SDPA picks with the
-torch, cuDNN and CUDA versions the result's environment recorded (``efficiency.sdpa_kernel``),
+torch and cuDNN versions the result's environment recorded (``efficiency.sdpa_kernel``),
 and at FlashAttention-2's share for comparison (what the prediction took when it was measured).
 The first lent H200 (torch 2.11, cuDNN 9.19) ran cuDNN's attention there, while the saved
 prediction had timed FlashAttention-2's.

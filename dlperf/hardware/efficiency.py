@@ -541,7 +541,8 @@ def sdpa_kernel(spec, torch_version: str | None = None, cudnn_version: int | Non
         f" with cuDNN {cudnn_version // 10000}.{cudnn_version // 100 % 100}.{cudnn_version % 100}"
         if cudnn_version else "")
     if spec.name not in SDPA_CUDNN_FIRST_DEVICES:
-        return "flash2", f"{stack}: FlashAttention-2 on {spec.name} (cuDNN first only on sm90/sm100)"
+        return "flash2", (f"{stack}: FlashAttention-2 on {spec.name} (cuDNN first only on "
+                          "sm90/sm100)")
     # c10::utils::check_env: 1/on/yes/true/y set it, 0/off/no/false/n and the rest do not
     if environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").strip().upper() in (
             "1", "ON", "YES", "TRUE", "Y"):

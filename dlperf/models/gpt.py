@@ -881,8 +881,9 @@ PRESETS = {
 
 # The fused attention kernel each preset's published runs used, where it is not PyTorch's
 # scaled_dot_product_attention (FlashAttention-2 since PyTorch 2.2, cuDNN's on Hopper from
-# 2.11: hardware/efficiency.py ATTENTION_KERNELS, sdpa_kernel): MosaicML's MPT throughput tables ran llm-foundry's
-# Triton flash kernel (attn_impl triton, scripts/train/benchmarking/submit_benchmarks.py), so
+# 2.11: hardware/efficiency.py ATTENTION_KERNELS, sdpa_kernel): MosaicML's MPT throughput
+# tables ran llm-foundry's Triton flash kernel (attn_impl triton,
+# scripts/train/benchmarking/submit_benchmarks.py), so
 # the MPT presets, which reproduce those runs, time their attention at its share
 # (``default_attention_kernel``).
 PRESET_ATTENTION_KERNELS = {name: "triton-2023" for name in PRESETS if name.startswith("mpt-")}
