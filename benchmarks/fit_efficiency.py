@@ -53,10 +53,12 @@ MATH_CLASSES = ("tensor-gemm", "tensor-conv", "grouped-conv", "cuda-core")
 HALF = ("fp16", "bf16")
 # ``--kernel-classes`` (an experiment): the memory classes a lent GPU timed per kernel
 # (benchmarks/gpu_kernel_classes.py) whose share of the streaming rate is taken from it, by
-# precision (16-bit: the bf16 runs; 32-bit: the strict FP32 ones) and layout (the row's)
+# precision (16-bit: the fp16 runs where the result has them, the precision of the table's
+# mixed-precision rows, else the bf16 ones; 32-bit: the strict FP32 ones) and layout (the row's)
 MEASURED_CLASSES = ("channel-norm", "channel-norm-backward", "window", "window-backward")
-KERNEL_CLASS_RUNS = {(True, False): "bf16-nchw", (True, True): "bf16-cl",
-                     (False, False): "fp32-nchw", (False, True): "fp32-cl"}
+KERNEL_CLASS_RUNS = {(True, False): ("fp16-nchw", "bf16-nchw"),
+                     (True, True): ("fp16-cl", "bf16-cl"),
+                     (False, False): ("fp32-nchw",), (False, True): ("fp32-cl",)}
 
 
 def measured_shares(result: dict) -> dict:
@@ -71,8 +73,9 @@ def measured_shares(result: dict) -> dict:
     factor = {"channel-norm": TRAFFIC_FACTOR["native_batch_norm"],
               "channel-norm-backward": TRAFFIC_FACTOR["native_batch_norm_backward"]}
     shares = {}
-    for (half, nhwc), run in KERNEL_CLASS_RUNS.items():
-        classes = result["results"]["memory_classes"][run]
+    measured = result["results"]["memory_classes"]
+    for (half, nhwc), runs in KERNEL_CLASS_RUNS.items():
+        classes = measured[next(run for run in runs if run in measured)]
         stream = classes["stream"]["achieved_bytes_per_s"]
         for cls in MEASURED_CLASSES:
             achieved = classes[cls]["achieved_bytes_per_s"] * factor.get(cls, 1.0)

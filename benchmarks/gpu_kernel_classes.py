@@ -44,13 +44,16 @@ DEFAULT_OUT = ROOT / "benchmarks/results/h200-kernel-classes.json"
 # configuration name -> file in the device folder
 FILES = {"tf32-nchw": "r50-tf32-nchw.json", "tf32-cl": "r50-tf32-cl.json",
          "bf16-nchw": "r50-bf16-nchw.json", "bf16-cl": "resnet50-bf16-cl.json",
-         "fp32-nchw": "r50-fp32-nchw.json", "fp32-cl": "r50-fp32-cl.json"}
+         "fp32-nchw": "r50-fp32-nchw.json", "fp32-cl": "r50-fp32-cl.json",
+         # fp16 (cuDNN's batch norm, where bf16 runs PyTorch's own): device_check.sh step 3
+         # gathers them from the next GPU on (none on the first two H200s)
+         "fp16-nchw": "r50-fp16-nchw.json", "fp16-cl": "r50-fp16-cl.json"}
 CONV_PASSES = ("conv forward", "conv dgrad", "conv wgrad")
 CLASSES = (*CONV_PASSES, "batch norm forward", "batch norm backward", "elementwise (stream)",
            "pooling", "other")
 # The layout contrasts: (precision, NCHW config, channels_last config)
 LAYOUTS = (("tf32", "tf32-nchw", "tf32-cl"), ("bf16", "bf16-nchw", "bf16-cl"),
-           ("fp32", "fp32-nchw", "fp32-cl"))
+           ("fp32", "fp32-nchw", "fp32-cl"), ("fp16", "fp16-nchw", "fp16-cl"))
 
 
 def layer_group(layer: dict) -> str:

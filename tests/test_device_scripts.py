@@ -48,17 +48,19 @@ def test_every_dlperf_command_in_the_device_run_parses(capsys):
     argvs = _commands()
     kinds = [a[0] for a in argvs]
     # the run's priorities: the corpus for issue #14's host-issue benchmark (a script, not a
-    # dlperf command), then issue #11 (probe --sweep, seven analyze --measure: ResNet-50 bf16
-    # channels_last, a GPT, ResNet-50 in five more precisions and layouts; bench gemm and
-    # conv), then the compiled training goal, the sync A/B, graphs, the real-JPEG run, the
-    # ladder (if one disappears, the check should say so)
-    assert kinds[:11] == ["data", "probe", *["analyze"] * 7, "bench", "bench"], kinds
-    assert "--sweep" in argvs[1] and [a[1] for a in argvs[9:11]] == ["gemm", "conv"]
-    # the five layouts: TF32, bf16 and strict FP32, NCHW and channels_last, each measured
-    layouts = [a for a in argvs[4:9]]
+    # dlperf command), then issue #11 (probe --sweep, nine analyze --measure: ResNet-50 bf16
+    # channels_last, a GPT, ResNet-50 in seven more precisions and layouts; bench gemm), then
+    # the compiled training goal, the sync A/B, graphs, the real-JPEG run, the ladder (if one
+    # disappears, the check should say so)
+    assert kinds[:12] == ["data", "probe", *["analyze"] * 9, "bench"], kinds
+    assert "--sweep" in argvs[1] and argvs[11][1] == "gemm"
+    # the seven layouts: TF32, bf16, strict FP32 and fp16, NCHW and channels_last, each measured
+    layouts = [a for a in argvs[4:11]]
     assert all(a[1] == "resnet50" and "--measure" in a for a in layouts)
     assert sum("--tf32" in a for a in layouts) == 2
-    assert sum("--channels-last" in a for a in layouts) == 2
+    assert sum("--channels-last" in a for a in layouts) == 3
+    fp16 = [a for a in layouts if a[a.index("--dtype") + 1] == "fp16"]
+    assert len(fp16) == 2 and sum("--channels-last" in a for a in fp16) == 1
     text = SCRIPT.read_text()
     assert text.index("bench_host_issue_gpu.py") < text.index("dlperf probe")
     assert text.index("bench_sustained_gemm_gpu.py") < text.index("dlperf probe")

@@ -278,6 +278,15 @@ def test_measured_shares_are_real_traffic_over_the_same_runs_streaming_rate():
         cl["window"]["achieved_bytes_per_s"] / cl["stream"]["achieved_bytes_per_s"])
     # every class ran slower than the elementwise stream, on every layout and precision
     assert all(0 < s < 1 for s in shares.values())
+    # where the result has fp16 runs (the table's mixed precision), the 16-bit shares are theirs
+    fp16 = json.loads(json.dumps(saved))
+    fp16["results"]["memory_classes"]["fp16-nchw"] = {
+        cls: {"achieved_bytes_per_s": 2e12 if cls == "stream" else 1e12}
+        for cls in ("stream", *fe.MEASURED_CLASSES)}
+    with_fp16 = fe.measured_shares(fp16)
+    assert with_fp16[("window", True, False)] == pytest.approx(0.5)  # 1e12 / 2e12
+    assert with_fp16[("channel-norm", True, False)] == pytest.approx(0.75)  # x 1.5, two passes
+    assert with_fp16[("window", True, True)] == shares[("window", True, True)]  # bf16 still
 
 
 def test_kernel_class_variants_pick_the_subsets_they_name():
