@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
     a.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
                    help="the fused attention kernel the stack runs, for its share of the Tensor "
                         "Core peak: flash2 = PyTorch's scaled_dot_product_attention since 2.2 "
-                        "(FlashAttention-2: 0.553 on an A100, 0.322 on Hopper); triton-2023 = "
+                        "(FlashAttention-2: 0.553 on an A100, 0.262 on Hopper); triton-2023 = "
                         "llm-foundry's Triton flash kernel of MosaicML's 2023 runs (0.325, "
                         "0.187); cudnn = cuDNN's fused attention (Hopper: 0.475, timed on an "
                         "H200, where torch 2.11's SDPA picks it). GPUs without a calibrated "

@@ -143,8 +143,8 @@ _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-d
 # What the efficiency model knows of Hopper GPUs beyond the fitted defaults: the GEMM share and
 # the Triton attention kernel's, fitted together to the GEMM- and attention-bound decoder runs
 # on H100s (hardware/efficiency.py, HOPPER_TENSOR_GEMM, HOPPER_ATTENTION, and their fit), and
-# FlashAttention-2's from the FlashAttention-3 paper's timing (HOPPER_FLASH2_ATTENTION), cuDNN's
-# as timed on a lent H200 (HOPPER_CUDNN_ATTENTION):
+# FlashAttention-2's and cuDNN's as lent H200s timed them (HOPPER_FLASH2_ATTENTION,
+# HOPPER_CUDNN_ATTENTION):
 # cuBLAS's GEMMs keep a smaller share of the Tensor Core peak in sustained training than on an
 # A100, and fused attention (kernels written for Ampere's MMA instructions) about half of its
 # A100 share, by kernel (--attention-kernel).
@@ -164,7 +164,7 @@ _HOPPER_CAVEAT = (
     "the kernel PyTorch's SDPA picks with the torch installed here: from torch 2.11 (cuDNN "
     f"9.15.1 and later) cuDNN's ({HOPPER_CUDNN_ATTENTION}, timed on an H200 with torch 2.11, "
     "whose SDPA picked it by default), before it "
-    f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, the FlashAttention-3 paper's figure; "
+    f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, forward and backward on the same H200; "
     f"--attention-kernel flash2 or cudnn chooses; triton-2023: that stack's "
     f"{HOPPER_ATTENTION}). On that H200 an MPT-13B block's GEMMs sustained 0.70 of the peak "
     "alone and 0.59 beside a collective's copy (a 350M GPT's smaller ones ran near this share): "
