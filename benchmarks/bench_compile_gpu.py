@@ -102,25 +102,23 @@ def profile_step(model, tokens, targets, sync) -> dict | None:
         return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
-def predicted(cfg, batch: int, preset: str, dtype: str, fp8: bool = False,
-              classes: dict | None = None, attention_kernel: str | None = None) -> dict:
+def predicted(cfg, batch: int, preset: str, dtype: str, attention_kernel: str,
+              fp8: bool = False, classes: dict | None = None) -> dict:
     """dlperf's predicted forward + backward (no optimizer) eager and compiled per block, and
     with ``fp8`` compiled per block with torchao's float8 layers ("float8": tensorwise;
     "rowwise"); each one's time by kernel class (ms) into ``classes`` where given. Attention
-    at ``attention_kernel``, by default the one the torch running this script picks on the
-    preset's GPU (``efficiency.sdpa_kernel``: what the timed stack ran; until 2026-12-04 the
-    prediction took FlashAttention-2's share where torch 2.11 on the H200 ran cuDNN's)."""
+    at ``attention_kernel`` (``run``: the one the timed torch picks, ``efficiency.sdpa_kernel``;
+    until 2026-12-04 the prediction took FlashAttention-2's share where torch 2.11 on the H200
+    ran cuDNN's)."""
     import dataclasses
 
     import torch
 
     from dlperf.analysis.api import AnalysisConfig, analyze_model
-    from dlperf.hardware.efficiency import sdpa_kernel
     from dlperf.hardware.specs import get_device
     from dlperf.models.gpt import GPT
 
     spec = get_device(preset)
-    attention_kernel = attention_kernel or sdpa_kernel(spec)[0]
     out = {}
     runs = [("none", "none", None), ("compile-blocks", "compile-blocks", None)]
     for name, fusion, recipe in runs + ([("float8", "compile-blocks", "tensorwise"),
@@ -214,8 +212,8 @@ def run(args) -> dict:
 
     attention = sdpa_kernel(get_device(args.preset))[0]
     pred = predicted(cfg, args.batch, args.preset,
-                     "bf16" if dtype == torch.bfloat16 else "fp32", fp8, predicted_kernels,
-                     attention)
+                     "bf16" if dtype == torch.bfloat16 else "fp32", attention, fp8,
+                     predicted_kernels)
     measured_speedup = eager / compiled
     predicted_speedup = pred["none"] / pred["compile-blocks"]
     float8 = {}

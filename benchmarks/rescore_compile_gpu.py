@@ -61,7 +61,7 @@ def rescore(result: dict) -> dict:
     for name in dict.fromkeys((kernel, "flash2")):
         classes: dict = {}
         pred = bench.predicted(bench.gpt_config(args), cfg["batch"], cfg["preset"], "bf16",
-                               classes=classes, attention_kernel=name)
+                               name, classes=classes)
         out["by_kernel"][name] = {
             "predicted_eager_s": pred["none"], "predicted_compiled_s": pred["compile-blocks"],
             "eager_predicted_over_measured": pred["none"] / measured["eager_s"],

@@ -441,6 +441,12 @@ def run(args) -> int:
     from dlperf.models.registry import build_model, parse_input_shape
 
     console = new_console()
+
+    def attention_kernel(spec) -> str:
+        """--attention-kernel, else what the installed torch's SDPA runs on ``spec`` (per GPU:
+        cuDNN's on Hopper from torch 2.11, FlashAttention-2 on Ampere) or the preset's."""
+        return args.attention_kernel or default_attention_kernel(args.model, spec)
+
     args.gpus_per_node = gpus_per_node(args.gpus, args.nodes, args.gpus_per_node)
     if args.tp > 1 and args.gpus is None:
         raise DlperfError(f"--tp {args.tp} splits the model over GPUs of a node: add --gpus N "
@@ -548,8 +554,7 @@ def run(args) -> int:
                          fp8_weight_reuse=(args.grad_accum if args.fp8 in ("delayed", "current")
                                            and not args.fp8_recast_weights else 1),
                          **_float8_gather_shares(args),
-                         attention_kernel=args.attention_kernel
-                         or default_attention_kernel(args.model, spec),
+                         attention_kernel=attention_kernel(spec),
                          loss=args.loss or default_loss(args.model),
                          train_metrics=(args.train_metrics if args.train_metrics is not None
                                         else default_train_metrics(args.model)
@@ -632,11 +637,9 @@ def run(args) -> int:
                       + ", and the memory of the stage that holds the most.", style="yellow")
     result = analysis.to_dict()
     if len(specs) > 1:
-        # each GPU's own attention kernel where none was given (the SDPA of the installed
-        # torch picks per GPU: cuDNN's on Hopper from torch 2.11, FlashAttention-2 on Ampere)
+        # each GPU's own attention kernel where none was given
         others = [analysis] + [predict_on(costs, uncounted, dataclasses.replace(
-            cfg, attention_kernel=args.attention_kernel
-            or default_attention_kernel(args.model, s)), s, seconds, memory=memory)
+            cfg, attention_kernel=attention_kernel(s)), s, seconds, memory=memory)
             for s in specs[1:]]
         result["comparison"] = render_comparison(others, console)
     if args.gpus:
