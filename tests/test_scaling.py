@@ -1077,14 +1077,17 @@ def test_grad_accumulation_and_sharded_optimizer_in_the_step():
     assert one["per_gpu_samples_per_s"] == pytest.approx(4 * 64 / (4 * micro + tl.optimizer_s))
     assert one["scaling_efficiency"] == pytest.approx(1.0)
     # DDP: the all-reduce once per optimizer step (no_sync on the first three)
-    # (step_cv=0: no wait for the slowest GPU, so the step adds up by hand)
-    ddp1 = scale_out(analysis, params, ScaleConfig(gpus=8, step_cv=0.0), node, net)
-    ddp4 = scale_out(analysis, params, ScaleConfig(gpus=8, grad_accum=4, step_cv=0.0), node, net)
+    # (step_cv=0: no wait for the slowest GPU, collective_sms=0: the compute beside the
+    # collectives at full speed, so the step adds up by hand)
+    ddp1 = scale_out(analysis, params, ScaleConfig(gpus=8, step_cv=0.0, collective_sms=0),
+                     node, net)
+    ddp4 = scale_out(analysis, params, ScaleConfig(gpus=8, grad_accum=4, step_cv=0.0,
+                                                   collective_sms=0), node, net)
     assert ddp4["exposed_comm_s"] == pytest.approx(ddp1["exposed_comm_s"])
     assert ddp4["step_s"] == pytest.approx(4 * micro + tl.optimizer_s + ddp1["exposed_comm_s"])
     # FSDP: each GPU updates its 1/8 shard; its collectives run on every micro-batch
     fsdp = scale_out(analysis, params, ScaleConfig(gpus=8, strategy="fsdp", grad_accum=4,
-                                                   step_cv=0.0), node, net)
+                                                   step_cv=0.0, collective_sms=0), node, net)
     assert fsdp["communication"]["optimizer_s"] == pytest.approx(tl.optimizer_s / 8)
     # (exposed on each micro-batch: the unit-by-unit pipeline of fsdp_pipeline_s)
     from dlperf.analysis.scaling import fsdp_pipeline_s, sharded_collective_s, unit_bytes

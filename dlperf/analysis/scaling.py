@@ -65,6 +65,21 @@ layers' data-gradient GEMMs (``TP_OVERLAP``, ``overlap_left_s``). The data-paral
 strategy then runs over the gpus / tp replicas, one GPU per replica in each of its tensor-parallel
 positions, gpus_per_node / tp of them in a node.
 
+Collectives beside the compute: a hidden collective is not free. NCCL's kernels hold one SM
+per channel for as long as they run, and its CTAs do not share an SM with a compute kernel
+(NVIDIA/nccl#1656, #689); on an NVSwitch node NCCL builds 32 collective channels (its logs:
+"32 coll channels" on H100 and B200 nodes). The compute that runs beside a collective runs on
+the SMs left over: each of its kernels is predicted again on those (``lent_spec``: fewer SMs
+for the tile/wave model, the peaks and the SM side of memory bandwidth in proportion), and
+the work that does not get done while the collective runs is done after it, so the step
+grows by hidden x (1 - 1 / slowdown) (``contention_s``). A lent H200 measured the effect:
+an MPT-13B block's GEMMs ran 0.84 of their speed beside a copy on a second stream
+(benchmarks/README.md). ``COLLECTIVE_SM_SHARE`` (the SMs held, as a share of the GPU's) is
+fitted to the published multi-GPU table (benchmarks/experiment_collective_sms.py); DDP's
+hidden all-reduces slow the backward, FSDP's gathers and reduce-scatters the forward and
+backward. Not charged: tensor- and context-parallel collectives, whose own overlap models
+time them against the GEMMs beside them, and the collective's own HBM traffic.
+
 Stragglers: data parallel training is synchronous, so every step lasts as long as the slowest
 GPU's. GPUs of one SKU do not run at one speed (their power management clocks each chip to its
 own silicon: Sinha et al., SC'22, arXiv 2208.11035; docs/design.md), and each step's host
@@ -84,7 +99,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -102,6 +117,64 @@ HOROVOD_FUSION_BYTES = 64 * 2**20
 # benchmarks/validation/published_scaling.csv (results/straggler-fit.json, held out by source)
 STEP_CV = 0.01
 
+
+# The share of a GPU's SMs a large collective's kernels hold while they run beside the compute
+# (one SM per NCCL channel; see the module docstring): fitted to the published table's clean
+# multi-GPU rows (benchmarks/experiment_collective_sms.py, results/experiment-collective-sms.json).
+# 32 of an H100's 132 SMs are 0.24, NCCL's 32 channels on an NVSwitch node.
+COLLECTIVE_SM_SHARE = 0.24
+
+
+def collective_sms(spec, share: float = COLLECTIVE_SM_SHARE) -> int:
+    """The SMs a collective holds on ``spec``: ``share`` of them, none on a CPU (gloo's
+    collectives take cores, which the CPU model charges as exposed time instead)."""
+    return round(share * spec.sm_count) if spec.tensor_cores else 0
+
+
+def lent_spec(spec, sms: int):
+    """``spec`` with ``sms`` of its SMs held by a collective's kernels: the compute's tiles run
+    in waves over the rest, at their share of the peaks and of the SM side of the memory
+    bandwidth (efficiency.sm_cycles_per_s follows ``sm_count``)."""
+    if not 0 <= sms < spec.sm_count:
+        raise DlperfError(f"--collective-sms {sms}: {spec.name} has {spec.sm_count} SMs; "
+                          f"choose 0 (none held) to {spec.sm_count - 1}")
+    if sms == 0:
+        return spec
+    left = (spec.sm_count - sms) / spec.sm_count
+    return replace(spec, sm_count=spec.sm_count - sms,
+                   peak={unit: value * left for unit, value in spec.peak.items()})
+
+
+def beside_slowdown(analysis, sms: int, phases: tuple[str, ...]) -> float:
+    """How much longer the kernels of ``phases`` take with ``sms`` SMs held (>= 1): each kernel's
+    predicted time scaled by its time on ``lent_spec`` over its time on the whole GPU, so a
+    kernel's own adjustments (fusion, a measured time) carry over."""
+    from dlperf.analysis.roofline import predict
+
+    spec = analysis.device
+    if not sms:
+        return 1.0
+    lent = lent_spec(spec, sms)
+    tf32, eff = analysis.config.tf32, analysis.efficiency
+    full = slow = 0.0
+    for p in analysis.predictions:
+        if p.cost.phase not in phases or p.time_s <= 0:
+            continue
+        alone = predict(p.cost, spec, tf32=tf32, efficiency=eff).time_s
+        full += p.time_s
+        slow += p.time_s * (predict(p.cost, lent, tf32=tf32, efficiency=eff).time_s / alone
+                            if alone > 0 else 1.0)
+    return slow / full if full else 1.0
+
+
+def contention_s(hidden_s: float, slowdown: float) -> float:
+    """What ``hidden_s`` of collectives beside compute that runs ``slowdown`` times slower costs
+    the step: the compute does 1 / slowdown of its work while they run, the rest after."""
+    return max(0.0, hidden_s) * (1.0 - 1.0 / slowdown) if slowdown > 1.0 else 0.0
+
+
+FORWARD_BACKWARD = ("forward", "dgrad", "wgrad", "recompute")
+BACKWARD = ("dgrad", "wgrad", "recompute")
 
 # x on [-10, 10] for the expected maximum's integral (step 0.002: exact to ~1e-9 for any n a
 # cluster has; the integrand is smooth and vanishes at both ends), with x phi(x) and log Phi(x)
@@ -980,6 +1053,9 @@ class ScaleConfig:
     # FSDP: the parameters (names) gathered in FP8, one byte an element (torchao's float8
     # all-gather: models/float8.py, ``float8_parameters``); the rest in the model's dtype
     fp8_gathered: frozenset = frozenset()
+    # the SMs a data-parallel collective's kernels hold while it runs beside the compute (None:
+    # COLLECTIVE_SM_SHARE of the GPU's; 0: none, the compute beside it at full speed)
+    collective_sms: int | None = None
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -990,6 +1066,9 @@ class ScaleConfig:
             raise DlperfError("--gpus and --gpus-per-node must be at least 1")
         if self.grad_accum < 1:
             raise DlperfError("--grad-accum must be at least 1")
+        if self.collective_sms is not None and self.collective_sms < 0:
+            raise DlperfError(f"--collective-sms {self.collective_sms}: the SMs a collective "
+                              "holds are 0 or more")
         if not 1 <= self.bn_group <= self.gpus_per_node:
             raise DlperfError(f"--bn-group {self.bn_group}: batch-norm groups are GPUs of one "
                               f"node, 1 to {self.gpus_per_node}")
@@ -1178,6 +1257,14 @@ class OneStep:
     # (an unfused step after GradScaler's host synchronisation: costs.scaled_optimizer); it
     # does not shrink when FSDP shards the update (the same launches, on smaller shards)
     optimizer_host_s: float = 0.0
+    # beside_slowdown by (SMs held, phases), filled as scale_out asks (a curve asks once)
+    slowdowns: dict = field(default_factory=dict, compare=False)
+
+    def slowdown(self, analysis, sms: int, phases: tuple[str, ...]) -> float:
+        key = (sms, phases)
+        if key not in self.slowdowns:
+            self.slowdowns[key] = beside_slowdown(analysis, sms, phases)
+        return self.slowdowns[key]
 
 
 def one_step(analysis, params: list[tuple[str, int]]) -> OneStep:
@@ -1217,6 +1304,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         pp_virtual=1, pp_fill=None, pp_tied_bytes=0, cp=1, cp_kv_bytes=0, cp_layers=0,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
+    sms = (collective_sms(analysis.device) if cfg.collective_sms is None
+           else cfg.collective_sms if analysis.device.tensor_cores else 0)
+    lent_spec(analysis.device, sms)  # checks the count against the GPU's SMs
+    contention = 0.0  # the step's compute slowed beside its hidden collectives (contention_s)
     single_s = step.single_s
     opt_host_s = step.optimizer_host_s
     single_opt_s = tl.optimizer_s + opt_host_s  # the update on one GPU, waits included
@@ -1283,8 +1374,14 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         copies = (0.0 if cfg.bucket_view or cfg.distributed_optimizer
                   else ddp_copy_s(grad_bytes, analysis))
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
+        if overlap:  # the backward beside the buckets' reductions
+            contention = contention_s(d["comm_s"] - d["exposed_s"],
+                                      step.slowdown(analysis, sms, BACKWARD))
         if cfg.distributed_optimizer:
             exposed += d["param_gather_exposed_s"]
+            if overlap:  # the next forward beside the parameters' gather
+                contention += contention_s(d["param_gather_s"] - d["param_gather_exposed_s"],
+                                           step.slowdown(analysis, sms, ("forward",)))
         comm.update(d, bucket_copy_s=copies, overlap=overlap,
                     nccl=_nccl_name("reducescatter" if cfg.distributed_optimizer
                                     else "allreduce", max(d["bucket_bytes"]), dcfg, node,
@@ -1331,6 +1428,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         traffic["nccl"] = _nccl_name("allgather", max(on_wire.values(), default=0), dcfg,
                                      node, network, gen)
         exposed = accum * pipe["exposed_s"]  # on every micro-batch
+        # the forward and backward beside the gathers and reduce-scatters they hide
+        hidden = min(pipe["compute_s"], comm_s - pipe["exposed_s"])
+        contention = accum * contention_s(hidden, step.slowdown(analysis, sms,
+                                                                FORWARD_BACKWARD))
         comm.update(traffic, comm_s=comm_s, exposed_s=exposed)
     if tp > 1:  # the node's tensor-parallel collectives
         # (an all-gather and a reduce-scatter of a buffer move the same: NCCL's ring for both)
@@ -1398,8 +1499,10 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     exposed += bn_sync
     cv = STEP_CV if cfg.step_cv is None else cfg.step_cv
     batch = analysis.batch_size * accum
+    comm["contention"] = {"sms": sms, "slowed_s": contention}
     gpu_wait = straggler_s(accum * micro_s + optimizer_s, cfg.gpus, cv)
-    step_s = accum * micro_s + exposed + optimizer_s + gpu_wait  # one optimizer step
+    # one optimizer step
+    step_s = accum * micro_s + exposed + contention + optimizer_s + gpu_wait
     bubble = 0.0
     if pp > 1:  # the schedule's fill and drain, and the stages' point-to-point transfers
         from dlperf.analysis.pipeline import bubble_s, p2p_exposed_s, p2p_transfers
@@ -1459,6 +1562,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     elif exposed > 0.05 * step_s:
         limit = ("communication (MXNet's device kvstore)" if cfg.kvstore == "device"
                  else "communication")
+    elif exposed + contention > 0.05 * step_s:
+        limit = "communication (the compute beside it, on the SMs NCCL leaves)"
     else:
         limit = "compute"
     # one GPU; with tensor parallelism, its tp ranks without their collectives
@@ -1486,7 +1591,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             "ranks_per_replica": ways,
             "single_gpu_step_s": accum * micro_s + single_opt_s,
             "grad_accum": accum,
-            "exposed_comm_s": exposed, "straggler_s": wait, "step_cv": cv,
+            "exposed_comm_s": exposed, "contention_s": contention,
+            "straggler_s": wait, "step_cv": cv,
             "input_bound": input_bound,
             "loader_processes_per_core": cfg.loader_processes_per_core(
                 min(cfg.gpus, cfg.gpus_per_node)),
