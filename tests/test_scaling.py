@@ -398,6 +398,13 @@ def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--step-cv",
                               "0.9"], capsys)
     assert code == 2 and "--step-cv 0.9" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--collective-sms", "8"],
+                             capsys)
+    assert code == 2 and "add --gpus N" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8",
+                              "--collective-sms", "132"], capsys)
+    assert code == 2 and "--collective-sms 132: h100-sxm has 132 SMs" in err
+    assert len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["analyze", "resnet18", "--gpus", "8"], capsys)
     assert code == 2 and "--gpus needs --train" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8", "--decode",

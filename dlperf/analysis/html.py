@@ -272,8 +272,11 @@ def _scaling_section(scale_out: dict) -> str:
             + f": {here['per_gpu_samples_per_s']:,.0f} "
             f"samples/s per GPU, {here['total_samples_per_s']:,.0f} in all, "
             f"{here['scaling_efficiency']:.1%} of {reference}; "
-            f"{here['exposed_comm_s'] * 1e3:.2f} ms of communication exposed and "
-            f"{here['straggler_s'] * 1e3:.2f} ms waiting for the slowest GPU per step "
+            f"{here['exposed_comm_s'] * 1e3:.2f} ms of communication exposed, "
+            + (f"{here['contention_s'] * 1e3:.2f} ms of compute slowed beside the hidden rest "
+               f"({here['communication']['contention']['sms']} SMs held by NCCL), "
+               if here.get("contention_s", 0.0) > 0 else "")
+            + f"{here['straggler_s'] * 1e3:.2f} ms waiting for the slowest GPU per step "
             f"(step spread {here['step_cv']:.1%}); limited by "
             f"{html.escape(here['limited_by'])}"
             + (f" (a decode on the GPUs would lift it to "

@@ -231,6 +231,9 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            f"engine operations at {comm['op_s'] * 1e6:.2f} us, not beside the backward)"
            if comm.get("kvstore") else "")
         + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp or pipe or cp else ''}"
+        + (f", {seconds(here['contention_s'])} of compute slowed beside the hidden rest "
+           f"({comm['contention']['sms']} SMs held by NCCL)"
+           if here.get("contention_s", 0.0) > 0 else "")
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
         + (f"; the update's launches after GradScaler's wait "

@@ -310,6 +310,11 @@ def add_parser(sub) -> None:
                         "device: one process drives the node's GPUs, each gradient summed by "
                         "copies between them, one engine operation at a time), not by NCCL; "
                         "one node [NCCL]")
+    s.add_argument("--collective-sms", type=int, default=None, metavar="N",
+                   help="the SMs a data-parallel collective's kernels hold while it runs "
+                        "beside the compute (one per NCCL channel; the compute beside it runs "
+                        "on the rest); 0: none [0.24 of the GPU's, fitted to the published "
+                        "multi-GPU runs: 32 of an H100's 132]")
     s.add_argument("--step-cv", type=float, default=None, metavar="FRACTION",
                    help="the spread of one GPU's step time (coefficient of variation): every "
                         "synchronous step waits for the slowest GPU [0.01, fitted to the "
@@ -579,6 +584,9 @@ def run(args) -> int:
                           "side of the scale-out: add --gpus N (and --decode cpu)")
     if args.gpus is None and args.step_cv is not None:
         raise DlperfError("--step-cv is the spread of one GPU's step among many: add --gpus N")
+    if args.gpus is None and args.collective_sms is not None:
+        raise DlperfError("--collective-sms is what a collective takes from the compute beside "
+                          "it on many GPUs: add --gpus N")
     if args.gpus is None and (args.nccl_algo or args.nccl_proto or args.grad_as_bucket_view
                               or args.bucket_cap_mb is not None or args.distributed_optimizer):
         raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb, --grad-as-bucket-view "
@@ -731,7 +739,8 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       distributed_optimizer=args.distributed_optimizer,
                       reduce_dtype=args.reduce_dtype, bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
-                      nccl_proto=args.nccl_proto, kvstore=args.kvstore)
+                      nccl_proto=args.nccl_proto, kvstore=args.kvstore,
+                      collective_sms=args.collective_sms)
     return cfg, node, network, layout
 
 
