@@ -160,7 +160,7 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
     """Each row with dlperf's scale-out prediction (``efficiency``: default, the shipped one;
     ``step_cv``: the spread of one GPU's step, default scaling.STEP_CV; ``kvstore_op_s``: the
     device kvstore's cost per operation, default scaling.MXNET_KVSTORE_OP_S; ``sm_share``: the
-    share of the SMs a collective holds, default scaling.COLLECTIVE_SM_SHARE)."""
+    share of the SMs a collective holds, default none: scaling.contention_s)."""
     from dlperf.analysis.api import predict_on
     from dlperf.analysis.scaling import ScaleConfig, collective_sms, scale_out
     from dlperf.hardware.interconnect import get_interconnect
@@ -182,7 +182,7 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
                             kvstore=row["kvstore"], reduce_dtype=row["reduce_dtype"],
                             kvstore_op_s=kvstore_op_s if row["kvstore"] else None,
                             fp8_gathered=row.get("fp8_gathered", frozenset()),
-                            collective_sms=(None if sm_share is None else
+                            collective_sms=(0 if sm_share is None else
                                             collective_sms(analysis.device, sm_share)))
         r = scale_out(analysis, params, scale, node, network)
         # token models: the table gives tokens/s per GPU

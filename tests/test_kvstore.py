@@ -53,7 +53,7 @@ def test_scale_out_under_the_kvstore_exposes_it_and_names_it():
 
     analysis, params = _resnet18_on_h100()
     nvlink, ndr = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
-    nccl = scale_out(analysis, params, ScaleConfig(gpus=8), nvlink, ndr)
+    nccl = scale_out(analysis, params, ScaleConfig(gpus=8, collective_sms=32), nvlink, ndr)
     kv = scale_out(analysis, params, ScaleConfig(gpus=8, kvstore="device", kvstore_op_s=1e-4),
                    nvlink, ndr)
     want = device_kvstore_s(params, 8, nvlink, 1e-4)["exposed_s"]  # 62 keys x 16 x 100 us

@@ -126,9 +126,10 @@ def test_tensor_parallel_adds_its_all_reduces_and_shares_the_replica_s_samples()
     # FSDP on 8 GPUs of 4 per node for the data-parallel part, plus the pair's all-reduces,
     # and the wait for the slowest of all 16 GPUs
     wide = scale_out(analysis, params, ScaleConfig(gpus=16, tp=2, tp_collectives=coll,
-                                                   strategy="fsdp"), node, net)
+                                                   strategy="fsdp", collective_sms=32),
+                     node, net)
     dp = scale_out(analysis, params, ScaleConfig(gpus=8, gpus_per_node=4, strategy="fsdp",
-                                                 step_cv=0.0), node, net)
+                                                 step_cv=0.0, collective_sms=32), node, net)
     assert wide["communication"]["comm_s"] == pytest.approx(dp["communication"]["comm_s"])
     assert wide["memory_per_gpu"]["total_bytes"] == dp["memory_per_gpu"]["total_bytes"]
     # (the compute and the sharded update: dp's step less its exposed communication and the

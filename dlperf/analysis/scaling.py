@@ -74,11 +74,17 @@ for the tile/wave model, the peaks and the SM side of memory bandwidth in propor
 the work that does not get done while the collective runs is done after it, so the step
 grows by hidden x (1 - 1 / slowdown) (``contention_s``). A lent H200 measured the effect:
 an MPT-13B block's GEMMs ran 0.84 of their speed beside a copy on a second stream
-(benchmarks/README.md). ``COLLECTIVE_SM_SHARE`` (the SMs held, as a share of the GPU's) is
-fitted to the published multi-GPU table (benchmarks/experiment_collective_sms.py); DDP's
-hidden all-reduces slow the backward, FSDP's gathers and reduce-scatters the forward and
-backward. Not charged: tensor- and context-parallel collectives, whose own overlap models
-time them against the GEMMs beside them, and the collective's own HBM traffic.
+(benchmarks/README.md). It is charged only where the job says how many SMs its collectives
+hold (``ScaleConfig.collective_sms``, `analyze --collective-sms N`; 32 on an NVSwitch node,
+``NCCL_CHANNEL_SM_SHARE`` of an H100): the published table does not agree on it
+(benchmarks/experiment_collective_sms.py). Its clean rows' errors follow the hidden
+collectives' share of the step and fit best with 0.41 of the SMs held, but the Llama FSDP runs
+on 64-128 A100s that fix FlashAttention-2's share (networks assumed) would need that kernel
+faster than its paper's forward peak to absorb even NCCL's 32 channels, so by default nothing
+is charged. DDP's hidden all-reduces slow the backward, FSDP's gathers and reduce-scatters the
+forward and backward. Not charged even then: tensor- and context-parallel collectives, whose
+own overlap models time them against the GEMMs beside them, and the collective's own HBM
+traffic.
 
 Stragglers: data parallel training is synchronous, so every step lasts as long as the slowest
 GPU's. GPUs of one SKU do not run at one speed (their power management clocks each chip to its
@@ -118,14 +124,15 @@ HOROVOD_FUSION_BYTES = 64 * 2**20
 STEP_CV = 0.01
 
 
-# The share of a GPU's SMs a large collective's kernels hold while they run beside the compute
-# (one SM per NCCL channel; see the module docstring): fitted to the published table's clean
-# multi-GPU rows (benchmarks/experiment_collective_sms.py, results/experiment-collective-sms.json).
-# 32 of an H100's 132 SMs are 0.24, NCCL's 32 channels on an NVSwitch node.
-COLLECTIVE_SM_SHARE = 0.24
+# The share of a GPU's SMs NCCL's kernels hold during a large collective on an NVSwitch node
+# (one SM per channel, 32 collective channels; see the module docstring): 32 of an H100's 132
+# SMs, 26 of an A100's 108. A reference for `analyze --collective-sms`, not a default: the
+# published table's clean rows fit 0.41, its Llama FSDP rows none
+# (benchmarks/experiment_collective_sms.py, results/experiment-collective-sms.json).
+NCCL_CHANNEL_SM_SHARE = 0.24
 
 
-def collective_sms(spec, share: float = COLLECTIVE_SM_SHARE) -> int:
+def collective_sms(spec, share: float = NCCL_CHANNEL_SM_SHARE) -> int:
     """The SMs a collective holds on ``spec``: ``share`` of them, none on a CPU (gloo's
     collectives take cores, which the CPU model charges as exposed time instead)."""
     return round(share * spec.sm_count) if spec.tensor_cores else 0
@@ -1053,9 +1060,10 @@ class ScaleConfig:
     # FSDP: the parameters (names) gathered in FP8, one byte an element (torchao's float8
     # all-gather: models/float8.py, ``float8_parameters``); the rest in the model's dtype
     fp8_gathered: frozenset = frozenset()
-    # the SMs a data-parallel collective's kernels hold while it runs beside the compute (None:
-    # COLLECTIVE_SM_SHARE of the GPU's; 0: none, the compute beside it at full speed)
-    collective_sms: int | None = None
+    # the SMs a data-parallel collective's kernels hold while it runs beside the compute, which
+    # then runs on the rest (contention_s); 0: none, the compute beside it at full speed (the
+    # default: see NCCL_CHANNEL_SM_SHARE)
+    collective_sms: int = 0
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -1066,7 +1074,7 @@ class ScaleConfig:
             raise DlperfError("--gpus and --gpus-per-node must be at least 1")
         if self.grad_accum < 1:
             raise DlperfError("--grad-accum must be at least 1")
-        if self.collective_sms is not None and self.collective_sms < 0:
+        if self.collective_sms < 0:
             raise DlperfError(f"--collective-sms {self.collective_sms}: the SMs a collective "
                               "holds are 0 or more")
         if not 1 <= self.bn_group <= self.gpus_per_node:
@@ -1304,8 +1312,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         pp_virtual=1, pp_fill=None, pp_tied_bytes=0, cp=1, cp_kv_bytes=0, cp_layers=0,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
-    sms = (collective_sms(analysis.device) if cfg.collective_sms is None
-           else cfg.collective_sms if analysis.device.tensor_cores else 0)
+    # (a CPU's collectives, gloo's, take cores: the CPU model exposes them instead)
+    sms = cfg.collective_sms if analysis.device.tensor_cores else 0
     lent_spec(analysis.device, sms)  # checks the count against the GPU's SMs
     contention = 0.0  # the step's compute slowed beside its hidden collectives (contention_s)
     single_s = step.single_s

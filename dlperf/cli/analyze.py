@@ -312,9 +312,9 @@ def add_parser(sub) -> None:
                         "one node [NCCL]")
     s.add_argument("--collective-sms", type=int, default=None, metavar="N",
                    help="the SMs a data-parallel collective's kernels hold while it runs "
-                        "beside the compute (one per NCCL channel; the compute beside it runs "
-                        "on the rest); 0: none [0.24 of the GPU's, fitted to the published "
-                        "multi-GPU runs: 32 of an H100's 132]")
+                        "beside the compute, which then runs on the rest (one per NCCL channel: "
+                        "32 on an NVSwitch node) [0: the compute beside it at full speed; the "
+                        "published runs disagree, benchmarks/README.md]")
     s.add_argument("--step-cv", type=float, default=None, metavar="FRACTION",
                    help="the spread of one GPU's step time (coefficient of variation): every "
                         "synchronous step waits for the slowest GPU [0.01, fitted to the "
@@ -740,7 +740,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       reduce_dtype=args.reduce_dtype, bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto, kvstore=args.kvstore,
-                      collective_sms=args.collective_sms)
+                      collective_sms=args.collective_sms or 0)
     return cfg, node, network, layout
 
 
