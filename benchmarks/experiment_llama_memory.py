@@ -27,7 +27,8 @@ where the shipped share (0.313 on an A100) was fitted to MosaicML's 2023 Triton 
 the MPT rows are not moved by it. Each row's predicted shares of its step (attention, memory
 -bound kernels) are saved beside its ratios, so which one the errors follow can be read off.
 
-Usage: python benchmarks/experiment_llama_memory.py [--param memory|attention] [OUT.json]
+Usage: python benchmarks/experiment_llama_memory.py [--param memory|attention]
+[--collective-share SHARE] [OUT.json]
 (default benchmarks/results/experiment-llama-memory.json, -attention.json with --param
 attention; about 20 minutes on 2 cores)
 """
@@ -113,8 +114,15 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--param", choices=tuple(PARAMS), default="memory")
+    parser.add_argument("--collective-share", type=float, default=None, metavar="SHARE",
+                        help="charge the compute beside the hidden collectives with this share "
+                             "of the SMs held (scaling.contention_s; 0.24: NCCL's 32 channels "
+                             "on an H100) [none, as shipped]")
     parser.add_argument("out", nargs="?", type=Path, default=None)
     args = parser.parse_args(argv)
+    import functools
+
+    score = functools.partial(vs.score, sm_share=args.collective_share)
     move, grid = PARAMS[args.param], GRIDS[args.param]
     out_path = args.out or DEFAULT_OUT[args.param]
     table = vs.read_rows(vs.DEFAULT_CSV)
@@ -128,23 +136,23 @@ def main(argv: list[str]) -> int:
         if not llama:
             continue
         captured = vs.capture(llama)
-        shipped = vs.score(captured, base)
-        ratios = grid_ratios(captured, vs.score, base, grid, move)
+        shipped = score(captured, base)
+        ratios = grid_ratios(captured, score, base, grid, move)
         shares = step_shares(captured, base)
         everyone = list(range(len(llama)))
         fraction = best_fraction(ratios, everyone, grid)
-        fitted = vs.score(captured, move(base, fraction))
+        fitted = score(captured, move(base, fraction))
         held_out = []
         for i in everyone:
             f = best_fraction(ratios, [j for j in everyone if j != i], grid)
             held_out += [{**r, "fold_fraction": f}
-                         for r in vs.score(captured[i:i + 1], move(base, f))]
+                         for r in score(captured[i:i + 1], move(base, f))]
         # (the MPT rows ran another attention kernel: moved only by the memory rate)
         mpt = [r for r in table if r["source"] == MPT_SOURCE and r["device"] == device
                and r["flag"] == "clean"] if args.param == "memory" else []
         mpt_captured = vs.capture(mpt) if mpt else []
-        mpt_shipped = vs.score(mpt_captured, base)
-        mpt_moved = vs.score(mpt_captured, move(base, fraction))
+        mpt_shipped = score(mpt_captured, base)
+        mpt_moved = score(mpt_captured, move(base, fraction))
         summary[device] = {
             "param": args.param,
             "shipped_fraction": getattr(base, args.param),
@@ -176,7 +184,8 @@ def main(argv: list[str]) -> int:
         print(f"{r['id']:34s} {r['ratio_shipped']:7.2f} {r['ratio_fitted']:6.2f} "
               f"{r['ratio_held_out']:6.2f} {r['attention_share']:5.1%} {r['memory_share']:5.1%}")
     save_result(out_path, f"experiment-llama-{args.param}",
-                {"param": args.param, "llama_sources": LLAMA_SOURCES,
+                {"param": args.param, "collective_sm_share": args.collective_share,
+                 "llama_sources": LLAMA_SOURCES,
                  "mpt_source": MPT_SOURCE, "devices": DEVICES, "grid": grid},
                 {"summary": summary, "rows": rows_out})
     print(f"Wrote {out_path}")
