@@ -3,10 +3,9 @@
 change, and what share of the SMs the table itself would fit.
 
 Why: with the compute beside a hidden collective at full speed, the table's errors follow the
-collectives' share of the step. Over MosaicML's MPT rows the per-GPU ratio predicted/measured
-was 1.00 on A100s where the hidden collectives were under 2% of the step and 1.11-1.13 where
-they were 10-30%; on H100s 0.99 and 1.08-1.16 (correlation of the log ratio with that share:
-0.58 and 0.71). NCCL's kernels hold one SM a channel and do not share it (NVIDIA/nccl#1656),
+collectives' share of the step (its clean rows before Hopper: predicted/measured 0.994 where
+the hidden collectives are under 2% of the step, 1.131 where they are 10% or more, all of
+those MosaicML's MPT runs; this script's "without" groups). NCCL's kernels hold one SM a channel and do not share it (NVIDIA/nccl#1656),
 and a lent H200 ran an MPT-13B block's GEMMs at 0.84 of their speed beside a copy on a second
 stream: the compute beside a collective runs on fewer SMs.
 

@@ -78,9 +78,10 @@ an MPT-13B block's GEMMs ran 0.84 of their speed beside a copy on a second strea
 hold (``ScaleConfig.collective_sms``, `analyze --collective-sms N`; 32 on an NVSwitch node,
 ``NCCL_CHANNEL_SM_SHARE`` of an H100): the published table does not agree on it
 (benchmarks/experiment_collective_sms.py). Its clean rows' errors follow the hidden
-collectives' share of the step and fit best with 0.41 of the SMs held, but the Llama FSDP runs
-on 64-128 A100s that fix FlashAttention-2's share (networks assumed) would need that kernel
-faster than its paper's forward peak to absorb even NCCL's 32 channels, so by default nothing
+collectives' share of the step, and their fit keeps improving up to 0.61 of the SMs held, more
+than any channel count (the term stands in for something else there); the Llama FSDP runs on
+64-128 A100s that fix FlashAttention-2's share (networks assumed) would need that kernel
+faster than its paper's forward peak to absorb even NCCL's 32 channels. So by default nothing
 is charged. DDP's hidden all-reduces slow the backward, FSDP's gathers and reduce-scatters the
 forward and backward. Not charged even then: tensor- and context-parallel collectives, whose
 own overlap models time them against the GEMMs beside them, and the collective's own HBM
@@ -127,7 +128,7 @@ STEP_CV = 0.01
 # The share of a GPU's SMs NCCL's kernels hold during a large collective on an NVSwitch node
 # (one SM per channel, 32 collective channels; see the module docstring): 32 of an H100's 132
 # SMs, 26 of an A100's 108. A reference for `analyze --collective-sms`, not a default: the
-# published table's clean rows fit 0.41, its Llama FSDP rows none
+# published table's clean rows fit more (0.61, the grid's end), its Llama FSDP rows none
 # (benchmarks/experiment_collective_sms.py, results/experiment-collective-sms.json).
 NCCL_CHANNEL_SM_SHARE = 0.24
 
