@@ -203,9 +203,11 @@ def test_fused_attention_runs_at_its_kernels_share_on_each_preset():
         # net Winograd gain (HOPPER_CUDA_CORE_CONV)
         assert (eff.cuda_core_conv, eff.winograd) == (0.44, 1.0), name
         # everything else as fitted, and the source says what the preset changed
+        assert eff.attention_kernel == "triton-2023"
         assert replace(eff, attention=FITTED.attention, tensor_gemm=FITTED.tensor_gemm,
                        by_attention=FITTED.by_attention, cuda_core_conv=FITTED.cuda_core_conv,
-                       winograd=FITTED.winograd, source=FITTED.source) == FITTED
+                       winograd=FITTED.winograd, attention_kernel="",
+                       source=FITTED.source) == FITTED
         assert (f"{name}'s own by_attention, cuda_core_conv, tensor_gemm, winograd"
                 in eff.source)
         assert eff.source.endswith("attention: triton-2023 0.187")
@@ -215,12 +217,45 @@ def test_fused_attention_runs_at_its_kernels_share_on_each_preset():
     # GPUs without a calibrated share run either kernel at the generic fitted one
     for name in ("v100-sxm2", "l40s", "b200", "rtx3090"):
         for kernel in ("flash2", "triton-2023", "cudnn"):
-            assert efficiency_for(get_device(name), kernel) == FITTED, (name, kernel)
+            eff = efficiency_for(get_device(name), kernel)
+            assert replace(eff, attention_kernel="") == FITTED, (name, kernel)
+            assert eff.attention_kernel == kernel  # (its head-size padding: below)
     # a share the user sets (a device file, --efficiency attention=X) is theirs
     own = replace(a100, efficiency={**a100.efficiency, "attention": 0.4})
     assert efficiency_for(own).attention == efficiency_for(own, "triton-2023").attention == 0.4
     with pytest.raises(DlperfError, match="--attention-kernel 'flash3'"):
         efficiency_for(a100, "flash3")
+
+
+def test_flash_attention_2_computes_a_head_size_it_has_no_kernel_for_padded():
+    # FlashAttention-2 is compiled for heads of 32, 64, 96, 128, 160, 192 and 256
+    # (HEADDIM_SWITCH): 80 runs as 96, 112 (MPT-30B) as 128, 200 as 256
+    from dlperf.analysis.costs import attention_cost
+    from dlperf.hardware.efficiency import kernel_head_dim
+
+    assert [kernel_head_dim("flash2", d) for d in (64, 80, 96, 112, 128, 136, 200, 256)] == [
+        64, 96, 96, 128, 128, 160, 256, 256]
+    # cuDNN's and the 2023 Triton kernel's padding is not charged; beyond 256 FA2 cannot run
+    assert kernel_head_dim("cudnn", 80) == kernel_head_dim("triton-2023", 80) == 80
+    assert kernel_head_dim("flash2", 320) == 320 and kernel_head_dim("", 80) == 80
+    a100 = get_device("a100-80gb")
+
+    def math_s(head: int, kernel: str) -> float:
+        # 2 x 16 heads x 4,096 causal tokens of `head` each, forward: useful FLOPs 4 B H L^2 d / 2
+        info = {"q": (2, 16, 4096, head), "k": (2, 16, 4096, head),
+                "v": (2, 16, 4096, head), "dtype": "bf16", "causal": True}
+        cost = attention_cost(info, "forward", "attn", "Attention")
+        assert cost.head_dim == head and cost.flops == 2 * 2 * 16 * 4096 * 4096 * head
+        return predict(cost, a100, efficiency=efficiency_for(a100, kernel)).math_time_s
+
+    # per useful FLOP a head of 80 costs 96/80 = 1.2x a head of 64 under FlashAttention-2, and
+    # the same under the Triton kernel (not charged there)
+    assert math_s(80, "flash2") / 80 == pytest.approx(1.2 * math_s(64, "flash2") / 64)
+    assert math_s(112, "flash2") / 112 == pytest.approx(128 / 112 * math_s(128, "flash2") / 128)
+    assert math_s(80, "triton-2023") / 80 == pytest.approx(math_s(64, "triton-2023") / 64)
+    # a user's own attention share still pays the kernel's padding
+    own = replace(a100, efficiency={**a100.efficiency, "attention": 0.5})
+    assert efficiency_for(own).attention_kernel == "flash2"
 
 
 def test_attention_kernel_shares_come_from_the_saved_experiment_and_the_literature():

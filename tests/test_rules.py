@@ -176,3 +176,28 @@ def test_fp32_channels_last_names_the_winograd_it_loses():
     t_nhwc = nhwc.totals()["predicted_time_s"]
     assert t_nhwc > t_nchw
     assert t_nhwc - t_nchw == pytest.approx(finding.saving_s, rel=0.02)
+
+
+def test_head_padding_finding_prices_flash_attention_2_s_padded_heads():
+    # heads of 80 (d_model 640 / 8) run FlashAttention-2's 96-wide kernel: 1 - 80/96 = 17% of the
+    # attention math is padding; heads of 64 (640 / 10) run its own size and find nothing
+    import torch
+
+    from dlperf.models.gpt import GPT, GPTConfig
+
+    def analysis(heads: int, kernel: str):
+        model = GPT(GPTConfig(layers=2, d_model=640, heads=heads, vocab=512, seq_len=4096))
+        return dlperf.analyze(model, (2, 4096), device="a100-80gb", dtype="bf16", train=True,
+                              input_dtype=torch.long, attention_kernel=kernel)
+
+    padded = analysis(8, "flash2")
+    f = _rules(padded)["head-padding"]
+    assert "heads of 80 in flash2's 96-wide kernel (17% of their math is padding" in f.message
+    attention = [p for p in padded.predictions if p.math_class == "attention"]
+    assert len(attention) == 4 and all(p.cost.head_dim == 80 for p in attention)
+    # the saving: each kernel's time without the padding (compute-bound here: 96/80 of it)
+    want = sum(max(p.math_time_s, p.memory_time_s) - max(p.math_time_s * 80 / 96,
+                                                         p.memory_time_s) for p in attention)
+    assert f.saving_s == pytest.approx(want) and f.saving_s > 0
+    assert "head-padding" not in _rules(analysis(10, "flash2"))
+    assert "head-padding" not in _rules(analysis(8, "cudnn"))  # (not charged for cuDNN)

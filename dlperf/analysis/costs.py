@@ -145,6 +145,9 @@ class Cost:
     # optimizer step), so its issue time is not hidden behind earlier kernels
     # (roofline.step_time)
     host_sync: bool = False
+    # fused attention: the head size of Q and K (a kernel may compute with a padded one:
+    # hardware/efficiency.py, ``kernel_head_dim``); 0 otherwise
+    head_dim: int = 0
 
     @property
     def intensity(self) -> float:
@@ -425,7 +428,7 @@ def attention_cost(info: dict, phase: str, module: str, module_type: str,
         op, written = "attention_backward", q_b + k_b + v_b
     return Cost(module=module, module_type=module_type, op=op, phase=phase, kind="fused",
                 flops=int(flops), bytes=int(nbytes), dtype=info["dtype"], records=records,
-                output_bytes=int(written))
+                output_bytes=int(written), head_dim=int(max(d, dv)))
 
 
 def all_costs(records: list[OpRecord], regions: dict | None = None

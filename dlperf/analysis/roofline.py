@@ -15,8 +15,8 @@ from dlperf.analysis.costs import Cost
 from dlperf.analysis.gemm import (Quantization, alignment_elements, best_quantization,
                                   misaligned_dims)
 from dlperf.errors import DlperfError
-from dlperf.hardware.efficiency import (Efficiency, efficiency_for, memory_class_of,
-                                        traffic_factor)
+from dlperf.hardware.efficiency import (Efficiency, efficiency_for, kernel_head_dim,
+                                        memory_class_of, traffic_factor)
 from dlperf.hardware.specs import DeviceSpec
 
 # Grouped convolutions with fewer channels per group than this (depthwise: 1) run in cuDNN's
@@ -189,6 +189,9 @@ def predict(cost: Cost, spec: DeviceSpec, tf32: bool = False,
     else:
         math_class = "cuda-core" if cost.flops else "none"
     efficiency *= eff.math(math_class)
+    if math_class == "attention" and cost.head_dim:
+        # the kernel's padded head size: FlashAttention-2 computes a head of 80 as 96
+        efficiency *= cost.head_dim / kernel_head_dim(eff.attention_kernel, cost.head_dim)
     if winograd_runs(cost, math_class):
         efficiency /= eff.winograd
     if is_conv and cost.phase != "forward" and math_class in CONV_CLASSES:

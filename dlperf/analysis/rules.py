@@ -29,6 +29,7 @@ from dlperf.analysis.costs import fused_optimizer, scaled_optimizer
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import (Prediction, predict, predicted_step_s, step_time,
                                       winograd_shape)
+from dlperf.hardware.efficiency import FLASH2_HEAD_DIMS, kernel_head_dim
 from dlperf.units import gib
 
 # A finding is shown when it saves at least this share of the step (or is a correctness-of-setup
@@ -310,6 +311,34 @@ def _quantization(analysis, step_s) -> list[Finding]:
         tuple(sorted({p.cost.module for _, p in worst})))]
 
 
+def _head_padding(analysis, step_s) -> list[Finding]:
+    """Fused attention whose kernel computes a padded head size (FlashAttention-2 runs a head
+    of 80 as 96: hardware/efficiency.py, ``kernel_head_dim``): the time the padding costs."""
+    kernel = getattr(analysis.efficiency, "attention_kernel", "")
+    padded = []
+    for p in analysis.predictions:
+        head = p.cost.head_dim
+        if p.math_class != "attention" or not head:
+            continue
+        runs = kernel_head_dim(kernel, head)
+        if runs > head:
+            unpadded = p.math_time_s * head / runs
+            gain = max(p.math_time_s, p.memory_time_s) - max(unpadded, p.memory_time_s)
+            padded.append((gain, head, runs))
+    saving = sum(g for g, _, _ in padded)
+    if not padded or saving / step_s < MIN_SHARE:
+        return []
+    _, head, runs = max(padded)
+    return [Finding(
+        "head-padding",
+        f"{len(padded)} fused-attention kernels run heads of {head} in {kernel}'s {runs}-wide "
+        f"kernel ({1 - head / runs:.0%} of their math is padding; it is built for heads of "
+        f"{', '.join(str(d) for d in FLASH2_HEAD_DIMS)}): heads of a size it has, e.g. more "
+        f"heads of 64 for the same width, save up to ~{saving * 1e3:.3g} ms.", saving,
+        tuple(sorted({p.cost.module for p in analysis.predictions
+                      if p.cost.head_dim == head and p.math_class == "attention"})))]
+
+
 def _launch(analysis, step_s) -> list[Finding]:
     launch = sum(p.launch_time_s for p in analysis.predictions)
     if launch / step_s < 0.10:
@@ -421,7 +450,7 @@ def _train_metrics(analysis, step_s) -> list[Finding]:
 
 
 RULES = (_capacity, _mixed_precision, _channels_last, _fusion, _alignment, _quantization,
-         _launch, _optimizer, _train_metrics)
+         _head_padding, _launch, _optimizer, _train_metrics)
 
 
 def findings(analysis) -> list[Finding]:

@@ -256,6 +256,9 @@ class Efficiency:
     # fused-attention kernel (ATTENTION_KERNELS) -> its share of the Tensor Core peak on this
     # device, where one is known (``for_attention``); the others take ``attention``
     by_attention: dict = field(default_factory=dict)
+    # the fused-attention kernel these parameters time (``for_attention``; "": not said): its
+    # head-size padding (``kernel_head_dim``) is charged on top of its share
+    attention_kernel: str = ""
     source: str = ""
 
     def for_dtype(self, dtype: str) -> "Efficiency":
@@ -271,9 +274,10 @@ class Efficiency:
                               f"{' or '.join(ATTENTION_KERNELS)}")
         share = self.by_attention.get(kernel)
         if share is None or share == self.attention:
-            return self
+            return self if self.attention_kernel == kernel else replace(
+                self, attention_kernel=kernel)
         note = f"attention: {kernel} {share}"
-        return replace(self, attention=share,
+        return replace(self, attention=share, attention_kernel=kernel,
                        source=f"{self.source}; {note}" if self.source else note)
 
     def math(self, math_class: str) -> float:
@@ -590,7 +594,8 @@ MEASURED = Efficiency(tensor_gemm=1.0, tensor_conv=1.0, grouped_conv=1.0, cuda_c
                       memory=1.0, source="measured by dlperf probe")
 
 # Every parameter named in the table above, what a device file's "efficiency" may set.
-PARAMETERS = tuple(f.name for f in fields(Efficiency) if f.name != "source")
+PARAMETERS = tuple(f.name for f in fields(Efficiency)
+                   if f.name not in ("source", "attention_kernel"))
 # Parameters whose None means "as another one" (see each field): a device file may set them so.
 NULLABLE = tuple(f.name for f in fields(Efficiency) if f.default is None)
 # The dtypes a kernel's math can have (``Cost.dtype``), what ``by_dtype`` may name.
@@ -619,7 +624,28 @@ def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Ef
         own = f"{spec.name}'s own {', '.join(sorted(overrides))}"
         base = replace(base, **overrides,
                        source=f"{base.source}; {own}" if base.source else own)
-    return base if "attention" in overrides else base.for_attention(attention_kernel)
+    if "attention" in overrides:  # the user's share, for the kernel they run
+        return replace(base, attention_kernel=attention_kernel)
+    return base.for_attention(attention_kernel)
+
+
+# The head size FlashAttention-2 computes with: its kernels are compiled for head sizes 32, 64,
+# 96, 128, 160, 192 and 256, and a head size between them runs the next one up, padded
+# (HEADDIM_SWITCH in csrc/flash_attn/src/static_switch.h, and head_size_rounded in flash_api.cpp:
+# a multiple of 32 up to 192, else 256; PyTorch's SDPA vendors the same kernels in
+# aten/src/ATen/native/transformers/cuda/flash_attn). A head of 80 (Phi-2, Stable Diffusion's
+# 640-channel blocks) computes as 96, 112 (MPT-30B) as 128: 1.2x and 1.14x the math. cuDNN's
+# fused attention and llm-foundry's 2023 Triton kernel are not charged here (the Triton kernel's
+# share was fitted to MPT rows with such heads, so it already holds what they cost on average).
+FLASH2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
+
+
+def kernel_head_dim(kernel: str, head_dim: int) -> int:
+    """The head size ``kernel`` computes a head of ``head_dim`` with (padded up to one its
+    kernels are built for); ``head_dim`` itself where it pads nothing or cannot run it."""
+    if kernel == "flash2" and 0 < head_dim <= FLASH2_HEAD_DIMS[-1]:
+        return next(d for d in FLASH2_HEAD_DIMS if d >= head_dim)
+    return head_dim
 
 
 def check_overrides(overrides, origin: str) -> dict:
