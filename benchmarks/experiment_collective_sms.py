@@ -5,9 +5,10 @@ change, and what share of the SMs the table itself would fit.
 Why: with the compute beside a hidden collective at full speed, the table's errors follow the
 collectives' share of the step (its clean rows before Hopper: predicted/measured 0.994 where
 the hidden collectives are under 2% of the step, 1.131 where they are 10% or more, all of
-those MosaicML's MPT runs; this script's "without" groups). NCCL's kernels hold one SM a channel and do not share it (NVIDIA/nccl#1656),
-and a lent H200 ran an MPT-13B block's GEMMs at 0.84 of their speed beside a copy on a second
-stream: the compute beside a collective runs on fewer SMs.
+those MosaicML's MPT runs; this script's "without" groups). NCCL's kernels hold one SM a
+channel and do not share it (NVIDIA/nccl#1656), and a lent H200 ran an MPT-13B block's GEMMs
+at 0.84 of their speed beside a copy on a second stream: the compute beside a collective runs
+on fewer SMs.
 
 The fit: the clean rows that are not Hopper's (the Hopper presets' GEMM share is itself fitted
 to multi-GPU rows, benchmarks/fit_attention.py --with-gemm), minimising the mean squared log

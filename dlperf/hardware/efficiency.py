@@ -631,12 +631,13 @@ def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Ef
 
 # The head size FlashAttention-2 computes with: its kernels are compiled for head sizes 32, 64,
 # 96, 128, 160, 192 and 256, and a head size between them runs the next one up, padded
-# (HEADDIM_SWITCH in csrc/flash_attn/src/static_switch.h, and head_size_rounded in flash_api.cpp:
-# a multiple of 32 up to 192, else 256; PyTorch's SDPA vendors the same kernels in
-# aten/src/ATen/native/transformers/cuda/flash_attn). A head of 80 (Phi-2, Stable Diffusion's
-# 640-channel blocks) computes as 96, 112 (MPT-30B) as 128: 1.2x and 1.14x the math. cuDNN's
-# fused attention and llm-foundry's 2023 Triton kernel are not charged here (the Triton kernel's
-# share was fitted to MPT rows with such heads, so it already holds what they cost on average).
+# (HEADDIM_SWITCH in csrc/flash_attn/src/static_switch.h, and head_size_rounded in
+# flash_api.cpp: a multiple of 32 up to 192, else 256; some releases also built 224, which
+# this charges as 256 for heads of 193-224, at most 14% over). PyTorch's SDPA vendors the same
+# kernels (aten/src/ATen/native/transformers/cuda/flash_attn). A head of 80 (Phi-2, Stable
+# Diffusion's 640-channel blocks) computes as 96, one of 112 as 128: 1.2x and 1.14x the math.
+# Not charged: cuDNN's fused attention, and llm-foundry's 2023 Triton kernel, which pads to a
+# power of two (BLOCK_HEADDIM) but whose share was fitted to rows with heads of 64 and 128.
 FLASH2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 
 
