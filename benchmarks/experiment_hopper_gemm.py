@@ -1,0 +1,99 @@
+"""An experiment: the Hopper presets' GEMM share (0.578 of the Tensor Core peak, fitted to
+MosaicML's 2023 FSDP runs on H100s) against what the lent H200 sustained alone (0.699, torch
+2.11: scripts/device_check.sh step 0b), scored on every published Hopper row, single-GPU and
+multi-GPU, source by source (every other parameter as shipped; the shares in between too).
+
+Why: the runs on stacks newer than MosaicML's are predicted too slow on Hopper (Lambda's
+BERT-large on one H100 or H200, the H200 FSDP runs of Trainy and KempnerForge), where the
+2023-2024 multi-GPU runs on H100s fit 0.578. A share keyed to the software stack would need
+the sources to split by stack and not by something else (the GPU's power limit, collectives
+beside the GEMMs); this script lays the rows out so that can be read.
+
+Usage: python benchmarks/experiment_hopper_gemm.py [OUT.json]  (about 10 minutes on 2 cores)
+Writes benchmarks/results/experiment-hopper-gemm.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks/results/experiment-hopper-gemm.json"
+HOPPER = ("h100-sxm", "h100-pcie", "h200", "gh200")
+SHARES = (0.578, 0.64, 0.699)  # shipped, between, the lent H200 alone
+
+
+def with_gemm(original: dict, share: float) -> dict:
+    """The Hopper presets with cuBLAS's GEMMs at ``share`` (the rest of each untouched)."""
+    return {name: dataclasses.replace(original[name],
+                                      efficiency={**original[name].efficiency,
+                                                  "tensor_gemm": share})
+            for name in HOPPER}
+
+
+def main(argv: list[str]) -> int:
+    from dlperf.hardware import specs
+    from dlperf.provenance import load_sibling, save_result
+
+    vs = load_sibling(__file__, "validate_scaling")
+    vp = load_sibling(__file__, "validate_published")
+    out_path = Path(argv[0]) if argv else DEFAULT_OUT
+    multi = [r for r in vs.read_rows(vs.DEFAULT_CSV) if r["device"] in HOPPER]
+    single = [r for r in vp.read_rows(vp.DEFAULT_CSV) if r["device"] in HOPPER]
+    multi_captured = vs.capture(multi)
+    single_captured = vp.capture_rows(single)
+    original = dict(specs.PRESETS)
+    ratios: dict[float, dict[str, float]] = {}
+    try:
+        for share in SHARES:
+            specs.PRESETS.update(with_gemm(original, share))
+            got = {r["id"]: r["per_gpu_ratio"] for r in vs.score(multi_captured)}
+            got.update({r["id"]: r["ratio"]
+                        for r in vp.predict_rows(single, captured=single_captured)})
+            ratios[share] = got
+    finally:
+        specs.PRESETS.clear()
+        specs.PRESETS.update(original)
+    rows = ([{"id": r["id"], "table": "scaling", "source": r["source"], "device": r["device"],
+              "gpus": r["gpus"], "flag": r["flag"]} for r in multi]
+            + [{"id": r["id"], "table": "single", "source": r["source"], "device": r["device"],
+                "gpus": 1, "flag": r["flag"]} for r in single])
+    for r in rows:
+        r.update({f"ratio_{s}": ratios[s][r["id"]] for s in SHARES})
+    by_source: dict[str, dict] = {}
+    for key in sorted({(r["table"], r["source"]) for r in rows}):
+        members = [r for r in rows if (r["table"], r["source"]) == key]
+        by_source[f"{key[0]} {key[1]}"] = {
+            "rows": len(members), "devices": sorted({r["device"] for r in members}),
+            "flags": sorted({r["flag"] for r in members}),
+            **{f"median_ratio_{s}": statistics.median(r[f"ratio_{s}"] for r in members)
+               for s in SHARES},
+            **{f"median_abs_error_{s}": statistics.median(abs(r[f"ratio_{s}"] - 1)
+                                                          for r in members)
+               for s in SHARES}}
+    print(f"{'source':52s} {'rows':>4s}  " + "  ".join(f"{s:>13}" for s in SHARES))
+    for name, g in by_source.items():
+        print(f"{name[:52]:52s} {g['rows']:4d}  " + "  ".join(
+            f"{g[f'median_ratio_{s}']:.3f} ({g[f'median_abs_error_{s}']:.1%})" for s in SHARES))
+    summary = {}
+    for group, pick in (("all", lambda r: True), ("clean", lambda r: r["flag"] == "clean")):
+        members = [r for r in rows if pick(r)]
+        summary[group] = {"rows": len(members), **{
+            f"median_abs_error_{s}": statistics.median(abs(r[f"ratio_{s}"] - 1)
+                                                       for r in members) for s in SHARES}}
+        print(f"{group}: {len(members)} rows, median |error| " + ", ".join(
+            f"{s}: {summary[group][f'median_abs_error_{s}']:.1%}" for s in SHARES))
+    save_result(out_path, "experiment-hopper-gemm",
+                {"shares": list(SHARES), "devices": list(HOPPER),
+                 "tables": [str(vs.DEFAULT_CSV.relative_to(ROOT)),
+                            str(vp.DEFAULT_CSV.relative_to(ROOT))]},
+                {"by_source": by_source, "summary": summary, "rows": rows})
+    print(f"Wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
