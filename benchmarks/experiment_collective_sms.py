@@ -47,13 +47,13 @@ def hidden_share(r: dict) -> float:
 
 
 def correlation(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's r, or None where it is undefined (fewer than 3 rows, a constant column)."""
     if len(xs) < 3:
         return None
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx and syy else None
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
+        return None
 
 
 def describe(scored: list[dict]) -> dict:

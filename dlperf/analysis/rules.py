@@ -324,19 +324,18 @@ def _head_padding(analysis, step_s) -> list[Finding]:
         if runs > head:
             unpadded = p.math_time_s * head / runs
             gain = max(p.math_time_s, p.memory_time_s) - max(unpadded, p.memory_time_s)
-            padded.append((gain, head, runs))
-    saving = sum(g for g, _, _ in padded)
+            padded.append((gain, head, runs, p.cost.module))
+    saving = sum(g for g, *_ in padded)
     if not padded or saving / step_s < MIN_SHARE:
         return []
-    _, head, runs = max(padded)
+    _, head, runs, _ = max(padded)
     return [Finding(
         "head-padding",
         f"{len(padded)} fused-attention kernels run heads of {head} in {kernel}'s {runs}-wide "
         f"kernel ({1 - head / runs:.0%} of their math is padding; it is built for heads of "
         f"{', '.join(str(d) for d in FLASH2_HEAD_DIMS)}): heads of a size it has, e.g. more "
         f"heads of 64 for the same width, save up to ~{saving * 1e3:.3g} ms.", saving,
-        tuple(sorted({p.cost.module for p in analysis.predictions
-                      if p.cost.head_dim == head and p.math_class == "attention"})))]
+        tuple(sorted({module for _, h, _, module in padded if h == head})))]
 
 
 def _launch(analysis, step_s) -> list[Finding]:
