@@ -431,7 +431,8 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # presets time FlashAttention-2 at its own share (``--attention-kernel flash2``, below), and
 # 0.325 is the generic share, the Triton kernel's ("triton-2023").
 
-# Hopper (the H100, H200 and GH200 presets carry both: hardware/specs.py): cuBLAS's GEMMs at
+# Hopper (the H100, H200 and GH200 presets carry both, the H200 with its own GEMM share,
+# H200_TENSOR_GEMM below: hardware/specs.py): cuBLAS's GEMMs at
 # 0.578 of the Tensor Core peak and fused attention at 0.187, fitted together by
 # ``benchmarks/fit_attention.py --device h100-sxm --with-gemm`` to the 70 MPT rows on H100s of
 # the same llm-foundry tables (512 to 65,536 tokens, 8 to 512 GPUs, costed as they computed:
@@ -472,6 +473,21 @@ FITTED = Efficiency(tensor_gemm=0.779, tensor_conv=1.0, grouped_conv=1.0, cuda_c
 # autocast over fp32 weights, whose cast kernels stood in for the GEMMs' missing time.
 HOPPER_ATTENTION = 0.187
 HOPPER_TENSOR_GEMM = 0.578
+# The H200's own GEMM share (issue #14, 2026-12-04): what a lent H200 sustained over 20 s of an
+# MPT-13B block's GEMMs alone (4,096 tokens, d 5,120, bf16, torch 2.11: 670 TFLOP/s at a clock
+# held near 1,500 MHz, 0.90 of the single-GPU table's 0.779; step 0b of
+# scripts/device_check.sh, benchmarks/results/device-h200-2026-12-04/analyses.json), and what
+# every published H200 run fits, none of them fitted to it (benchmarks/
+# experiment_hopper_gemm.py, results/experiment-hopper-gemm.json, at 0.578 -> 0.699):
+# KempnerForge's compiled Llama 3 8B FSDP2 on 2 and 4 H200s 0.82 -> 0.95, Trainy's torchtitan
+# Llama 3.1 8B (float8, compiled) on 32 and 64 H200s 0.88 -> 0.95, Lambda's single-H200 BERT
+# 0.86-0.97 -> 0.92-1.03 (its ResNet-50 rows do not move). Every H200 run is on a 2024 or later
+# stack (the part shipped in 2024), while the H100 share above is the 2023-2024 runs' (MosaicML,
+# IBM, torchtitan: 0.578-0.64 in the same experiment, 0.699 too fast by 8-16%). The two parts
+# share the GH100's SMs and clocks: the difference is the stacks the rows ran (and the H200's
+# memory), which one part's preset cannot separate; `--efficiency tensor_gemm=` sets a stack's
+# own value on either. The GH200 keeps the H100's: Lambda's GH200 BERT rows fit 0.578.
+H200_TENSOR_GEMM = 0.699
 
 # Fused attention by kernel (``--attention-kernel``, ``AnalysisConfig.attention_kernel``): the
 # shares above are MosaicML's 2023 stack's, whose attention was llm-foundry's Triton flash

@@ -21,7 +21,7 @@ from dlperf.errors import DlperfError, close_matches, finite_number
 from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, HOPPER_ATTENTION,
                                          HOPPER_CUDA_CORE_CONV, HOPPER_CUDNN_ATTENTION,
                                          HOPPER_FLASH2_ATTENTION,
-                                         HOPPER_TENSOR_GEMM)
+                                         HOPPER_TENSOR_GEMM, H200_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -153,30 +153,44 @@ _HOPPER = {"tensor_gemm": HOPPER_TENSOR_GEMM,
                             "cudnn": HOPPER_CUDNN_ATTENTION},
            # strict-FP32 convolutions, as a lent H200 ran them (HOPPER_CUDA_CORE_CONV)
            "cuda_core_conv": HOPPER_CUDA_CORE_CONV, "winograd": 1.0}
+# The H200: the same, at the GEMM share it sustained (hardware/efficiency.py, H200_TENSOR_GEMM)
+_H200 = {**_HOPPER, "tensor_gemm": H200_TENSOR_GEMM}
 # The A100s' FlashAttention-2 share, fitted to the eager Llama rows (hardware/efficiency.py,
 # A100_FLASH2_ATTENTION); the Triton kernel's is the generic fitted one, FITTED.attention.
 _A100_ATTENTION = {"by_attention": {"flash2": A100_FLASH2_ATTENTION}}
-# Printed with every prediction on them (beside the track record): where the two shares come
-# from, and what the runs on newer stacks say of them (benchmarks/README.md, eighth session).
-_HOPPER_CAVEAT = (
+# Printed with every prediction on them (beside the track record): where the shares come from,
+# and what the runs on newer stacks say of them (benchmarks/README.md, eighth and twenty-second
+# sessions). The GEMM sentence is the part's own (the H200 carries its measured share).
+_H100_GEMM_CAVEAT = (
     f"Its GEMM share ({HOPPER_TENSOR_GEMM} of the Tensor Core peak) is fitted to MosaicML's "
-    "FSDP runs on H100s with a 2023 stack (PyTorch 2.1, CUDA 12.1), its fused attention is "
-    "the kernel PyTorch's SDPA picks with the torch installed here: from torch 2.11 (cuDNN "
-    f"9.15.1 and later) cuDNN's ({HOPPER_CUDNN_ATTENTION}, timed on an H200 with torch 2.11, "
-    "whose SDPA picked it by default), before it "
-    f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, forward and backward on the same H200; "
-    f"--attention-kernel flash2 or cudnn chooses; triton-2023: that stack's "
-    f"{HOPPER_ATTENTION}). On that H200 an MPT-13B block's GEMMs sustained 0.70 of the peak "
-    "alone and 0.59 beside a collective's copy (a 350M GPT's smaller ones ran near this share): "
-    "one GPU without collectives runs large GEMMs faster than it says (`--efficiency "
-    "tensor_gemm=0.699`), and every published H200 run fits 0.699 better (KempnerForge's and "
-    "Trainy's FSDP, Lambda's BERT: benchmarks/results/experiment-hopper-gemm.json); its "
-    f"strict-FP32 convolutions ran at {HOPPER_CUDA_CORE_CONV} of "
-    "the FP32 peak there, without a net Winograd gain. Newer stacks ran faster than "
-    "predicted (Lambda's "
-    "BERT on one GPU by up to 17%, a 2026 torch.compile'd Llama 3 8B on two and four H200s "
-    "1.3x with `--fusion compile`, KempnerForge): `--efficiency tensor_gemm=...` (or a device "
-    "file's \"efficiency\") sets a stack's own values.")
+    "FSDP runs on H100s with a 2023 stack (PyTorch 2.1, CUDA 12.1). A lent H200 (the same "
+    "GH100 compute) sustained 0.70 of the peak on an MPT-13B block's GEMMs alone (torch 2.11) "
+    "and 0.59 beside a collective's copy, and newer stacks ran faster than predicted (Lambda's "
+    "BERT on one H100 by up to 15%): for a 2024 or later stack `--efficiency "
+    f"tensor_gemm={H200_TENSOR_GEMM}` may be the better bet.")
+_H200_GEMM_CAVEAT = (
+    f"Its GEMM share ({H200_TENSOR_GEMM} of the Tensor Core peak) is what a lent H200 "
+    "sustained on an MPT-13B block's GEMMs alone (torch 2.11; 0.59 beside a collective's "
+    "copy), and what every published H200 run fits (KempnerForge's and Trainy's FSDP, Lambda's "
+    "BERT: benchmarks/results/experiment-hopper-gemm.json); the H100 presets keep "
+    f"{HOPPER_TENSOR_GEMM}, the share of the 2023-2024 runs on H100s.")
+
+
+def _hopper_caveat(gemm: str) -> str:
+    """The Hopper presets' caveat: the part's GEMM sentence, then the shares they all share."""
+    return gemm + (
+        " Its fused attention is the kernel PyTorch's SDPA picks with the torch installed "
+        f"here: from torch 2.11 (cuDNN 9.15.1 and later) cuDNN's ({HOPPER_CUDNN_ATTENTION}, "
+        "timed on an H200 with torch 2.11, whose SDPA picked it by default), before it "
+        f"FlashAttention-2's ({HOPPER_FLASH2_ATTENTION}, forward and backward on the same H200; "
+        "--attention-kernel flash2 or cudnn chooses; triton-2023: MosaicML's 2023 stack's "
+        f"{HOPPER_ATTENTION}). Its strict-FP32 convolutions ran at {HOPPER_CUDA_CORE_CONV} of "
+        "the FP32 peak on that H200, without a net Winograd gain. `--efficiency "
+        "tensor_gemm=...` (or a device file's \"efficiency\") sets a stack's own values.")
+
+
+_HOPPER_CAVEAT = _hopper_caveat(_H100_GEMM_CAVEAT)
+_H200_CAVEAT = _hopper_caveat(_H200_GEMM_CAVEAT)
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
@@ -303,7 +317,7 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           l2_mb=50, mem_gb=80, efficiency=_HOPPER, source=_H100, caveat=_HOPPER_CAVEAT),
     _spec("h200", "NVIDIA H200-SXM-141GB", 132, 1980, 4800,
           _GH100, _GH100_SPARSE,
-          l2_mb=50, mem_gb=141, efficiency=_HOPPER, caveat=_HOPPER_CAVEAT,
+          l2_mb=50, mem_gb=141, efficiency=_H200, caveat=_H200_CAVEAT,
           source="https://www.nvidia.com/en-us/data-center/h200/",
           notes="Same GH100 compute as H100-SXM with HBM3e."),
     _spec("gh200", "NVIDIA GH200 (H100 96GB HBM3)", 132, 1980, 4000,
