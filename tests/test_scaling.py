@@ -671,6 +671,33 @@ def test_another_reading_of_a_source_swaps_only_what_it_names():
             vs.reread([dict(r) for r in rows], *bad)
 
 
+def test_the_saved_scaling_table_is_current_and_holds_the_held_out_sources():
+    # results/validation-scaling.json scores every row of the table as it stands (a row added
+    # to the CSV without a rerun fails here), and the sources no fit has seen stay within 10%
+    # per GPU: NVIDIA's PaddlePaddle ResNet-50 on 8 A100s (1.03x TF32, 1.07x AMP), and the
+    # H200 FSDP runs at the GEMM share a lent H200 sustained (KempnerForge 0.96x/0.93x,
+    # Trainy 0.95x/0.96x; 0.81-0.88x at the H100's). NVIDIA's PyTorch ResNet-50 AMP on 8
+    # A100s, named in issue #14: within 10% (0.93x).
+    from conftest import ROOT, load_benchmark
+
+    vs = load_benchmark("validate_scaling")
+    table = [r["id"] for r in vs.read_rows(ROOT / "benchmarks/validation/published_scaling.csv")]
+    saved = json.loads((ROOT / "benchmarks/results/validation-scaling.json").read_text())
+    rows = {r["id"]: r for r in saved["results"]["rows"]}
+    assert sorted(rows) == sorted(table)
+    held_out = ["dle-pd-rn50-a100-tf32-x8", "dle-pd-rn50-a100-amp-x8",
+                "kf-llama3-8b-h200-fsdp2", "kf-llama3-8b-h200-fsdp4",
+                "trainy-llama3-8b-h200-x32-float8", "trainy-llama3-8b-h200-x64-float8",
+                "nvidia-pt-a100-x8-amp"]
+    for name in held_out:
+        assert abs(rows[name]["per_gpu_ratio"] - 1) < 0.10, name
+    # the Paddle runs' one-to-eight-GPU loss: none in TF32, 6.6% in AMP (DALI, CPU affinity)
+    assert rows["dle-pd-rn50-a100-tf32-x8"]["measured_efficiency"] == pytest.approx(
+        7955 / 8 / 993)
+    assert rows["dle-pd-rn50-a100-amp-x8"]["measured_efficiency"] == pytest.approx(
+        20267 / 8 / 2711)
+
+
 def test_every_published_scaling_row_is_complete_and_runs(tmp_path):
     # the table's rows name known presets, models and interconnects, cite a source its header
     # explains, and one row of each source runs through the script that scores them (all 25
