@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
-from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, HOPPER_ATTENTION,
-                                         HOPPER_CUDA_CORE_CONV, HOPPER_CUDNN_ATTENTION,
-                                         HOPPER_FLASH2_ATTENTION,
-                                         HOPPER_TENSOR_GEMM, H200_TENSOR_GEMM)
+from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, H200_TENSOR_GEMM,
+                                         HOPPER_ATTENTION, HOPPER_CUDA_CORE_CONV,
+                                         HOPPER_CUDNN_ATTENTION, HOPPER_FLASH2_ATTENTION,
+                                         HOPPER_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
