@@ -452,6 +452,14 @@ def test_cli_float8(capsys, tmp_path):
     assert code == 2 and "rowwise recipe gathers in BF16" in err
     code, _, err = run_cli(LLAMA + ["--fp8", "rowwise", "--tp-impl", "te"], capsys)
     assert code == 2 and "--fp8 rowwise" in err and "PyTorch's tensor parallelism" in err
+    # the FP8-gathered parameters are saved as a list of names (not a Python set's repr)
+    out = tmp_path / "gathered.json"
+    code, _, err = run_cli(LLAMA + ["--fp8", "tensorwise", "--fp8-all-gather", "--gpus", "8",
+                                    "--strategy", "fsdp", "--json", str(out)], capsys)
+    assert code == 0, err
+    gathered = json.loads(out.read_text())["scale_out"]["config"]["fp8_gathered"]
+    assert isinstance(gathered, list) and gathered == sorted(gathered)
+    assert gathered and all(name.endswith(".weight") for name in gathered)
     # compiled, float8 pays where the GEMMs are large (width 2,048 at 2,048 tokens) and not
     # where they are small (width 256 at 256 tokens: the casts cost more than the GEMMs save);
     # eager, its unfused casts cost more than the GEMMs save at both. The rowwise recipe's
