@@ -59,5 +59,13 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return write_atomic(path, lambda f: f.write(text))
 
 
+def _json_default(value):
+    """What json cannot write itself: a set as its sorted members (str() would write Python's
+    repr, "frozenset({...})", into the file), anything else as its string."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)
+
+
 def write_json_atomic(path: str | Path, data) -> Path:
-    return write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
+    return write_text_atomic(path, json.dumps(data, indent=1, default=_json_default) + "\n")

@@ -408,3 +408,18 @@ def test_efficiency_flag_refuses_bad_input_in_one_line(flag, message, capsys):
                           capsys)
     assert code == 2 and message in err and "--efficiency" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_results_write_sets_as_sorted_lists(tmp_path):
+    # json has no set: the results writer turns one into its sorted members (str() wrote
+    # Python's repr, "frozenset({...})", into analyze's scale-out config), anything else it
+    # cannot write into its string
+    import json
+    from pathlib import PurePosixPath
+
+    from dlperf.files import write_json_atomic
+
+    out = write_json_atomic(tmp_path / "r.json", {"gathered": frozenset({"b.weight", "a.weight"}),
+                                                  "empty": set(), "path": PurePosixPath("x/y")})
+    assert json.loads(out.read_text()) == {"gathered": ["a.weight", "b.weight"], "empty": [],
+                                           "path": "x/y"}

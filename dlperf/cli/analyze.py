@@ -876,11 +876,7 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
         "across_nodes": saved.get("across_nodes"),
         "host_decode": saved.get("host_decode") if host_decode else None,
         "efficiency_band": list(band) if band else None}
-    # sets (the FP8-gathered parameters) as sorted lists: JSON has no set, and str() would
-    # write Python's repr into the file
-    config = {k: sorted(v) if isinstance(v, (set, frozenset)) else v
-              for k, v in cfg.__dict__.items()}
-    return {"config": {**config, "node": node.to_dict(), "network": network.to_dict()},
+    return {"config": {**cfg.__dict__, "node": node.to_dict(), "network": network.to_dict()},
             "at_requested_scale": here, "curve": curve, "track_record": record}
 
 
