@@ -201,3 +201,10 @@ def test_head_padding_finding_prices_flash_attention_2_s_padded_heads():
     assert f.saving_s == pytest.approx(want) and f.saving_s > 0
     assert "head-padding" not in _rules(analysis(10, "flash2"))
     assert "head-padding" not in _rules(analysis(8, "cudnn"))  # (not charged for cuDNN)
+    # llm-foundry's Triton kernel computes the heads of 80 in 128-wide blocks (38% padding) and
+    # is built for powers of two; heads of 64 pad nothing there either
+    triton = _rules(analysis(8, "triton-2023"))["head-padding"]
+    assert ("heads of 80 in triton-2023's 128-wide kernel (38% of their math is padding; it is "
+            "built for heads of powers of two from 16 to 128)") in triton.message
+    assert triton.saving_s > f.saving_s
+    assert "head-padding" not in _rules(analysis(10, "triton-2023"))

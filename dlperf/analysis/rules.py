@@ -29,7 +29,7 @@ from dlperf.analysis.costs import fused_optimizer, scaled_optimizer
 from dlperf.analysis.gemm import GemmShape, alignment_elements
 from dlperf.analysis.roofline import (Prediction, predict, predicted_step_s, step_time,
                                       winograd_shape)
-from dlperf.hardware.efficiency import FLASH2_HEAD_DIMS, kernel_head_dim
+from dlperf.hardware.efficiency import kernel_head_dim, kernel_head_sizes
 from dlperf.units import gib
 
 # A finding is shown when it saves at least this share of the step (or is a correctness-of-setup
@@ -313,7 +313,8 @@ def _quantization(analysis, step_s) -> list[Finding]:
 
 def _head_padding(analysis, step_s) -> list[Finding]:
     """Fused attention whose kernel computes a padded head size (FlashAttention-2 runs a head
-    of 80 as 96: hardware/efficiency.py, ``kernel_head_dim``): the time the padding costs."""
+    of 80 as 96, llm-foundry's Triton kernel as 128: hardware/efficiency.py,
+    ``kernel_head_dim``): the time the padding costs."""
     kernel = getattr(analysis.efficiency, "attention_kernel", "")
     padded = []
     for p in analysis.predictions:
@@ -333,7 +334,7 @@ def _head_padding(analysis, step_s) -> list[Finding]:
         "head-padding",
         f"{len(padded)} fused-attention kernels run heads of {head} in {kernel}'s {runs}-wide "
         f"kernel ({1 - head / runs:.0%} of their math is padding; it is built for heads of "
-        f"{', '.join(str(d) for d in FLASH2_HEAD_DIMS)}): heads of a size it has, e.g. more "
+        f"{kernel_head_sizes(kernel)}): heads of a size it has, e.g. more "
         f"heads of 64 for the same width, save up to ~{saving * 1e3:.3g} ms.", saving,
         tuple(sorted({module for _, h, _, module in padded if h == head})))]
 

@@ -652,9 +652,19 @@ def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Ef
 # this charges as 256 for heads of 193-224, at most 14% over). PyTorch's SDPA vendors the same
 # kernels (aten/src/ATen/native/transformers/cuda/flash_attn). A head of 80 (Phi-2, Stable
 # Diffusion's 640-channel blocks) computes as 96, one of 112 as 128: 1.2x and 1.14x the math.
-# Not charged: cuDNN's fused attention, and llm-foundry's 2023 Triton kernel, which pads to a
-# power of two (BLOCK_HEADDIM) but whose share was fitted to rows with heads of 64 and 128.
+# Not charged: cuDNN's fused attention (no published or measured figure).
 FLASH2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
+
+# llm-foundry's 2023 Triton kernel ("triton-2023", llmfoundry/models/layers/flash_attn_triton.py
+# at b2a43a147, flash-attn's flash_attn_triton.py for triton 2.0.0.dev20221202) computes a head
+# of d in blocks of BLOCK_HEADDIM = max(next_power_of_2(d), 16) columns, and runs heads up to 128
+# (``assert d <= 128``): a head of 80 computes as 128 (1.6x the math), one of 40 as 64. Charged
+# as geometry only: a padded head also takes the kernel's masked path (EVEN_HEADDIM false: masked
+# loads, and up to four more barriers an iteration of its backward's inner loop), whose own cost
+# no published run shows (every MPT run in the validation tables has heads of 64 or 128: the
+# benchmark's MPT-30B has 56 heads of 128, scripts/train/yamls/pretrain/mpt-30b.yaml), so a
+# padded head may run slower than this says.
+TRITON_2023_MAX_HEAD = 128
 
 
 def kernel_head_dim(kernel: str, head_dim: int) -> int:
@@ -662,7 +672,16 @@ def kernel_head_dim(kernel: str, head_dim: int) -> int:
     kernels are built for); ``head_dim`` itself where it pads nothing or cannot run it."""
     if kernel == "flash2" and 0 < head_dim <= FLASH2_HEAD_DIMS[-1]:
         return next(d for d in FLASH2_HEAD_DIMS if d >= head_dim)
+    if kernel == "triton-2023" and 0 < head_dim <= TRITON_2023_MAX_HEAD:
+        return max(16, 1 << (head_dim - 1).bit_length())
     return head_dim
+
+
+def kernel_head_sizes(kernel: str) -> str:
+    """The head sizes ``kernel`` is built for, in words (the head-padding finding's advice)."""
+    if kernel == "triton-2023":
+        return f"powers of two from 16 to {TRITON_2023_MAX_HEAD}"
+    return ", ".join(str(d) for d in FLASH2_HEAD_DIMS)
 
 
 def check_overrides(overrides, origin: str) -> dict:
