@@ -11,7 +11,7 @@ from dlperf.analysis.gemm import GemmShape
 from dlperf.analysis.roofline import predict
 from dlperf.analysis.scaling import (BACKWARD, FORWARD_BACKWARD, NCCL_CHANNEL_SM_SHARE,
                                      ScaleConfig, beside_slowdown, collective_sms, contention_s,
-                                     lent_spec, scale_out)
+                                     held_sms, lent_spec, scale_out)
 from dlperf.errors import DlperfError
 from dlperf.hardware.efficiency import efficiency_for
 from dlperf.hardware.interconnect import PRESETS
@@ -31,8 +31,14 @@ def test_the_sms_a_collective_holds_and_the_gpu_it_leaves():
     assert lent_spec(h100, 0) is h100
     with pytest.raises(DlperfError, match="--collective-sms 132: h100-sxm has 132 SMs"):
         lent_spec(h100, 132)
-    # a CPU's collectives (gloo) take cores, charged as exposed time: no SMs held
-    assert collective_sms(dataclasses.replace(h100, tensor_cores=False)) == 0
+    # a CPU's collectives (gloo) take cores, charged as exposed time: no SMs held, whatever
+    # is asked (the flag's range is a GPU's)
+    cpu_like = dataclasses.replace(h100, tensor_cores=False)
+    assert collective_sms(cpu_like) == 0 and held_sms(cpu_like, 500) == 0
+    assert lent_spec(cpu_like, 32) is cpu_like
+    assert held_sms(h100, 131) == 131
+    with pytest.raises(DlperfError, match="--collective-sms 132: h100-sxm has 132 SMs"):
+        held_sms(h100, 132)
     with pytest.raises(DlperfError, match="--collective-sms -1"):
         ScaleConfig(gpus=8, collective_sms=-1)
 

@@ -133,20 +133,28 @@ STEP_CV = 0.01
 NCCL_CHANNEL_SM_SHARE = 0.24
 
 
+def held_sms(spec, sms: int) -> int:
+    """The SMs a collective holds on ``spec`` when ``sms`` are asked for (``--collective-sms``):
+    none on a CPU (gloo's collectives take cores, which the CPU model charges as exposed time
+    instead); one line naming the flag where the GPU has no SM to leave the compute."""
+    if not spec.tensor_cores:
+        return 0
+    if not 0 <= sms < spec.sm_count:
+        raise DlperfError(f"--collective-sms {sms}: {spec.name} has {spec.sm_count} SMs; "
+                          f"choose 0 (none held) to {spec.sm_count - 1}")
+    return sms
+
+
 def collective_sms(spec, share: float = NCCL_CHANNEL_SM_SHARE) -> int:
-    """The SMs a collective holds on ``spec``: ``share`` of them, none on a CPU (gloo's
-    collectives take cores, which the CPU model charges as exposed time instead)."""
-    return round(share * spec.sm_count) if spec.tensor_cores else 0
+    """The SMs a collective holds on ``spec``: ``share`` of them (``held_sms``)."""
+    return held_sms(spec, round(share * spec.sm_count))
 
 
 def lent_spec(spec, sms: int):
     """``spec`` with ``sms`` of its SMs held by a collective's kernels: the compute's tiles run
     in waves over the rest, at their share of the peaks and of the SM side of the memory
     bandwidth (efficiency.sm_cycles_per_s follows ``sm_count``)."""
-    if not 0 <= sms < spec.sm_count:
-        raise DlperfError(f"--collective-sms {sms}: {spec.name} has {spec.sm_count} SMs; "
-                          f"choose 0 (none held) to {spec.sm_count - 1}")
-    if sms == 0:
+    if held_sms(spec, sms) == 0:
         return spec
     left = (spec.sm_count - sms) / spec.sm_count
     return replace(spec, sm_count=spec.sm_count - sms,
@@ -1313,9 +1321,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         pp_virtual=1, pp_fill=None, pp_tied_bytes=0, cp=1, cp_kv_bytes=0, cp_layers=0,
         p2p_bytes=0, gpus_per_node=cfg.gpus_per_node // tp, bn_group=1)
     gen = generation(analysis.device.name)  # NCCL's constants by GPU generation
-    # (a CPU's collectives, gloo's, take cores: the CPU model exposes them instead)
-    sms = cfg.collective_sms if analysis.device.tensor_cores else 0
-    lent_spec(analysis.device, sms)  # checks the count against the GPU's SMs
+    sms = held_sms(analysis.device, cfg.collective_sms)
     contention = 0.0  # the step's compute slowed beside its hidden collectives (contention_s)
     single_s = step.single_s
     opt_host_s = step.optimizer_host_s
