@@ -691,6 +691,18 @@ def test_the_saved_scaling_table_is_current_and_holds_the_held_out_sources():
                 "nvidia-pt-a100-x8-amp"]
     for name in held_out:
         assert abs(rows[name]["per_gpu_ratio"] - 1) < 0.10, name
+    # NVIDIA's ConvNets tables of the 20.12 container (held out, 18 runs with the CPU loader):
+    # one GPU to eight keeps 91-97% in FP32/TF32, which dlperf predicts within 8%, and 78-83%
+    # in AMP, which it does not (98%: the host side, benchmarks/README.md)
+    convnets_2012 = [r for r in rows.values() if r["source"] == "dle-convnets-2012"]
+    assert len(convnets_2012) == 18
+    assert rows["dle2012-rn50-a100-amp-x8"]["measured_efficiency"] == pytest.approx(
+        15977 / 8 / 2461)
+    for r in convnets_2012:
+        if r["precision"] == "amp":
+            assert 0.77 < r["measured_efficiency"] < 0.84 and r["efficiency_ratio"] > 1.15
+        else:
+            assert abs(r["efficiency_ratio"] - 1) < 0.08, r["id"]
     # the Paddle runs' one-to-eight-GPU loss: none in TF32, 6.6% in AMP (DALI, CPU affinity)
     assert rows["dle-pd-rn50-a100-tf32-x8"]["measured_efficiency"] == pytest.approx(
         7955 / 8 / 993)
