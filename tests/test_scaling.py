@@ -486,6 +486,13 @@ def test_interconnect_auto_for_pcie_cards_says_what_it_assumes(tmp_path, capsys)
     assert auto_interconnects("h100-sxm") == ("nvlink4-h100", "ib-ndr", False)
     assert auto_interconnects("h100-pcie") == ("pcie5", "roce-100g", True)
     assert auto_interconnects("quadro-rtx8000")[0] == "pcie3"
+    assert auto_interconnects("v100-pcie")[0] == "pcie3"
+    assert auto_interconnects("a40") == ("pcie4", "roce-100g", True)
+    assert auto_interconnects("v100-sxm2-16gb") == ("nvlink2-dgx1", "ib-edr-dgx1", False)
+    # every GPU preset has a system or a PCIe generation for --interconnect auto, but the
+    # GH200, whose systems (NVL2, NVL32, single boards) differ: it must be told
+    from dlperf.hardware.specs import PRESETS as GPU_PRESETS
+    assert [name for name in GPU_PRESETS if not auto_interconnects(name)] == ["gh200"]
     assert auto_interconnects("cpu") is None
     path = tmp_path / "scale.json"
     code, out, err = run_cli(["analyze", "resnet18", "--device", "rtx4090", "--train",

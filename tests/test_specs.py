@@ -41,7 +41,9 @@ def test_guide_alignment_rule_fields():
     ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA RTX 6000 Ada Generation", "rtx6000-ada"),
     ("NVIDIA RTX A6000", "rtx-a6000"), ("Quadro RTX 8000", "quadro-rtx8000"),
     ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"), ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
-    ("NVIDIA GH200 480GB", "gh200"),
+    ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA A40", "a40"), ("NVIDIA A30", "a30"),
+    ("NVIDIA L40", "l40"), ("Tesla V100-PCIE-32GB", "v100-pcie"),
+    ("Tesla V100-PCIE-16GB", "v100-pcie"), ("Tesla V100-SXM2-16GB", "v100-sxm2-16gb"),
 ])
 def test_match_preset_by_cuda_name(gpu, preset):
     assert match_preset(gpu).name == preset
@@ -61,7 +63,9 @@ def test_unknown_gpu_name_matches_nothing():
 @pytest.mark.parametrize("name,fp16_per_sm_clock,fp32_per_sm_clock", [
     ("quadro-rtx8000", 1024, 128), ("rtx3090", 512, 256), ("rtx-a6000", 1024, 256),
     ("a10", 1024, 256), ("rtx4090", 512, 256), ("rtx6000-ada", 512, 256),
-    ("a100-pcie-40gb", 2048, 128), ("a100-pcie-80gb", 2048, 128),
+    ("a100-pcie-40gb", 2048, 128), ("a100-pcie-80gb", 2048, 128), ("a40", 1024, 256),
+    ("a30", 2048, 128), ("l40", 512, 256), ("v100-pcie", 1024, 128),
+    ("v100-sxm2-16gb", 1024, 128),
 ])
 def test_tensor_peaks_follow_from_sms_and_clock(name, fp16_per_sm_clock, fp32_per_sm_clock):
     s = PRESETS[name]
@@ -70,8 +74,8 @@ def test_tensor_peaks_follow_from_sms_and_clock(name, fp16_per_sm_clock, fp32_pe
     assert s.peak["fp32"] == pytest.approx(sm_clocks * fp32_per_sm_clock, rel=0.01)
     if "tf32" in s.peak:
         assert s.peak["tf32"] == pytest.approx(s.peak["fp16"] / 2, rel=0.01)
-    else:
-        assert name == "quadro-rtx8000"  # Turing: no TF32, FP32 training on CUDA cores
+    else:  # Turing and Volta: no TF32, FP32 training on CUDA cores
+        assert name in ("quadro-rtx8000", "v100-pcie", "v100-sxm2-16gb")
 
 
 def test_aliases_and_case():

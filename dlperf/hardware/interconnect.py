@@ -119,19 +119,22 @@ PRESETS = {i.name: i for i in (
 )}
 
 # The node interconnect a GPU preset's DGX/HGX system has (for --interconnect auto)
-NODE_OF_DEVICE = {"v100-sxm2": "nvlink2-dgx1", "a100-40gb": "nvlink3-a100",
+NODE_OF_DEVICE = {"v100-sxm2": "nvlink2-dgx1", "v100-sxm2-16gb": "nvlink2-dgx1",
+                  "a100-40gb": "nvlink3-a100",
                   "a100-80gb": "nvlink3-a100", "h100-sxm": "nvlink4-h100",
                   "h200": "nvlink4-h200", "b200": "nvlink5-b200"}
-NETWORK_OF_DEVICE = {"v100-sxm2": "ib-edr-dgx1", "a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr",
+NETWORK_OF_DEVICE = {"v100-sxm2": "ib-edr-dgx1", "v100-sxm2-16gb": "ib-edr-dgx1",
+                     "a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr",
                      "h100-sxm": "ib-ndr", "h200": "ib-ndr", "b200": "ib-xdr"}
 # PCIe cards have no system of their own: inside a node their all-reduce goes through the host
 # at their PCIe generation (Lambda's 2-8 GPU PCIe servers scaled ResNet-50 at 94.5-100.5%
 # against 99.7-100% predicted this way; benchmarks/README.md); between nodes nothing is known,
 # so `--interconnect auto` assumes 100 GbE RoCE and says so.
-PCIE_OF_DEVICE = {"t4": "pcie3", "quadro-rtx8000": "pcie3", "a10": "pcie4", "rtx3090": "pcie4",
+PCIE_OF_DEVICE = {"t4": "pcie3", "quadro-rtx8000": "pcie3", "v100-pcie": "pcie3",
+                  "a10": "pcie4", "a30": "pcie4", "a40": "pcie4", "rtx3090": "pcie4",
                   "rtx4090": "pcie4", "rtx-a6000": "pcie4", "rtx6000-ada": "pcie4",
                   "a100-pcie-40gb": "pcie4", "a100-pcie-80gb": "pcie4", "l4": "pcie4",
-                  "l40s": "pcie4", "h100-pcie": "pcie5"}
+                  "l40": "pcie4", "l40s": "pcie4", "h100-pcie": "pcie5"}
 PCIE_NETWORK_ASSUMED = "roce-100g"
 
 

@@ -214,6 +214,20 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           source="https://images.nvidia.com/content/technologies/volta/pdf/"
                  "volta-v100-datasheet-update-us-1165301-r5.pdf",
           notes="The guide's example GPU: FP16 ops:byte = 125 TFLOP/s / 900 GB/s = 138.9."),
+    _spec("v100-sxm2-16gb", "NVIDIA V100-SXM2 (16 GB)", 80, 1530, 900,
+          {"fp32": 15.7, "fp16": 125.0}, l2_mb=6, mem_gb=16,
+          source="https://images.nvidia.com/content/technologies/volta/pdf/"
+                 "volta-v100-datasheet-update-us-1165301-r5.pdf",
+          notes="The 16 GB V100-SXM2 of the first DGX-1s (NVIDIA's DGX-1 16GB tables): the "
+                "32 GB part's compute and bandwidth, half its memory."),
+    _spec("v100-pcie", "NVIDIA V100-PCIe", 80, 1380, 900,
+          {"fp32": 14.0, "fp16": 112.0}, l2_mb=6, mem_gb=32,
+          source="https://images.nvidia.com/content/technologies/volta/pdf/"
+                 "volta-v100-datasheet-update-us-1165301-r5.pdf",
+          notes="The V100's 250 W PCIe card (16 or 32 GB): the datasheet's 14 TFLOP/s FP32 "
+                "and 112 Tensor Core at a 1,380 MHz boost, against the SXM2 part's 15.7 and "
+                "125 at 1,530.",
+          caveat=_POWER.format(w=250)),
     _spec("t4", "NVIDIA T4", 40, 1590, 320,
           {"fp32": 8.1, "fp16": 65.0, "int8": 130.0}, l2_mb=4, mem_gb=16,
           source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
@@ -264,6 +278,23 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
                 "309.7 TFLOP/s is sparse FP16); TF32 at half the FP16 rate, as in the A40 "
                 "datasheet (the same 84-SM GA102 at 1,740 MHz: 149.7 FP16, 74.8 TF32). 300 W.",
           caveat=_POWER.format(w=300)),
+    _spec("a40", "NVIDIA A40", 84, 1740, 696,
+          {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7, "int8": 299.3},
+          {"tf32": 149.6, "fp16": 299.4, "bf16": 299.4, "int8": 598.6}, l2_mb=6, mem_gb=48,
+          source="https://images.nvidia.com/content/Solutions/data-center/a40/"
+                 "nvidia-a40-datasheet.pdf",
+          notes="Data-center GA102 (the RTX A6000's 84 SMs at 1,740 MHz, passively cooled, "
+                "300 W): FP16/BF16 Tensor Core math with FP32 accumulation at the full rate, "
+                "TF32 at half of it; 48 GB of GDDR6 at 696 GB/s.",
+          caveat=_POWER.format(w=300)),
+    _spec("a30", "NVIDIA A30", 56, 1440, 933,
+          {"fp32": 10.3, "tf32": 82.0, "fp16": 165.0, "bf16": 165.0, "int8": 330.0},
+          {"tf32": 165.0, "fp16": 330.0, "bf16": 330.0, "int8": 661.0}, l2_mb=24, mem_gb=24,
+          source="https://www.nvidia.com/content/dam/en-zz/Solutions/data-center/products/"
+                 "a30-gpu/pdf/a30-datasheet.pdf",
+          notes="A GA100 with 56 SMs at 1,440 MHz and 24 GB of HBM2 at 933 GB/s (165 W): the "
+                "A100's Tensor Cores per SM, about half its SMs and bandwidth.",
+          caveat=_POWER.format(w=165)),
     _spec("quadro-rtx8000", "Quadro RTX 8000", 72, 1770, 672,
           {"fp32": 16.3, "fp16": 130.5, "int8": 261.0}, l2_mb=6, mem_gb=48,
           source="https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/"
@@ -301,6 +332,15 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           source="https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet",
           notes="72 W part: sustained clocks are often below boost.",
           caveat=_POWER.format(w=72)),
+    _spec("l40", "NVIDIA L40", 142, 2490, 864,
+          {"fp32": 90.5, "tf32": 90.5, "fp16": 181.05, "bf16": 181.05, "fp8": 362.0,
+           "int8": 362.0},
+          {"tf32": 181.0, "fp16": 362.1, "bf16": 362.1, "fp8": 724.0, "int8": 724.0},
+          l2_mb=96, mem_gb=48, source=_L40,
+          notes="The AD102 of the RTX 6000 Ada at 2,490 MHz (300 W): FP16/BF16 Tensor Core "
+                "math with FP32 accumulation at half the L40S's rate (181.05 against 362.05 "
+                "TFLOP/s dense), TF32 at half of that.",
+          caveat=_POWER.format(w=300)),
     _spec("l40s", "NVIDIA L40S", 142, 2520, 864,
           {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05, "fp8": 733.0,
            "int8": 733.0},
@@ -396,8 +436,10 @@ _NAME_PATTERNS = (
     (r"\ba100\b(?=.*\bpcie\b)", "a100-pcie-40gb"), (r"\ba100\b.*80\s*gb", "a100-80gb"),
     (r"\ba100\b", "a100-40gb"), (r"\brtx 3090\b", "rtx3090"), (r"\brtx 4090\b", "rtx4090"),
     (r"\brtx 6000 ada\b", "rtx6000-ada"), (r"\brtx a6000\b", "rtx-a6000"),
-    (r"\bquadro rtx 8000\b", "quadro-rtx8000"), (r"\ba10\b", "a10"), (r"\bl40s\b", "l40s"),
-    (r"\bl4\b", "l4"), (r"\bt4\b", "t4"), (r"\bv100\b", "v100-sxm2"))
+    (r"\bquadro rtx 8000\b", "quadro-rtx8000"), (r"\ba10\b", "a10"), (r"\ba40\b", "a40"),
+    (r"\ba30\b", "a30"), (r"\bl40s\b", "l40s"), (r"\bl40\b", "l40"), (r"\bl4\b", "l4"),
+    (r"\bt4\b", "t4"), (r"\bv100\b.*\bpcie\b", "v100-pcie"),
+    (r"\bv100\b.*\b16\s*gb\b", "v100-sxm2-16gb"), (r"\bv100\b", "v100-sxm2"))
 
 
 def match_preset(device_name: str) -> DeviceSpec | None:
