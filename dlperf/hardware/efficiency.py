@@ -652,7 +652,7 @@ def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Ef
 # this charges as 256 for heads of 193-224, at most 14% over). PyTorch's SDPA vendors the same
 # kernels (aten/src/ATen/native/transformers/cuda/flash_attn). A head of 80 (Phi-2, Stable
 # Diffusion's 640-channel blocks) computes as 96, one of 112 as 128: 1.2x and 1.14x the math.
-# Not charged: cuDNN's fused attention (no published or measured figure).
+# Not charged: cuDNN's fused attention (dlperf has no figure for what a head size costs it).
 FLASH2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 
 # llm-foundry's 2023 Triton kernel ("triton-2023", llmfoundry/models/layers/flash_attn_triton.py

@@ -194,6 +194,8 @@ _H200_CAVEAT = _hopper_caveat(_H200_GEMM_CAVEAT)
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
+_VOLTA = ("https://images.nvidia.com/content/technologies/volta/pdf/"
+          "volta-v100-datasheet-update-us-1165301-r5.pdf")
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
 
 # The GH100 at 132 SMs and 1,980 MHz (H100-SXM datasheet, TFLOP/s): the H100 SXM, the H200 and
@@ -211,22 +213,20 @@ _POWER = ("Its board power ({w} W) is low for its silicon: under sustained Tenso
 PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
     _spec("v100-sxm2", "NVIDIA V100-SXM2 (32 GB)", 80, 1530, 900,
           {"fp32": 15.7, "fp16": 125.0}, l2_mb=6, mem_gb=32,
-          source="https://images.nvidia.com/content/technologies/volta/pdf/"
-                 "volta-v100-datasheet-update-us-1165301-r5.pdf",
+          source=_VOLTA,
           notes="The guide's example GPU: FP16 ops:byte = 125 TFLOP/s / 900 GB/s = 138.9."),
     _spec("v100-sxm2-16gb", "NVIDIA V100-SXM2 (16 GB)", 80, 1530, 900,
           {"fp32": 15.7, "fp16": 125.0}, l2_mb=6, mem_gb=16,
-          source="https://images.nvidia.com/content/technologies/volta/pdf/"
-                 "volta-v100-datasheet-update-us-1165301-r5.pdf",
+          source=_VOLTA,
           notes="The 16 GB V100-SXM2 of the first DGX-1s (NVIDIA's DGX-1 16GB tables): the "
                 "32 GB part's compute and bandwidth, half its memory."),
-    _spec("v100-pcie", "NVIDIA V100-PCIe", 80, 1380, 900,
+    _spec("v100-pcie", "NVIDIA V100-PCIe (32 GB)", 80, 1380, 900,
           {"fp32": 14.0, "fp16": 112.0}, l2_mb=6, mem_gb=32,
-          source="https://images.nvidia.com/content/technologies/volta/pdf/"
-                 "volta-v100-datasheet-update-us-1165301-r5.pdf",
-          notes="The V100's 250 W PCIe card (16 or 32 GB): the datasheet's 14 TFLOP/s FP32 "
-                "and 112 Tensor Core at a 1,380 MHz boost, against the SXM2 part's 15.7 and "
-                "125 at 1,530.",
+          source=_VOLTA,
+          notes="The V100's 250 W PCIe card: the datasheet's 14 TFLOP/s FP32 and 112 Tensor "
+                "Core at a 1,380 MHz boost, against the SXM2 part's 15.7 and 125 at 1,530. "
+                "The 16 GB card has the same compute and half the memory (a device file with "
+                "memory_bytes says so).",
           caveat=_POWER.format(w=250)),
     _spec("t4", "NVIDIA T4", 40, 1590, 320,
           {"fp32": 8.1, "fp16": 65.0, "int8": 130.0}, l2_mb=4, mem_gb=16,
