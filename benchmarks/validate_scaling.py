@@ -84,7 +84,8 @@ def read_rows(path: Path) -> list[dict]:
         row["fusion"] = row.get("fusion") or "none"
         if row["fusion"] not in FUSIONS:
             raise SystemExit(f"{path}: {row['id']}: fusion must be one of {', '.join(FUSIONS)}")
-        for key, default in (("cuda_graphs", False), ("overlap", True)):
+        for key, default in (("cuda_graphs", False), ("overlap", True),
+                             ("broadcast_buffers", True)):
             try:
                 row[key] = vp.csv_bool(row.get(key), default)
             except ValueError:
@@ -129,6 +130,7 @@ def capture(rows: list[dict]) -> list[tuple]:
 
     vp = load_sibling(__file__, "validate_published")
     from dlperf.analysis.gemm import state_element_bytes
+    from dlperf.analysis.scaling import module_buffers
     from dlperf.models.float8 import float8_parameters
     from dlperf.models.gpt import PRESETS, gpt_config
     from dlperf.models.registry import build_model
@@ -151,6 +153,7 @@ def capture(rows: list[dict]) -> list[tuple]:
         # one-GPU footprint scale_out shards (both left out of the results)
         row["fp8_gathered"] = float8_parameters(model)
         row["footprint"] = footprint
+        row["buffers"] = module_buffers(model)  # what DDP broadcasts before every forward
         out.append((row, cfg, costs, uncounted, seconds, params))
     return out
 
@@ -182,6 +185,8 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
                             kvstore=row["kvstore"], reduce_dtype=row["reduce_dtype"],
                             kvstore_op_s=kvstore_op_s if row["kvstore"] else None,
                             fp8_gathered=row.get("fp8_gathered", frozenset()),
+                            buffers=row.get("buffers", ()),
+                            broadcast_buffers=row["broadcast_buffers"],
                             collective_sms=(0 if sm_share is None else
                                             collective_sms(analysis.device, sm_share)))
         r = scale_out(analysis, params, scale, node, network)
@@ -191,7 +196,8 @@ def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
         measured_eff = (row["measured_per_gpu"] / row["measured_single"]
                         if row["measured_single"] else None)
         step_samples = row["batch"] * row["grad_accum"] * per_sample
-        out.append({**{k: v for k, v in row.items() if k not in ("fp8_gathered", "footprint")},
+        out.append({**{k: v for k, v in row.items()
+                       if k not in ("fp8_gathered", "footprint", "buffers")},
                     "predicted_per_gpu": predicted,
                     "per_gpu_ratio": predicted / row["measured_per_gpu"],
                     "predicted_efficiency": r["scaling_efficiency"],

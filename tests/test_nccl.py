@@ -68,7 +68,7 @@ def test_pcie_hosts_get_no_ll128_and_one_gpu_nothing():
         assert collective("allreduce", nbytes, 8, 8, 28e9, "pci", None, gen=1).protocol != "LL128"
     assert collective("allreduce", 1e9, 1, 8, 370e9, "nvlink").seconds == 0.0
     with pytest.raises(ValueError):
-        collective("broadcast", 1e9, 8, 8, 370e9, "nvlink")
+        collective("alltoall", 1e9, 8, 8, 370e9, "nvlink")
 
 
 def test_generations_follow_the_device_presets():
@@ -101,3 +101,29 @@ def test_nccl_algo_and_proto_restrict_the_choice_as_the_environment_does():
     with pytest.raises(ValueError, match="no way to run allgather"):
         collective("allgather", 1e9, 16, 8, 370e9, "nvlink", 46e9, gen=2,
                    algorithms=frozenset({"tree"}))
+
+
+def test_a_broadcast_is_a_ring_whose_latency_grows_with_the_ranks():
+    # DDP's buffers of ResNet-50 in FP32 (batch norm's running mean and variance): 212,480 B.
+    # 8 A100s (208 GB/s, NVLink, Ampere): a ring of 8 steps (tuning.cc counts a step per rank
+    # for a broadcast), algorithm bandwidth = bus bandwidth. LL: min(87.7, 208 / 2) = 87.7 GB/s,
+    # 212,480 / 87.7e3 = 2.42 us, latency 6.6 + 8 x 0.6 = 11.4 us: 13.82 us (LL128 30.3 us,
+    # Simple 36.6 us)
+    c = collective("broadcast", 212480, 8, 8, 208e9, "nvlink", None, gen=1)
+    assert (c.algorithm, c.protocol) == ("ring", "LL")
+    assert c.seconds == pytest.approx(13.82e-6, rel=1e-3)
+    # 1,024 A100s in 128 nodes of 8 (HDR, 23 GB/s a GPU): 1,024 steps, 127 across the network.
+    # LL: latency 6.6 + 897 x max(0.6, 1.0 of network overhead) + 127 x 2.7 = 1,246.5 us; the
+    # bytes at NCCL's LL ceiling across nodes, 20.4 GB/s: 10.42 us; 1,256.9 us (LL128 2,226 us
+    # of latency, Simple 4,836 us)
+    many = collective("broadcast", 212480, 1024, 8, 208e9, "nvlink", 23e9, gen=1)
+    assert (many.algorithm, many.protocol) == ("ring", "LL")
+    assert many.seconds == pytest.approx(1256.9e-6, rel=1e-3)
+    # an all-reduce of the same bytes takes the tree, whose latency grows with log2 of the
+    # nodes: tree LL, 6.8 + 2 (7 x 0.6 + 7 x 5.0) = 85.2 us, and the bytes at 20.4 / 2 x 0.5
+    # (NCCL's correction at 2^11 x 64 B) = 5.1 GB/s, 41.7 us: 126.9 us, a tenth of it
+    reduce = collective("allreduce", 212480, 1024, 8, 208e9, "nvlink", 23e9, gen=1)
+    assert (reduce.algorithm, reduce.protocol) == ("tree", "LL")
+    assert reduce.seconds == pytest.approx(126.9e-6, rel=1e-3)
+    # ring is NCCL's only broadcast: no PAT even with one GPU per node
+    assert collective("broadcast", 65536, 64, 1, 370e9, "nvlink", 46e9, gen=2).algorithm == "ring"

@@ -1430,3 +1430,78 @@ def test_roce_200g_is_a_200_gbe_nic_per_gpu():
     assert roce.bus_bandwidth == pytest.approx(23.0e9)
     assert roce.bus_bandwidth * 2 == pytest.approx(PRESETS["roce-400g"].bus_bandwidth)
     assert roce.latency_s == PRESETS["roce-400g"].latency_s  # Ethernet's, not InfiniBand's
+
+
+def test_ddp_broadcasts_the_buffers_before_every_forward():
+    # DistributedDataParallel(broadcast_buffers=True), torch's default: before a forward that
+    # follows a synchronised backward it broadcasts the module's buffers from rank 0, per dtype
+    # one flattened tensor, then copies each back (c10d broadcast_coalesced)
+    import torchvision
+
+    import dlperf
+    from dlperf.analysis.nccl import collective
+    from dlperf.analysis.scaling import buffer_broadcast_s, module_buffers
+
+    model = torchvision.models.resnet50()
+    # 53 batch norms over 26,560 channels: running mean and variance, 2 x 26,560 x 4 B, and a
+    # batch count each (int64)
+    buffers = module_buffers(model)
+    assert buffers == (("float32", 106, 212480), ("int64", 53, 424))
+    a100, hdr = PRESETS["nvlink3-a100"], PRESETS["ib-hdr"]
+    # 8 GPUs, the GPU not waiting for the CPU: two broadcasts (NCCL's ring, LL) and 161
+    # kernels (159 copies, a cat per dtype) at 0.5 us each
+    b = buffer_broadcast_s(buffers, 8, 8, a100, hdr, 1, 0.5e-6, 0.0)
+    two = sum(collective("broadcast", n, 8, 8, a100.bus_bandwidth, "nvlink", None, 1).seconds
+              for n in (212480, 424))
+    assert b["kernels"] == 161 and b["broadcast_s"] == pytest.approx(two)
+    assert b["seconds"] == pytest.approx(two + 161 * 0.5e-6)
+    # after a host synchronisation (GradScaler's wait) the GPU waits for the CPU's 161 issues,
+    # 10 us each, which outlast the broadcasts: 1.61 ms
+    assert buffer_broadcast_s(buffers, 8, 8, a100, hdr, 1, 0.5e-6, 10e-6)["seconds"] == (
+        pytest.approx(1.61e-3))
+    # on 1,024 GPUs the ring's latency, one step per GPU, is the larger: 1,256.9 us for the FP32
+    # buffers alone (tests/test_nccl.py)
+    big = buffer_broadcast_s(buffers, 1024, 8, a100, hdr, 1, 0.5e-6, 10e-6)
+    assert big["broadcast_s"] > 1.25e-3 and big["seconds"] > 1.61e-3
+
+    # In a scale-out the forward waits for it: exposed, and removed by broadcast_buffers=False
+    analysis = dlperf.analyze(model, (64, 3, 224, 224), device="a100-80gb", dtype="bf16",
+                              train=True)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    cfg = ScaleConfig(gpus=1024, buffers=buffers, step_cv=0.0)
+    on = scale_out(analysis, params, cfg, a100, hdr)
+    off = scale_out(analysis, params, dataclasses.replace(cfg, broadcast_buffers=False), a100,
+                    hdr)
+    bb = on["communication"]["buffer_broadcast"]
+    assert "buffer_broadcast" not in off["communication"]
+    # bf16 without a scaler: the CPU runs ahead, so the broadcasts and the copies' GPU time
+    assert bb["host_issue_s"] == 0.0
+    assert bb["seconds"] == pytest.approx(bb["broadcast_s"] + 161 * analysis.efficiency.launch_s)
+    assert on["exposed_comm_s"] - off["exposed_comm_s"] == pytest.approx(bb["seconds"])
+    assert on["step_s"] - off["step_s"] == pytest.approx(bb["seconds"])
+    # FSDP broadcasts no buffers
+    fsdp = scale_out(analysis, params, dataclasses.replace(cfg, strategy="fsdp"), a100, hdr)
+    assert "buffer_broadcast" not in fsdp["communication"]
+
+
+def test_analyze_no_broadcast_buffers_is_ddp_s_flag(capsys):
+    # the report names the broadcast where it costs a step's 1% and says how to drop it
+    from conftest import run_cli
+
+    code, out, err = run_cli(["analyze", "resnet50", "--device", "a100-80gb", "--batch-size",
+                              "128", "--dtype", "bf16", "--train", "--gpus", "4096",
+                              "--interconnect", "nvlink3-a100,ib-hdr"], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "DDP's broadcast of 159 buffers before every forward" in text
+    assert "broadcast_buffers=False" in text
+    code, out, err = run_cli(["analyze", "resnet50", "--device", "a100-80gb", "--batch-size",
+                              "128", "--dtype", "bf16", "--train", "--gpus", "4096",
+                              "--interconnect", "nvlink3-a100,ib-hdr", "--no-broadcast-buffers"],
+                             capsys)
+    assert code == 0 and "broadcast of 159 buffers" not in " ".join(out.split())
+    code, _, err = run_cli(["analyze", "resnet50", "--no-broadcast-buffers"], capsys)
+    assert code == 2 and "add --gpus N" in err
+    code, _, err = run_cli(["analyze", "resnet50", "--gpus", "8", "--strategy", "fsdp",
+                            "--no-broadcast-buffers"], capsys)
+    assert code == 2 and "--no-broadcast-buffers is DDP's broadcast_buffers" in err

@@ -17,6 +17,9 @@ choice it makes (ring or tree; LL, LL128 or Simple) is the one NCCL would make:
 * tree (all-reduce only): a chain inside each node, a double binary tree between the nodes:
   latency = base + 2((n/nodes - 1) intra + floor(log2 nodes) network); bandwidth = 0.92 x the
   bus bandwidth / 2, times NCCL's correction for mid-sized messages (``TREE_CORRECTION``);
+* broadcast (DDP's buffers): ring only, n steps (tuning.cc counts every rank's hop for a
+  broadcast or a reduce), nodes-1 of them across the network; algorithm bandwidth = the bus
+  bandwidth; its latency grows with the ranks where an all-reduce's tree does not;
 * PAT (all-gather and reduce-scatter with one GPU per node): base + floor(log2 nodes) x
   network / 3.5 + 2.8 us x n, 0.75 x the bus bandwidth;
 * protocols: LL moves half the bytes per transfer (ring: half the bandwidth, tree: 1/3.8, at
@@ -72,7 +75,7 @@ TREE_CORRECTION = (
 NET_OVERHEAD_US = 1.0  # getNetOverhead: Intel hosts and unknown ones (AMD: 2.0)
 # the channels NCCL builds (an assumption: only where Simple's ring plateau starts depends on it)
 CHANNELS = 16
-COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast")
 ALGORITHMS = ("ring", "tree", "pat")
 # NCCL's other algorithms, which dlperf does not time (in-network and NVLink SHARP reductions)
 NOT_MODELLED = ("collnetdirect", "collnetchain", "collnet", "nvls", "nvlstree")
@@ -132,10 +135,11 @@ def _times(coll: str, nbytes: float, ranks: int, nodes: int, bus_gbs: float, int
     ``protocols`` when given: what NCCL_ALGO and NCCL_PROTO allow)."""
     ppn = ranks / nodes
     llmax = LL_MAX_GBS[gen][0] if nodes == 1 else LL_MAX_GBS[0][min(nodes, 3) - 1]
-    steps = 2 * (ranks - 1) if coll == "allreduce" else ranks - 1
+    steps = (2 * (ranks - 1) if coll == "allreduce" else ranks if coll == "broadcast"
+             else ranks - 1)
     inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if coll == "allreduce" else nodes - 1)
     algos = ["ring", "tree"] if coll == "allreduce" else ["ring"]
-    if coll != "allreduce" and nodes == ranks:
+    if coll in ("allgather", "reducescatter") and nodes == ranks:
         algos.append("pat")  # PAT: one GPU per node only
     for algo in algos:
         if algorithms is not None and algo not in algorithms:
@@ -187,9 +191,9 @@ def collective(coll: str, nbytes: float, ranks: int, ranks_per_node: int, node_b
                node_hw: str, net_bus_bw: float | None = None, gen: int = 1,
                algorithms: frozenset | None = None, protocols: frozenset | None = None
                ) -> Choice:
-    """``coll`` (all-reduce, all-gather or reduce-scatter) of an ``nbytes`` buffer (the whole
-    buffer, as NCCL counts it: the gathered one for an all-gather) over ``ranks`` GPUs,
-    ``ranks_per_node`` to a node whose GPUs talk over ``node_hw`` ("nvlink" or "pci") at
+    """``coll`` (all-reduce, all-gather, reduce-scatter or broadcast) of an ``nbytes`` buffer
+    (the whole buffer, as NCCL counts it: the gathered one for an all-gather) over ``ranks``
+    GPUs, ``ranks_per_node`` to a node whose GPUs talk over ``node_hw`` ("nvlink" or "pci") at
     ``node_bus_bw`` B/s, the nodes over a network of ``net_bus_bw`` B/s per GPU; ``gen``: the
     GPUs' generation (``generation``); ``algorithms``, ``protocols``: what NCCL_ALGO and
     NCCL_PROTO leave it (``parse_list``; None: all). What NCCL's tuner predicts for its fastest

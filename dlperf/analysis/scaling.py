@@ -310,6 +310,57 @@ def sharded_collective_s(nbytes: float, gpus: int, gpus_per_node: int, node, net
     return calls * (inside + between)
 
 
+def broadcast_s(nbytes: float, gpus: int, gpus_per_node: int, node, network, gen: int = 1,
+                protocols=None) -> float:
+    """Broadcast of ``nbytes`` from one GPU to ``gpus``: NCCL's ring as its tuner times it (a
+    step per rank: its latency grows with the GPUs; ring is NCCL's only broadcast, so NCCL_ALGO
+    does not apply); over a transport that is not NCCL's, a pipelined chain: a hop's latency
+    per GPU, the bytes once at each link's bandwidth."""
+    if gpus <= 1 or nbytes <= 0:
+        return 0.0
+    choice = _nccl("broadcast", nbytes, gpus, gpus_per_node, node, network, gen, None,
+                   protocols)
+    if choice is not None:
+        return choice.seconds
+    g = min(gpus, gpus_per_node)
+    nodes = math.ceil(gpus / g)
+    inside = (g - 1) * node.latency_s + nbytes / node.bus_bandwidth
+    between = ((nodes - 1) * network.latency_s + nbytes / network.bus_bandwidth
+               if nodes > 1 else 0.0)
+    return inside + between
+
+
+def module_buffers(model) -> tuple[tuple[str, int, int], ...]:
+    """A module's buffers as DDP broadcasts them: (dtype, tensors, bytes) per dtype (batch
+    norm's running mean and variance in FP32, its batch count in int64)."""
+    groups: dict[str, list[int]] = {}
+    for buf in model.buffers():
+        entry = groups.setdefault(str(buf.dtype).removeprefix("torch."), [0, 0])
+        entry[0] += 1
+        entry[1] += buf.numel() * buf.element_size()
+    return tuple((dtype, n, nbytes) for dtype, (n, nbytes) in sorted(groups.items()))
+
+
+def buffer_broadcast_s(buffers, gpus: int, gpus_per_node: int, node, network, gen: int,
+                       launch_s: float, host_s: float, protocols=None) -> dict:
+    """DDP's broadcast of the module's buffers from rank 0 at the start of every forward that
+    follows a synchronised backward (``broadcast_buffers=True``, torch's default;
+    torch/nn/parallel/distributed.py ``_sync_buffers``, c10d ``broadcast_coalesced``): per
+    dtype one flattened tensor (a cat kernel), broadcast, then one copy kernel per buffer back
+    into its tensor; ``buffers`` as ``module_buffers``. The forward's kernels queue behind it.
+    ``host_s``: the CPU's issue of those kernels where the GPU waits for it (after a step's
+    host synchronisation), else 0: the copies are issued while the broadcast runs, so the
+    step waits for the later of the two. Returns the seconds and their parts."""
+    collective = sum(broadcast_s(nbytes, gpus, gpus_per_node, node, network, gen, protocols)
+                     for _, _, nbytes in buffers)
+    kernels = sum(n for _, n, _ in buffers) + len(buffers)  # the copies back, a cat a dtype
+    gpu = kernels * launch_s
+    host = kernels * host_s
+    return {"seconds": max(collective + gpu, host), "broadcast_s": collective,
+            "kernels": kernels, "tensors": sum(n for _, n, _ in buffers),
+            "bytes": sum(b for *_, b in buffers), "host_issue_s": host}
+
+
 def fsdp_units(params: list[tuple[str, int]]) -> int:
     """How many units FSDP wraps the model in, as per-block auto-wrapping does (torchtitan's
     and Composer's transformer blocks, a ResNet's bottlenecks): one per block
@@ -1073,6 +1124,11 @@ class ScaleConfig:
     # then runs on the rest (contention_s); 0: none, the compute beside it at full speed (the
     # default: see NCCL_CHANNEL_SM_SHARE)
     collective_sms: int = 0
+    # DDP: the module's buffers, (dtype, tensors, bytes) per dtype (``module_buffers``), and
+    # whether DDP broadcasts them from rank 0 before every forward (broadcast_buffers, torch's
+    # default True; ``buffer_broadcast_s``). MXNet's and Horovod's reductions do not.
+    buffers: tuple = ()
+    broadcast_buffers: bool = True
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -1389,6 +1445,15 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         copies = (0.0 if cfg.bucket_view or cfg.distributed_optimizer
                   else ddp_copy_s(grad_bytes, analysis))
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
+        # the next forward waits for the buffers' broadcast; its kernels' issue is the CPU's
+        # where the step synchronised it with the GPU (GradScaler's wait before the update)
+        if cfg.broadcast_buffers and cfg.buffers:
+            eff = analysis.efficiency
+            b = buffer_broadcast_s(cfg.buffers, dcfg.gpus, dcfg.gpus_per_node, node, network,
+                                   gen, eff.launch_s, eff.host_s if opt_host_s > 0 else 0.0,
+                                   cfg.protocols)
+            exposed += b["seconds"]
+            d = {**d, "buffer_broadcast": b}
         if overlap:  # the backward beside the buckets' reductions
             contention = contention_s(d["comm_s"] - d["exposed_s"],
                                       step.slowdown(analysis, sms, BACKWARD))

@@ -282,6 +282,10 @@ def add_parser(sub) -> None:
     s.add_argument("--grad-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True: gradients live in the buckets, so "
                         "they are neither copied in and out nor held twice")
+    s.add_argument("--no-broadcast-buffers", action="store_true",
+                   help="DDP's broadcast_buffers=False: no broadcast of the module's buffers "
+                        "(batch norm's running statistics) from rank 0 before every forward, "
+                        "which DDP does by default and whose latency grows with the GPUs")
     s.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="--strategy fsdp/hsdp/fsdp-grad-op: the dtype FSDP reduces gradients "
                         "in (MixedPrecision's reduce_dtype): bf16 halves the reduce-scatter "
@@ -588,10 +592,14 @@ def run(args) -> int:
         raise DlperfError("--collective-sms is what a collective takes from the compute beside "
                           "it on many GPUs: add --gpus N")
     if args.gpus is None and (args.nccl_algo or args.nccl_proto or args.grad_as_bucket_view
-                              or args.bucket_cap_mb is not None or args.distributed_optimizer):
-        raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb, --grad-as-bucket-view "
-                          "and --distributed-optimizer shape the collectives of the "
-                          "scale-out: add --gpus N")
+                              or args.bucket_cap_mb is not None or args.distributed_optimizer
+                              or args.no_broadcast_buffers):
+        raise DlperfError("--nccl-algo, --nccl-proto, --bucket-cap-mb, --grad-as-bucket-view, "
+                          "--no-broadcast-buffers and --distributed-optimizer shape the "
+                          "collectives of the scale-out: add --gpus N")
+    if args.no_broadcast_buffers and args.strategy != "ddp":
+        raise DlperfError(f"--no-broadcast-buffers is DDP's broadcast_buffers; --strategy "
+                          f"{args.strategy} broadcasts no buffers: drop it")
     if args.gpus is None and args.kvstore is not None:
         raise DlperfError("--kvstore reduces the gradients of the scale-out: add --gpus N")
     if args.distributed_optimizer and args.strategy != "ddp":
@@ -736,6 +744,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       loader_workers_per_gpu=args.loader_workers, grad_accum=args.grad_accum,
                       overlap=not args.no_overlap, bucket_cap_mb=args.bucket_cap_mb,
                       bucket_view=args.grad_as_bucket_view,
+                      broadcast_buffers=not args.no_broadcast_buffers,
                       distributed_optimizer=args.distributed_optimizer,
                       reduce_dtype=args.reduce_dtype, bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
@@ -850,6 +859,10 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
         grad_bytes = state_element_bytes(analysis.config.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()
                   if p.requires_grad]
+    if cfg.strategy == "ddp":  # (what DDP broadcasts before every forward)
+        from dlperf.analysis.scaling import module_buffers
+
+        cfg = replace(cfg, buffers=module_buffers(model))
     if args.fp8_all_gather:  # (torchao's float8 layers: FSDP gathers their weights in FP8)
         from dlperf.models.float8 import float8_parameters
 
