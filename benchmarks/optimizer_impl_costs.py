@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     import torchvision
 
     import dlperf
-    from dlperf.analysis.scaling import ScaleConfig, scale_out
+    from dlperf.analysis.scaling import ScaleConfig, module_buffers, scale_out
     from dlperf.hardware.interconnect import get_interconnect
     from dlperf.hardware.track_record import efficiency_band
     from dlperf.provenance import save_result
@@ -38,9 +38,13 @@ def main(argv: list[str]) -> int:
         analyses[impl] = a
         steps[impl] = a.totals()["predicted_time_s"]
         findings[impl] = [f.to_dict() for f in a.findings if f.rule == "optimizer"]
-    params = [(n, p.numel() * 4) for n, p in torchvision.models.resnet50().named_parameters()]
+    model = torchvision.models.resnet50()
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    # (with DDP's broadcast of the batch norms' buffers before every forward, as
+    # `analyze --gpus` counts it)
     cfg = ScaleConfig(gpus=8, decode="cpu", data_cores_per_gpu=16,
-                      decode_img_per_s_per_core=215, loader_workers_per_gpu=16)
+                      decode_img_per_s_per_core=215, loader_workers_per_gpu=16,
+                      buffers=module_buffers(model))
     here = scale_out(analyses["for-loop"], params, cfg, get_interconnect("nvlink3-a100"),
                      get_interconnect("ib-hdr"))
     band = efficiency_band(here["scaling_efficiency"], 1, DEVICE, host_decode=True)
