@@ -563,3 +563,59 @@ def test_ladder_predicts_the_compile_rung_as_compiled():
     after = predicted_img_per_s(lcfg, dataclasses.replace(eager, compile="default"), spec,
                                 on_gpu=True)
     assert before and after and after > before
+
+
+_AVERAGE_BUFFERS = """
+import json, os, socket, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch import nn
+from dlperf.train import distributed as D
+
+def run(rank, port, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    info = D.DistInfo(rank, 2, rank, torch.device("cpu"))
+    bn = nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.running_mean.fill_(rank)          # rank 0: 0, rank 1: 1
+        bn.running_var.fill_(2 * rank + 1)   # rank 0: 1, rank 1: 3
+        bn.num_batches_tracked.fill_(5)
+    count = D.average_buffers([bn], info)
+    ddp = D.wrap(nn.Sequential(nn.BatchNorm2d(3)), info)
+    ddp_on = D.wrap(nn.Sequential(nn.BatchNorm2d(3)), info, broadcast_buffers=True)
+    if rank == 0:
+        json.dump({"count": count, "mean": bn.running_mean.tolist(),
+                   "var": bn.running_var.tolist(), "batches": int(bn.num_batches_tracked),
+                   "broadcast": [ddp.broadcast_buffers, ddp_on.broadcast_buffers]},
+                  open(out, "w"))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(port, sys.argv[1]), nprocs=2)
+"""
+
+
+def test_without_broadcast_buffers_the_ranks_average_their_batch_norm_statistics(tmp_path):
+    # dlperf train wraps DDP with broadcast_buffers=False (TrainConfig.broadcast_buffers), the
+    # per-forward broadcast `dlperf analyze --gpus` prices; before an evaluation and in every
+    # checkpoint the ranks average the floating buffers instead: running mean (0 and 1) -> 0.5,
+    # variance (1 and 3) -> 2, the batch count (5 on both) untouched
+    from dlperf.train import distributed as D
+
+    script = tmp_path / "avg.py"
+    script.write_text(_AVERAGE_BUFFERS)
+    out = tmp_path / "avg.json"
+    proc = subprocess.run([sys.executable, str(script), str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["count"] == 2 and got["batches"] == 5
+    assert got["mean"] == [0.5] * 3 and got["var"] == [2.0] * 3
+    assert got["broadcast"] == [False, True]
+    # one process: nothing to average, no collective
+    assert D.average_buffers([torch.nn.BatchNorm2d(3)], D.DistInfo()) == 0
+    assert TrainConfig().broadcast_buffers is False

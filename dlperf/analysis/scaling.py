@@ -1446,7 +1446,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                   else ddp_copy_s(grad_bytes, analysis))
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
         # the next forward waits for the buffers' broadcast; its kernels' issue is the CPU's
-        # where the step synchronised it with the GPU (GradScaler's wait before the update)
+        # where the GPU already waits for the CPU at the step's end (the update's launches
+        # after GradScaler's wait, or ones that outlast their GPU time: opt_host_s)
         if cfg.broadcast_buffers and cfg.buffers:
             eff = analysis.efficiency
             b = buffer_broadcast_s(cfg.buffers, dcfg.gpus, dcfg.gpus_per_node, node, network,

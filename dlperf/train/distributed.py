@@ -53,13 +53,36 @@ def setup(device_pref: str = "auto", timeout_s: int = 600) -> DistInfo:
     return DistInfo(rank, world, local, device)
 
 
-def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
+def wrap(model: torch.nn.Module, info: DistInfo,
+         broadcast_buffers: bool = False) -> torch.nn.Module:
+    """DDP over the ranks (one process: the model itself), the gradients living in its buckets;
+    ``broadcast_buffers``: DDP's flag (see TrainConfig.broadcast_buffers)."""
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [info.device.index] if info.device.type == "cuda" else None
-    return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    return DDP(model, device_ids=ids, gradient_as_bucket_view=True,
+               broadcast_buffers=broadcast_buffers)
+
+
+@torch.no_grad()
+def average_buffers(modules, info: DistInfo) -> int:
+    """Average the floating-point buffers of ``modules`` (batch norm's running mean and
+    variance; its batch counts agree on every rank) over the ranks, in place, one all-reduce per
+    buffer, so an evaluation or a checkpoint sees one set of statistics where DDP does not
+    broadcast them (broadcast_buffers=False). A collective: every rank calls it. Returns how
+    many buffers it averaged (none with one process)."""
+    if not info.enabled:
+        return 0
+    count = 0
+    for module in modules:
+        for buf in module.buffers():
+            if buf.is_floating_point():
+                dist.all_reduce(buf)
+                buf.div_(info.world_size)
+                count += 1
+    return count
 
 
 def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:

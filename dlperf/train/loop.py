@@ -242,6 +242,7 @@ class Trainer:
                "data_wait": self.tput.data_wait_share, "image_size": self.image_size,
                "skipped_steps": state.guard.skipped}
         if self.val_loader is not None and (epoch + 1) % cfg.eval_every == 0:
+            state.sync_buffers()  # (one set of batch-norm statistics to evaluate)
             self.last_eval = evaluate(state.ema.module if state.ema is not None else state.model,
                                       self.val_loader, self.info, self.parts.dtype,
                                       cfg.channels_last)

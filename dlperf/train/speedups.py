@@ -109,6 +109,6 @@ def prepare_model(model: nn.Module, cfg: TrainConfig, info) -> tuple[nn.Module, 
     from dlperf.train import distributed
 
     model = apply(model, cfg, info.device, distributed=info.enabled)
-    ddp_model = distributed.wrap(model, info)
+    ddp_model = distributed.wrap(model, info, broadcast_buffers=cfg.broadcast_buffers)
     return model, ddp_model, maybe_compile(ddp_model, cfg)
 

@@ -20,6 +20,7 @@ import torch
 from dlperf.errors import DlperfError
 from dlperf.files import write_json_atomic
 from dlperf.train import checkpoint as ckpt
+from dlperf.train import distributed as D
 from dlperf.train.console import say
 from dlperf.train.graphs import float_learning_rates
 from dlperf.train.recipes import RESUME_NOTES, TrainConfig, resume_differences
@@ -115,11 +116,19 @@ class RunState:
                                                      "world_size": self.info.world_size,
                                                      "device": str(self.info.device)})
 
+    def sync_buffers(self) -> None:
+        """Where DDP does not broadcast the buffers (broadcast_buffers=False), average the
+        model's and its EMA's over the ranks (every rank calls it: before an evaluation and
+        in every checkpoint), so both see and save one set of batch-norm statistics."""
+        if not self.cfg.broadcast_buffers:
+            D.average_buffers([m for m in (self.model, self.ema) if m is not None], self.info)
+
     def save(self, metric=None, reason: str = "epoch"):
         """Write a checkpoint (rank 0; every rank takes part in gathering the RNGs); returns
         its CheckpointInfo, or None on other ranks. A full disk is one line, and the
         checkpoints before it stay intact."""
         self.guard.check(self.step)  # never checkpoint a run that has diverged
+        self.sync_buffers()
         rng = _gathered_rng(self.info)
         if not self.info.is_main:
             return None
