@@ -54,8 +54,9 @@ def solve(vs, captured, shipped: dict, target_ms: float) -> float | None:
     (bisection: the step grows with host_s), None where even MAX_HOST_S adds less or the
     shipped cost already adds more (an input-bound row predicted to lose more than it did)."""
     lo, hi = shipped_efficiency(captured).host_s, MAX_HOST_S
-    if added_ms(vs, captured, shipped, hi) < target_ms or added_ms(
-            vs, captured, shipped, lo) >= target_ms:
+    # (at the shipped cost the added step is the shipped prediction's)
+    if (shipped["predicted_added_ms"] >= target_ms
+            or added_ms(vs, captured, shipped, hi) < target_ms):
         return None
     while hi - lo > TOLERANCE_S:
         mid = (lo + hi) / 2
