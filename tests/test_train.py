@@ -566,12 +566,14 @@ def test_ladder_predicts_the_compile_rung_as_compiled():
 
 
 _AVERAGE_BUFFERS = """
-import json, os, socket, sys
+import json, os, socket, sys, warnings
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 from torch import nn
 from dlperf.train import distributed as D
 
 def run(rank, port, out):
+    # torch >= 2.13 deprecates broadcast_buffers; wrap passes the flag under the current name
+    warnings.filterwarnings("error", message=".*broadcast_buffers.* is deprecated")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     info = D.DistInfo(rank, 2, rank, torch.device("cpu"))
@@ -588,6 +590,10 @@ def run(rank, port, out):
                    "var": bn.running_var.tolist(), "batches": int(bn.num_batches_tracked),
                    "broadcast": [ddp.broadcast_buffers, ddp_on.broadcast_buffers]},
                   open(out, "w"))
+    # both ranks done before either tears gloo down: a peer that closes while the other is
+    # still busy can abort it at exit (SIGABRT, "terminate called without an active exception")
+    del ddp, ddp_on
+    dist.barrier()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -596,6 +602,21 @@ if __name__ == "__main__":
         port = s.getsockname()[1]
     mp.spawn(run, args=(port, sys.argv[1]), nprocs=2)
 """
+
+
+def test_ddp_s_buffer_flag_goes_by_the_name_this_torch_gives_it():
+    # torch 2.13 renamed DDP's per-forward buffer broadcast to forward_sync_buffers and warns on
+    # broadcast_buffers; older torch knows only broadcast_buffers
+    from dlperf.train.distributed import buffer_sync_flag
+
+    def new(self, module, broadcast_buffers=None, forward_sync_buffers=None):
+        pass
+
+    def old(self, module, broadcast_buffers=True):
+        pass
+
+    assert buffer_sync_flag(new) == "forward_sync_buffers"
+    assert buffer_sync_flag(old) == "broadcast_buffers"
 
 
 def test_without_broadcast_buffers_the_ranks_average_their_batch_norm_statistics(tmp_path):

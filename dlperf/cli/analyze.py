@@ -283,7 +283,8 @@ def add_parser(sub) -> None:
                    help="DDP's gradient_as_bucket_view=True: gradients live in the buckets, so "
                         "they are neither copied in and out nor held twice")
     s.add_argument("--no-broadcast-buffers", action="store_true",
-                   help="DDP's broadcast_buffers=False: no broadcast of the module's buffers "
+                   help="DDP's forward_sync_buffers=False (broadcast_buffers=False before torch "
+                        "2.13): no broadcast of the module's buffers "
                         "(batch norm's running statistics) from rank 0 before every forward, "
                         "which DDP does by default and whose latency grows with the GPUs")
     s.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"), default=None,

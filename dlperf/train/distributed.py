@@ -53,17 +53,29 @@ def setup(device_pref: str = "auto", timeout_s: int = 600) -> DistInfo:
     return DistInfo(rank, world, local, device)
 
 
+def buffer_sync_flag(ddp_init) -> str:
+    """The name of DDP's per-forward buffer broadcast flag in this torch: ``forward_sync_buffers``
+    from torch 2.13 on, which deprecates ``broadcast_buffers`` with a FutureWarning (the new flag
+    leaves the broadcast at construction in place, which is what a run wants: every rank starts
+    from rank 0's statistics), ``broadcast_buffers`` before it."""
+    import inspect
+
+    params = inspect.signature(ddp_init).parameters
+    return "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+
+
 def wrap(model: torch.nn.Module, info: DistInfo,
          broadcast_buffers: bool = False) -> torch.nn.Module:
     """DDP over the ranks (one process: the model itself), the gradients living in its buckets;
-    ``broadcast_buffers``: DDP's flag (see TrainConfig.broadcast_buffers)."""
+    ``broadcast_buffers``: whether DDP broadcasts the buffers before every forward (see
+    TrainConfig.broadcast_buffers), passed under this torch's name for the flag."""
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [info.device.index] if info.device.type == "cuda" else None
     return DDP(model, device_ids=ids, gradient_as_bucket_view=True,
-               broadcast_buffers=broadcast_buffers)
+               **{buffer_sync_flag(DDP.__init__): broadcast_buffers})
 
 
 @torch.no_grad()

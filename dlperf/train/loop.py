@@ -65,7 +65,11 @@ def train(cfg: TrainConfig, resume: str | None = "auto", progress: bool = True,
                 for note in notes:
                     log.event("warning", message=note)
                 trainer = Trainer(cfg, info, out, log, console, progress, stop_at_step)
-                return trainer.run(found, mfu)
+                summary = trainer.run(found, mfu)
+                # every rank finished before any tears its process group down: a gloo peer
+                # that closes while another still works can abort that one at exit
+                D.barrier(info)
+                return summary
             finally:
                 log.close()
     except torch.OutOfMemoryError:
