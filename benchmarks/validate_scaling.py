@@ -26,6 +26,9 @@ INTS = ("image_size", "batch", "gpus", "gpus_per_node", "grad_accum")
 FLOATS = ("data_cores_per_gpu", "decode_img_s_per_core", "measured_per_gpu", "measured_single")
 # blank: unknown workers; the preset's train metrics (models/gpt.py PRESET_TRAIN_METRICS), else 0
 OPTIONAL_INTS = ("loader_workers_per_gpu", "train_metrics")
+# the host's JPEG pipeline of a decode-cpu row: torch's DataLoader (worker processes running
+# torchvision on PIL) or DALI's CPU pipeline (--data-backend dali-cpu: C++ threads)
+LOADERS = ("torch", "dali-cpu")
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -120,6 +123,12 @@ def read_rows(path: Path) -> list[dict]:
                                       or row["strategy"] not in ("fsdp", "hsdp")):
             raise SystemExit(f"{path}: {row['id']}: fp8_all_gather needs fp8 and an FSDP "
                              "strategy")
+        # whose pipeline decoded on the host (optional column; blank with decode cpu: torch's
+        # DataLoader, Python worker processes; dali-cpu: DALI's CPU pipeline, C++ threads)
+        row["loader"] = row.get("loader") or ("torch" if row["decode"] == "cpu" else None)
+        if row["loader"] not in (None, *LOADERS) or (row["loader"] and row["decode"] != "cpu"):
+            raise SystemExit(f"{path}: {row['id']}: loader must be one of {', '.join(LOADERS)} "
+                             "with decode cpu, or blank (torch's DataLoader with decode cpu)")
     return rows
 
 
@@ -237,7 +246,7 @@ def predict(rows: list[dict]) -> list[dict]:
 
 # the columns that say what software a row ran, beside its model, batch and strategy: two rows
 # of one source that differ in any of them are different runs, not one run at two scales
-RUN_STACK = ("layout", "optimizer", "decode", "fusion", "cuda_graphs", "overlap", "bn_group",
+RUN_STACK = ("layout", "optimizer", "decode", "loader", "fusion", "cuda_graphs", "overlap", "bn_group",
              "optimizer_impl", "kvstore", "reduce_dtype", "rope", "attention_kernel", "fp8",
              "fp8_all_gather", "loss", "train_metrics")
 
