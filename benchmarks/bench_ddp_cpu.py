@@ -69,6 +69,7 @@ def _worker(rank: int, port: int, ddp: bool, queue):
     y = torch.randint(0, CLASSES, (BATCH,), generator=g)
     times = _time_steps(model, opt, x, y, barrier=dist.barrier)
     queue.put((rank, times))
+    dist.barrier()  # both done before either tears gloo down (a peer closing early can abort it)
     dist.destroy_process_group()
 
 

@@ -124,6 +124,7 @@ def _worker(rank: int, port: int, collectives: bool, size: str, queue):
             times.append(time.perf_counter() - start)
             inside.append(list(clock))
     queue.put((rank, times, count, inside))
+    dist.barrier()  # both done before either tears gloo down (a peer closing early can abort it)
     dist.destroy_process_group()
 
 

@@ -66,6 +66,9 @@ def _worker(rank: int, world: int, port: int, sizes, repeats: int, backend: str,
         medians.append(statistics.median(times))
     if rank == 0:
         queue.put(medians)
+    # both ranks done before either tears gloo down: a peer that closes while the other is
+    # still busy can abort that one at exit ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
