@@ -260,14 +260,17 @@ def add_relative_scaling(rows: list[dict]) -> None:
     row is compared with the compiled row on fewer GPUs, never with the eager one). Rows at
     the smallest count (two systems of one GPU model, e.g. a DGX-1 with 16 and with 32 GB) are
     not compared, and neither is a row flagged suspect (a measurement its own source's runs
-    contradict): as a base it would skew every figure of its group."""
+    contradict): as a base it would skew every figure of its group. The system is part of
+    the group (interconnect and GPUs per node): a DGX-2's 16 GPUs are compared with its own 4,
+    not with a DGX-1's."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("flag", "").startswith("suspect"):
             r["relative_measured"] = r["relative_predicted"] = r["relative_ratio"] = None
             continue
-        key = (r["source"], r["model"], r["device"], r["image_size"], r["batch"],
-               r["precision"], r["strategy"], r["activation_checkpointing"],
+        key = (r["source"], r["model"], r["device"], r.get("interconnect"), r.get("gpus_per_node"),
+               r["image_size"], r["batch"], r["precision"], r["strategy"],
+               r["activation_checkpointing"],
                r.get("checkpoint_policy"), r.get("checkpoint_every"),
                *(r.get(column) for column in RUN_STACK))
         groups.setdefault(key, []).append(r)

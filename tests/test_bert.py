@@ -17,9 +17,10 @@ SMALL = BertConfig(layers=2, d_model=64, heads=4, ffn=128, vocab=100, seq_len=16
 def _batch_first_reference(m: BertForQuestionAnswering, ids: torch.Tensor) -> torch.Tensor:
     """The same weights through plain batch-first multi-head attention (eval: no dropout)."""
     b, t = ids.shape
-    x = m.norm(m.word(ids) + m.position(torch.arange(t)) + m.token_type(torch.zeros_like(ids)))
+    e = m.encoder
+    x = e.norm(e.word(ids) + e.position(torch.arange(t)) + e.token_type(torch.zeros_like(ids)))
     mask = (ids == 0).to(x.dtype)[:, None, None, :] * -10000.0
-    for layer in m.layers:
+    for layer in e.layers:
         a = layer.attention
 
         def heads(y):
@@ -85,3 +86,53 @@ def test_sequence_longer_than_the_position_table_is_refused_in_one_line():
 
     with pytest.raises(DlperfError, match="exceeds BERT's 512 positions"):
         dlperf.analyze("bert-base", (1, 600), input_dtype=torch.long)
+
+
+def test_pretraining_head_scores_every_token_with_the_tied_word_embeddings_in_float64():
+    # run_pretraining.py of 2020: logits [B, T, vocab] = LN(gelu(W h + b)) Eᵀ + bias over every
+    # position, E the word embeddings (one tensor: the head adds no vocab x C matrix)
+    from dlperf.models.bert import BertForPreTraining
+
+    torch.manual_seed(0)
+    m = BertForPreTraining(SMALL).double().eval()
+    ids = torch.randint(1, 100, (3, 16))
+    out = m(ids)
+    assert out.shape == (3, 16, 100)
+    h = m.encoder(ids)
+    expected = m.transform_norm(m.act(m.transform(h))) @ m.encoder.word.weight.T + m.decoder_bias
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    # the word embeddings get gradient from the head too: id 0 is never looked up here, yet
+    # its row has one
+    out.sum().backward()
+    assert m.encoder.word.weight.grad[0].abs().sum() > 0
+
+
+def test_bert_large_pretrain_has_the_published_parameter_count():
+    # Hugging Face's BertForPreTraining (bert-large-uncased) holds 336,226,108: the encoder
+    # 334,092,288 + pooler 1,049,600 + MLM transform 1,024^2 + 1,024 = 1,049,600 + LayerNorm
+    # 2,048 + decoder bias 30,522 + NSP 2,050. Without the pooler and the NSP head:
+    # 336,226,108 - 1,049,600 - 2,050 = 335,174,458 (the decoder's weight is the tied embedding)
+    model, inp = build_model("bert-large-pretrain")
+    assert sum(p.numel() for p in model.parameters()) == 335_174_458
+    assert inp.shape == (128,) and inp.dtype == torch.long and inp.kind == "tokens"
+    assert build_model("bert_base_pretrain")[0].cfg == CONFIGS["bert-base"]
+
+
+def test_pretraining_loss_is_a_cross_entropy_over_the_vocabulary_for_every_token():
+    # GEMMs as torch's flop counter counts them (the head's B*T x C x vocab among them), and the
+    # default loss takes its log-softmax over [B*T, vocab]: 2 x 16 rows of 100
+    from dlperf.models.bert import BertForPreTraining
+
+    torch.manual_seed(0)
+    m = BertForPreTraining(SMALL)
+    ids = torch.randint(1, 100, (2, 16))
+    with FlopCounterMode(display=False) as counter:
+        m(ids).float().sum().backward()
+    cap = capture(m, (ids,), train=True, loss_fn=lambda out: out.float().sum())
+    ours = sum(c.flops for r in cap.records for c in record_costs(r) or [] if c.kind == "gemm")
+    assert ours == counter.get_total_flops() > 0
+    head = 2 * 2 * 16 * 64 * 100  # the decoder's forward GEMM
+    assert ours > 3 * head
+    full = capture(m, (ids,), train=True)
+    softmax = [r for r in full.records if r.op == "_log_softmax" and r.phase == "forward"]
+    assert softmax and tuple(softmax[0].inputs[0].shape) == (32, 100)

@@ -178,6 +178,18 @@ def test_relative_scaling_compares_one_configuration_across_gpu_counts():
     assert by_id["d32"]["relative_ratio"] is None and by_id["d64"]["relative_ratio"] is None
     assert by_id["d128"]["relative_base"] == "d64"
     assert by_id["d128"]["relative_measured"] == pytest.approx(0.98)  # 98 / 100
+    # two systems of one GPU at two counts each (NVIDIA's BERT tables: DGX-1 and DGX-2, 4 and 8
+    # GPUs): each 8-GPU run is compared with its own system's 4 (DGX-2: 95 / 100), not with
+    # whichever 4-GPU run comes first (the DGX-1's: 95 / 90 = 1.056)
+    dgx1, dgx2 = ("nvlink2-dgx1,ib-edr", 8), ("nvlink2-dgx2,ib-edr", 16)
+    rows = [row(f"{name}-x{g}", g, 10, measured, 100.0, interconnect=ic, gpus_per_node=n)
+            for name, (ic, n), g, measured in (("dgx1", dgx1, 4, 90.0), ("dgx1", dgx1, 8, 88.0),
+                                                ("dgx2", dgx2, 4, 100.0), ("dgx2", dgx2, 8, 95.0))]
+    vs.add_relative_scaling(rows)
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["dgx2-x8"]["relative_base"] == "dgx2-x4"
+    assert by_id["dgx2-x8"]["relative_measured"] == pytest.approx(0.95)
+    assert by_id["dgx1-x8"]["relative_measured"] == pytest.approx(88 / 90)
 
 
 def test_float8_pairs_match_each_fp8_run_with_its_bf16_sibling():

@@ -1,5 +1,6 @@
-"""BERT encoders with the SQuAD question-answering head, as NVIDIA's DeepLearningExamples trains
-them (PyTorch/LanguageModeling/BERT, modeling.py + run_squad.py): post-LayerNorm layers, eager
+"""BERT encoders with the SQuAD question-answering head, or the masked-LM pre-training head, as
+NVIDIA's DeepLearningExamples trains them (PyTorch/LanguageModeling/BERT, modeling.py +
+run_squad.py / run_pretraining.py): post-LayerNorm layers, eager
 attention (Q Kᵀ as a batched matmul, scale, additive mask, softmax, dropout, times V), a
 tanh-approximated GELU, dropout 0.1 after the embeddings, on the attention probabilities and
 after each projection, and a 2-way span classifier over every position.
@@ -40,6 +41,9 @@ class BertConfig:
             raise ValueError(f"BERT d_model ({self.d_model}) must be divisible by heads "
                              f"({self.heads})")
 
+
+# run_pretraining.py's phase 1 (--max_seq_length 128; phase 2 runs 512)
+PRETRAIN_SEQ_LEN = 128
 
 # bert_configs/base.json and large.json of the reference implementation
 CONFIGS = {"bert-base": BertConfig(),
@@ -89,10 +93,9 @@ class Layer(nn.Module):
         return self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
 
 
-class BertForQuestionAnswering(nn.Module):
-    """token ids [B, T] -> span logits [B, 2, T] (start and end scores for every position; the
-    default loss is then the reference's two cross-entropies over T). The reference's pooler
-    (a [B, C] linear + tanh that SQuAD does not use) is left out: well under 0.1% of a step."""
+class Encoder(nn.Module):
+    """Embeddings (word + position + token type, LayerNorm, dropout) and the layers: token ids
+    [B, T] -> hidden states [B, T, C]."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -103,7 +106,6 @@ class BertForQuestionAnswering(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=1e-12)
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
-        self.qa_outputs = nn.Linear(cfg.d_model, 2)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
@@ -118,5 +120,43 @@ class BertForQuestionAnswering(nn.Module):
         x = x.transpose(0, 1)  # [T, B, C] through the encoder, as the reference
         for layer in self.layers:
             x = layer(x, mask)
-        x = x.transpose(0, 1).contiguous()
-        return self.qa_outputs(x).transpose(1, 2)
+        return x.transpose(0, 1).contiguous()
+
+
+class BertForPreTraining(nn.Module):
+    """token ids [B, T] -> masked-LM logits [B, T, vocab] over every position, as the 2020
+    reference computes them (run_pretraining.py's BertPretrainingCriterion takes a
+    cross-entropy over all [B x T, vocab] logits, ignoring the unmasked labels; later versions
+    gather the masked positions first, which the SQuAD model's cost stands in for). The head:
+    dense C x C, GELU, LayerNorm, then the word embeddings transposed (tied, as the
+    reference's BertLMPredictionHead) plus a bias. The next-sentence head (the pooler's
+    C x C on the first token and a 2-way linear: under 0.1% of the step) is left out, so the
+    logits are the one output the default loss differentiates."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.transform = nn.Linear(cfg.d_model, cfg.d_model)
+        self.act = nn.GELU(approximate="tanh")
+        self.transform_norm = nn.LayerNorm(cfg.d_model, eps=1e-12)
+        self.decoder_bias = nn.Parameter(torch.zeros(cfg.vocab))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.transform_norm(self.act(self.transform(self.encoder(ids))))
+        return F.linear(x, self.encoder.word.weight, self.decoder_bias)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """token ids [B, T] -> span logits [B, 2, T] (start and end scores for every position; the
+    default loss is then the reference's two cross-entropies over T). The reference's pooler
+    (a [B, C] linear + tanh that SQuAD does not use) is left out: well under 0.1% of a step."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.qa_outputs = nn.Linear(cfg.d_model, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.qa_outputs(self.encoder(ids)).transpose(1, 2)

@@ -6,6 +6,8 @@
 * ``gpt`` (dlperf.models.gpt) with its GPTConfig, and the published decoders it reproduces
   (``gpt2`` .. ``gpt2-xl``, ``mpt-125m`` .. ``mpt-70b``: dlperf.models.gpt.PRESETS);
 * ``bert-base``, ``bert-large`` (dlperf.models.bert: SQuAD fine-tuning, sequence length 384);
+  ``bert-base-pretrain``, ``bert-large-pretrain`` (the masked-LM head over every token,
+  sequence length 128: pre-training phase 1);
 * ``resnext101_32x4d``, ``se_resnext101_32x4d`` (dlperf.models.convnets: NVIDIA's variants);
 * ``timm:NAME`` when timm is installed (an optional extra).
 """
@@ -124,6 +126,12 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
         cfg = CONFIGS[name.replace("_", "-")]
         return (_construct(lambda: BertForQuestionAnswering(cfg), real),
                 ModelInput((cfg.seq_len,), torch.long, "tokens"))
+    if name.replace("_", "-") in ("bert-base-pretrain", "bert-large-pretrain"):
+        from dlperf.models.bert import CONFIGS, PRETRAIN_SEQ_LEN, BertForPreTraining
+
+        cfg = CONFIGS[name.replace("_", "-").removesuffix("-pretrain")]
+        return (_construct(lambda: BertForPreTraining(cfg), real),
+                ModelInput((PRETRAIN_SEQ_LEN,), torch.long, "tokens"))
     if name.startswith("timm:"):  # optional extra: pip install 'dlperf[timm]'
         try:
             import timm
@@ -143,11 +151,12 @@ def build_model(name: str, gpt=None, num_classes: int | None = None, real: bool 
         return _construct(lambda: BUILDERS[name](**kwargs), real), ModelInput((3, 224, 224))
     names = torchvision_names()
     if name not in names:
-        known = [*names, *PRESETS, "bert-base", "bert-large", *BUILDERS]
+        known = [*names, *PRESETS, "bert-base", "bert-large", "bert-base-pretrain",
+                 "bert-large-pretrain", *BUILDERS]
         raise DlperfError(f"unknown model {name!r}{close_matches(name, known)}; use a "
                           f"torchvision name, timm:NAME, gpt or a GPT preset "
                           f"({', '.join(p for p in PRESETS if p != 'gpt')}), bert-base, "
-                          "bert-large, or path/to/file.py:factory")
+                          "bert-large (-pretrain), or path/to/file.py:factory")
     import torchvision
 
     # weights=None and weights_backbone=None: never download anything (detection and
