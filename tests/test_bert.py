@@ -54,9 +54,13 @@ def test_bert_large_has_the_published_parameter_count():
     assert build_model("bert_base")[0].cfg == CONFIGS["bert-base"]
 
 
-def test_bert_gemm_flops_match_torch_flop_counter_forward_and_backward():
+@pytest.mark.parametrize("head", ["squad", "pretraining"])
+def test_bert_gemm_flops_match_torch_flop_counter_forward_and_backward(head):
+    # the pre-training head's B*T x C x vocab decoder (tied weights) counted as torch counts it
+    from dlperf.models.bert import BertForPreTraining
+
     torch.manual_seed(0)
-    m = BertForQuestionAnswering(SMALL)
+    m = (BertForQuestionAnswering if head == "squad" else BertForPreTraining)(SMALL)
     ids = torch.randint(1, 100, (2, 16))
     with FlopCounterMode(display=False) as counter:
         m(ids).float().sum().backward()
@@ -119,20 +123,11 @@ def test_bert_large_pretrain_has_the_published_parameter_count():
 
 
 def test_pretraining_loss_is_a_cross_entropy_over_the_vocabulary_for_every_token():
-    # GEMMs as torch's flop counter counts them (the head's B*T x C x vocab among them), and the
-    # default loss takes its log-softmax over [B*T, vocab]: 2 x 16 rows of 100
+    # the default loss takes its log-softmax over [B*T, vocab]: 2 x 16 rows of 100
     from dlperf.models.bert import BertForPreTraining
 
-    torch.manual_seed(0)
     m = BertForPreTraining(SMALL)
     ids = torch.randint(1, 100, (2, 16))
-    with FlopCounterMode(display=False) as counter:
-        m(ids).float().sum().backward()
-    cap = capture(m, (ids,), train=True, loss_fn=lambda out: out.float().sum())
-    ours = sum(c.flops for r in cap.records for c in record_costs(r) or [] if c.kind == "gemm")
-    assert ours == counter.get_total_flops() > 0
-    head = 2 * 2 * 16 * 64 * 100  # the decoder's forward GEMM
-    assert ours > 3 * head
     full = capture(m, (ids,), train=True)
     softmax = [r for r in full.records if r.op == "_log_softmax" and r.phase == "forward"]
     assert softmax and tuple(softmax[0].inputs[0].shape) == (32, 100)
