@@ -729,17 +729,27 @@ def test_the_saved_scaling_table_is_current_and_holds_the_held_out_sources():
     for system in ("a100", "v100-16", "v100-32"):
         assert (rows[f"dle2006-rn50-{system}-amp-x8"]["measured_efficiency"]
                 > rows[f"dle2012-rn50-{system}-amp-x8"]["measured_efficiency"] + 0.14)
-    # NVIDIA's BERT-large SQuAD tables of the 20.06 container (held out, 11 runs, apex's DDP):
-    # most of the loss is there at 4 GPUs (DGX-1 16G fp16: 183 / 4 / 50 = 91.5%, dlperf 95.8%),
-    # and from 4 GPUs on the per-GPU rate follows the prediction within 4.1%
-    bert_2006 = [r for r in rows.values() if r["source"] == "dle-bert-2006"]
-    assert len(bert_2006) == 11
+    # NVIDIA's BERT-large tables of the 20.06 container (held out): SQuAD fine-tuning, 11 runs
+    # under apex's DDP, lose most of what they lose at 4 GPUs (DGX-1 16G fp16: 183 / 4 / 50 =
+    # 91.5%, dlperf 95.8%), and from 4 GPUs on the per-GPU rate follows the prediction within
+    # 2.1% but on the DGX-2's 16 (6.5%); pre-training, 29 runs of one all-reduce per 20-460 s
+    # step, scales within 6.5% of the prediction, and bert-large-pretrain's per-GPU rate on the
+    # A100 is within 6% (V100: 0.87-1.33x)
+    squad = [r for r in rows.values() if r["source"] == "dle-bert-2006" and "-squad-" in r["id"]]
+    pretrain = [r for r in rows.values()
+                if r["source"] == "dle-bert-2006" and r["model"] == "bert-large-pretrain"]
+    assert len(squad) == 11 and len(pretrain) == 29
     assert rows["dle2006-bertL-squad-v100-16-fp16-x4"]["measured_efficiency"] == pytest.approx(
         183 / 4 / 50)
-    for r in bert_2006:
+    for r in squad:
         assert 1.02 < r["efficiency_ratio"] < 1.16, r["id"]
         if r["gpus"] > 4:
-            assert abs(r["relative_ratio"] - 1) < 0.041, r["id"]
+            limit = 0.066 if r["gpus"] == 16 else 0.021
+            assert abs(r["relative_ratio"] - 1) < limit, r["id"]
+    for r in pretrain:
+        assert abs(r["efficiency_ratio"] - 1) < 0.065, r["id"]
+        if r["device"] == "a100-40gb":
+            assert abs(r["per_gpu_ratio"] - 1) < 0.06, r["id"]
     # the Paddle runs' one-to-eight-GPU loss: none in TF32, 6.6% in AMP (DALI, CPU affinity)
     assert rows["dle-pd-rn50-a100-tf32-x8"]["measured_efficiency"] == pytest.approx(
         7955 / 8 / 993)
