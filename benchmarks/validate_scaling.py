@@ -26,9 +26,6 @@ INTS = ("image_size", "batch", "gpus", "gpus_per_node", "grad_accum")
 FLOATS = ("data_cores_per_gpu", "decode_img_s_per_core", "measured_per_gpu", "measured_single")
 # blank: unknown workers; the preset's train metrics (models/gpt.py PRESET_TRAIN_METRICS), else 0
 OPTIONAL_INTS = ("loader_workers_per_gpu", "train_metrics")
-# the host's JPEG pipeline of a decode-cpu row: torch's DataLoader (worker processes running
-# torchvision on PIL) or DALI's CPU pipeline (--data-backend dali-cpu: C++ threads)
-LOADERS = ("torch", "dali-cpu")
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -36,6 +33,9 @@ def read_rows(path: Path) -> list[dict]:
     from dlperf.analysis.fusion import FUSIONS
     from dlperf.analysis.scaling import KVSTORES
     from dlperf.hardware.efficiency import ATTENTION_KERNELS
+    # the host's JPEG pipeline of a decode-cpu row: torch's DataLoader (worker processes
+    # running torchvision on PIL) or DALI's CPU pipeline (--data-backend dali-cpu: C++ threads)
+    from dlperf.hardware.track_record import HOST_DECODE as LOADERS
     from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
     from dlperf.models.fp8 import RECIPES as TE_RECIPES
     from dlperf.models.gpt import ROPE_FORMS

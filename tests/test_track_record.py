@@ -258,6 +258,39 @@ def test_analyze_with_a_host_decode_prints_and_saves_that_record(tmp_path, capsy
     assert saved["efficiency_band"] == pytest.approx(list(band))
 
 
+def test_a_dali_cpu_decode_is_read_through_the_runs_of_that_pipeline(tmp_path, capsys):
+    # DALI's CPU pipeline lost 1-13% from one GPU to eight on NVIDIA's 20.06 systems where
+    # torch's DataLoader lost 13-22% on the same ones: `--loader dali-cpu` reads through its
+    # own runs. Three DALI runs at 1.00, 1.02, 1.04 and one at 1.10: quartiles (inclusive)
+    # 1.015 and 1.055; a prediction of 0.98: 0.98 / 1.055 .. 0.98 / 1.015
+    rows = [_scaling_row(efficiency_ratio=x, measured_efficiency=0.95, decode="cpu",
+                         loader="dali-cpu", flag="decode-rate-assumed", source="dle-convnets")
+            for x in (1.0, 1.02, 1.04, 1.10)]
+    rows += [_scaling_row(efficiency_ratio=1.2, measured_efficiency=0.8, decode="cpu",
+                          flag="decode-rate-assumed", source="dle-convnets")] * 4
+    record = tr.build_scale_out(rows)
+    assert record["host_decode"]["rows"] == 4 and record["host_decode_dali"]["rows"] == 4
+    low, high = tr.efficiency_band(0.98, 1, "v100-sxm2", record, host_decode=True,
+                                   loader="dali-cpu")
+    assert (low, high) == (pytest.approx(0.98 / 1.055), pytest.approx(0.98 / 1.015))
+    text, _ = tr.describe_scale_out(PRESETS["v100-sxm2"], record, host_decode=True,
+                                    loader="dali-cpu")
+    assert "decoding the JPEGs in DALI's CPU pipeline, as here, 4 runs" in text
+    # through the CLI, with the shipped record; and the flag alone is refused in one line
+    path = tmp_path / "s.json"
+    code, out, err = _run(["analyze", "resnet50", "--device", "a100-40gb", "--batch-size", "64",
+                           "--dtype", "fp16", "--train", "--gpus", "8", "--decode", "cpu",
+                           "--data-cores", "16", "--decode-rate", "215", "--loader",
+                           "dali-cpu", "--json", str(path)], capsys)
+    assert code == 0, err
+    saved = json.loads(path.read_text())["scale_out"]["track_record"]
+    assert saved["loader"] == "dali-cpu"
+    assert saved["host_decode"] == tr.load_scale_out()["host_decode_dali"]
+    assert saved["host_decode"]["rows"] == 18
+    code, out, err = _run(["analyze", "resnet50", "--loader", "dali-cpu"], capsys)
+    assert code == 2 and "--loader names the pipeline" in err and "Traceback" not in err
+
+
 def test_tensor_parallel_record_reads_validate_tps_pairs():
     from dlperf.hardware.track_record import build_tensor_parallel, describe_tensor_parallel
 

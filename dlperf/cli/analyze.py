@@ -334,6 +334,11 @@ def add_parser(sub) -> None:
                    help="the data loader's worker processes per GPU (with --decode cpu): a GPU "
                         "then decodes on min(workers, the node's cores / the GPUs sharing "
                         "them), so one GPU alone on a host decodes faster than eight sharing it")
+    s.add_argument("--loader", choices=("torch", "dali-cpu"), default=None,
+                   help="the pipeline decoding on the host (with --decode cpu): torch's "
+                        "DataLoader (worker processes) or DALI's CPU pipeline (threads); the "
+                        "prediction is read through the published runs of that pipeline, "
+                        "which lost different amounts from one GPU to eight [torch]")
     s.add_argument("--decode-rate", type=positive_float, default=None,
                    help="images/s one host core decodes and augments (with --decode cpu; "
                         "`dlperf bench data` measures it on a machine)")
@@ -587,6 +592,9 @@ def run(args) -> int:
                                                          args.loader_workers)):
         raise DlperfError("--data-cores, --decode-rate and --loader-workers describe the input "
                           "side of the scale-out: add --gpus N (and --decode cpu)")
+    if args.loader is not None and (args.gpus is None or args.decode != "cpu"):
+        raise DlperfError("--loader names the pipeline that decodes JPEGs on the host: add "
+                          "--gpus N --decode cpu")
     if args.gpus is None and args.step_cv is not None:
         raise DlperfError("--step-cv is the spread of one GPU's step among many: add --gpus N")
     if args.gpus is None and args.collective_sms is not None:
@@ -845,8 +853,8 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
 
     from dlperf.analysis.report import render_scaling
     from dlperf.analysis.scaling import scale_out_and_curve
-    from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
-                                              load_scale_out)
+    from dlperf.hardware.track_record import (HOST_DECODE, describe_scale_out,
+                                              efficiency_band, load_scale_out)
 
     cfg, node, network, layout = setup
     if stage is not None:
@@ -875,12 +883,13 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
     tokens = analysis.config.input_shape[1] * cfg.cp if analysis.config.tokens else None
     # what published multi-GPU runs say about these predictions (hardware/track_record.py)
     # a host JPEG decode is read through the runs that had one (they lose what others do not)
-    host_decode = cfg.decode == "cpu"
-    line = describe_scale_out(analysis.device, host_decode=host_decode)
+    # (through the runs of its pipeline: torch's DataLoader or DALI's CPU pipeline, --loader)
+    host_decode, loader = cfg.decode == "cpu", args.loader or "torch"
+    line = describe_scale_out(analysis.device, host_decode=host_decode, loader=loader)
     # the record's runs are data parallel only: no band to read a tensor-parallel job through
     band = None if line is None or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1 else efficiency_band(
         here["scaling_efficiency"], here["nodes"], analysis.device.name,
-        host_decode=host_decode)
+        host_decode=host_decode, loader=loader)
     render_scaling(here, curve, node, network, console, tokens_per_sample=tokens, record=line,
                    band=band)
     saved = load_scale_out()
@@ -888,7 +897,8 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
         "text": line[0], "systematic": line[1], "one_node": saved.get("one_node"),
         "device": saved.get("by_device", {}).get(analysis.device.name),
         "across_nodes": saved.get("across_nodes"),
-        "host_decode": saved.get("host_decode") if host_decode else None,
+        "host_decode": saved.get(HOST_DECODE[loader]) if host_decode else None,
+        "loader": loader if host_decode else None,
         "efficiency_band": list(band) if band else None}
     return {"config": {**cfg.__dict__, "node": node.to_dict(), "network": network.to_dict()},
             "at_requested_scale": here, "curve": curve, "track_record": record}

@@ -133,6 +133,11 @@ def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | Non
     return text, warn
 
 
+# the record a prediction fed by the host's JPEG decode is read through, by the pipeline that
+# decoded (`analyze --loader`; the scaling table's loader column)
+HOST_DECODE = {"torch": "host_decode", "dali-cpu": "host_decode_dali"}
+
+
 def build_scale_out(scaling: list[dict]) -> dict:
     """dlperf's record on published multi-GPU runs (results/validation-scaling.json rows), for
     the scale-out report (issue #14). A ratio is dlperf's scaling over the measured one:
@@ -149,12 +154,13 @@ def build_scale_out(scaling: list[dict]) -> dict:
       (``decode`` cpu) through torch's DataLoader (``loader`` torch; rows saved before the
       column count as such), whatever their flag (every such row assumes a per-core rate no
       source publishes): the record a prediction with ``--decode cpu`` is read through, since
-      these runs lose what the clean ones (synthetic data, DALI) do not. DALI's CPU pipeline
-      (``loader`` dali-cpu: C++ threads, no worker processes) lost far less on the same
-      systems (NVIDIA's 20.06 ConvNets tables), so its runs stay out of that band."""
+      these runs lose what the clean ones (synthetic data, DALI's GPU pipeline) do not;
+      ``host_decode_dali``: the same for DALI's CPU pipeline (``loader`` dali-cpu: C++
+      threads, no worker processes), which lost far less on the same systems (NVIDIA's 20.06
+      ConvNets tables): ``--decode cpu --loader dali-cpu`` reads through it."""
     one: list[tuple[float, float, str]] = []
     by_device: dict[str, list[tuple[float, float, str]]] = {}
-    host: list[tuple[float, float, str]] = []
+    host: dict[str, list[tuple[float, float, str]]] = {loader: [] for loader in HOST_DECODE}
     across: list[tuple[float, int, str]] = []
     flags: set[str] = set()
     for r in scaling:
@@ -164,8 +170,8 @@ def build_scale_out(scaling: list[dict]) -> dict:
             if r.get("flag") == "clean":
                 one.append(row)
                 by_device.setdefault(r["device"], []).append(row)
-            if r.get("decode") == "cpu" and r.get("loader", "torch") == "torch":
-                host.append(row)
+            if r.get("decode") == "cpu" and r.get("loader", "torch") in host:
+                host[r.get("loader", "torch")].append(row)
         if nodes > 1 and r.get("relative_ratio") is not None and r["limited_by"] == "compute":
             across.append((r["relative_ratio"], r["gpus"], r["source"]))
             if r.get("flag") != "clean":
@@ -181,8 +187,9 @@ def build_scale_out(scaling: list[dict]) -> dict:
     if one:
         out["one_node"] = one_node(one)
         out["by_device"] = {d: one_node(rows) for d, rows in sorted(by_device.items())}
-    if host:
-        out["host_decode"] = one_node(host)
+    for loader, rows in host.items():
+        if rows:
+            out[HOST_DECODE[loader]] = one_node(rows)
     if across:
         out["across_nodes"] = {**_summary([x for x, _, _ in across], {s for _, _, s in across}),
                                **_quartiles([x for x, _, _ in across]),
@@ -206,17 +213,17 @@ BAND_MIN_RUNS = 4
 
 
 def efficiency_band(efficiency: float, nodes: int, device: str | None = None,
-                    record: dict | None = None,
-                    host_decode: bool = False) -> tuple[float, float] | None:
+                    record: dict | None = None, host_decode: bool = False,
+                    loader: str = "torch") -> tuple[float, float] | None:
     """A predicted scaling efficiency read through the record: where the middle half of the
     published runs' predicted/measured ratios would put it (one node: ``device``'s own
     one-node record when it has ``BAND_MIN_RUNS`` runs, else every GPU's; ``host_decode``:
-    the runs fed by the host's JPEG decode instead, when there are that many; across nodes,
-    that and the across-node record's quartiles multiplied: what was lost on one node, then
-    from one node to many). None without a record."""
+    the runs fed by the host's JPEG decode through ``loader``'s pipeline instead, when there
+    are that many; across nodes, that and the across-node record's quartiles multiplied: what
+    was lost on one node, then from one node to many). None without a record."""
     record = load_scale_out() if record is None else record
     one = record.get("by_device", {}).get(device)
-    host = record.get("host_decode") if host_decode else None
+    host = record.get(HOST_DECODE[loader]) if host_decode else None
     if host and host["rows"] >= BAND_MIN_RUNS:
         one = host
     elif not one or one["rows"] < BAND_MIN_RUNS:
@@ -238,12 +245,12 @@ def load_scale_out() -> dict:
         return {}
 
 
-def describe_scale_out(spec, record: dict | None = None,
-                       host_decode: bool = False) -> tuple[str, bool] | None:
+def describe_scale_out(spec, record: dict | None = None, host_decode: bool = False,
+                       loader: str = "torch") -> tuple[str, bool] | None:
     """One line on dlperf's record on published multi-GPU runs, with this GPU's own where it
-    has one (and, for ``host_decode``, the runs whose host decoded the JPEGs), and whether it
-    is systematic enough to warn about (median off by more than ``SYSTEMATIC``); None for a
-    measured profile or when no run has been checked."""
+    has one (and, for ``host_decode``, the runs whose host decoded the JPEGs through
+    ``loader``'s pipeline), and whether it is systematic enough to warn about (median off by
+    more than ``SYSTEMATIC``); None for a measured profile or when no run has been checked."""
     record = load_scale_out() if record is None else record
     if spec.measured or not record:
         return None
@@ -267,10 +274,12 @@ def describe_scale_out(spec, record: dict | None = None,
                      f"{s['median']:.2f}x (dlperf models the communication and the wait "
                      f"for the slowest GPU, not what these runs lost beyond them)")
         warn = warn or abs(s["median"] - 1) > SYSTEMATIC
-    if host_decode and "host_decode" in record:
-        s = record["host_decode"]
-        parts.append(f"with the host's CPU decoding the JPEGs, as here, {s['rows']} runs "
-                     f"({', '.join(s['publishers'])}) measured {s['measured_low']:.1%}-"
+    if host_decode and HOST_DECODE[loader] in record:
+        s = record[HOST_DECODE[loader]]
+        pipeline = " in DALI's CPU pipeline" if loader == "dali-cpu" else ""
+        parts.append(f"with the host's CPU decoding the JPEGs{pipeline}, as here, "
+                     f"{s['rows']} runs ({', '.join(s['publishers'])}) measured "
+                     f"{s['measured_low']:.1%}-"
                      f"{s['measured_high']:.1%} of one GPU and dlperf's efficiency was "
                      f"{s['low']:.2f}-{s['high']:.2f}x theirs, median {s['median']:.2f}x "
                      "(each with a per-core decode rate assumed, not published)")
