@@ -246,9 +246,9 @@ def predict(rows: list[dict]) -> list[dict]:
 
 # the columns that say what software a row ran, beside its model, batch and strategy: two rows
 # of one source that differ in any of them are different runs, not one run at two scales
-RUN_STACK = ("layout", "optimizer", "decode", "loader", "fusion", "cuda_graphs", "overlap", "bn_group",
-             "optimizer_impl", "kvstore", "reduce_dtype", "rope", "attention_kernel", "fp8",
-             "fp8_all_gather", "loss", "train_metrics")
+RUN_STACK = ("layout", "optimizer", "decode", "loader", "fusion", "cuda_graphs", "overlap",
+             "bn_group", "optimizer_impl", "kvstore", "reduce_dtype", "rope", "attention_kernel",
+             "fp8", "fp8_all_gather", "loss", "train_metrics")
 
 
 def add_relative_scaling(rows: list[dict]) -> None:
@@ -268,9 +268,9 @@ def add_relative_scaling(rows: list[dict]) -> None:
         if r.get("flag", "").startswith("suspect"):
             r["relative_measured"] = r["relative_predicted"] = r["relative_ratio"] = None
             continue
-        key = (r["source"], r["model"], r["device"], r.get("interconnect"), r.get("gpus_per_node"),
-               r["image_size"], r["batch"], r["precision"], r["strategy"],
-               r["activation_checkpointing"],
+        key = (r["source"], r["model"], r["device"], r.get("interconnect"),
+               r.get("gpus_per_node"), r["image_size"], r["batch"], r["precision"],
+               r["strategy"], r["activation_checkpointing"],
                r.get("checkpoint_policy"), r.get("checkpoint_every"),
                *(r.get(column) for column in RUN_STACK))
         groups.setdefault(key, []).append(r)

@@ -241,8 +241,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            if comm.get("optimizer_host_s", 0.0) > 0.01 * here["step_s"] else "")
         + (f"; of the exposed, DDP's broadcast of {bb['tensors']} buffers before every forward "
            f"{seconds(bb['seconds'])} (DistributedDataParallel(..., forward_sync_buffers=False), "
-           "broadcast_buffers=False before torch 2.13, removes it; the buffers, batch norm's running statistics, then differ by GPU "
-           "until synchronised, e.g. by SyncBatchNorm)"
+           "broadcast_buffers=False before torch 2.13, removes it; the buffers, batch norm's "
+           "running statistics, then differ by GPU until synchronised, e.g. by SyncBatchNorm)"
            if (bb := comm.get("buffer_broadcast")) and bb["seconds"] > 0.01 * here["step_s"]
            else "")
         + f"; limited by {here['limited_by']}"

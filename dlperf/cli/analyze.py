@@ -8,6 +8,7 @@ from dlperf.cli.common import (batch_size_arg, new_console, nonnegative_int, out
                                positive_float, positive_int)
 from dlperf.errors import DlperfError
 from dlperf.hardware.efficiency import ATTENTION_KERNELS
+from dlperf.hardware.track_record import HOST_DECODE
 from dlperf.models.loss_forms import LOSSES
 
 
@@ -334,7 +335,7 @@ def add_parser(sub) -> None:
                    help="the data loader's worker processes per GPU (with --decode cpu): a GPU "
                         "then decodes on min(workers, the node's cores / the GPUs sharing "
                         "them), so one GPU alone on a host decodes faster than eight sharing it")
-    s.add_argument("--loader", choices=("torch", "dali-cpu"), default=None,
+    s.add_argument("--loader", choices=tuple(HOST_DECODE), default=None,
                    help="the pipeline decoding on the host (with --decode cpu): torch's "
                         "DataLoader (worker processes) or DALI's CPU pipeline (threads); the "
                         "prediction is read through the published runs of that pipeline, "
@@ -853,8 +854,8 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
 
     from dlperf.analysis.report import render_scaling
     from dlperf.analysis.scaling import scale_out_and_curve
-    from dlperf.hardware.track_record import (HOST_DECODE, describe_scale_out,
-                                              efficiency_band, load_scale_out)
+    from dlperf.hardware.track_record import (describe_scale_out, efficiency_band,
+                                              load_scale_out)
 
     cfg, node, network, layout = setup
     if stage is not None:

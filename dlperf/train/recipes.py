@@ -89,11 +89,12 @@ class TrainConfig:
     profile_steps: int = 0  # > 0: that many steps under torch.profiler -> out_dir/profile/
     device: str = "auto"  # auto | cpu | cuda
     sync_bn: bool = False
-    # DDP's broadcast_buffers (forward_sync_buffers from torch 2.13): true broadcasts the model's buffers (batch norm's running
-    # statistics) from rank 0 before every forward, torch's default, a collective whose latency
-    # grows with the GPUs (NCCL's ring: `dlperf analyze --gpus` prices it); false (the record
-    # recipe's way: MXNet's kvstore broadcast none) keeps them per rank and averages them over
-    # the ranks before every evaluation and checkpoint (distributed.average_buffers)
+    # DDP's broadcast_buffers (forward_sync_buffers from torch 2.13): true broadcasts the
+    # model's buffers (batch norm's running statistics) from rank 0 before every forward,
+    # torch's default, a collective whose latency grows with the GPUs (NCCL's ring: `dlperf
+    # analyze --gpus` prices it); false (the record recipe's way: MXNet's kvstore broadcast
+    # none) keeps them per rank and averages them over the ranks before every evaluation and
+    # checkpoint (distributed.average_buffers)
     broadcast_buffers: bool = False
     collective_timeout_s: int = 600
 
