@@ -1,13 +1,14 @@
-"""BERT encoders with the SQuAD question-answering head, or the masked-LM pre-training head, as
+"""BERT encoders with the SQuAD question-answering head or the masked-LM pre-training head, as
 NVIDIA's DeepLearningExamples trains them (PyTorch/LanguageModeling/BERT, modeling.py +
-run_squad.py / run_pretraining.py): post-LayerNorm layers, eager
-attention (Q Kᵀ as a batched matmul, scale, additive mask, softmax, dropout, times V), a
-tanh-approximated GELU, dropout 0.1 after the embeddings, on the attention probabilities and
-after each projection, and a 2-way span classifier over every position.
+run_squad.py / run_pretraining.py): post-LayerNorm layers, eager attention (Q Kᵀ as a batched
+matmul, scale, additive mask, softmax, dropout, times V), a tanh-approximated GELU, dropout 0.1
+after the embeddings, on the attention probabilities and after each projection; then a 2-way
+span classifier over every position (SQuAD) or the vocabulary's logits for every position
+(pre-training, the 2020 reference's criterion).
 
-Written for analysis (and it trains): published BERT fine-tuning throughputs (sequences/s at
-sequence length 384) are measured with exactly this kernel sequence, so dlperf predicts them
-from the same graph. The attention mask is built from the token ids (id 0 is padding), as the
+Written for analysis (and it trains): published BERT throughputs (sequences/s; SQuAD at
+sequence length 384, pre-training at 128 and 512) are measured with this kernel sequence, so
+dlperf predicts them from the same graph. The attention mask is built from the token ids (id 0 is padding), as the
 original computes it from ``input_mask``: (1 - mask) x -10000, in the model's dtype.
 """
 
