@@ -40,18 +40,11 @@ def with_gemm(original: dict, share: float, devices=HOPPER,
             for name in devices}
 
 
-def _class(row: dict) -> str:
-    """transformer or cnn, in half or full precision: the shares move GEMMs, which are most of
-    a transformer's step and little of a CNN's (its convolutions have their own share)."""
-    kind = ("transformer" if row["model"].startswith(("bert", "gpt", "mpt", "llama"))
-            else "cnn")
-    return f"{kind}-{'full' if row['precision'] in ('fp32', 'tf32') else 'half'}"
-
-
 def main(argv: list[str]) -> int:
     import argparse
 
     from dlperf.hardware import specs
+    from dlperf.hardware.track_record import workload_class
     from dlperf.provenance import load_sibling, save_result
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -87,10 +80,14 @@ def main(argv: list[str]) -> int:
     finally:
         specs.PRESETS.clear()
         specs.PRESETS.update(original)
+    # the track record's workload classes (the shares move GEMMs: most of a transformer's
+    # step, little of a CNN's, whose convolutions have their own share)
     rows = ([{"id": r["id"], "table": "scaling", "source": r["source"], "device": r["device"],
-              "gpus": r["gpus"], "flag": r["flag"], "class": _class(r)} for r in multi]
+              "gpus": r["gpus"], "flag": r["flag"], "class": workload_class(cfg)}
+             for r, cfg, *_ in multi_captured]
             + [{"id": r["id"], "table": "single", "source": r["source"], "device": r["device"],
-                "gpus": 1, "flag": r["flag"], "class": _class(r)} for r in single])
+                "gpus": 1, "flag": r["flag"], "class": workload_class(cfg)}
+               for r, cfg, *_ in single_captured])
     for r in rows:
         r.update({f"ratio_{s}": ratios[s][r["id"]] for s in shares})
     by_source: dict[str, dict] = {}

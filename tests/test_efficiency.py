@@ -539,7 +539,7 @@ def test_the_v100_rows_ask_for_volta_shares_of_their_own():
     shipped, low = gemm["config"]["shares"][0], 0.62
     assert shipped == pytest.approx(FITTED.tensor_gemm)
     assert cuda["config"]["shares"][0] == pytest.approx(FITTED.cuda_core)
-    half = [r for r in gemm["results"]["rows"] if r["class"] == "transformer-half"]
+    half = [r for r in gemm["results"]["rows"] if r["class"] == "transformer-amp"]
     assert len(half) >= 20
     for source in {r["source"] for r in half} - {"dle-bert-pretrain"}:
         mine = [r for r in half if r["source"] == source]
@@ -548,7 +548,7 @@ def test_the_v100_rows_ask_for_volta_shares_of_their_own():
         assert at_shipped > 1.09 and abs(at_low - 1) < abs(at_shipped - 1), source
     cnn = [r for r in gemm["results"]["rows"] if r["class"].startswith("cnn")]
     assert all(abs(r[f"ratio_{low}"] - r[f"ratio_{shipped}"]) < 0.01 for r in cnn)
-    summary = cuda["results"]["summary"]["class cnn-full"]
+    summary = cuda["results"]["summary"]["class cnn-fp32-tf32"]
     assert summary["median_abs_error_0.9"] < summary[f"median_abs_error_{FITTED.cuda_core}"] / 2
 
 

@@ -170,8 +170,9 @@ def build_scale_out(scaling: list[dict]) -> dict:
             if r.get("flag") == "clean":
                 one.append(row)
                 by_device.setdefault(r["device"], []).append(row)
-            if r.get("decode") == "cpu" and r.get("loader", "torch") in host:
-                host[r.get("loader", "torch")].append(row)
+            loader = r.get("loader", "torch")
+            if r.get("decode") == "cpu" and loader in host:
+                host[loader].append(row)
         if nodes > 1 and r.get("relative_ratio") is not None and r["limited_by"] == "compute":
             across.append((r["relative_ratio"], r["gpus"], r["source"]))
             if r.get("flag") != "clean":
