@@ -5,17 +5,19 @@ predicted time is split into the parts each parameter scales (math time by its c
 time by its class and the device's achieved bandwidth, NCHW transposes, kernel launches), so
 that one evaluation of a parameter set is a few numpy operations over all rows. The fit
 minimises the mean squared log error (pred/meas) of the step time over the clean rows with a
-bounded Nelder-Mead search; no parameter is per row or per GPU. A preset that carries its own
-GEMM share (the Hopper parts: hardware/efficiency.py, HOPPER_TENSOR_GEMM, fitted to decoder
-runs by fit_attention.py) keeps it: its rows' cuBLAS GEMMs are divided by that share, not the
-fitted one, as ``dlperf analyze`` predicts them.
+bounded Nelder-Mead search; no parameter is per row. A preset that carries its own GEMM or
+CUDA-core share (the Hopper parts: hardware/efficiency.py, HOPPER_TENSOR_GEMM, fitted to decoder
+runs by fit_attention.py; the V100s) keeps it: its rows' cuBLAS GEMMs are divided by that
+share, not the fitted one, as ``dlperf analyze`` predicts them. ``--own-share PRESET,...``
+fits one family's two shares (own_tensor_gemm, own_cuda_core) with the rest instead: how the
+V100 presets' were fitted (results/efficiency-fit-volta.json).
 
 Held-out errors, the honest number: for each source in the table, the parameters are refitted
 without that source's rows, and those rows are predicted with them (leave one source out).
 
 Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
        python benchmarks/fit_efficiency.py CSV OUT.json [--channel-norm] [--fix NAME=VALUE ...]
-           [--tf32-nchw SHARE]   (experiments; --channel-norm: batch and group norm's kernels
+           [--tf32-nchw SHARE] [--own-share PRESET,...]   (experiments; --channel-norm: batch and group norm's kernels
        at a fitted fraction of the streaming rate of their own; --fix and --tf32-nchw:
        ``experiment_flags``)
 Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
@@ -46,6 +48,9 @@ BOUNDS = {"tensor_gemm": (0.3, 1.0), "tensor_conv": (0.3, 1.0), "grouped_conv": 
           # F(4x4, 3x3) Winograd needs a quarter of the multiplies (Lavin and Gray)
           "winograd": (0.25, 1.0)}
 NAMES = tuple(BOUNDS)
+# ``--own-share PRESET,...``: those presets' cuBLAS GEMMs and CUDA-core math at shares of their
+# own, fitted with the rest (the V100's, 2026-12-05: hardware/efficiency.py, VOLTA_TENSOR_GEMM)
+OWN = {"own_tensor_gemm": BOUNDS["tensor_gemm"], "own_cuda_core": BOUNDS["cuda_core"]}
 # ``--channel-norm`` (an experiment; the shipped model has no such GPU parameter): batch and
 # group norm's kernels at their own fraction of the streaming rate, fitted with the rest
 CHANNEL_NORM_BOUNDS = (0.1, 1.0)
@@ -96,7 +101,7 @@ class Terms:
     """Per-kernel raw terms of every row, flattened, with the row each kernel belongs to."""
 
     def __init__(self, captured, host_s: float, tf32_nchw: float | None = None,
-                 shares: dict | None = None):
+                 shares: dict | None = None, group: tuple[str, ...] = ()):
         from dataclasses import replace
 
         from dlperf.analysis.api import predict_on
@@ -110,23 +115,31 @@ class Terms:
         self.host_s = host_s  # not fitted: no row of the table is host-bound
         math_s, math_cls, mem_s, dw, trans_s, kernels, row_of = [], [], [], [], [], [], []
         channel_norm, class_share = [], []
-        wino, syncs, own_gemm = [], [], []
+        wino, syncs, own_share, in_group, own_wino = [], [], [], [], []
         self.rows, self.batch, self.bw, self.sm_rate = [], [], [], []
         for i, (row, cfg, costs, uncounted, seconds) in enumerate(captured):
             spec = get_device(row["device"])
-            # the preset's own GEMM share, where it has one (NaN: the fitted one)
-            own = (spec.efficiency or {}).get("tensor_gemm", math.nan)
+            # the preset's own GEMM and CUDA-core shares, where it has them (NaN: the fitted
+            # ones), unless the preset is in ``group`` (--own-share: fitted here, its own)
+            own = {} if row["device"] in group else (spec.efficiency or {})
             analysis = predict_on(costs, uncounted, cfg, spec, seconds, efficiency=unit)
             for p in analysis.predictions:
-                own_gemm.append(own if p.math_class == "tensor-gemm" else math.nan)
                 math_s.append(p.math_time_s)
                 # the table cannot tell FP32 convolutions from FP32 GEMMs: one fraction
                 cls = "cuda-core" if p.math_class == "cuda-core-conv" else p.math_class
+                # the preset's field for this kernel's class (Efficiency.fraction's fallback:
+                # cuda_core_conv, then cuda_core)
+                field = {"tensor-gemm": ("tensor_gemm",), "cuda-core": ("cuda_core",),
+                         "cuda-core-conv": ("cuda_core_conv", "cuda_core")}.get(p.math_class, ())
+                own_share.append(next((own[f] for f in field if own.get(f) is not None),
+                                      math.nan))
+                in_group.append(row["device"] in group)
                 # fused attention has its own fraction, fitted to the decoder rows of the
                 # scale-out table (fit_attention.py); this table's models have none
                 cls = "tensor-gemm" if cls == "attention" else cls
                 math_cls.append(MATH_CLASSES.index(cls) if cls in MATH_CLASSES else -1)
                 wino.append(winograd_runs(p.cost, p.math_class))
+                own_wino.append(own.get("winograd", math.nan))  # Hopper: 1.0, no net gain
                 mem_s.append(p.memory_time_s)
                 dw.append(p.memory_class == "depthwise")
                 channel_norm.append(p.memory_class in ("channel-norm", "channel-norm-backward"))
@@ -148,7 +161,9 @@ class Terms:
         self.trans_s, self.kernels = np.array(trans_s), np.array(kernels)
         self.row_of = np.array(row_of)
         self.syncs = np.array(syncs, dtype=bool)  # Cost.host_sync: roofline.step_time's syncs
-        self.own_gemm = np.array(own_gemm, dtype=float)
+        self.own_share = np.array(own_share, dtype=float)
+        self.in_group = np.array(in_group, dtype=bool)
+        self.own_winograd = np.array(own_wino, dtype=float)
         edges = np.searchsorted(self.row_of, np.arange(len(self.rows) + 1))
         self.bounds = list(zip(edges[:-1], edges[1:]))
         self.batch, self.bw = np.array(self.batch, float), np.array(self.bw)
@@ -161,8 +176,13 @@ class Terms:
 
         math_eff = np.array([params[n] for n in ("tensor_gemm", "tensor_conv", "grouped_conv",
                                                   "cuda_core")] + [1.0])
-        eff = np.where(np.isnan(self.own_gemm), math_eff[self.math_cls], self.own_gemm)
-        math_t = self.math_s / eff * np.where(self.winograd, params["winograd"], 1.0)
+        eff = np.where(np.isnan(self.own_share), math_eff[self.math_cls], self.own_share)
+        for name in OWN:  # --own-share: the group's kernels of that class at its own share
+            if name in params:
+                cls = MATH_CLASSES.index(name.removeprefix("own_").replace("_", "-"))
+                eff = np.where(self.in_group & (self.math_cls == cls), params[name], eff)
+        wino = np.where(np.isnan(self.own_winograd), params["winograd"], self.own_winograd)
+        math_t = self.math_s / eff * np.where(self.winograd, wino, 1.0)
         # achieved / datasheet bandwidth per row, then per kernel (depthwise slower)
         ach = combine_bandwidth(params["memory"], params["sm_bytes_per_clock"] * self.sm_rate
                                 / self.bw)
@@ -277,16 +297,26 @@ def main(argv: list[str]) -> int:
 
     vp = load_sibling(__file__, "validate_published")
     argv, fixed, tf32_nchw, kernel_classes = experiment_flags(argv)
+    group: tuple[str, ...] = ()
+    if "--own-share" in argv:
+        at = argv.index("--own-share")
+        if at + 1 >= len(argv):
+            raise SystemExit("--own-share needs presets, e.g. --own-share v100-sxm2,v100-pcie")
+        group = tuple(d.strip() for d in argv[at + 1].split(","))
+        argv = argv[:at] + argv[at + 2:]
     experiment = "--channel-norm" in argv
     argv = [a for a in argv if a != "--channel-norm"]
-    if (experiment or fixed or tf32_nchw is not None or kernel_classes) and len(argv) < 2:
-        raise SystemExit("--channel-norm, --fix, --tf32-nchw and --kernel-classes are "
-                         "experiments: give CSV and OUT.json (the default OUT is the shipped "
-                         "fit's)")
+    if (experiment or fixed or tf32_nchw is not None or kernel_classes or group) \
+            and len(argv) < 2:
+        raise SystemExit("--channel-norm, --fix, --tf32-nchw, --kernel-classes and --own-share "
+                         "are experiments: give CSV and OUT.json (the default OUT is the "
+                         "shipped fit's)")
     shares = None
     if kernel_classes:
         shares = measured_shares(json.loads(kernel_classes.read_text()))
     bounds = {**BOUNDS, "channel_norm": CHANNEL_NORM_BOUNDS} if experiment else BOUNDS
+    if group:
+        bounds = {**bounds, **OWN}
     csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
     rows = [r for r in vp.read_rows(csv_path)]
@@ -297,7 +327,7 @@ def main(argv: list[str]) -> int:
         captured = vp.capture_rows(rows, progress=lambda: bar.advance(task))
     from dlperf.hardware.efficiency import FITTED
 
-    terms = Terms(captured, FITTED.host_s, tf32_nchw, shares)
+    terms = Terms(captured, FITTED.host_s, tf32_nchw, shares, group)
     clean = np.array([r["flag"] == "clean" for r in terms.rows])
     from dlperf.hardware.efficiency import Efficiency
 
@@ -306,6 +336,8 @@ def main(argv: list[str]) -> int:
     start["winograd"] = 0.6  # its default, 1.0, is its bound, where the squashed search stalls
     if experiment:
         start["channel_norm"] = 0.6
+    for name in OWN if group else ():
+        start[name] = start[name.removeprefix("own_")]
     params = fit(terms, clean, start, bounds, fixed)
     in_sample = terms.ratios(params)
     held_out = np.full(len(rows), np.nan)
@@ -330,7 +362,7 @@ def main(argv: list[str]) -> int:
     result = {
         "parameters": _finite(params),
         "bounds": bounds,
-        "fixed": _finite(fixed), "tf32_nchw": tf32_nchw,
+        "fixed": _finite(fixed), "tf32_nchw": tf32_nchw, "own_share_presets": list(group),
         "kernel_classes": None if shares is None else {
             "result": str(kernel_classes), "shares": {
                 f"{cls} {'16-bit' if half else '32-bit'} {'nhwc' if nhwc else 'nchw'}": share

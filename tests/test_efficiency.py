@@ -556,7 +556,7 @@ def test_fit_evaluator_is_the_shipped_model():
     """The fit's vectorised arithmetic and roofline.predict + step_time give the same step."""
     import numpy as np
 
-    from dlperf.hardware.efficiency import HOPPER_TENSOR_GEMM
+    from dlperf.hardware.efficiency import HOPPER_CUDA_CORE_CONV, HOPPER_TENSOR_GEMM
 
     fit = load_benchmark("fit_efficiency")
     vp = load_benchmark("validate_published")
@@ -577,6 +577,10 @@ def test_fit_evaluator_is_the_shipped_model():
             # a Hopper preset: its cuBLAS GEMMs keep the preset's own share, not the fitted one
             dict(id="e", model="resnet18", image_size=64, batch=8, device="h100-sxm",
                  precision="amp", layout="nhwc", optimizer="sgd", measured_img_s=1.0,
+                 flag="clean", source="s"),
+            # and its strict-FP32 convolutions its own share, without Winograd's gain
+            dict(id="f", model="resnet18", image_size=64, batch=8, device="h100-sxm",
+                 precision="fp32", layout="nchw", optimizer="sgd", measured_img_s=1.0,
                  flag="clean", source="s")]
     captured = vp.capture_rows(rows)
     params = dict(tensor_gemm=0.6, tensor_conv=0.7, grouped_conv=0.4, cuda_core=0.9,
@@ -589,12 +593,25 @@ def test_fit_evaluator_is_the_shipped_model():
     predicted = [r["predicted_img_s"] for r in vp.predict_rows(rows[:4], captured=captured[:4],
                                                                  efficiency=eff)]
     predicted += [r["predicted_img_s"] for r in vp.predict_rows(
-        rows[4:], captured=captured[4:], efficiency=replace(eff, tensor_gemm=HOPPER_TENSOR_GEMM))]
+        rows[4:], captured=captured[4:],
+        efficiency=replace(eff, tensor_gemm=HOPPER_TENSOR_GEMM,
+                           cuda_core_conv=HOPPER_CUDA_CORE_CONV, winograd=1.0))]
     assert list(terms.batch / terms.step_time(params)) == pytest.approx(predicted, rel=1e-9)
     # the preset's share is set on row e's GEMM kernels (the classifier) and nowhere else
-    own = ~np.isnan(terms.own_gemm)
-    assert own.any() and set(terms.row_of[own]) == {4}
-    assert set(terms.own_gemm[own]) == {HOPPER_TENSOR_GEMM}
+    own = ~np.isnan(terms.own_share)
+    assert own.any() and set(terms.row_of[own]) == {4, 5}
+    assert set(terms.own_share[own]) == {HOPPER_TENSOR_GEMM, HOPPER_CUDA_CORE_CONV}
+    assert (terms.winograd & (terms.row_of == 5)).any()  # row f's 3x3s: Winograd-eligible
+    # --own-share: the V100 rows' GEMMs and CUDA-core math (FP32 convolutions included) at
+    # shares of their own, the other rows untouched
+    grouped = fit.Terms(captured, host_s=12e-6, group=("v100-sxm2",))
+    own_params = {**params, "own_tensor_gemm": 0.5, "own_cuda_core": 0.95}
+    volta = replace(eff, tensor_gemm=0.5, cuda_core=0.95)
+    predicted = [predicted[0]] + [r["predicted_img_s"] for r in vp.predict_rows(
+        rows[1:4], captured=captured[1:4], efficiency=volta)] + predicted[4:]
+    assert list(grouped.batch / grouped.step_time(own_params)) == pytest.approx(predicted,
+                                                                                rel=1e-9)
+    assert predicted[1:4] != pytest.approx(list(terms.batch / terms.step_time(params))[1:4])
 
 
 def test_probe_host_issue_time_becomes_host_s_of_a_measured_gpu_spec():
