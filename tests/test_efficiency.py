@@ -218,7 +218,7 @@ def test_fused_attention_runs_at_its_kernels_share_on_each_preset():
         assert efficiency_for(get_device(name), "triton-2023").attention == FITTED.attention
         assert efficiency_for(get_device(name)).attention == A100_FLASH2_ATTENTION
     # GPUs without a calibrated share run either kernel at the generic fitted one
-    for name in ("v100-sxm2", "l40s", "b200", "rtx3090"):
+    for name in ("t4", "l40s", "b200", "rtx3090"):
         for kernel in ("flash2", "triton-2023", "cudnn"):
             eff = efficiency_for(get_device(name), kernel)
             assert replace(eff, attention_kernel="") == FITTED, (name, kernel)
@@ -479,10 +479,11 @@ def test_hopper_shares_are_the_saved_h100_fit_and_hold_out():
     assert summary["before"]["median_ratio"] > 1.15
 
 
-def test_only_hopper_needs_a_gemm_share_of_its_own():
+def test_the_a100_needs_no_gemm_share_of_its_own():
     # the same joint fit on the A100 rows of the same script (results/attention-fit-gemm.json)
-    # lands within 6% of the single-GPU table's GEMM share; the H100 rows' below 0.8x of it (0.74x)
-    from dlperf.hardware.efficiency import HOPPER_TENSOR_GEMM
+    # lands within 6% of the single-GPU table's GEMM share; the H100 rows' below 0.8x of it
+    # (0.74x), as the V100 rows' (0.604 / 0.779 = 0.78x: VOLTA_TENSOR_GEMM, below)
+    from dlperf.hardware.efficiency import HOPPER_TENSOR_GEMM, VOLTA_TENSOR_GEMM
 
     saved = json.loads((ROOT / "benchmarks/results/attention-fit-gemm.json").read_text())
     assert saved["config"]["device"] == "a100-80gb" and saved["config"]["with_gemm"]
@@ -490,6 +491,47 @@ def test_only_hopper_needs_a_gemm_share_of_its_own():
     assert a100["tensor_gemm"] == pytest.approx(FITTED.tensor_gemm, rel=0.06)
     assert a100["held_out_by_model"]["median_abs_error"] <= 0.10
     assert HOPPER_TENSOR_GEMM < 0.8 * FITTED.tensor_gemm
+    assert VOLTA_TENSOR_GEMM < 0.8 * FITTED.tensor_gemm
+
+
+VOLTA = ("v100-sxm2", "v100-sxm2-16gb", "v100-pcie")
+
+
+def test_the_volta_presets_carry_the_shares_fitted_to_their_rows():
+    # benchmarks/fit_efficiency.py --own-share (results/efficiency-fit-volta.json): the V100
+    # presets' GEMM and CUDA-core shares fitted to the single-GPU table's V100 rows with every
+    # other parameter held at FITTED; each source held out in turn lands near the same values
+    from dlperf.analysis.gemm import GemmShape
+    from dlperf.hardware.efficiency import VOLTA_CUDA_CORE, VOLTA_TENSOR_GEMM
+
+    saved = json.loads((ROOT / "benchmarks/results/efficiency-fit-volta.json").read_text())
+    assert tuple(saved["results"]["own_share_presets"]) == VOLTA
+    fixed, fitted = saved["results"]["fixed"], saved["results"]["parameters"]
+    assert (fixed["tensor_gemm"], fixed["cuda_core"]) == (FITTED.tensor_gemm, FITTED.cuda_core)
+    assert fitted["own_tensor_gemm"] == pytest.approx(VOLTA_TENSOR_GEMM, abs=5e-4)
+    assert fitted["own_cuda_core"] == pytest.approx(VOLTA_CUDA_CORE, abs=5e-4)
+    folds = saved["results"]["folds"].values()
+    assert all(0.5 < f["own_tensor_gemm"] < 0.7 and 0.8 < f["own_cuda_core"] < 0.9
+               for f in folds)
+    # every V100 preset runs them, the other parameters as fitted (FP32 convolutions: the
+    # CUDA-core share, cuda_core_conv unset)
+    for name in VOLTA:
+        eff = efficiency_for(get_device(name))
+        assert (eff.tensor_gemm, eff.cuda_core, eff.cuda_core_conv) == (
+            VOLTA_TENSOR_GEMM, VOLTA_CUDA_CORE, None), name
+        assert replace(eff, tensor_gemm=FITTED.tensor_gemm, cuda_core=FITTED.cuda_core,
+                       source=FITTED.source, attention_kernel="") == FITTED, name
+        assert "2022 BERT stack" in get_device(name).caveat, name
+    # a 4096^3 fp16 GEMM on a V100 takes 0.779 / 0.604 = 1.29x the time at the fitted share
+    # (the same tiles and waves); an FP32 convolution 0.804 / 0.843 = 0.954x
+    v100 = get_device("v100-sxm2")
+    gemm = Cost(op="mm", module="m", module_type="t", phase="forward", kind="gemm", bytes=1,
+                dtype="fp16", flops=2 * 4096**3, gemm=GemmShape(4096, 4096, 4096))
+    assert predict(gemm, v100).math_time_s / predict(gemm, v100, efficiency=FITTED).math_time_s \
+        == pytest.approx(0.779 / 0.604)
+    conv = replace(gemm, op="convolution", dtype="fp32", align_dims=(("c_in", 64),))
+    assert predict(conv, v100).math_time_s / predict(conv, v100, efficiency=FITTED).math_time_s \
+        == pytest.approx(0.804 / 0.843)
 
 
 def test_the_h200_share_is_what_a_lent_h200_sustained_and_its_runs_fit():
@@ -556,7 +598,8 @@ def test_fit_evaluator_is_the_shipped_model():
     """The fit's vectorised arithmetic and roofline.predict + step_time give the same step."""
     import numpy as np
 
-    from dlperf.hardware.efficiency import HOPPER_CUDA_CORE_CONV, HOPPER_TENSOR_GEMM
+    from dlperf.hardware.efficiency import (HOPPER_CUDA_CORE_CONV, HOPPER_TENSOR_GEMM,
+                                            VOLTA_CUDA_CORE, VOLTA_TENSOR_GEMM)
 
     fit = load_benchmark("fit_efficiency")
     vp = load_benchmark("validate_published")
@@ -590,28 +633,33 @@ def test_fit_evaluator_is_the_shipped_model():
     assert terms.winograd.any()  # row c's 3x3 convolutions
     assert terms.syncs.any()  # row d's update after GradScaler's wait
     eff = replace(FITTED, **params, host_s=12e-6)
-    predicted = [r["predicted_img_s"] for r in vp.predict_rows(rows[:4], captured=captured[:4],
-                                                                 efficiency=eff)]
-    predicted += [r["predicted_img_s"] for r in vp.predict_rows(
-        rows[4:], captured=captured[4:],
-        efficiency=replace(eff, tensor_gemm=HOPPER_TENSOR_GEMM,
-                           cuda_core_conv=HOPPER_CUDA_CORE_CONV, winograd=1.0))]
-    assert list(terms.batch / terms.step_time(params)) == pytest.approx(predicted, rel=1e-9)
-    # the preset's share is set on row e's GEMM kernels (the classifier) and nowhere else
+
+    def predicted(volta: Efficiency) -> list[float]:
+        """Rows a-f as analyze predicts them, the V100 rows (b-d) at ``volta``."""
+        return [r["predicted_img_s"] for part, e in (
+            (slice(0, 1), eff), (slice(1, 4), volta),
+            (slice(4, 6), replace(eff, tensor_gemm=HOPPER_TENSOR_GEMM,
+                                  cuda_core_conv=HOPPER_CUDA_CORE_CONV, winograd=1.0)))
+            for r in vp.predict_rows(rows[part], captured=captured[part], efficiency=e)]
+
+    # the V100 presets' own GEMM and CUDA-core shares, the Hopper ones' GEMM, strict-FP32
+    # convolution and Winograd values
+    shipped = predicted(replace(eff, tensor_gemm=VOLTA_TENSOR_GEMM, cuda_core=VOLTA_CUDA_CORE))
+    assert list(terms.batch / terms.step_time(params)) == pytest.approx(shipped, rel=1e-9)
+    # the presets' shares are set on their rows' kernels of those classes (the classifier)
     own = ~np.isnan(terms.own_share)
-    assert own.any() and set(terms.row_of[own]) == {4, 5}
-    assert set(terms.own_share[own]) == {HOPPER_TENSOR_GEMM, HOPPER_CUDA_CORE_CONV}
+    assert set(terms.row_of[own]) == {1, 2, 3, 4, 5}
+    assert set(terms.own_share[own]) == {VOLTA_TENSOR_GEMM, VOLTA_CUDA_CORE,
+                                         HOPPER_TENSOR_GEMM, HOPPER_CUDA_CORE_CONV}
     assert (terms.winograd & (terms.row_of == 5)).any()  # row f's 3x3s: Winograd-eligible
     # --own-share: the V100 rows' GEMMs and CUDA-core math (FP32 convolutions included) at
-    # shares of their own, the other rows untouched
+    # shares fitted there, the other rows untouched
     grouped = fit.Terms(captured, host_s=12e-6, group=("v100-sxm2",))
     own_params = {**params, "own_tensor_gemm": 0.5, "own_cuda_core": 0.95}
-    volta = replace(eff, tensor_gemm=0.5, cuda_core=0.95)
-    predicted = [predicted[0]] + [r["predicted_img_s"] for r in vp.predict_rows(
-        rows[1:4], captured=captured[1:4], efficiency=volta)] + predicted[4:]
-    assert list(grouped.batch / grouped.step_time(own_params)) == pytest.approx(predicted,
+    fitted = predicted(replace(eff, tensor_gemm=0.5, cuda_core=0.95))
+    assert list(grouped.batch / grouped.step_time(own_params)) == pytest.approx(fitted,
                                                                                 rel=1e-9)
-    assert predicted[1:4] != pytest.approx(list(terms.batch / terms.step_time(params))[1:4])
+    assert fitted[1:4] != pytest.approx(shipped[1:4]) and fitted[4:] == shipped[4:]
 
 
 def test_probe_host_issue_time_becomes_host_s_of_a_measured_gpu_spec():

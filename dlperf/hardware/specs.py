@@ -21,7 +21,8 @@ from dlperf.errors import DlperfError, close_matches, finite_number
 from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, H200_TENSOR_GEMM,
                                          HOPPER_ATTENTION, HOPPER_CUDA_CORE_CONV,
                                          HOPPER_CUDNN_ATTENTION, HOPPER_FLASH2_ATTENTION,
-                                         HOPPER_TENSOR_GEMM)
+                                         HOPPER_TENSOR_GEMM, VOLTA_CUDA_CORE,
+                                         VOLTA_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -196,6 +197,14 @@ _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pd
 _L40 = "https://www.nvidia.com/en-us/data-center/l40/"
 _VOLTA = ("https://images.nvidia.com/content/technologies/volta/pdf/"
           "volta-v100-datasheet-update-us-1165301-r5.pdf")
+# The V100s' own GEMM and CUDA-core shares, fitted to the published V100 rows (hardware/
+# efficiency.py, VOLTA_TENSOR_GEMM, VOLTA_CUDA_CORE), and what they hold
+_VOLTA_EFFICIENCY = {"tensor_gemm": VOLTA_TENSOR_GEMM, "cuda_core": VOLTA_CUDA_CORE}
+_VOLTA_CAVEAT = (
+    f"Its GEMM share ({VOLTA_TENSOR_GEMM} of the Tensor Core peak) and CUDA-core share "
+    f"({VOLTA_CUDA_CORE} of the FP32 peak) are fitted to published V100 runs of 2018-2021 "
+    "stacks (NVIDIA's DeepLearningExamples, Lambda); NVIDIA's 2022 BERT stack (NVFuser, "
+    "fused LAMB) ran its GEMMs near 0.7: `--efficiency tensor_gemm=0.7` for such a stack.")
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
 
 # The GH100 at 132 SMs and 1,980 MHz (H100-SXM datasheet, TFLOP/s): the H100 SXM, the H200 and
@@ -213,21 +222,21 @@ _POWER = ("Its board power ({w} W) is low for its silicon: under sustained Tenso
 PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
     _spec("v100-sxm2", "NVIDIA V100-SXM2 (32 GB)", 80, 1530, 900,
           {"fp32": 15.7, "fp16": 125.0}, l2_mb=6, mem_gb=32,
-          source=_VOLTA,
+          source=_VOLTA, efficiency=_VOLTA_EFFICIENCY, caveat=_VOLTA_CAVEAT,
           notes="The guide's example GPU: FP16 ops:byte = 125 TFLOP/s / 900 GB/s = 138.9."),
     _spec("v100-sxm2-16gb", "NVIDIA V100-SXM2 (16 GB)", 80, 1530, 900,
           {"fp32": 15.7, "fp16": 125.0}, l2_mb=6, mem_gb=16,
-          source=_VOLTA,
+          source=_VOLTA, efficiency=_VOLTA_EFFICIENCY, caveat=_VOLTA_CAVEAT,
           notes="The 16 GB V100-SXM2 of the first DGX-1s (NVIDIA's DGX-1 16GB tables): the "
                 "32 GB part's compute and bandwidth, half its memory."),
     _spec("v100-pcie", "NVIDIA V100-PCIe (32 GB)", 80, 1380, 900,
           {"fp32": 14.0, "fp16": 112.0}, l2_mb=6, mem_gb=32,
-          source=_VOLTA,
+          source=_VOLTA, efficiency=_VOLTA_EFFICIENCY,
           notes="The V100's 250 W PCIe card: the datasheet's 14 TFLOP/s FP32 and 112 Tensor "
                 "Core at a 1,380 MHz boost, against the SXM2 part's 15.7 and 125 at 1,530. "
                 "The 16 GB card has the same compute and half the memory (a device file with "
                 "memory_bytes says so).",
-          caveat=_POWER.format(w=250)),
+          caveat=_VOLTA_CAVEAT + " " + _POWER.format(w=250)),
     _spec("t4", "NVIDIA T4", 40, 1590, 320,
           {"fp32": 8.1, "fp16": 65.0, "int8": 130.0}, l2_mb=4, mem_gb=16,
           source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
