@@ -17,9 +17,9 @@ without that source's rows, and those rows are predicted with them (leave one so
 
 Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
        python benchmarks/fit_efficiency.py CSV OUT.json [--channel-norm] [--fix NAME=VALUE ...]
-           [--tf32-nchw SHARE] [--own-share PRESET,...]   (experiments; --channel-norm: batch and group norm's kernels
-       at a fitted fraction of the streaming rate of their own; --fix and --tf32-nchw:
-       ``experiment_flags``)
+           [--tf32-nchw SHARE] [--own-share PRESET,...]   (experiments; --channel-norm: batch
+       and group norm's kernels at a fitted fraction of the streaming rate of their own; --fix
+       and --tf32-nchw: ``experiment_flags``; --own-share: above)
 Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
 row, class and source) and prints the parameters to put in dlperf/hardware/efficiency.py.
 """
@@ -304,6 +304,12 @@ def main(argv: list[str]) -> int:
             raise SystemExit("--own-share needs presets, e.g. --own-share v100-sxm2,v100-pcie")
         group = tuple(d.strip() for d in argv[at + 1].split(","))
         argv = argv[:at] + argv[at + 2:]
+        from dlperf.hardware.specs import PRESETS
+
+        unknown = [d for d in group if d not in PRESETS]
+        if unknown:
+            raise SystemExit(f"--own-share: unknown preset(s) {', '.join(unknown)} "
+                             "(`dlperf devices` lists them)")
     experiment = "--channel-norm" in argv
     argv = [a for a in argv if a != "--channel-norm"]
     if (experiment or fixed or tf32_nchw is not None or kernel_classes or group) \

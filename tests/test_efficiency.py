@@ -568,8 +568,9 @@ def test_the_h200_share_is_what_a_lent_h200_sustained_and_its_runs_fit():
 def test_the_v100_rows_ask_for_volta_shares_of_their_own():
     # results/experiment-volta-gemm.json and -cuda-core.json (benchmarks/experiment_hopper_gemm.py
     # --devices v100-sxm2,v100-sxm2-16gb,v100-pcie, everything else as shipped then; the
-    # experiment that led to VOLTA_TENSOR_GEMM and VOLTA_CUDA_CORE): BERT in fp16 on V100s is 1.10-1.28x too fast at the fitted GEMM share
-    # (0.779) in every source but the 2022 NVFuser stack's, and 0.98-1.10x at 0.62; FP32 CNNs
+    # experiment that led to VOLTA_TENSOR_GEMM and VOLTA_CUDA_CORE): BERT in fp16 on V100s is
+    # 1.10-1.28x too fast at the fitted GEMM share (0.779) in every source but the 2022
+    # NVFuser stack's, and 0.98-1.10x at 0.62; FP32 CNNs
     # go from 5.5% to 2.5% median error at a CUDA-core share of 0.9 (0.80 fitted), and the CNN
     # rows do not move with the GEMM share (their convolutions have their own)
     import statistics
