@@ -124,9 +124,14 @@ def test_build_scale_out_keeps_one_node_and_across_node_rows_apart():
         _scaling_row(gpus=1, efficiency_ratio=1.0, measured_efficiency=1.0),
         # across nodes: relative scaling of compute-bound rows, flags named; an input-bound
         # row says nothing about what the network costs
+        # (each against the same run at its smallest published scale: 8 GPUs, or 16 for the
+        # run published from 16 GPUs up)
+        _scaling_row(id="base8", gpus=8, source="llm-foundry-mpt"),
+        _scaling_row(id="base16", gpus=16, gpus_per_node=16, source="llm-foundry-mpt"),
         _scaling_row(gpus=64, relative_ratio=1.08, flag="network-assumed",
-                     source="llm-foundry-mpt"),
-        _scaling_row(gpus=512, relative_ratio=1.02, source="llm-foundry-mpt"),
+                     source="llm-foundry-mpt", relative_base="base8"),
+        _scaling_row(gpus=512, gpus_per_node=16, relative_ratio=1.02, source="llm-foundry-mpt",
+                     relative_base="base16"),
         _scaling_row(gpus=16, relative_ratio=1.3, limited_by="input (host JPEG decode)"),
     ]
     record = tr.build_scale_out(scaling)
@@ -138,12 +143,18 @@ def test_build_scale_out_keeps_one_node_and_across_node_rows_apart():
     assert record["across_nodes"] == {"rows": 2, "median": 1.05, "low": 1.02, "high": 1.08,
                                       "publishers": ["MosaicML llm-foundry"], "gpus_low": 64,
                                       "gpus_high": 512, "flags": ["network-assumed"],
+                                      "base_gpus_low": 8, "base_gpus_high": 16,
                                       "q1": 1.02, "q3": 1.08}
     text, warn = tr.describe_scale_out(PRESETS["v100-sxm2"], record)
     assert text.startswith("Track record, scale-out: on one node, 2 published runs")
     assert "measured 91.0%-98.0% of their one-GPU rate" in text
     assert "NVIDIA V100-SXM2 (32 GB): 1 run, median 1.02x" in text
-    assert "across nodes, 2 runs of 64-512 GPUs" in text and not warn
+    assert "across nodes, 2 runs of 64-512 GPUs against their rate on 8-16 GPUs" in text
+    assert not warn
+    # a record saved before the bases were: 8 GPUs
+    legacy = {k: v for k, v in record["across_nodes"].items() if not k.startswith("base")}
+    assert "against their rate on 8:" in tr.describe_scale_out(
+        PRESETS["v100-sxm2"], {**record, "across_nodes": legacy})[0]
     # this GPU's own record off by more than 8% warns; a measured profile gets no line
     _, warn = tr.describe_scale_out(PRESETS["a100-80gb"], {
         **record, "by_device": {"a100-80gb": {**record["one_node"], "median": 1.1}}})

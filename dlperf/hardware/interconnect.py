@@ -93,6 +93,9 @@ PRESETS = {i.name: i for i in (
                  "host's memory, as NCCL's author explains (NVIDIA/nccl#1639)", "pci"),
     _net("ib-edr-dgx1", "InfiniBand EDR, 4 NICs for 8 GPUs (DGX-1)", 100.0, 0.5,
          "EDR 100 Gb/s; the DGX-1 has 4 EDR ports for 8 GPUs"),
+    _net("ib-edr-dgx2", "InfiniBand EDR, 8 NICs for 16 GPUs (DGX-2)", 100.0, 0.5,
+         "EDR 100 Gb/s; the DGX-2 has 8 EDR NICs for its 16 GPUs (pcper.com, 'NVIDIA "
+         "Announces DGX-2 with 16 GV100s & 8 100Gb NICs', 2018-03)"),
     _net("ib-hdr", "InfiniBand HDR, one NIC per GPU", 200.0, 1, "HDR 200 Gb/s (DGX A100)"),
     _net("ib-ndr", "InfiniBand NDR, one NIC per GPU", 400.0, 1, "NDR 400 Gb/s (DGX H100)"),
     _net("ib-xdr", "InfiniBand XDR, one NIC per GPU", 800.0, 1, "XDR 800 Gb/s"),
