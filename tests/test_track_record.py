@@ -144,12 +144,14 @@ def test_build_scale_out_keeps_one_node_and_across_node_rows_apart():
                                       "publishers": ["MosaicML llm-foundry"], "gpus_low": 64,
                                       "gpus_high": 512, "flags": ["network-assumed"],
                                       "base_gpus_low": 8, "base_gpus_high": 16,
+                                      "base_one_node": 2,
                                       "q1": 1.02, "q3": 1.08}
     text, warn = tr.describe_scale_out(PRESETS["v100-sxm2"], record)
     assert text.startswith("Track record, scale-out: on one node, 2 published runs")
     assert "measured 91.0%-98.0% of their one-GPU rate" in text
     assert "NVIDIA V100-SXM2 (32 GB): 1 run, median 1.02x" in text
-    assert "across nodes, 2 runs of 64-512 GPUs against their rate on 8-16 GPUs" in text
+    assert ("across nodes, 2 runs of 64-512 GPUs against their rate on 8-16 GPUs (one node "
+            "for 2 of them)") in text
     assert not warn
     # a record saved before the bases were: 8 GPUs
     legacy = {k: v for k, v in record["across_nodes"].items() if not k.startswith("base")}

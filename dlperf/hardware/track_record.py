@@ -146,10 +146,9 @@ def build_scale_out(scaling: list[dict]) -> dict:
       whose GPUs all sit in one node (what the communication model and the host side decide
       there), and the measured efficiencies' range; ``by_device``: the same per GPU preset;
     * ``across_nodes``: the per-GPU rate at N GPUs over the same run's at the source's smallest
-      published scale (relative scaling: one node for most, up to 128 GPUs; ``base_gpus_low``
-      and ``base_gpus_high``) on rows spanning nodes, whatever their flag, as long as their
-      step is predicted
-      compute-bound: the flags of those rows (a network the source does not name, an HBM2e
+      published scale (relative scaling; ``base_gpus_low``, ``base_gpus_high`` and
+      ``base_one_node``, how many of those bases are one node) on rows spanning nodes,
+      whatever their flag, as long as their step is predicted compute-bound: the flags of those rows (a network the source does not name, an HBM2e
       H100, an assumed decode rate) bear on the absolute rate, not on what is lost from one
       node to many, which is what the ratio measures. ``flags`` lists them;
     * ``host_decode``: as ``one_node``, on the runs whose JPEGs the host's CPU decoded
@@ -164,8 +163,9 @@ def build_scale_out(scaling: list[dict]) -> dict:
     by_device: dict[str, list[tuple[float, float, str]]] = {}
     host: dict[str, list[tuple[float, float, str]]] = {loader: [] for loader in HOST_DECODE}
     across: list[tuple[float, int, str]] = []
-    bases: list[int] = []
-    gpus_of = {r["id"]: r["gpus"] for r in scaling if "id" in r}
+    bases: list[tuple[int, bool]] = []  # (GPUs, one node) of each across-node row's base
+    base_of = {r["id"]: (r["gpus"], r["gpus"] <= r["gpus_per_node"]) for r in scaling
+               if "id" in r}
     flags: set[str] = set()
     for r in scaling:
         nodes = -(-r["gpus"] // r["gpus_per_node"])
@@ -179,7 +179,7 @@ def build_scale_out(scaling: list[dict]) -> dict:
                 host[loader].append(row)
         if nodes > 1 and r.get("relative_ratio") is not None and r["limited_by"] == "compute":
             across.append((r["relative_ratio"], r["gpus"], r["source"]))
-            bases.append(gpus_of.get(r.get("relative_base"), 8))  # rows saved before: 8
+            bases.append(base_of.get(r.get("relative_base"), (8, True)))
             if r.get("flag") != "clean":
                 flags.add(r["flag"].split(":")[0])
 
@@ -201,7 +201,9 @@ def build_scale_out(scaling: list[dict]) -> dict:
                                **_quartiles([x for x, _, _ in across]),
                                "gpus_low": min(g for _, g, _ in across),
                                "gpus_high": max(g for _, g, _ in across),
-                               "base_gpus_low": min(bases), "base_gpus_high": max(bases),
+                               "base_gpus_low": min(g for g, _ in bases),
+                               "base_gpus_high": max(g for g, _ in bases),
+                               "base_one_node": sum(one for _, one in bases),
                                "flags": sorted(flags)}
     return out
 
@@ -276,9 +278,11 @@ def describe_scale_out(spec, record: dict | None = None, host_decode: bool = Fal
         parts.append(part)
     if "across_nodes" in record:
         s = record["across_nodes"]
+        # (a record saved before the bases were: every run against its rate on 8)
         base_low, base_high = s.get("base_gpus_low", 8), s.get("base_gpus_high", 8)
-        base = (f"{base_low:,}" if base_low == base_high
-                else f"{base_low:,}-{base_high:,} GPUs (mostly one node)")
+        base = (f"{base_low:,}" if base_low == base_high else
+                f"{base_low:,}-{base_high:,} GPUs (one node for "
+                f"{s.get('base_one_node', s['rows'])} of them)")
         parts.append(f"across nodes, {s['rows']} runs of {s['gpus_low']:,}-{s['gpus_high']:,} "
                      f"GPUs against their rate on {base}: {s['low']:.2f}-{s['high']:.2f}x, median "
                      f"{s['median']:.2f}x (dlperf models the communication and the wait "
