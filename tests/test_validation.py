@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,26 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
             <= res["summary_constants_0.8_0.85_two_pass"]["clean"]["median_abs_error"])
     for name, (lo, hi) in fit.BOUNDS.items():
         assert lo <= res["parameters"][name] <= hi
+    # --own-share with every shared parameter held: only the V100s' two shares are searched
+    # (the four rows are all V100s), and they fit the rows at least as well as the presets'
+    held = [f"{name}={value}" for name, value in res["parameters"].items()]
+    own = tmp_path / "own.json"
+    args = [str(small), str(own), "--own-share", "v100-sxm2"]
+    for pair in held:
+        args += ["--fix", pair]
+    assert fit.main(args) == 0
+    got = json.loads(own.read_text())["results"]
+    assert got["own_share_presets"] == ["v100-sxm2"]
+    assert {k: got["parameters"][k] for k in fit.BOUNDS} == pytest.approx(res["parameters"])
+    for name, (lo, hi) in fit.OWN.items():
+        assert lo <= got["parameters"][name] <= hi
+
+    def loss(result):  # the fit's objective: the mean squared log ratio over the clean rows
+        return sum(math.log(r["ratio_in_sample"]) ** 2 for r in result["rows"]) / 4
+
+    assert loss(got) <= loss(res) + 1e-9  # the presets' shares are one point it searched
+    with pytest.raises(SystemExit, match="unknown preset"):
+        fit.main([str(small), str(own), "--own-share", "v100-sxm9"])
 
 
 def test_rows_measured_before_pytorch_2_capture_attention_unfused():
