@@ -51,6 +51,9 @@ NAMES = tuple(BOUNDS)
 # ``--own-share PRESET,...``: those presets' cuBLAS GEMMs and CUDA-core math at shares of their
 # own, fitted with the rest (the V100's, 2026-12-05: hardware/efficiency.py, VOLTA_TENSOR_GEMM)
 OWN = {"own_tensor_gemm": BOUNDS["tensor_gemm"], "own_cuda_core": BOUNDS["cuda_core"]}
+# a preset's own shares that the fit honours (Efficiency fields), and the math classes they set
+OWN_FIELDS = ("tensor_gemm", "cuda_core", "cuda_core_conv")
+OWN_CLASSES = ("tensor-gemm", "cuda-core", "cuda-core-conv")
 # ``--channel-norm`` (an experiment; the shipped model has no such GPU parameter): batch and
 # group norm's kernels at their own fraction of the streaming rate, fitted with the rest
 CHANNEL_NORM_BOUNDS = (0.1, 1.0)
@@ -122,17 +125,19 @@ class Terms:
             # the preset's own GEMM and CUDA-core shares, where it has them (NaN: the fitted
             # ones), unless the preset is in ``group`` (--own-share: fitted here, its own)
             own = {} if row["device"] in group else (spec.efficiency or {})
+            # Efficiency.math's classes and fallbacks over the preset's own shares alone (NaN
+            # where it has none: the fitted one)
+            preset = replace(unit, **{"tensor_gemm": math.nan, "cuda_core": math.nan,
+                                      "cuda_core_conv": None,
+                                      **{f: own[f] for f in OWN_FIELDS
+                                         if own.get(f) is not None}})
             analysis = predict_on(costs, uncounted, cfg, spec, seconds, efficiency=unit)
             for p in analysis.predictions:
                 math_s.append(p.math_time_s)
                 # the table cannot tell FP32 convolutions from FP32 GEMMs: one fraction
                 cls = "cuda-core" if p.math_class == "cuda-core-conv" else p.math_class
-                # the preset's field for this kernel's class (Efficiency.fraction's fallback:
-                # cuda_core_conv, then cuda_core)
-                field = {"tensor-gemm": ("tensor_gemm",), "cuda-core": ("cuda_core",),
-                         "cuda-core-conv": ("cuda_core_conv", "cuda_core")}.get(p.math_class, ())
-                own_share.append(next((own[f] for f in field if own.get(f) is not None),
-                                      math.nan))
+                own_share.append(preset.math(p.math_class) if p.math_class in OWN_CLASSES
+                                 else math.nan)
                 in_group.append(row["device"] in group)
                 # fused attention has its own fraction, fitted to the decoder rows of the
                 # scale-out table (fit_attention.py); this table's models have none
