@@ -1,7 +1,7 @@
 """Tensor parallelism against published runs: ``dlperf analyze --tp`` on the GPUs, model and
 stack of each (issue #14; the scaling table, validation/published_scaling.csv, has no
-tensor-parallel column). Four sources, four stacks, each compared where its stack's own
-error cancels as far as it is common to the runs compared (the last two also check --pp):
+tensor-parallel column). Nine sources, each compared where its stack's own error cancels
+as far as it is common to the runs compared (those with pipeline stages also check --pp):
 
 ``kempnerforge`` (-> results/tp-kempnerforge-h200.json, ~5 minutes).
 Source: KempnerInstitute/KempnerForge, benchmarks/mfu_scaling/mfu_scaling_2026-04-05.md and
@@ -162,9 +162,27 @@ Beside the table, the same team's runs of 70B on 128 GPUs (FSDP 16 x TP 8, other
 same) three months before (pytorch/pytorch#149990, 2025-03-25: BF16 598 and 673, tensorwise
 820 and 950 tokens/s per GPU, vanilla and async; its rowwise figures are cut short there).
 
+``megatron-deepspeed`` (-> results/tp-megatron-deepspeed.json, ~25 seconds).
+Megatron-DeepSpeed: DeepSpeed's pipeline engine and data parallelism around Megatron-LM's
+tensor-parallel layers, two runs of it. BLOOM-176B (bigscience-workshop/bigscience,
+train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at commit e726b159: the slurm script's
+TP 4 x PP 12 x DP 8 on 384 A100 80 GB of Jean Zay, four 100 Gb/s Omni-Path links a node,
+micro-batches of 2, global batch 2,048, bf16 with DeepSpeed's BF16_Optimizer at ZeRO stage 0,
+full recompute, the stages of 5, 6, ..., 6, 5 blocks the README lists; the README's log line
+at the first epoch's end, 104.70 s an iteration). Megatron-Turing NLG 530B (Smith et al.,
+arXiv 2201.11990, section 2.4, as quoted by cli99/llm-analysis): TP 8 x PP 35, global batch
+1,920 on 280, 350 and 420 DGX A100 80 GB nodes, 60.1, 50.2 and 44.4 s an iteration; its
+micro-batch (one sequence here) and precision path are not in the quote. Each run is read
+twice: as DeepSpeed's BF16_Optimizer runs it (--deepspeed-bf16: each micro-batch's gradients
+cast and added into an fp32 buffer, that buffer all-reduced after the flush, the update
+sharded, the bf16 parameters gathered after it) and as Megatron-LM's own optimizer of 2021
+(narayanan-2021's stack). Measures: each run's rate, and MT-NLG's rate per GPU at 350 and 420
+nodes over 280 nodes'.
+
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
-megatron-core-2024|llama3-405b|megatron-bridge-fp8|torchtitan-async-tp] [OUT.json]
+megatron-core-2024|llama3-405b|megatron-bridge-fp8|torchtitan-async-tp|megatron-deepspeed]
+[OUT.json]
 (default: every source, each to its file in benchmarks/results/)
 """
 
@@ -1198,13 +1216,136 @@ def torchtitan_async_tp(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+# Megatron-DeepSpeed (DeepSpeed's pipeline engine and data parallelism around Megatron-LM's
+# tensor-parallel layers). BLOOM-176B (bigscience-workshop/bigscience, train/tr11-176B-ml/
+# README.md and tr11-176B-ml.slurm, commit e726b159): 70 layers of 14,336, 112 heads,
+# vocabulary padded to 250,880, 2,048 tokens, ALiBi (no position table: its learned one here
+# is 29M parameters of 176B), bf16, TP 4 x PP 12 x DP 8 on 384 A100 80 GB (48 Jean Zay nodes,
+# 4 Omni-Path links of 100 Gb/s each), micro-batches of 2 sequences, global batch 2,048 (128
+# micro-batches a replica), --checkpoint-activations, dropout 0.1 (Megatron's default, kept),
+# ZeRO stage 0 with DeepSpeed's BF16_Optimizer, the stages split as "[embed | 5 blocks], 6,
+# ..., 6, [5 blocks | embed]" ('type:transformer|embedding'). The log line at the end of the
+# first epoch: iteration 85,376, "elapsed time per iteration (s): 104.70 | global batch size:
+# 2048 | ... | TFLOPs: 149.77". (run, layers, hidden, heads, vocabulary, tp, pp, first and
+# last stage's blocks, GPUs, micro-batch, global batch, iteration s)
+BLOOM = (("BLOOM-176B", 70, 14336, 112, 250880, 4, 12, 5, 384, 2, 2048, 104.70),)
+# Megatron-Turing NLG 530B (Smith et al., arXiv 2201.11990, section 2.4, as cli99/llm-analysis
+# examples/megatron-turing-nlg/README.md quotes it): the 530B GPT (105 layers of 20,480, 128
+# heads; vocabulary 51,200 here, as Megatron pads GPT-2's), 2,048 tokens, TP 8 x PP 35 on DGX
+# A100 80 GB nodes of Selene (HDR InfiniBand), global batch 1,920, iteration 60.1, 50.2 and
+# 44.4 s on 280, 350 and 420 nodes, "126, 121 and 113 teraFLOP/s per GPU" (Megatron's count
+# with recompute, ``megatron_flops``, gives 125.7, 120.4 and 113.5). The micro-batch and the
+# precision path are not in what is quoted: micro-batches of one sequence (Narayanan et al.'s
+# for this model) and two readings of the stack, DeepSpeed's BF16_Optimizer and Megatron-LM's
+# own of 2021 (narayanan-2021's). (GPUs, iteration s, teraFLOP/s per GPU)
+MT_NLG = ((2240, 60.1, 126), (2800, 50.2, 121), (3360, 44.4, 113))
+MEGATRON_DEEPSPEED_OUT = ROOT / "benchmarks/results/tp-megatron-deepspeed.json"
+
+
+def megatron_deepspeed_args(layers: int, hidden: int, heads: int, vocab: int, tp: int, pp: int,
+                            gpus: int, micro: int, micro_batches: int, network: str,
+                            deepspeed: bool = True) -> list[str]:
+    """`dlperf analyze` for a Megatron-DeepSpeed GPT of 2021-22: bf16 with fp32 master weights,
+    Megatron's tensor parallelism of then (every collective between dependent kernels, no
+    sequence parallelism), its fused softmax and bias+dropout+add, explicit attention, every
+    layer recomputed, DeepSpeed's 1F1B pipeline (its activations sent 1/tp a rank, as
+    DeepSpeed partitions them over the tensor-parallel ranks), the data-parallel reduction
+    after the flush; ``deepspeed``: as DeepSpeed's BF16_Optimizer runs it (--deepspeed-bf16),
+    else as Megatron-LM's own optimizer of 2021 (fp32 gradients all-reduced)."""
+    return (["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
+             str(heads), "--vocab", str(vocab), "--seq-len", "2048", "--batch-size", str(micro),
+             "--grad-accum", str(micro_batches), "--dtype", "bf16", "--precision", "fsdp",
+             "--train", "--optimizer", "adamw", "--attention", "math", "--dropout", "0.1",
+             "--device", "a100-80gb", "--interconnect", f"nvlink3-a100,{network}", "--gpus",
+             str(gpus), "--tp", str(tp), "--pp", str(pp), "--tp-impl", "torch", "--fusion",
+             "megatron", "--no-overlap", "--activation-checkpointing", "full",
+             "--no-sequence-parallel", "--top", "1"]
+            + (["--deepspeed-bf16"] if deepspeed else []))
+
+
+def megatron_deepspeed(out: Path) -> None:
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run, layers, hidden, heads, vocab, tp, pp, edge, gpus, micro, batch, step in BLOOM:
+            replicas = gpus // (tp * pp)
+            for deepspeed in (True, False):
+                here = _analyze(megatron_deepspeed_args(
+                    layers, hidden, heads, vocab, tp, pp, gpus, micro,
+                    batch // (replicas * micro), "opa-100-jeanzay", deepspeed)
+                    + ["--pp-first-layers", str(edge), "--pp-last-layers", str(edge)], tmp)
+                measured = batch * 2048 / step / gpus
+                predicted = here["per_gpu_samples_per_s"] * 2048
+                rows.append({"run": run, "reading": "deepspeed-bf16" if deepspeed
+                             else "megatron-2021", "gpus": gpus, "tp": tp, "pp": pp,
+                             "micro_batch": micro, "micro_batches": batch // (replicas * micro),
+                             "measured_tokens_per_gpu": measured,
+                             "predicted_tokens_per_gpu": predicted,
+                             "measured_step_s": step, "predicted_step_s": here["step_s"],
+                             "ratio": predicted / measured,
+                             "memory_per_gpu_bytes": here["memory_per_gpu"]["total_bytes"],
+                             **_deepspeed_parts(here)})
+        for (gpus, step, tflops), deepspeed in tqdm(
+                [(r, d) for r in MT_NLG for d in (True, False)], desc="mt-nlg"):
+            micro_batches = 1920 // (gpus // (8 * 35))
+            here = _analyze(megatron_deepspeed_args(105, 20480, 128, 51200, 8, 35, gpus, 1,
+                                                    micro_batches, "ib-hdr", deepspeed), tmp)
+            flops = megatron_flops(105, 20480, 1920, seq=2048) / gpus
+            rows.append({"run": "MT-NLG 530B", "reading": "deepspeed-bf16" if deepspeed
+                         else "megatron-2021", "gpus": gpus, "tp": 8, "pp": 35,
+                         "micro_batch": 1, "micro_batches": micro_batches,
+                         "measured_tflops": tflops, "predicted_tflops": flops / here["step_s"]
+                         / 1e12, "measured_step_s": step, "predicted_step_s": here["step_s"],
+                         "ratio": step / here["step_s"],
+                         "memory_per_gpu_bytes": here["memory_per_gpu"]["total_bytes"],
+                         **_deepspeed_parts(here)})
+    scaling = []
+    for reading in ("deepspeed-bf16", "megatron-2021"):
+        mt = [r for r in rows if r["run"] == "MT-NLG 530B" and r["reading"] == reading]
+        for r in mt[1:]:  # each scale's rate per GPU over 280 nodes', as the batch is shared
+            measured = mt[0]["measured_step_s"] * mt[0]["gpus"] / (r["measured_step_s"]
+                                                                   * r["gpus"])
+            predicted = mt[0]["predicted_step_s"] * mt[0]["gpus"] / (r["predicted_step_s"]
+                                                                     * r["gpus"])
+            scaling.append({"reading": reading, "gpus": r["gpus"], "against_gpus": mt[0]["gpus"],
+                            "measured": measured, "predicted": predicted,
+                            "ratio": predicted / measured})
+    for r in rows:
+        print(f"{r['run']:12s} {r['gpus']:5,d} GPUs, {r['reading']:14s}: measured "
+              f"{r['measured_step_s']:6.1f} s a step, predicted {r['predicted_step_s']:6.1f} "
+              f"({r['ratio']:.2f}x the rate; DeepSpeed's accumulation "
+              f"{r['accumulate_s']:.1f} s, bubble {r['bubble_s']:.1f} s)")
+    for x in scaling:
+        print(f"MT-NLG {x['reading']:14s} {x['gpus']:,d} / {x['against_gpus']:,d} GPUs: "
+              f"measured {x['measured']:.3f}, predicted {x['predicted']:.3f} ({x['ratio']:.2f}x)")
+    save_result(out, "validate-tp-megatron-deepspeed",
+                {"bloom": [list(r) for r in BLOOM], "mt_nlg": [list(r) for r in MT_NLG],
+                 "args": megatron_deepspeed_args(0, 0, 0, 0, 0, 0, 0, 0, 0, "NETWORK")},
+                {"rows": rows, "scaling": scaling})
+    print(f"Wrote {out}")
+
+
+def _deepspeed_parts(here: dict) -> dict:
+    """Where a Megatron-DeepSpeed step's time goes beyond its kernels."""
+    comm = here["communication"]
+    return {"accumulate_s": (comm.get("deepspeed_bf16") or {}).get("accumulate_s", 0.0),
+            "bubble_s": comm["pipeline"]["bubble_s"], "data_parallel_s": comm["exposed_s"],
+            "param_gather_s": comm.get("param_gather_exposed_s", 0.0),
+            "tensor_parallel_s": comm["tensor_parallel"]["exposed_s"],
+            "exposed_comm_s": here["exposed_comm_s"]}
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
            "megatron-2022": (megatron2022, MEGATRON22_OUT),
            "narayanan-2021": (narayanan2021, NARAYANAN_OUT),
            "megatron-core-2024": (megatron_core_2024, MCORE24_OUT),
            "llama3-405b": (llama3_405b, LLAMA3_OUT),
            "megatron-bridge-fp8": (megatron_bridge_fp8, BRIDGE_OUT),
-           "torchtitan-async-tp": (torchtitan_async_tp, ASYNC_TP_OUT)}
+           "torchtitan-async-tp": (torchtitan_async_tp, ASYNC_TP_OUT),
+           "megatron-deepspeed": (megatron_deepspeed, MEGATRON_DEEPSPEED_OUT)}
 
 
 def main(argv: list[str]) -> int:

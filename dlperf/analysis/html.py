@@ -15,6 +15,7 @@ from dlperf.units import gib, seconds, si
 # the parts of a GPU's memory at the scale-out (scaling.memory_per_gpu), in the order shown
 MEMORY_PARTS = (("weights_bytes", "weights"), ("gradients_bytes", "gradients"),
                 ("ddp_bucket_bytes", "DDP's buckets"),
+                ("half_gradients_bytes", "bf16 gradients"),
                 ("optimizer_state_bytes", "optimizer state"),
                 ("gathered_bytes", "gathered parameters"), ("activations_bytes", "activations"))
 

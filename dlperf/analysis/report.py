@@ -172,8 +172,10 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     above = (" (above 100%: each GPU updates only its shard of the optimizer state)"
              if here["scaling_efficiency"] > 1.0 and (comm["strategy"] != "ddp" or sharded)
              else "")
-    strategy = comm["strategy"].upper() + (" with the distributed optimizer" if sharded
-                                           else "")
+    deepspeed = comm.get("deepspeed_bf16")
+    strategy = comm["strategy"].upper() + (
+        " as DeepSpeed's BF16_Optimizer (its fp32 gradients all-reduced, the update sharded)"
+        if deepspeed else " with the distributed optimizer" if sharded else "")
     tp = comm.get("tensor_parallel")
     pipe = comm.get("pipeline")
     cp = comm.get("context_parallel")
@@ -236,6 +238,9 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            if here.get("contention_s", 0.0) > 0 else "")
         + (f", {seconds(here['straggler_s'])} waiting for the slowest GPU (step spread "
            f"{here['step_cv']:.1%})" if here["straggler_s"] else "")
+        + (f"; DeepSpeed's cast and add of every gradient into its fp32 buffer after each "
+           f"micro-batch {seconds(deepspeed['accumulate_s'])} a step, on one GPU as on many"
+           if deepspeed else "")
         + (f"; the update's launches after GradScaler's wait "
            f"{seconds(comm['optimizer_host_s'])} a step, on one GPU as on many"
            if comm.get("optimizer_host_s", 0.0) > 0.01 * here["step_s"] else "")

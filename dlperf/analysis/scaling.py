@@ -619,6 +619,39 @@ def ddp_copy_s(grad_bytes: float, analysis) -> float:
     return 4 * grad_bytes / bandwidth
 
 
+# DeepSpeed's reduction of the fp32 gradients after the backward: buffered_allreduce_fallback
+# with elements_per_buffer=MEMORY_OPT_ALLREDUCE_SIZE (500,000,000 elements; deepspeed/runtime/
+# engine.py), 4 bytes each
+DEEPSPEED_BUFFER_BYTES = 500_000_000 * 4
+# bytes a parameter each micro-batch's accumulation moves (``deepspeed_bf16_s``): the cast
+# reads the bf16 gradient and writes an fp32 copy (2 + 4), the add reads that copy and the
+# fp32 accumulator and writes the accumulator (4 + 4 + 4)
+DEEPSPEED_ACCUMULATE_BYTES = 18
+
+
+def deepspeed_bf16_s(params: list[tuple[str, int]], analysis) -> float:
+    """One micro-batch's gradient accumulation under DeepSpeed's BF16_Optimizer
+    (deepspeed/runtime/bf16_optimizer.py ``update_hp_grads``, called after every micro-batch's
+    backward; the pipeline engine calls it itself on all but the last stage): for each
+    parameter ``hp_grad.add_(lp.grad.to(fp32))``, two kernels a parameter on the compute
+    stream, ``DEEPSPEED_ACCUMULATE_BYTES`` a parameter of memory traffic at the device's
+    streaming bandwidth, each kernel at least a launch. ``params``: [(name, fp32 gradient
+    bytes)] of this GPU's parameters. Megatron-LM accumulates into its fp32 gradient buffer
+    inside the weight-gradient GEMM (gradient_accumulation_fusion), so it pays none of this."""
+    from dlperf.hardware.efficiency import efficiency_for
+
+    spec = analysis.device
+    eff = analysis.efficiency or efficiency_for(spec)
+    bandwidth = eff.bandwidth(spec)
+    total = 0.0
+    for _, nbytes in params:
+        elements = nbytes / 4
+        total += (max(eff.launch_s, 6 * elements / bandwidth)  # the cast: 2 in, 4 out
+                  + max(eff.launch_s, (DEEPSPEED_ACCUMULATE_BYTES - 6) * elements
+                        / bandwidth))  # the add: 8 in, 4 out
+    return total
+
+
 def bn_sync_s(predictions, group: int, node) -> float:
     """Synchronised batch norm over ``group`` GPUs of a node: each batch norm all-reduces its
     per-channel statistics once in the forward and once in the backward (2C fp32 values, at
@@ -643,8 +676,8 @@ def fsdp_traffic(param_bytes: float, grad_bytes: float, n: int, gathers: int = 2
 def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy: str,
                    gpus: int, gathered_bytes: float | None = None,
                    bucket_view: bool = False, units: dict | None = None,
-                   optimizer_sharded: bool = False, model_copy_bytes: float | None = None
-                   ) -> dict | None:
+                   optimizer_sharded: bool = False, model_copy_bytes: float | None = None,
+                   half_gradient_bytes: float = 0.0) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default; none with
     ``bucket_view``, DDP's gradient_as_bucket_view: the gradients live in the buckets). FSDP: the
@@ -659,6 +692,9 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     optimizer): the optimizer state 1/n, the rest as DDP; with ``model_copy_bytes`` (the model
     in its half dtype beside fp32 master weights, FSDP-style mixed precision) the masters are
     1/n too and the half copy is held whole, as Megatron's distributed optimizer keeps them.
+    ``half_gradient_bytes``: gradients in the model's half dtype held beside the fp32 ones
+    (DeepSpeed's BF16_Optimizer, whose backward writes bf16 gradients that it then adds into
+    its fp32 buffer), whole on every GPU.
     Returns the total and its parts: weights, gradients, optimizer state and activations as
     one GPU holds them, and DDP's buckets or FSDP's gathered parameters; where the footprint
     has the step's peak (liveness.with_peak: the activations at their busiest moment), the
@@ -684,11 +720,12 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
 
     if strategy == "ddp" or gpus == 1:
         extra = grads if gpus > 1 and not bucket_view else 0
+        half = {"half_gradients_bytes": half_gradient_bytes} if half_gradient_bytes else {}
         if not optimizer_sharded:
-            return parts(ddp_bucket_bytes=extra)
+            return parts(ddp_bucket_bytes=extra, **half)
         # the distributed optimizer: 1/n of the state (and of the fp32 masters beside the
         # model's half copy, which is held whole)
-        return parts(ddp_bucket_bytes=extra, optimizer_state_bytes=state / gpus,
+        return parts(ddp_bucket_bytes=extra, **half, optimizer_state_bytes=state / gpus,
                      weights_bytes=(weights / gpus + model_copy_bytes
                                     if model_copy_bytes is not None else weights))
     if strategy == "fsdp-grad-op":
@@ -1061,6 +1098,14 @@ class ScaleConfig:
     # state, the updated parameters all-gathered (in the model's dtype) beside the next
     # forward (--overlap-param-gather; after the update without overlap)
     distributed_optimizer: bool = False
+    # DDP as DeepSpeed's BF16_Optimizer runs it (a "bf16" config at ZeRO stage 0, which
+    # implements its own stage 1: Megatron-DeepSpeed's BLOOM-176B run; ``deepspeed_bf16_s``):
+    # after every micro-batch's backward each bf16 gradient is cast to fp32 and added into an
+    # fp32 buffer of the whole model; after the last one that buffer is all-reduced (not
+    # reduce-scattered: the buffer is not sharded) after the backward, each replica updates
+    # 1/n of the fp32 master weights and Adam state, and the bf16 parameters are all-gathered
+    # after the update
+    deepspeed_bf16: bool = False
     # FSDP's reduce_dtype (MixedPrecision): the dtype the gradients are reduce-scattered (and
     # under HSDP all-reduced between replicas) in; None: their own (fp32, or the model's dtype
     # under --precision half). FSDP1's bf16 policies reduce in bf16 (fms-fsdp's bfSixteen,
@@ -1158,6 +1203,11 @@ class ScaleConfig:
         if (self.bucket_cap_mb is not None or self.bucket_view) and self.strategy != "ddp":
             raise DlperfError("--bucket-cap-mb and --grad-as-bucket-view shape DDP's gradient "
                               "buckets; FSDP communicates one collective per unit")
+        if self.deepspeed_bf16 and (self.strategy != "ddp" or self.distributed_optimizer
+                                    or self.kvstore is not None):
+            raise DlperfError("--deepspeed-bf16 is DeepSpeed's data parallelism with its own "
+                              "sharded update: use it with --strategy ddp, without "
+                              "--distributed-optimizer or --kvstore")
         if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
             raise DlperfError(f"--reduce-dtype {self.reduce_dtype!r}: choose "
                               f"{', '.join(REDUCE_DTYPES)}")
@@ -1386,12 +1436,18 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     accum = cfg.grad_accum
     grad_bytes = sum(b for _, b in params)
     comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
+    if cfg.deepspeed_bf16:  # each micro-batch's gradients added into the fp32 buffer
+        accumulate = deepspeed_bf16_s(params, analysis)
+        micro_s += accumulate  # (on one GPU too: the stack's own cost, not the scale's)
+        comm["deepspeed_bf16"] = {"accumulate_s_per_micro_batch": accumulate,
+                                  "accumulate_s": accum * accumulate}
     # the parameters as FSDP gathers them: in the autocast dtype under bf16/fp16 (2 bytes)
     gathered = grad_bytes / 2 if analysis.config.dtype in ("bf16", "fp16") else grad_bytes
     # the GPUs that share one copy of the state: all of them under FSDP, a node's under HSDP
     shard = min(dcfg.gpus, dcfg.gpus_per_node) if cfg.strategy == "hsdp" else dcfg.gpus
     # FSDP (any sharding) updates only this GPU's shard of the parameters; DDP all of them
-    optimizer_s = (tl.optimizer_s / shard if cfg.strategy != "ddp" or cfg.distributed_optimizer
+    sharded_update = cfg.distributed_optimizer or cfg.deepspeed_bf16
+    optimizer_s = (tl.optimizer_s / shard if cfg.strategy != "ddp" or sharded_update
                    else tl.optimizer_s) + opt_host_s
     if dcfg.gpus == 1:
         exposed = 0.0
@@ -1403,10 +1459,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         comm.update(d, bucket_copy_s=0.0, overlap=False, nccl=None)
     elif cfg.strategy == "ddp":
         on_cpu = not analysis.device.tensor_cores
-        overlap = cfg.overlap and not on_cpu
+        # (DeepSpeed reduces its fp32 buffer after the backward, whatever --no-overlap says)
+        overlap = cfg.overlap and not on_cpu and not cfg.deepspeed_bf16
         # --no-overlap is Horovod's way: after the backward every gradient is ready at once,
         # so they go in fusion buffers of up to 64 MiB, not in DDP's 25 MiB buckets
         caps = ((int(cfg.bucket_cap_mb * 2**20),) * 2 if cfg.bucket_cap_mb is not None
+                else (DEEPSPEED_BUFFER_BYTES,) * 2 if cfg.deepspeed_bf16
                 else (HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
                 else (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES))
         def reduce(nbytes: float) -> float:  # a bucket's all-reduce, or its reduce-scatter
@@ -1437,12 +1495,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                 d.update(param_gather_s=gather_s, param_gather_exposed_s=gather_exposed)
         else:
             d = ddp_exposed_s(tl, params, reduce, overlap=overlap, caps=caps)
-            if cfg.distributed_optimizer:
+            if sharded_update:
                 d.update(distributed_optimizer_gather(analysis.predictions, d["bucket_bytes"],
                                                       ratio, gather, overlap))
-        # gradient_as_bucket_view (and Megatron's gradient buffer): the gradients are views of
-        # the buckets, nothing is copied
-        copies = (0.0 if cfg.bucket_view or cfg.distributed_optimizer
+        # gradient_as_bucket_view (and Megatron's gradient buffer, DeepSpeed's flat fp32
+        # one): the gradients are views of the buckets, nothing is copied
+        copies = (0.0 if cfg.bucket_view or sharded_update
                   else ddp_copy_s(grad_bytes, analysis))
         exposed = d["exposed_s"] + copies  # once per optimizer step, after the last backward
         # the next forward waits for the buffers' broadcast; its kernels' issue is the CPU's
@@ -1458,7 +1516,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         if overlap:  # the backward beside the buckets' reductions
             contention = contention_s(d["comm_s"] - d["exposed_s"],
                                       step.slowdown(analysis, sms, BACKWARD))
-        if cfg.distributed_optimizer:
+        if sharded_update:
             exposed += d["param_gather_exposed_s"]
             if overlap:  # the next forward beside the parameters' gather
                 contention += contention_s(d["param_gather_s"] - d["param_gather_exposed_s"],
@@ -1654,9 +1712,12 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     memory = memory_per_gpu(analysis.memory, params,
                             "fsdp" if cfg.strategy == "hsdp" else cfg.strategy,
                             shard if cfg.strategy != "ddp" else dcfg.gpus, gathered,
-                            bucket_view=cfg.bucket_view or cfg.distributed_optimizer,
+                            bucket_view=cfg.bucket_view or sharded_update,
                             units=step.units,
-                            optimizer_sharded=cfg.distributed_optimizer,
+                            optimizer_sharded=sharded_update,
+                            # DeepSpeed keeps each micro-batch's bf16 gradients beside its
+                            # fp32 buffer
+                            half_gradient_bytes=gathered if cfg.deepspeed_bf16 else 0.0,
                             # fp32 masters beside the model in bf16/fp16 (--precision fsdp)
                             model_copy_bytes=gathered if analysis.config.precision == "fsdp"
                             and gathered < grad_bytes else None)

@@ -301,6 +301,14 @@ def add_parser(sub) -> None:
                         "optimizer state (and, with --precision fsdp, the fp32 master "
                         "weights) of 1/N of the parameters, which are all-gathered beside "
                         "the next forward (--overlap-param-gather)")
+    s.add_argument("--deepspeed-bf16", action="store_true",
+                   help="DDP as DeepSpeed's BF16_Optimizer runs it (a bf16 config at ZeRO "
+                        "stage 0, as Megatron-DeepSpeed trained BLOOM): after each "
+                        "micro-batch's backward every bf16 gradient cast to fp32 and added "
+                        "into an fp32 buffer of the whole model, the buffer all-reduced after "
+                        "the backward, each replica updating 1/N of the fp32 master weights "
+                        "and Adam state, the bf16 parameters all-gathered after the update; "
+                        "needs --dtype bf16 --precision fsdp")
     s.add_argument("--bn-group", type=positive_int, default=1,
                    help="GPUs of a node that share each batch norm's statistics (synchronised "
                         "batch norm in groups) [1]")
@@ -612,6 +620,11 @@ def run(args) -> int:
                           f"{args.strategy} broadcasts no buffers: drop it")
     if args.gpus is None and args.kvstore is not None:
         raise DlperfError("--kvstore reduces the gradients of the scale-out: add --gpus N")
+    if args.deepspeed_bf16 and (args.gpus is None or args.dtype != "bf16"
+                                or args.precision != "fsdp"):
+        raise DlperfError("--deepspeed-bf16 is DeepSpeed's BF16_Optimizer on the scale-out: "
+                          "it needs --gpus N, --dtype bf16 and --precision fsdp (a bf16 model "
+                          "with fp32 master weights)")
     if args.distributed_optimizer and args.strategy != "ddp":
         raise DlperfError(f"--distributed-optimizer is DDP's (Megatron-LM's); --strategy "
                           f"{args.strategy} shards the optimizer already: drop one of them")
@@ -756,6 +769,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       bucket_view=args.grad_as_bucket_view,
                       broadcast_buffers=not args.no_broadcast_buffers,
                       distributed_optimizer=args.distributed_optimizer,
+                      deepspeed_bf16=args.deepspeed_bf16,
                       reduce_dtype=args.reduce_dtype, bn_group=args.bn_group,
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto, kvstore=args.kvstore,

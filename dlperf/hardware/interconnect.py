@@ -97,6 +97,13 @@ PRESETS = {i.name: i for i in (
          "EDR 100 Gb/s; the DGX-2 has 8 EDR NICs for its 16 GPUs (pcper.com, 'NVIDIA "
          "Announces DGX-2 with 16 GV100s & 8 100Gb NICs', 2018-03)"),
     _net("ib-hdr", "InfiniBand HDR, one NIC per GPU", 200.0, 1, "HDR 200 Gb/s (DGX A100)"),
+    # Jean Zay's A100 nodes, where BLOOM-176B trained: "8 GPUs per node Using NVLink 4
+    # inter-gpu connects, 4 OmniPath links" of 100 Gb/s (bigscience-workshop/bigscience,
+    # train/tr11-176B-ml/README.md); NCCL's efficiency over Omni-Path is not published: the
+    # RDMA estimate
+    _net("opa-100-jeanzay", "Omni-Path 100 Gb/s, 4 links for 8 GPUs (Jean Zay A100)", 100.0,
+         0.5, "Omni-Path 100 Gb/s; Jean Zay's A100 nodes have 4 links for 8 GPUs "
+         "(bigscience-workshop/bigscience, train/tr11-176B-ml/README.md)"),
     _net("ib-ndr", "InfiniBand NDR, one NIC per GPU", 400.0, 1, "NDR 400 Gb/s (DGX H100)"),
     _net("ib-xdr", "InfiniBand XDR, one NIC per GPU", 800.0, 1, "XDR 800 Gb/s"),
     _net("roce-100g", "RoCE 100 GbE, one NIC per GPU", 100.0, 1, "100 Gb Ethernet",
