@@ -4,7 +4,8 @@ results (issues #11 and #14).
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
 validation-memory.json,
 tp-kempnerforge-h200.json, tp-{megatron-2020,megatron-2022,narayanan-2021,
-megatron-core-2024,llama3-405b,megatron-bridge-fp8}.json, kvstore-fit.json, a lent GPU's
+megatron-core-2024,llama3-405b,megatron-bridge-fp8,torchtitan-async,megatron-deepspeed}.json,
+kvstore-fit.json, a lent GPU's
 device-*/analyses.json (step 0d's float8 speed-ups) and h200-kernel-classes.json (its
 per-kernel times by class) (rerun the others first: validate_published.py,
 validate_scaling.py, validate_tp.py, fit_kvstore.py, gpu_kernel_classes.py) and condenses
@@ -55,6 +56,7 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
                 for name in ("megatron-2020", "megatron-2022", "narayanan-2021",
                              "megatron-core-2024", "llama3-405b")]
     async_tp = results / "tp-torchtitan-async.json"  # benchmarks/validate_tp.py
+    deepspeed = results / "tp-megatron-deepspeed.json"  # benchmarks/validate_tp.py
     fp8 = results / "tp-megatron-bridge-fp8.json"  # benchmarks/validate_tp.py
     if fp8.exists():
         record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"], scaling["results"])
@@ -76,7 +78,8 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
         record["tensor_parallel"] = build_tensor_parallel(
             json.loads(tp.read_text())["results"],
             *(json.loads(m.read_text())["results"] if m.exists() else None for m in megatron),
-            json.loads(async_tp.read_text())["results"] if async_tp.exists() else None)
+            json.loads(async_tp.read_text())["results"] if async_tp.exists() else None,
+            json.loads(deepspeed.read_text())["results"] if deepspeed.exists() else None)
     return record
 
 

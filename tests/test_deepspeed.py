@@ -113,3 +113,25 @@ def test_analyze_deepspeed_bf16_flag(capsys):
     said = " ".join(out.split())
     assert "DDP as DeepSpeed's BF16_Optimizer" in said
     assert "cast and add of every gradient into its fp32 buffer" in said
+
+
+def test_the_track_record_carries_the_megatron_deepspeed_runs():
+    from dlperf.hardware.track_record import build_tensor_parallel, describe_tensor_parallel
+
+    pairs = [{"measured": 0.7, "predicted": 0.8, "ratio": 1.1}]
+    megatron = {"tp_over_tp1": [{"ratio": 1.04}]}
+    # BLOOM on 384 GPUs and MT-NLG on 2,240 and 3,360: predicted over measured 0.99, 1.01 and
+    # 1.05 as DeepSpeed's BF16 path, 1.08, 1.21 and 1.26 read as Megatron-LM's own stack
+    rows = [{"reading": reading, "gpus": gpus, "ratio": ratio}
+            for reading, ratios in (("deepspeed-bf16", (0.99, 1.01, 1.05)),
+                                    ("megatron-2021", (1.08, 1.21, 1.26)))
+            for gpus, ratio in zip((384, 2240, 3360), ratios)]
+    entry = build_tensor_parallel({"tp_over_fsdp": pairs}, megatron, deepspeed={"rows": rows})
+    assert entry["sources"] == 3
+    assert entry["megatron_deepspeed"] == {
+        "runs": 3, "rate_low": 0.99, "rate_high": 1.05, "without_low": 1.08,
+        "without_high": 1.26, "gpus_low": 384, "gpus_high": 3360,
+        "source": "Megatron-DeepSpeed's BLOOM-176B and MT-NLG 530B on A100s (2021-22)"}
+    text = " ".join(describe_tensor_parallel({"tensor_parallel": entry}).split())
+    assert ("(3 runs, 384-3,360 GPUs; run as --deepspeed-bf16), dlperf predicted 0.99-1.05x the "
+            "measured rate (1.08-1.26x read as Megatron-LM's own stack" in text)

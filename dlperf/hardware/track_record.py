@@ -304,7 +304,7 @@ def describe_scale_out(spec, record: dict | None = None, host_decode: bool = Fal
 def build_tensor_parallel(result: dict, megatron: dict | None = None,
                           megatron2022: dict | None = None, narayanan: dict | None = None,
                           megatron_core: dict | None = None, llama3: dict | None = None,
-                          async_tp: dict | None = None) -> dict:
+                          async_tp: dict | None = None, deepspeed: dict | None = None) -> dict:
     """The scale-out record's tensor-parallel entry from ``benchmarks/validate_tp.py``'s saved
     results (their "results"): KempnerForge's, each TP run's rate per GPU over the FSDP run on
     as many GPUs, measured and predicted, as the losses TP costs; ``megatron``'s (2020), each
@@ -317,7 +317,10 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
     reading of Megatron-Core's (--tp-impl te) with micro-batches of one sequence: the 8K rows'
     rate, their fall from 8,192 to 16,384 GPUs, and the context-parallel row's rate under
     both FLOP counts (and under the eager reading); ``async_tp``'s (torchtitan, 2025), PyTorch's
-    async tensor parallelism over the vanilla form on the same runs, measured and predicted."""
+    async tensor parallelism over the vanilla form on the same runs, measured and predicted;
+    ``deepspeed``'s (Megatron-DeepSpeed's BLOOM-176B and MT-NLG 530B), dlperf's rate over the
+    measured one as DeepSpeed's BF16_Optimizer runs them (--deepspeed-bf16) and as
+    Megatron-LM's own stack would."""
     pairs = result["tp_over_fsdp"]
     measured = [1 - p["measured"] for p in pairs]
     predicted = [1 - p["predicted"] for p in pairs]
@@ -377,8 +380,19 @@ def build_tensor_parallel(result: dict, megatron: dict | None = None,
         bf16 = [r["ratio"] for r in rows if r.get("fp8") is None]
         if bf16:
             entry["async"].update(rate_low=min(bf16), rate_high=max(bf16))
+    if deepspeed is not None:
+        rows = deepspeed["rows"]
+        ours = [r for r in rows if r["reading"] == "deepspeed-bf16"]
+        other = [r["ratio"] for r in rows if r["reading"] != "deepspeed-bf16"]
+        entry["megatron_deepspeed"] = {
+            "runs": len(ours), "rate_low": min(r["ratio"] for r in ours),
+            "rate_high": max(r["ratio"] for r in ours),
+            "without_low": min(other), "without_high": max(other),
+            "gpus_low": min(r["gpus"] for r in ours), "gpus_high": max(r["gpus"] for r in ours),
+            "source": "Megatron-DeepSpeed's BLOOM-176B and MT-NLG 530B on A100s (2021-22)"}
     entry["sources"] = 1 + sum(x is not None for x in (megatron, megatron2022, narayanan,
-                                                       megatron_core, llama3, async_tp))
+                                                       megatron_core, llama3, async_tp,
+                                                       deepspeed))
     if piped:
         gpus = [r["gpus"] for r in (megatron2022 or {}).get("iterations", []) if r["pp"] > 1]
         gpus += [r["gpus"] for r in (narayanan or {}).get("rows", [])]
@@ -430,6 +444,15 @@ def _pipelined(p: dict) -> str:
     return (f"{p['runs']} pipelined Megatron-LM runs (--pp; {p['gpus_low']:,}-"
             f"{p['gpus_high']:,} GPUs) ran at {1 / p['rate_high']:.2f}-{1 / p['rate_low']:.2f}x "
             "dlperf's rate. ")
+
+
+def _deepspeed(m: dict) -> str:
+    """describe_tensor_parallel's sentence on Megatron-DeepSpeed's runs."""
+    return (f"On {m['source']} ({m['runs']} runs, {m['gpus_low']:,}-{m['gpus_high']:,} GPUs; "
+            f"run as --deepspeed-bf16), dlperf predicted {m['rate_low']:.2f}-"
+            f"{m['rate_high']:.2f}x the measured rate ({m['without_low']:.2f}-"
+            f"{m['without_high']:.2f}x read as Megatron-LM's own stack, without DeepSpeed's "
+            "FP32 accumulation after every micro-batch). ")
 
 
 def _megatron_core(m: dict) -> str:
@@ -910,7 +933,7 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
         return (f"Tensor parallelism is the least checked part of this model: in the one "
                 f"published source it is checked against ({s['source']}), {kempner}.")
     sources = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven",
-               8: "eight"}.get(s.get("sources", 2), "several")
+               8: "eight", 9: "nine"}.get(s.get("sources", 2), "several")
     return (f"Tensor parallelism is checked against {sources} published sources. {m['source']} "
             f"({m['runs']} runs): each TP=N run's rate per GPU over TP=1's was predicted "
             f"{m['ratio_low']:.2f}-{m['ratio_high']:.2f}x what was measured. "
@@ -918,5 +941,6 @@ def describe_tensor_parallel(record: dict | None = None) -> str | None:
             + (_pipelined(s["pipelined"]) if s.get("pipelined") else "")
             + (_megatron_core(s["megatron_core"]) if s.get("megatron_core") else "")
             + (_llama3(s["llama3"]) if s.get("llama3") else "")
+            + (_deepspeed(s["megatron_deepspeed"]) if s.get("megatron_deepspeed") else "")
             + (_async(s["async"]) if s.get("async") else "")
             + f"In {s['source']}, {kempner}.")
