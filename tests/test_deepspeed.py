@@ -135,3 +135,23 @@ def test_the_track_record_carries_the_megatron_deepspeed_runs():
     text = " ".join(describe_tensor_parallel({"tensor_parallel": entry}).split())
     assert ("(3 runs, 384-3,360 GPUs; run as --deepspeed-bf16), dlperf predicted 0.99-1.05x the "
             "measured rate (1.08-1.26x read as Megatron-LM's own stack" in text)
+
+
+def test_the_transcribed_runs_agree_with_their_own_teraflops():
+    from conftest import load_benchmark
+
+    tp = load_benchmark("validate_tp")
+    # MT-NLG: Megatron's count with recompute, 96 B s l h^2 (1 + s/6h + V/16lh), over the
+    # iteration and the GPUs: 96 x 1,920 x 2,048 x 105 x 20,480^2 x 1.01815 = 1.6927e19
+    # FLOPs; / 60.1 s / 2,240 = 125.7 TFLOP/s where the paper says 126 (121 and 113 after)
+    for gpus, step, tflops in tp.MT_NLG:
+        assert tp.megatron_flops(105, 20480, 1920, seq=2048) / step / gpus / 1e12 == \
+            pytest.approx(tflops, abs=0.7)
+        assert gpus % (8 * 35) == 0 and 1920 % (gpus // (8 * 35)) == 0
+    # BLOOM: Megatron-DeepSpeed's own count (the same formula at vocabulary 250,880) gives the
+    # log line's 149.77 from its 104.70 s on 384 GPUs
+    ((run, layers, hidden, heads, vocab, t, p, edge, gpus, micro, batch, step),) = tp.BLOOM
+    assert tp.megatron_flops(layers, hidden, batch, seq=2048, vocab=vocab) / step / gpus \
+        / 1e12 == pytest.approx(149.77, abs=0.01)
+    # whole pipelines: 5 + 10 x 6 + 5 = 70 blocks, 8 replicas of 128 micro-batches of 2
+    assert 2 * edge + (p - 2) * 6 == layers and batch % (gpus // (t * p) * micro) == 0
