@@ -177,7 +177,8 @@ twice: as DeepSpeed's BF16_Optimizer runs it (--deepspeed-bf16: each micro-batch
 cast and added into an fp32 buffer, that buffer all-reduced after the flush, the update
 sharded, the bf16 parameters gathered after it) and as Megatron-LM's own optimizer of 2021
 (narayanan-2021's stack). Measures: each run's rate, and MT-NLG's rate per GPU at 350 and 420
-nodes over 280 nodes'.
+nodes over 280 nodes'; and bigscience's own timing of a 181B model at ZeRO stage 0 (the
+BF16_Optimizer) over stage 1 (``PREQUEL``), measured and predicted.
 
 Each row runs the CLI (`dlperf analyze ... --json`).
 Usage: python benchmarks/validate_tp.py [kempnerforge|megatron|megatron-2022|narayanan-2021|
@@ -1239,6 +1240,15 @@ BLOOM = (("BLOOM-176B", 70, 14336, 112, 250880, 4, 12, 5, 384, 2, 2048, 104.70),
 # for this model) and two readings of the stack, DeepSpeed's BF16_Optimizer and Megatron-LM's
 # own of 2021 (narayanan-2021's). (GPUs, iteration s, teraFLOP/s per GPU)
 MT_NLG = ((2240, 60.1, 126), (2800, 50.2, 121), (3360, 44.4, 113))
+# bigscience's own timing of the two stacks before BLOOM's run (train/tr11-176B-ml/
+# chronicles-prequel.md at commit 053adafe, "Trying with ZeRO_STAGE=0/1"): a 181B model (72
+# layers of 14,336, 64 heads, vocabulary 250k: 250,880 here) on 48 nodes, TP 8 x PP 12 x DP 4,
+# micro-batches of 2, batch 2,048, the second iteration of each run: ZeRO stage 0 (the
+# BF16_Optimizer's branch) 137.34 s, stage 1 (DeepSpeed's master) 120.29 s. Its stages' split
+# is not stated (run even: 6 blocks each) nor stage 1's precision path (read as Megatron's
+# distributed optimizer: --distributed-optimizer). (layers, hidden, heads, tp, pp, GPUs,
+# micro-batch, batch, stage 0 s, stage 1 s)
+PREQUEL = (72, 14336, 64, 8, 12, 384, 2, 2048, 137.34, 120.29)
 MEGATRON_DEEPSPEED_OUT = ROOT / "benchmarks/results/tp-megatron-deepspeed.json"
 
 
@@ -1302,6 +1312,16 @@ def megatron_deepspeed(out: Path) -> None:
                          "ratio": step / here["step_s"],
                          "memory_per_gpu_bytes": here["memory_per_gpu"]["total_bytes"],
                          **_deepspeed_parts(here)})
+        layers, hidden, heads, tp, pp, gpus, micro, batch, zero0, zero1 = PREQUEL
+        args = megatron_deepspeed_args(layers, hidden, heads, 250880, tp, pp, gpus, micro,
+                                       batch // (gpus // (tp * pp) * micro), "opa-100-jeanzay",
+                                       deepspeed=False)
+        steps = [_analyze(args + [flag], tmp)["step_s"]
+                 for flag in ("--deepspeed-bf16", "--distributed-optimizer")]
+        prequel = {"run": "181B, ZeRO stage 0 over stage 1", "gpus": gpus,
+                   "measured_s": [zero0, zero1], "predicted_s": steps,
+                   "measured": zero0 / zero1, "predicted": steps[0] / steps[1],
+                   "ratio": steps[0] / steps[1] / (zero0 / zero1)}
     scaling = []
     for reading in ("deepspeed-bf16", "megatron-2021"):
         mt = [r for r in rows if r["run"] == "MT-NLG 530B" and r["reading"] == reading]
@@ -1321,10 +1341,14 @@ def megatron_deepspeed(out: Path) -> None:
     for x in scaling:
         print(f"MT-NLG {x['reading']:14s} {x['gpus']:,d} / {x['against_gpus']:,d} GPUs: "
               f"measured {x['measured']:.3f}, predicted {x['predicted']:.3f} ({x['ratio']:.2f}x)")
+    print(f"181B, ZeRO stage 0 over stage 1: measured {prequel['measured']:.3f} "
+          f"({zero0} / {zero1} s), predicted {prequel['predicted']:.3f} "
+          f"({steps[0]:.1f} / {steps[1]:.1f} s)")
     save_result(out, "validate-tp-megatron-deepspeed",
                 {"bloom": [list(r) for r in BLOOM], "mt_nlg": [list(r) for r in MT_NLG],
+                 "prequel": list(PREQUEL),
                  "args": megatron_deepspeed_args(0, 0, 0, 0, 0, 0, 0, 0, 0, "NETWORK")},
-                {"rows": rows, "scaling": scaling})
+                {"rows": rows, "scaling": scaling, "prequel": prequel})
     print(f"Wrote {out}")
 
 
