@@ -169,8 +169,9 @@ def test_analyze_tp_prints_and_saves_the_tensor_parallel_scale_out(tmp_path, cap
     # 2 x 2 + 1, twice, all-gathers and reduce-scatters alike
     assert "tensor-parallel all-gathers and reduce-scatters 20 of" in text
     # and what the published TP runs say of such predictions, under them
-    assert "checked against seven published sources" in text and "up to 1.4x optimistic" in text
+    assert "checked against eight published sources" in text and "up to 1.4x optimistic" in text
     assert "Megatron-LM's GPT" in text and "Megatron-Core's 1.7B-462B GPTs on H100s" in text
+    assert "Megatron-DeepSpeed's BLOOM-176B and MT-NLG 530B" in text and "--deepspeed-bf16" in text
     data = json.loads(path.read_text())["scale_out"]
     tp = data["at_requested_scale"]["communication"]["tensor_parallel"]
     assert tp["tp"] == 4 and tp["bytes_each"] == 2 * 128 * 256 * 2
