@@ -324,10 +324,16 @@ def test_mfu_uses_the_analyzer_and_a_ceiling(toy, tmp_path, monkeypatch):
     summary = train(_cfg(toy, tmp_path / "f", epochs=1), resume=None, progress=False, mfu=True)
     # MFU = FLOPs per image (the analyzer's) x compute-only img/s / the probed peak, and a
     # fraction of that peak
-    assert summary["mfu"] == pytest.approx(summary["flops_per_image"]
-                                           * summary["compute_img_per_s"] / summary["peak_flops"])
-    assert 0 < summary["mfu"] < 1 and summary["flops_per_image"] > 1e6
-    assert "probed" in summary["peak_source"]
+    achieved = summary["flops_per_image"] * summary["compute_img_per_s"]
+    assert summary["flops_per_image"] > 1e6 and "probed" in summary["peak_source"]
+    if summary["mfu"] is None:
+        # both probes ran beside other work (a second test run on this machine) and below
+        # this run's rate: no utilisation above 1, the note says why (metrics.utilisation)
+        assert achieved > summary["peak_flops"]
+        assert "exceed the measured ceiling" in summary["mfu_note"]
+        return
+    assert summary["mfu"] == pytest.approx(achieved / summary["peak_flops"])
+    assert 0 < summary["mfu"] < 1
 
 
 @pytest.mark.slow
@@ -566,16 +572,17 @@ def test_ladder_predicts_the_compile_rung_as_compiled():
 
 
 _AVERAGE_BUFFERS = """
-import json, os, socket, sys, warnings
+import json, os, sys, warnings
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 from torch import nn
 from dlperf.train import distributed as D
 
-def run(rank, port, out):
+def run(rank, store, out):
     # torch >= 2.13 deprecates broadcast_buffers; wrap passes the flag under the current name
     warnings.filterwarnings("error", message=".*broadcast_buffers.* is deprecated")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    # a file rendezvous, not a TCP port picked free and then released: another process on a
+    # busy machine (a second test run) can take such a port before rank 0 listens on it
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     info = D.DistInfo(rank, 2, rank, torch.device("cpu"))
     bn = nn.BatchNorm2d(3)
     with torch.no_grad():
@@ -597,10 +604,7 @@ def run(rank, port, out):
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(run, args=(port, sys.argv[1]), nprocs=2)
+    mp.spawn(run, args=(sys.argv[1] + ".store", sys.argv[1]), nprocs=2)
 """
 
 
