@@ -90,7 +90,8 @@ def test_deepspeed_bf16_by_hand():
 
 
 def test_deepspeed_bf16_refuses_what_it_is_not():
-    for kw in (dict(strategy="fsdp"), dict(distributed_optimizer=True), dict(kvstore="device")):
+    for kw in (dict(strategy="fsdp"), dict(distributed_optimizer=True), dict(kvstore="device"),
+               dict(pp=2, pp_virtual=2)):
         with pytest.raises(DlperfError, match="--deepspeed-bf16"):
             ScaleConfig(gpus=16, deepspeed_bf16=True, **kw)
 

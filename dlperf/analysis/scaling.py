@@ -1208,6 +1208,10 @@ class ScaleConfig:
             raise DlperfError("--deepspeed-bf16 is DeepSpeed's data parallelism with its own "
                               "sharded update: use it with --strategy ddp, without "
                               "--distributed-optimizer or --kvstore")
+        if self.deepspeed_bf16 and self.pp_virtual > 1:
+            raise DlperfError(f"--deepspeed-bf16 with --pp-virtual {self.pp_virtual}: "
+                              "DeepSpeed's pipeline engine runs 1F1B only; drop --pp-virtual "
+                              "(the interleaved schedule is Megatron-LM's)")
         if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
             raise DlperfError(f"--reduce-dtype {self.reduce_dtype!r}: choose "
                               f"{', '.join(REDUCE_DTYPES)}")
