@@ -165,8 +165,8 @@ same) three months before (pytorch/pytorch#149990, 2025-03-25: BF16 598 and 673,
 ``megatron-deepspeed`` (-> results/tp-megatron-deepspeed.json, ~25 seconds).
 Megatron-DeepSpeed: DeepSpeed's pipeline engine and data parallelism around Megatron-LM's
 tensor-parallel layers, two runs of it. BLOOM-176B (bigscience-workshop/bigscience,
-train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at commit e726b159: the slurm script's
-TP 4 x PP 12 x DP 8 on 384 A100 80 GB of Jean Zay, four 100 Gb/s Omni-Path links a node,
+train/tr11-176B-ml/README.md at commit e726b159 and tr11-176B-ml.slurm at 003b2505, its
+48-node version (the latest has 24): the slurm script's TP 4 x PP 12 x DP 8 on 384 A100 80 GB of Jean Zay, four 100 Gb/s Omni-Path links a node,
 micro-batches of 2, global batch 2,048, bf16 with DeepSpeed's BF16_Optimizer at ZeRO stage 0,
 full recompute, the stages of 5, 6, ..., 6, 5 blocks the README lists; the README's log line
 at the first epoch's end, 104.70 s an iteration). Megatron-Turing NLG 530B (Smith et al.,
@@ -1219,7 +1219,8 @@ def torchtitan_async_tp(out: Path) -> None:
 
 # Megatron-DeepSpeed (DeepSpeed's pipeline engine and data parallelism around Megatron-LM's
 # tensor-parallel layers). BLOOM-176B (bigscience-workshop/bigscience, train/tr11-176B-ml/
-# README.md and tr11-176B-ml.slurm, commit e726b159): 70 layers of 14,336, 112 heads,
+# README.md at commit e726b159, tr11-176B-ml.slurm at 003b2505, its 48-node version; the
+# README's 149.77 TFLOP/s are Megatron's count over 384 GPUs): 70 layers of 14,336, 112 heads,
 # vocabulary padded to 250,880, 2,048 tokens, ALiBi (no position table: its learned one here
 # is 29M parameters of 176B), bf16, TP 4 x PP 12 x DP 8 on 384 A100 80 GB (48 Jean Zay nodes,
 # 4 Omni-Path links of 100 Gb/s each), micro-batches of 2 sequences, global batch 2,048 (128
