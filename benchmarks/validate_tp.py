@@ -166,8 +166,8 @@ same) three months before (pytorch/pytorch#149990, 2025-03-25: BF16 598 and 673,
 Megatron-DeepSpeed: DeepSpeed's pipeline engine and data parallelism around Megatron-LM's
 tensor-parallel layers, two runs of it. BLOOM-176B (bigscience-workshop/bigscience,
 train/tr11-176B-ml/README.md at commit e726b159 and tr11-176B-ml.slurm at 003b2505, its
-48-node version (the latest has 24): the slurm script's TP 4 x PP 12 x DP 8 on 384 A100 80 GB of Jean Zay, four 100 Gb/s Omni-Path links a node,
-micro-batches of 2, global batch 2,048, bf16 with DeepSpeed's BF16_Optimizer at ZeRO stage 0,
+48-node version (the latest has 24): the slurm script's TP 4 x PP 12 x DP 8 on 384 A100
+80 GB of Jean Zay, four 100 Gb/s Omni-Path links a node, micro-batches of 2, global batch 2,048, bf16 with DeepSpeed's BF16_Optimizer at ZeRO stage 0,
 full recompute, the stages of 5, 6, ..., 6, 5 blocks the README lists; the README's log line
 at the first epoch's end, 104.70 s an iteration). Megatron-Turing NLG 530B (Smith et al.,
 arXiv 2201.11990, section 2.4, as quoted by cli99/llm-analysis): TP 8 x PP 35, global batch
