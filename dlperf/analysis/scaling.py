@@ -607,16 +607,21 @@ def distributed_optimizer_gather(predictions, bucket_bytes: list, ratio: float, 
     return {"param_gather_s": total, "param_gather_exposed_s": exposed}
 
 
+def _streaming(analysis):
+    """(the analysis's efficiency model, the device's streaming bandwidth in bytes/s) for
+    the elementwise passes the scale-out adds outside the captured step."""
+    from dlperf.hardware.efficiency import efficiency_for
+
+    eff = analysis.efficiency or efficiency_for(analysis.device)
+    return eff, eff.bandwidth(analysis.device)
+
+
 def ddp_copy_s(grad_bytes: float, analysis) -> float:
     """DDP's copies of every gradient into its bucket (in the backward's hooks) and of the
     reduced bucket back into the gradients (before the optimizer), both on the compute stream
     (torch's default, gradient_as_bucket_view=False): 4 x the gradient bytes of memory traffic
     at the device's streaming bandwidth."""
-    from dlperf.hardware.efficiency import efficiency_for
-
-    spec = analysis.device
-    bandwidth = (analysis.efficiency or efficiency_for(spec)).bandwidth(spec)  # (no attention)
-    return 4 * grad_bytes / bandwidth
+    return 4 * grad_bytes / _streaming(analysis)[1]
 
 
 # DeepSpeed's reduction of the fp32 gradients after the backward: buffered_allreduce_fallback
@@ -626,7 +631,8 @@ DEEPSPEED_BUFFER_BYTES = 500_000_000 * 4
 # bytes a parameter each micro-batch's accumulation moves (``deepspeed_bf16_s``): the cast
 # reads the bf16 gradient and writes an fp32 copy (2 + 4), the add reads that copy and the
 # fp32 accumulator and writes the accumulator (4 + 4 + 4)
-DEEPSPEED_ACCUMULATE_BYTES = 18
+DEEPSPEED_CAST_BYTES, DEEPSPEED_ADD_BYTES = 6, 12
+DEEPSPEED_ACCUMULATE_BYTES = DEEPSPEED_CAST_BYTES + DEEPSPEED_ADD_BYTES
 
 
 def deepspeed_bf16_s(params: list[tuple[str, int]], analysis) -> float:
@@ -638,18 +644,10 @@ def deepspeed_bf16_s(params: list[tuple[str, int]], analysis) -> float:
     streaming bandwidth, each kernel at least a launch. ``params``: [(name, fp32 gradient
     bytes)] of this GPU's parameters. Megatron-LM accumulates into its fp32 gradient buffer
     inside the weight-gradient GEMM (gradient_accumulation_fusion), so it pays none of this."""
-    from dlperf.hardware.efficiency import efficiency_for
-
-    spec = analysis.device
-    eff = analysis.efficiency or efficiency_for(spec)
-    bandwidth = eff.bandwidth(spec)
-    total = 0.0
-    for _, nbytes in params:
-        elements = nbytes / 4
-        total += (max(eff.launch_s, 6 * elements / bandwidth)  # the cast: 2 in, 4 out
-                  + max(eff.launch_s, (DEEPSPEED_ACCUMULATE_BYTES - 6) * elements
-                        / bandwidth))  # the add: 8 in, 4 out
-    return total
+    eff, bandwidth = _streaming(analysis)
+    return sum(max(eff.launch_s, per_element * nbytes / 4 / bandwidth)
+               for _, nbytes in params
+               for per_element in (DEEPSPEED_CAST_BYTES, DEEPSPEED_ADD_BYTES))
 
 
 def bn_sync_s(predictions, group: int, node) -> float:
@@ -1337,6 +1335,12 @@ class ScaleConfig:
         return self._allowed(self.nccl_proto, PROTOCOLS, "--nccl-proto")
 
     @property
+    def sharded_update(self) -> bool:
+        """DDP whose update is sharded over the replicas and whose parameters are gathered
+        after it: Megatron-LM's distributed optimizer, or DeepSpeed's BF16_Optimizer."""
+        return self.distributed_optimizer or self.deepspeed_bf16
+
+    @property
     def nodes(self) -> int:
         return math.ceil(self.gpus / self.gpus_per_node)
 
@@ -1450,7 +1454,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     # the GPUs that share one copy of the state: all of them under FSDP, a node's under HSDP
     shard = min(dcfg.gpus, dcfg.gpus_per_node) if cfg.strategy == "hsdp" else dcfg.gpus
     # FSDP (any sharding) updates only this GPU's shard of the parameters; DDP all of them
-    sharded_update = cfg.distributed_optimizer or cfg.deepspeed_bf16
+    sharded_update = cfg.sharded_update
     optimizer_s = (tl.optimizer_s / shard if cfg.strategy != "ddp" or sharded_update
                    else tl.optimizer_s) + opt_host_s
     if dcfg.gpus == 1:
