@@ -17,9 +17,10 @@ without that source's rows, and those rows are predicted with them (leave one so
 
 Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
        python benchmarks/fit_efficiency.py CSV OUT.json [--channel-norm] [--fix NAME=VALUE ...]
-           [--tf32-nchw SHARE] [--own-share PRESET,...]   (experiments; --channel-norm: batch
-       and group norm's kernels at a fitted fraction of the streaming rate of their own; --fix
-       and --tf32-nchw: ``experiment_flags``; --own-share: above)
+           [--tf32-nchw SHARE] [--own-share PRESET,...] [--fit-host]   (experiments;
+       --channel-norm: batch and group norm's kernels at a fitted fraction of the streaming rate
+       of their own; --fix and --tf32-nchw: ``experiment_flags``; --own-share: above;
+       --fit-host: the CPU's time per kernel fitted too, HOST_BOUNDS)
 Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
 row, class and source) and prints the parameters to put in dlperf/hardware/efficiency.py.
 """
@@ -54,6 +55,11 @@ OWN = {"own_tensor_gemm": BOUNDS["tensor_gemm"], "own_cuda_core": BOUNDS["cuda_c
 # a preset's own shares that the fit honours (Efficiency fields), and the math classes they set
 OWN_FIELDS = ("tensor_gemm", "cuda_core", "cuda_core_conv")
 OWN_CLASSES = ("tensor-gemm", "cuda-core", "cuda-core-conv")
+# ``--fit-host`` (an experiment): the CPU's time to issue one kernel (Efficiency.host_s, else
+# fixed at its estimate) fitted with the rest. Only rows whose step the CPU bounds see it: the
+# BERT SQuAD FP32 rows, whose BertAdam issues ~20 kernels a tensor after a .item() (costs.py,
+# bertadam_cost), and the for-loop rows behind GradScaler's wait.
+HOST_BOUNDS = (1e-6, 20e-6)
 # ``--channel-norm`` (an experiment; the shipped model has no such GPU parameter): batch and
 # group norm's kernels at their own fraction of the streaming rate, fitted with the rest
 CHANNEL_NORM_BOUNDS = (0.1, 1.0)
@@ -115,7 +121,8 @@ class Terms:
         unit = identity()
         if tf32_nchw is not None:  # --tf32-nchw: TF32 NCHW convolutions' layout cost
             unit = replace(unit, tf32_nchw=tf32_nchw)
-        self.host_s = host_s  # not fitted: no row of the table is host-bound
+        self.host_s = host_s  # fixed at its estimate, unless --fit-host (HOST_BOUNDS)
+        self.fit_host = False
         math_s, math_cls, mem_s, dw, trans_s, kernels, row_of = [], [], [], [], [], [], []
         channel_norm, class_share = [], []
         wino, syncs, own_share, in_group, own_wino = [], [], [], [], []
@@ -152,7 +159,7 @@ class Terms:
                     (p.memory_class, p.cost.dtype in HALF, row["layout"] == "nhwc"), 1.0))
                 trans_s.append(p.transpose_time_s)
                 kernels.append(p.launch_time_s)  # launch_s = 1: the kernel count
-                syncs.append(p.cost.host_sync)
+                syncs.append(p.cost.syncs)
                 row_of.append(i)
             self.rows.append(row)
             self.batch.append(cfg.input_shape[0])
@@ -165,7 +172,7 @@ class Terms:
         self.winograd = np.array(wino, dtype=bool)
         self.trans_s, self.kernels = np.array(trans_s), np.array(kernels)
         self.row_of = np.array(row_of)
-        self.syncs = np.array(syncs, dtype=bool)  # Cost.host_sync: roofline.step_time's syncs
+        self.syncs = np.array(syncs, dtype=int)  # Cost.syncs: roofline.step_time's syncs
         self.own_share = np.array(own_share, dtype=float)
         self.in_group = np.array(in_group, dtype=bool)
         self.own_winograd = np.array(own_wino, dtype=float)
@@ -202,10 +209,10 @@ class Terms:
         # CPU's issue time before it, entry i waiting for its first kernel's issue (h + d) or
         # its last's (n h + d / n, n equal kernels), and the GPU time after it
         out = np.empty(len(self.rows))
-        h = self.host_s
+        h = params["host_s"] if self.fit_host else self.host_s  # --fit-host: fitted too
         for i, (a, b) in enumerate(self.bounds):
             d, n = kernel_t[a:b], self.kernels[a:b]
-            if self.syncs[a:b].any():  # a host synchronisation: the loop itself, not unrolled
+            if self.syncs[a:b].any():  # host synchronisations: roofline's, run by run
                 out[i] = roofline_step_time(d, n, h, self.syncs[a:b])
                 continue
             before = (np.cumsum(n) - n) * h
@@ -316,18 +323,21 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"--own-share: unknown preset(s) {', '.join(unknown)} "
                              "(`dlperf devices` lists them)")
     experiment = "--channel-norm" in argv
-    argv = [a for a in argv if a != "--channel-norm"]
-    if (experiment or fixed or tf32_nchw is not None or kernel_classes or group) \
+    fit_host = "--fit-host" in argv
+    argv = [a for a in argv if a not in ("--channel-norm", "--fit-host")]
+    if (experiment or fit_host or fixed or tf32_nchw is not None or kernel_classes or group) \
             and len(argv) < 2:
-        raise SystemExit("--channel-norm, --fix, --tf32-nchw, --kernel-classes and --own-share "
-                         "are experiments: give CSV and OUT.json (the default OUT is the "
-                         "shipped fit's)")
+        raise SystemExit("--channel-norm, --fit-host, --fix, --tf32-nchw, --kernel-classes and "
+                         "--own-share are experiments: give CSV and OUT.json (the default OUT "
+                         "is the shipped fit's)")
     shares = None
     if kernel_classes:
         shares = measured_shares(json.loads(kernel_classes.read_text()))
     bounds = {**BOUNDS, "channel_norm": CHANNEL_NORM_BOUNDS} if experiment else BOUNDS
     if group:
         bounds = {**bounds, **OWN}
+    if fit_host:
+        bounds = {**bounds, "host_s": HOST_BOUNDS}
     csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
     rows = [r for r in vp.read_rows(csv_path)]
@@ -339,6 +349,7 @@ def main(argv: list[str]) -> int:
     from dlperf.hardware.efficiency import FITTED
 
     terms = Terms(captured, FITTED.host_s, tf32_nchw, shares, group)
+    terms.fit_host = fit_host
     clean = np.array([r["flag"] == "clean" for r in terms.rows])
     from dlperf.hardware.efficiency import Efficiency
 
@@ -347,6 +358,8 @@ def main(argv: list[str]) -> int:
     start["winograd"] = 0.6  # its default, 1.0, is its bound, where the squashed search stalls
     if experiment:
         start["channel_norm"] = 0.6
+    if fit_host:
+        start["host_s"] = FITTED.host_s
     for name in OWN if group else ():
         start[name] = start[name.removeprefix("own_")]
     params = fit(terms, clean, start, bounds, fixed)

@@ -193,6 +193,8 @@ def test_gpt_presets_are_the_published_models_to_the_parameter(capsys):
     (["analyze", "resnet18", "--train", "--optimizer", "none", "--optimizer-impl", "foreach"],
      "it needs --train and an optimizer"),
     (["analyze", "resnet18", "--train", "--optimizer-impl", "apex"], "invalid choice: 'apex'"),
+    (["analyze", "resnet18", "--train", "--optimizer", "sgd", "--optimizer-impl", "bertadam"],
+     "BertAdam is an Adam over FP32 parameters; use it with --optimizer adamw"),
     (["analyze", "resnet18", "--train", "--dtype", "fp16", "--cuda-graphs", "--optimizer-impl",
       "foreach"], "a CUDA graph cannot hold"),
     (["analyze", "gpt", "--train", "--grad-accum", "4"], "--grad-accum applies to the scale-out"),

@@ -58,7 +58,9 @@ class AnalysisConfig:
     device: str = "h100-sxm"
     optimizer: str = "sgd"  # sgd | adamw | none: the parameter update counted in a train step
     # how torch.optim runs it (costs.OPTIMIZER_IMPLS): "fused" (fused=True), "foreach" (torch's
-    # default on CUDA since 2.0) or "for-loop" (foreach=False; every release before 2.0)
+    # default on CUDA since 2.0) or "for-loop" (foreach=False; every release before 2.0);
+    # "bertadam" / "bertadam-sync": DeepLearningExamples' FP32 BERT fine-tuning update
+    # (costs.bertadam_cost), under torch 1.10 and later / 1.5.1-1.9
     optimizer_impl: str = "fused"
     tokens: bool = False  # integer token-id input [batch, seq_len]: report tokens/s too
     # recompute each block's forward in the backward (torch.utils.checkpoint per block, as
@@ -308,6 +310,12 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           "GradScaler reads its inf flag on the CPU (.item()) before such an "
                           "update, which a CUDA graph cannot hold; use --optimizer-impl fused "
                           "(the fused update reads the flag on the GPU)")
+    if config.optimizer_impl.startswith("bertadam") and config.train and (
+            config.optimizer != "adamw" or config.precision in HALF_MODEL):
+        raise DlperfError(f"--optimizer-impl {config.optimizer_impl}: BertAdam is an Adam over "
+                          "FP32 parameters; use it with --optimizer adamw and a model kept in "
+                          f"FP32 (not --optimizer {config.optimizer} --precision "
+                          f"{config.precision})")
     if config.checkpoint_policy not in CHECKPOINT_POLICIES:
         raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
                           f"{' or '.join(CHECKPOINT_POLICIES)}")
@@ -383,9 +391,13 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                             (cast_op,), config.fp8_weight_cast_share)
     trainable = [p for p in model.parameters() if p.requires_grad]  # shared weights once
     if config.train and config.optimizer != "none":
+        # BertAdam skips weight decay for run_squad.py's no_decay list (biases, LayerNorm): the
+        # one-dimensional tensors (costs.bertadam_cost)
+        decayed = [p for p in trainable if p.dim() > 1]
         step = optimizer_cost(sum(p.numel() for p in trainable), len(trainable),
                               config.optimizer, element_bytes=state_bytes,
-                              impl=config.optimizer_impl)
+                              impl=config.optimizer_impl,
+                              decayed=(len(decayed), sum(p.numel() for p in decayed)))
         # fp16 autocast training needs loss scaling: torch.amp.GradScaler's unscale, and for an
         # unfused optimizer a host synchronisation before the step (costs.scaled_optimizer)
         costs.extend(scaled_optimizer(step) if config.dtype == "fp16" and not half else [step])

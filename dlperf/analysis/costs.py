@@ -145,6 +145,12 @@ class Cost:
     # optimizer step), so its issue time is not hidden behind earlier kernels
     # (roofline.step_time)
     host_sync: bool = False
+    # with ``host_sync``: the entry is issued in this many equal rounds, the CPU waiting for
+    # the GPU before each (a synchronisation inside a loop over tensors: BertAdam's
+    # per-tensor clip_grad_norm_ under torch 1.5-1.9, ``bertadam_cost``)
+    sync_rounds: int = 1
+    # an optimizer step: the parameter tensors it updates (0: not an optimizer step)
+    tensors: int = 0
     # fused attention: the head size of Q and K (a kernel may compute with a padded one:
     # hardware/efficiency.py, ``kernel_head_dim``); 0 otherwise
     head_dim: int = 0
@@ -152,6 +158,11 @@ class Cost:
     @property
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else math.inf if self.flops else 0.0
+
+    @property
+    def syncs(self) -> int:
+        """The host synchronisations before and inside this entry (roofline.step_time)."""
+        return self.sync_rounds if self.host_sync else 0
 
 
 # ---------------------------------------------------------------- guide examples as functions
@@ -465,7 +476,7 @@ OPTIMIZER_FLOPS_PER_PARAM = {"sgd": 4, "adamw": 12}
 # How torch.optim runs the update: ``fused=True``; ``foreach`` (torch's default on CUDA since
 # 2.0: one _foreach_* op per step of the formula over all tensors); ``for-loop``
 # (``foreach=False``, and every release before 2.0: the same ops, tensor by tensor).
-OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
+OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop", "bertadam", "bertadam-sync")
 # The unfused formula, op by op, as torch/optim/sgd.py and adamw's _single_tensor_adam /
 # _multi_tensor_adam (torch 2.x; 1.x's for-loops are the same ops) run it; each op reads and
 # writes whole tensors (tensors touched, reads + writes):
@@ -481,6 +492,34 @@ TENSORS_PER_OPTIMIZER_KERNEL = 64
 ELEMENTS_PER_OPTIMIZER_KERNEL = 320 * 65536
 
 
+# ``bertadam``: NVIDIA DeepLearningExamples' BERT fine-tuning update in FP32 (PyTorch/
+# LanguageModeling/BERT run_squad.py without --fp16/--amp, every commit from 2019 to 2022:
+# optimization.BertAdam; docs/design.md, "BertAdam"), as run_squad.py runs it:
+#  1. its GradientClipper: apex's multi_tensor_l2norm over every gradient (reads them once,
+#     4 B a parameter), then ``total_norm.item()``: the CPU waits for the backward to end
+#     before it issues the update, so none of the update's issue time hides behind it;
+#  2. BertAdam.step, a Python loop over the tensors that for each one calls
+#     torch.nn.utils.clip_grad_norm_(p, 1.0) and then runs Adam op by op (no bias correction,
+#     weight decay added to the update):
+#       m.mul_(b1) (2), m.add_(g) (3), v.mul_(b2) (2), v.addcmul_(g, g) (3), s = v.sqrt() (2),
+#       s + eps (2), u = m / s (3), [t = wd * p (2), u += t (3)], u * lr (2), -u (2),
+#       p.add_(-u) (3): 12 kernels and 29 tensor passes with weight decay, 10 and 24 without
+#       (run_squad.py's no_decay list: biases and LayerNorm, i.e. the one-dimensional tensors).
+# clip_grad_norm_ of one tensor: torch 1.10 and later (PR #61042 removed its synchronisations):
+# norm, stack, norm, + eps, max_norm / x (reciprocal, mul), clamp, grad.mul_ (8 kernels; reads
+# the gradient for the norm, reads and writes it for the multiply: 3 passes). Torch 1.5.1-1.9
+# (``bertadam-sync``): norm, stack, norm, + eps, reciprocal, mul, ``clip_coef < 1`` and its
+# copy to the host (8 launches; 1 pass), then ``if clip_coef < 1`` waits for the GPU: one host
+# synchronisation per tensor (pytorch issue #60691), so each tensor's launches start with the
+# GPU idle; the multiply runs only when that tensor's norm exceeds 1.0, taken here as never.
+BERTADAM_OPS = {True: 12, False: 10}  # kernels of the Adam part, with / without weight decay
+BERTADAM_PASSES = {True: 29, False: 24}  # tensor passes (reads + writes) of the Adam part
+BERTADAM_CLIP_OPS = 8  # clip_grad_norm_ of one tensor, either torch
+BERTADAM_CLIP_PASSES = {"bertadam": 3, "bertadam-sync": 1}
+BERTADAM_CLIP_WRITES = {"bertadam": 1, "bertadam-sync": 0}
+GRADIENT_CLIPPER_PASSES = 1  # run_squad's GradientClipper: one read of every gradient
+
+
 def multi_tensor_kernels(num_params: int, num_tensors: int) -> int:
     """Launches of one multi_tensor_apply op (a fused optimizer step, a _foreach_* op, AMP's
     unscale): a new launch every TENSORS_PER_OPTIMIZER_KERNEL tensors or
@@ -489,14 +528,49 @@ def multi_tensor_kernels(num_params: int, num_tensors: int) -> int:
                math.ceil(num_params / ELEMENTS_PER_OPTIMIZER_KERNEL))
 
 
+def bertadam_cost(num_params: int, num_tensors: int, decayed: tuple[int, int],
+                  impl: str = "bertadam") -> Cost:
+    """DeepLearningExamples' FP32 BERT fine-tuning update (run_squad.py's GradientClipper, then
+    optimization.BertAdam: see BERTADAM_OPS). ``decayed``: (tensors, parameters) with weight
+    decay; the rest skip two of its ops. The CPU waits for the GPU before it (the clipper's
+    ``.item()``); under torch 1.5.1-1.9 (``bertadam-sync``) once more before each tensor."""
+    tensors_decayed, params_decayed = decayed
+    if not (0 <= tensors_decayed <= num_tensors and 0 <= params_decayed <= num_params):
+        raise ValueError(f"decayed {decayed}: at most ({num_tensors}, {num_params})")
+    passes = (BERTADAM_PASSES[True] * params_decayed
+              + BERTADAM_PASSES[False] * (num_params - params_decayed)
+              + (BERTADAM_CLIP_PASSES[impl] + GRADIENT_CLIPPER_PASSES) * num_params)
+    # each op writes one tensor: the Adam part's, and the clip's multiply (torch 1.10 and later)
+    written = (BERTADAM_OPS[True] * params_decayed
+               + BERTADAM_OPS[False] * (num_params - params_decayed)
+               + BERTADAM_CLIP_WRITES[impl] * num_params)
+    kernels = (BERTADAM_OPS[True] * tensors_decayed
+               + BERTADAM_OPS[False] * (num_tensors - tensors_decayed)
+               + BERTADAM_CLIP_OPS * num_tensors + multi_tensor_kernels(num_params, num_tensors))
+    return Cost(module="(optimizer)", module_type="adamw", op="adamw_step", phase="optimizer",
+                kind="memory", flops=OPTIMIZER_FLOPS_PER_PARAM["adamw"] * num_params,
+                bytes=4 * passes, dtype="fp32", kernels=kernels,
+                output_bytes=4 * written, variant=impl, host_sync=True,
+                sync_rounds=num_tensors + 1 if impl == "bertadam-sync" else 1,
+                tensors=num_tensors)
+
+
 def optimizer_cost(num_params: int, num_tensors: int, optimizer: str,
-                   element_bytes: int = 4, impl: str = "fused") -> Cost:
+                   element_bytes: int = 4, impl: str = "fused",
+                   decayed: tuple[int, int] | None = None) -> Cost:
     """One training step's parameter update as ``impl`` runs it (OPTIMIZER_IMPLS). The byte
     tables are for fp32 parameters and state; a model cast to half (``element_bytes`` 2) moves
-    half that. Under fp16's GradScaler: ``scaled_optimizer``."""
+    half that. Under fp16's GradScaler: ``scaled_optimizer``. ``decayed``: for the BertAdam
+    impls, the (tensors, parameters) with weight decay (``bertadam_cost``; default: all)."""
     if impl not in OPTIMIZER_IMPLS:
         raise ValueError(f"optimizer implementation {impl!r}: use one of "
                          f"{', '.join(OPTIMIZER_IMPLS)}")
+    if impl.startswith("bertadam"):
+        if optimizer != "adamw" or element_bytes != 4:
+            raise ValueError(f"{impl}: BertAdam is an FP32 Adam (optimizer adamw, fp32 state), "
+                             f"not {optimizer} with {element_bytes}-byte state")
+        return bertadam_cost(num_params, num_tensors, decayed or (num_tensors, num_params),
+                             impl)
     per_param = (OPTIMIZER_BYTES_PER_PARAM if impl == "fused" else UNFUSED_BYTES_PER_PARAM)
     nbytes = per_param[optimizer] * num_params * element_bytes // 4
     launches = multi_tensor_kernels(num_params, num_tensors)
@@ -509,7 +583,7 @@ def optimizer_cost(num_params: int, num_tensors: int, optimizer: str,
                 flops=OPTIMIZER_FLOPS_PER_PARAM[optimizer] * num_params,
                 bytes=nbytes, dtype="fp32" if element_bytes == 4 else "fp16",
                 kernels=kernels, output_bytes=nbytes * written // touched,
-                variant="" if impl == "fused" else impl)
+                variant="" if impl == "fused" else impl, tensors=num_tensors)
 
 
 def grad_scaler_cost(num_params: int, launches: int) -> Cost:
@@ -529,6 +603,8 @@ def _update_shape(opt: Cost) -> tuple[int, int]:
     """(parameters, launches of one multi-tensor pass over them) of an ``optimizer_cost``."""
     n = opt.flops // OPTIMIZER_FLOPS_PER_PARAM[opt.module_type]
     impl = opt.variant or "fused"
+    if opt.tensors:
+        return n, multi_tensor_kernels(n, opt.tensors)
     ops = UNFUSED_OPS[opt.module_type]
     return n, (opt.kernels if impl == "fused" else opt.kernels // ops if impl == "foreach"
                else multi_tensor_kernels(n, opt.kernels // ops))
@@ -539,7 +615,8 @@ def scaled_optimizer(opt: Cost) -> tuple[Cost, Cost]:
     unscale and update (``grad_scaler_cost``), then the step, which the CPU issues only after
     reading the inf flag unless the optimizer is fused (it takes the flag on the GPU)."""
     n, launches = _update_shape(opt)
-    return grad_scaler_cost(n, launches), dataclasses.replace(opt, host_sync=bool(opt.variant))
+    return grad_scaler_cost(n, launches), dataclasses.replace(
+        opt, host_sync=bool(opt.variant) or opt.host_sync)
 
 
 def fused_optimizer(opt: Cost) -> Cost:
@@ -549,6 +626,7 @@ def fused_optimizer(opt: Cost) -> Cost:
     element_bytes = 4 if opt.dtype == "fp32" else 2
     nbytes = OPTIMIZER_BYTES_PER_PARAM[opt.module_type] * n * element_bytes // 4
     return dataclasses.replace(opt, bytes=nbytes, kernels=launches, variant="", host_sync=False,
+                               sync_rounds=1,
                                output_bytes=nbytes * (2 if opt.module_type == "sgd" else 3)
                                // (OPTIMIZER_BYTES_PER_PARAM[opt.module_type] // 4))
 

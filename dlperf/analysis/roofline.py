@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from dlperf.analysis.costs import Cost
 from dlperf.analysis.gemm import (Quantization, alignment_elements, best_quantization,
                                   misaligned_dims)
@@ -234,26 +236,57 @@ def step_time(kernel_times, kernel_counts, host_s: float, syncs=None) -> float:
     unfused optimizer's hundreds) is n equal kernels, each run as soon as it is issued: it ends
     at the latest of g + d (the GPU busy throughout), C + host_s + d (waiting for the first)
     and C + n host_s + d / n (waiting for the last), C being the issue time before it.
-    ``syncs`` (one flag per entry, optional): the CPU waits for the GPU to finish everything
-    before entry i ahead of issuing it (``Cost.host_sync``), so C restarts from g_{i-1}: the
-    queue is empty and the GPU idles while the CPU issues entry i's kernels.
+    ``syncs`` (one count per entry, optional; a flag reads as 0 or 1): the CPU waits for the GPU
+    to finish everything before entry i ahead of issuing it (``Cost.syncs``), so C restarts
+    from g_{i-1}: the queue is empty and the GPU idles while the CPU issues entry i's kernels.
+    A count k > 1: the entry is issued in k equal rounds (n / k kernels, d / k), the CPU
+    waiting for the GPU before each (a synchronisation inside a loop over tensors).
     """
     if host_s <= 0:
-        return sum(kernel_times)
-    issued = gpu = 0.0
-    for i, (d, n) in enumerate(zip(kernel_times, kernel_counts)):
-        if syncs is not None and syncs[i]:
-            issued = max(issued, gpu)
-        if n <= 0:  # fused into another kernel: no launch of its own
-            gpu = max(gpu, issued) + d
+        return float(sum(kernel_times))
+    d = np.asarray(kernel_times, dtype=float)
+    n = np.asarray(kernel_counts, dtype=float)
+    waits = np.zeros(len(d), dtype=int) if syncs is None else np.asarray(syncs, dtype=int)
+    gpu = issued = 0.0
+    # runs of entries without a wait, each starting at one that waits (or at the first)
+    edges = [0, *np.flatnonzero(waits).tolist(), len(d)]
+    for a, b in zip(edges[:-1], edges[1:]):
+        if a == b:
             continue
-        gpu = max(gpu + d, issued + host_s + d, issued + n * host_s + d / n)
-        issued += n * host_s
-    return gpu
+        if waits[a]:
+            issued = max(issued, gpu)
+            if waits[a] > 1 and n[a] > 0:
+                # k rounds of m kernels, each issued with the GPU idle: it ends ``first``
+                # after its issue starts, and the next round's issue starts then
+                k = min(waits[a], n[a])
+                m, part = n[a] / k, d[a] / k
+                first = max(host_s + part, m * host_s + part / m)
+                gpu = issued + k * first
+                issued = gpu - first + m * host_s
+                a += 1
+                if a == b:
+                    continue
+        gpu, issued = _issued_run(d[a:b], n[a:b], host_s, gpu, issued)
+    return float(gpu)
+
+
+def _issued_run(d, n, host_s: float, gpu: float, issued: float) -> tuple[float, float]:
+    """(GPU end, CPU issue time) after entries (times ``d``, kernel counts ``n``) that no wait
+    separates, from a GPU busy until ``gpu`` and a CPU that has issued until ``issued``:
+    g_j = max(g_{j-1} + d_j, C_{j-1} + first_j), unrolled to the largest of the GPU's own
+    time and, for each entry, its issue plus its first kernel's wait plus the GPU time after
+    it. ``first``: max(host_s + d, n host_s + d / n) for an entry of n launches, d for one
+    fused into another (no launch, run once issued)."""
+    issue = n * host_s
+    before = issued + np.cumsum(issue) - issue
+    first = np.where(n > 0, np.maximum(host_s + d, issue + d / np.maximum(n, 1)), d)
+    remaining = np.cumsum(d[::-1])[::-1]
+    end = max(gpu + float(remaining[0]), float(np.max(before + first + remaining - d)))
+    return end, issued + float(issue.sum())
 
 
 def predicted_step_s(predictions, host_s: float) -> float:
     """``step_time`` of a list of Predictions: their times, kernel counts and host syncs, in
     order (a step's, or the step with some kernels changed or left out)."""
     return step_time([p.time_s for p in predictions], [p.kernels for p in predictions], host_s,
-                     [p.cost.host_sync for p in predictions])
+                     [p.cost.syncs for p in predictions])

@@ -117,12 +117,17 @@ def add_parser(sub) -> None:
                    help="parameter update counted in a --train step [auto: adamw for gpt and "
                         "token models, sgd otherwise]")
     # costs.OPTIMIZER_IMPLS (spelt out here: the parser is built without importing torch)
-    a.add_argument("--optimizer-impl", choices=("fused", "foreach", "for-loop"), default="fused",
+    a.add_argument("--optimizer-impl", choices=("fused", "foreach", "for-loop", "bertadam",
+                                                "bertadam-sync"), default="fused",
                    help="how torch.optim runs the update: fused (fused=True, as dlperf train "
                         "runs it), foreach (torch's default on CUDA since 2.0) or for-loop "
                         "(foreach=False, and torch 1.x); with --dtype fp16 an unfused step "
-                        "waits for GradScaler's inf check, so its launches are not hidden "
-                        "[fused]")
+                        "waits for GradScaler's inf check, so its launches are not hidden. "
+                        "bertadam: NVIDIA DeepLearningExamples' FP32 BERT fine-tuning update "
+                        "(run_squad.py: a global norm read with .item(), then BertAdam, "
+                        "clip_grad_norm_ and Adam op by op for each tensor); bertadam-sync: "
+                        "the same under torch 1.5-1.9, whose clip_grad_norm_ waits for the GPU "
+                        "once per tensor [fused]")
     a.add_argument("--input-shape", help="per-sample shape without batch: C,H,W (3,224,224) or "
                                          "FEATURES for non-image models")
     a.add_argument("--input-dtype", choices=("float32", "int64"), default=None,
