@@ -17,10 +17,11 @@ without that source's rows, and those rows are predicted with them (leave one so
 
 Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
        python benchmarks/fit_efficiency.py CSV OUT.json [--channel-norm] [--fix NAME=VALUE ...]
-           [--tf32-nchw SHARE] [--own-share PRESET,...] [--fit-host]   (experiments;
-       --channel-norm: batch and group norm's kernels at a fitted fraction of the streaming rate
-       of their own; --fix and --tf32-nchw: ``experiment_flags``; --own-share: above;
-       --fit-host: the CPU's time per kernel fitted too, HOST_BOUNDS)
+           [--tf32-nchw SHARE] [--own-share PRESET,...] [--fit-host] [--drop-source NAME]
+           [--set COLUMN=VALUE]   (experiments; --channel-norm: batch and group norm's kernels at
+       a fitted fraction of the streaming rate of their own; --fix and --tf32-nchw:
+       ``experiment_flags``; --own-share: above; --fit-host: the CPU's time per kernel fitted
+       too, HOST_BOUNDS; --drop-source and --set: ``row_flags``)
 Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
 row, class and source) and prints the parameters to put in dlperf/hardware/efficiency.py.
 """
@@ -304,11 +305,36 @@ def experiment_flags(argv: list[str]) -> tuple[list[str], dict, float | None, Pa
     return rest, fixed, tf32_nchw, kernel_classes
 
 
+def row_flags(argv: list[str]) -> tuple[list[str], set[str], dict[str, str]]:
+    """(the other arguments, ``--drop-source NAME`` sources left out, ``--set COLUMN=VALUE``
+    columns set on every row): experiments on which rows the fit sees and how they are costed
+    (``--drop-source lambda-logs --set optimizer_impl=``: the table as it stood before that
+    source came, every update costed fused)."""
+    rest, drop, sets = [], set(), {}
+    it = iter(argv)
+    for a in it:
+        if a not in ("--drop-source", "--set"):
+            rest.append(a)
+            continue
+        value = next(it, None)
+        if value is None:
+            raise SystemExit(f"{a} needs a value")
+        if a == "--drop-source":
+            drop.add(value)
+        else:
+            column, eq, setting = value.partition("=")
+            if not eq:
+                raise SystemExit(f"--set {value}: give COLUMN=VALUE (blank VALUE: none)")
+            sets[column] = setting
+    return rest, drop, sets
+
+
 def main(argv: list[str]) -> int:
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
     argv, fixed, tf32_nchw, kernel_classes = experiment_flags(argv)
+    argv, drop, sets = row_flags(argv)
     group: tuple[str, ...] = ()
     if "--own-share" in argv:
         at = argv.index("--own-share")
@@ -325,11 +351,11 @@ def main(argv: list[str]) -> int:
     experiment = "--channel-norm" in argv
     fit_host = "--fit-host" in argv
     argv = [a for a in argv if a not in ("--channel-norm", "--fit-host")]
-    if (experiment or fit_host or fixed or tf32_nchw is not None or kernel_classes or group) \
-            and len(argv) < 2:
-        raise SystemExit("--channel-norm, --fit-host, --fix, --tf32-nchw, --kernel-classes and "
-                         "--own-share are experiments: give CSV and OUT.json (the default OUT "
-                         "is the shipped fit's)")
+    if (experiment or fit_host or fixed or tf32_nchw is not None or kernel_classes or group
+            or drop or sets) and len(argv) < 2:
+        raise SystemExit("--channel-norm, --fit-host, --fix, --tf32-nchw, --kernel-classes, "
+                         "--own-share, --drop-source and --set are experiments: give CSV and "
+                         "OUT.json (the default OUT is the shipped fit's)")
     shares = None
     if kernel_classes:
         shares = measured_shares(json.loads(kernel_classes.read_text()))
@@ -340,7 +366,11 @@ def main(argv: list[str]) -> int:
         bounds = {**bounds, "host_s": HOST_BOUNDS}
     csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    rows = [r for r in vp.read_rows(csv_path)]
+    table = vp.read_rows(csv_path)
+    unknown = sorted(set(sets) - set(table[0]))
+    if unknown:
+        raise SystemExit(f"--set: {', '.join(unknown)} is not a column of {csv_path.name}")
+    rows = [{**r, **sets} for r in table if r["source"] not in drop]
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
@@ -387,6 +417,7 @@ def main(argv: list[str]) -> int:
         "parameters": _finite(params),
         "bounds": bounds,
         "fixed": _finite(fixed), "tf32_nchw": tf32_nchw, "own_share_presets": list(group),
+        "dropped_sources": sorted(drop), "set_columns": sets,
         "kernel_classes": None if shares is None else {
             "result": str(kernel_classes), "shares": {
                 f"{cls} {'16-bit' if half else '32-bit'} {'nhwc' if nhwc else 'nchw'}": share

@@ -375,3 +375,15 @@ def test_a_bf16_batch_norm_share_alone_would_trade_one_error_for_another():
                        (run["predicted_s"] + extra) / run["measured_s"])
     assert moved["bf16-nchw"] == pytest.approx((0.77, 1.13), abs=0.005)
     assert moved["bf16-cl"] == pytest.approx((1.09, 1.15), abs=0.006)
+
+
+def test_fit_row_flags_drop_sources_and_set_columns():
+    fe = load_benchmark("fit_efficiency")
+    rest, drop, sets = fe.row_flags(["a.csv", "--drop-source", "lambda-logs", "out.json",
+                                     "--set", "optimizer_impl=", "--drop-source", "x"])
+    assert rest == ["a.csv", "out.json"]
+    assert drop == {"lambda-logs", "x"} and sets == {"optimizer_impl": ""}
+    with pytest.raises(SystemExit, match="COLUMN=VALUE"):
+        fe.row_flags(["--set", "optimizer_impl"])
+    with pytest.raises(SystemExit, match="needs a value"):
+        fe.row_flags(["--drop-source"])
