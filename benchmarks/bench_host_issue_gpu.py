@@ -19,7 +19,9 @@ stretch exactly that part. This script measures both halves on one GPU:
 Each case is saved beside dlperf's prediction for it (the datasheet preset ``--device``).
 Usage: python benchmarks/bench_host_issue_gpu.py OUT.json [--model resnet50] [--batch 256]
        [--device h100-sxm] [--steps 20] [--warmup 5] [--busy 0,8,16,32] [--corpus DIR]
-       [--dispatch-only]   (the CPU's part of a launch alone: results/host-dispatch-cpu.json)
+       [--dispatch-only [--bertadam]]   (the CPU's part of a launch alone:
+       results/host-dispatch-cpu.json; with --bertadam, BertAdam's loop:
+       results/host-dispatch-bertadam-cpu.json)
 On a machine without a GPU it runs on the CPU in bf16 without a scaler (a check of the script,
 not a measurement: the CPU runs each op as it is issued).
 """
@@ -139,6 +141,61 @@ def cpu_dispatch(tensors: int = 161, rounds: int = 30, steps: int = 10) -> dict:
             "s_per_op": step / (4 * tensors), "rounds": rounds}
 
 
+def bertadam_tensor_step(p, state: dict, weight_decay: float, lr: float = 5e-5,
+                         b1: float = 0.9, b2: float = 0.999, e: float = 1e-6) -> None:
+    """DeepLearningExamples' ``optimization.BertAdam.step`` for one tensor, op for op, its
+    ``clip_grad_norm_(p, 1.0)`` first (torch's own, as the original calls it); ``state``
+    holds the moments ``m`` and ``v``. tests/test_bertadam.py counts its ops and traffic
+    against ``costs.bertadam_cost``; ``bertadam_dispatch`` times it."""
+    import torch
+
+    torch.nn.utils.clip_grad_norm_(p, 1.0)
+    grad, m, v = p.grad, state["m"], state["v"]
+    m.mul_(b1).add_(grad, alpha=1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    update = m / (v.sqrt() + e)
+    if weight_decay > 0.0:
+        update += weight_decay * p.data
+    update_with_lr = lr * update
+    p.data.add_(-update_with_lr)
+
+
+def bertadam_dispatch(tensors: int = 391, rounds: int = 30, steps: int = 3) -> dict:
+    """The CPU's own part of BertAdam's launches (``bertadam_tensor_step`` over ``tensors``
+    one-element CPU tensors, every other one with weight decay; BERT-large has ~391), one
+    thread: Python and the dispatcher per op, 19 ops a tensor on average (costs.py,
+    BERTADAM_OPS and BERTADAM_CLIP_OPS)."""
+    import torch
+
+    from dlperf.analysis.costs import BERTADAM_CLIP_OPS, BERTADAM_OPS
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.full((1,), 1e-3)
+        states = [{"m": torch.zeros(1), "v": torch.zeros(1)} for _ in params]
+        decays = [0.01 if i % 2 else 0.0 for i in range(tensors)]
+
+        def step():
+            for p, st, wd in zip(params, states, decays):
+                bertadam_tensor_step(p, st, wd)
+        step()
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times.append((time.perf_counter() - start) / steps)
+    finally:
+        torch.set_num_threads(threads)
+    ops = sum(BERTADAM_CLIP_OPS + BERTADAM_OPS[wd > 0] for wd in decays)
+    step_s = statistics.median(times)
+    return {"tensors": tensors, "ops": ops, "median_step_s": step_s, "s_per_op": step_s / ops,
+            "rounds": rounds}
+
+
 def _summary(times: list[float]) -> dict:
     ordered = sorted(times)
     return {"median_s": statistics.median(ordered),
@@ -151,7 +208,8 @@ def run(args) -> dict:
     from rich.progress import Progress
 
     if args.dispatch_only:
-        return {"cpu_dispatch": cpu_dispatch()}
+        return ({"bertadam_dispatch": bertadam_dispatch()} if args.bertadam
+                else {"cpu_dispatch": cpu_dispatch()})
     cuda = torch.cuda.is_available()
     cores = os.cpu_count() or 1
     busy = ([int(b) for b in args.busy.split(",")] if args.busy
@@ -211,12 +269,23 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dispatch-only", action="store_true",
                    help="only the CPU's part of a for-loop launch (cpu_dispatch): a real "
                         "measurement on a machine without a GPU")
+    p.add_argument("--bertadam", action="store_true",
+                   help="with --dispatch-only: BertAdam's loop instead (bertadam_dispatch)")
     args = p.parse_args(argv)
+    if args.bertadam and not args.dispatch_only:
+        raise SystemExit("--bertadam times the CPU's part of BertAdam's loop: use it with "
+                         "--dispatch-only")
     from dlperf.provenance import save_result
 
     results = run(args)
     save_result(args.out, "host-issue-gpu", {k: (str(v) if isinstance(v, Path) else v)
                                             for k, v in vars(args).items()}, results)
+    if "bertadam_dispatch" in results:
+        c = results["bertadam_dispatch"]
+        print(f"CPU per op of BertAdam's loop: {c['s_per_op'] * 1e6:.2f} µs "
+              f"({c['median_step_s'] * 1e3:.1f} ms a step over {c['tensors']} tensors)")
+        print(f"Wrote {args.out}")
+        return 0
     c = results["cpu_dispatch"]
     print(f"CPU per op of SGD(foreach=False).step(): {c['s_per_op'] * 1e6:.2f} µs")
     d = results.get("derived", {})

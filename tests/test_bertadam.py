@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import load_benchmark
 from dlperf.analysis.costs import (BERTADAM_CLIP_OPS, BERTADAM_OPS, BERTADAM_PASSES,
                                    multi_tensor_kernels, optimizer_cost)
 from dlperf.analysis.roofline import step_time
@@ -47,20 +48,6 @@ class _Every(TorchDispatchMode):
         return out
 
 
-def _bertadam_tensor_step(p, state, weight_decay, lr=5e-5, b1=0.9, b2=0.999, e=1e-6):
-    """DeepLearningExamples' optimization.BertAdam.step for one tensor, op for op (its
-    clip_grad_norm_ first: torch's own, as the original calls it)."""
-    torch.nn.utils.clip_grad_norm_(p, 1.0)
-    grad, m, v = p.grad, state["m"], state["v"]
-    m.mul_(b1).add_(grad, alpha=1 - b1)
-    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    update = m / (v.sqrt() + e)
-    if weight_decay > 0.0:
-        update += weight_decay * p.data
-    update_with_lr = lr * update
-    p.data.add_(-update_with_lr)
-
-
 @pytest.mark.parametrize("decay", [True, False])
 def test_bertadam_launches_and_traffic_match_the_algorithm_run_op_by_op(decay):
     n = 3000
@@ -68,7 +55,8 @@ def test_bertadam_launches_and_traffic_match_the_algorithm_run_op_by_op(decay):
     p.grad = torch.randn(n) * 1e-3
     state = {"m": torch.zeros(n), "v": torch.zeros(n)}
     with _Every() as mode:
-        _bertadam_tensor_step(p, state, 0.01 if decay else 0.0)
+        load_benchmark("bench_host_issue_gpu").bertadam_tensor_step(p, state,
+                                                                    0.01 if decay else 0.0)
     # torch 1.10 and later: the clip's 8 kernels (norm, stack, norm, + eps, reciprocal, mul,
     # clamp, grad *= clamped coefficient), then Adam's 12 (10 without weight decay)
     assert len(mode.ops) == BERTADAM_CLIP_OPS + BERTADAM_OPS[decay]
@@ -216,3 +204,10 @@ def test_cli_takes_bertadam(capsys):
                  "--tf32", "--device", "a100-80gb", "--optimizer-impl", "bertadam-sync"]) == 0
     out = capsys.readouterr().out
     assert "DeepLearningExamples' BertAdam under torch 1.5-1.9" in out
+
+
+def test_the_dispatch_timing_runs_the_same_loop():
+    b = load_benchmark("bench_host_issue_gpu").bertadam_dispatch(tensors=6, rounds=2, steps=1)
+    # 3 tensors with weight decay (8 + 12 ops) and 3 without (8 + 10)
+    assert b["ops"] == 3 * 20 + 3 * 18 and b["median_step_s"] > 0
+    assert b["s_per_op"] == pytest.approx(b["median_step_s"] / b["ops"])
