@@ -10,7 +10,9 @@ error per row, per class and per device.
 The error of a row is predicted / measured - 1 (positive: dlperf says faster than measured).
 Rows flagged ``suspect`` or ``input-bound?`` are shown but kept out of the "clean" summary.
 
-Usage: python benchmarks/validate_published.py [CSV] [OUT.json] [--only ID,ID]
+Usage: python benchmarks/validate_published.py [CSV] [OUT.json] [--only=ID,ID]
+       [--set=COLUMN=VALUE ...]   (another reading: a column set on every row, e.g.
+       --set=optimizer_impl= costs every update fused; it needs its own OUT.json)
 """
 
 from __future__ import annotations
@@ -276,11 +278,21 @@ def render(rows: list[dict], summary: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = [a for a in argv if not a.startswith("--only")]
+    args = [a for a in argv if not a.startswith(("--only", "--set="))]
     only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
+    # another reading of the table: --set=COLUMN=VALUE on every row (blank VALUE: none)
+    sets = dict(a.removeprefix("--set=").partition("=")[::2] for a in argv
+                if a.startswith("--set="))
     csv_path = Path(args[0]) if args else DEFAULT_CSV
     out_path = Path(args[1]) if len(args) > 1 else DEFAULT_OUT
+    if sets and len(args) < 2:
+        raise SystemExit("--set reads the table another way: give CSV and its own OUT.json "
+                         "(the default is the table's own results)")
     rows = read_rows(csv_path)
+    unknown = sorted(set(sets) - set(rows[0]))
+    if unknown:
+        raise SystemExit(f"--set: {', '.join(unknown)} is not a column of {csv_path.name}")
+    rows = [{**r, **sets} for r in rows]
     if only:
         wanted = set(only.split(","))
         rows = [r for r in rows if r["id"] in wanted]
@@ -303,7 +315,7 @@ def main(argv: list[str]) -> int:
     from dlperf.hardware.efficiency import FITTED
 
     config = {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
-                         else csv_path),
+                         else csv_path), "set_columns": sets,
               "efficiency_model": FITTED.to_dict(),
               "fitted_to_these_rows": "the shipped efficiency parameters were fitted to the "
                                       "clean rows of this table (benchmarks/fit_efficiency.py); "

@@ -71,6 +71,24 @@ def test_validation_script_predicts_rows_and_saves_them(tmp_path, capsys):
     assert "median |error|" in capsys.readouterr().out
 
 
+def test_another_reading_sets_a_column_on_every_row(tmp_path):
+    # --set=optimizer_impl= costs Lambda's BERT-base FP32 row with a fused AdamW instead of the
+    # BertAdam it ran: its update issues far fewer launches, so it is predicted faster
+    out, fused = tmp_path / "as-run.json", tmp_path / "fused.json"
+    only = "--only=lambda-bertB-a100sxm80-fp32"
+    assert _script().main([str(CSV), str(out), only]) == 0
+    assert _script().main([str(CSV), str(fused), only, "--set=optimizer_impl="]) == 0
+    run = json.loads(out.read_text())["results"]["rows"][0]
+    other = json.loads(fused.read_text())
+    assert run["optimizer_impl"] == "bertadam" and other["config"]["set_columns"] == {
+        "optimizer_impl": ""}
+    assert other["results"]["rows"][0]["ratio"] > 1.02 * run["ratio"]
+    with pytest.raises(SystemExit, match="not a column"):
+        _script().main([str(CSV), str(out), "--set=colour=red"])
+    with pytest.raises(SystemExit, match="its own OUT.json"):
+        _script().main(["--set=optimizer_impl="])
+
+
 def test_speedup_pairs_compare_predicted_and_measured_gains():
     def row(id_, precision, layout, measured, predicted, flag="clean", model="resnet50",
             source="s"):
