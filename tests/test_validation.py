@@ -160,6 +160,24 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
     assert loss(got) <= loss(res) + 1e-9  # the presets' shares are one point it searched
     with pytest.raises(SystemExit, match="unknown preset"):
         fit.main([str(small), str(own), "--own-share", "v100-sxm9"])
+    # --fit-host with every other parameter held, on a table with a BertAdam row (Lambda's
+    # BERT-base FP32 on a V100: the CPU bounds its update) and one source dropped: only the
+    # CPU's time per launch is searched, within its bounds, and the result says what was run
+    bert = tmp_path / "bert.csv"
+    bert.write_text(small.read_text() + next(line for line in lines
+                                             if line.startswith("lambda-bertB-v100-fp32,")) + "\n")
+    host = tmp_path / "host.json"
+    args = [str(bert), str(host), "--fit-host", "--drop-source", "dle-efficientnet"]
+    for pair in held:
+        args += ["--fix", pair]
+    assert fit.main(args) == 0
+    got = json.loads(host.read_text())["results"]
+    assert got["dropped_sources"] == ["dle-efficientnet"] and len(got["rows"]) == 4
+    assert fit.HOST_BOUNDS[0] <= got["parameters"]["host_s"] <= fit.HOST_BOUNDS[1]
+    assert got["parameters"]["host_s"] != pytest.approx(10e-6)  # it moved from the estimate
+    assert {k: got["parameters"][k] for k in fit.BOUNDS} == pytest.approx(res["parameters"])
+    with pytest.raises(SystemExit, match="not a column"):
+        fit.main([str(bert), str(host), "--set", "colour=red"])
 
 
 def test_rows_measured_before_pytorch_2_capture_attention_unfused():
