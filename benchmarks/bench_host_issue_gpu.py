@@ -113,6 +113,26 @@ def predicted(model_name: str, batch: int, impl: str, device: str, image: int = 
             "host_s": a.host_s}
 
 
+def _single_thread_median(step, rounds: int, steps: int) -> float:
+    """Median seconds of ``step()`` over ``rounds`` rounds of ``steps`` calls, on one thread
+    (what the CPU spends per op, not torch's thread pool)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step()  # (the optimizer's state)
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times.append((time.perf_counter() - start) / steps)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times)
+
+
 def cpu_dispatch(tensors: int = 161, rounds: int = 30, steps: int = 10) -> dict:
     """The CPU's own part of a for-loop launch: ``SGD(foreach=False).step()`` over ``tensors``
     one-element CPU tensors (ResNet-50 has 161), one thread, so the arithmetic is nil and what
@@ -120,23 +140,11 @@ def cpu_dispatch(tensors: int = 161, rounds: int = 30, steps: int = 10) -> dict:
     time of the case above minus this is the CUDA launch itself."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(tensors)]
-        for p in params:
-            p.grad = torch.zeros(1)
-        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=False)
-        opt.step()  # the momentum buffers
-        times = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(steps):
-                opt.step()
-            times.append((time.perf_counter() - start) / steps)
-    finally:
-        torch.set_num_threads(threads)
-    step = statistics.median(times)
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.zeros(1)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=False)
+    step = _single_thread_median(opt.step, rounds, steps)
     return {"tensors": tensors, "ops": 4 * tensors, "median_step_s": step,
             "s_per_op": step / (4 * tensors), "rounds": rounds}
 
@@ -169,29 +177,18 @@ def bertadam_dispatch(tensors: int = 391, rounds: int = 30, steps: int = 3) -> d
 
     from dlperf.analysis.costs import BERTADAM_CLIP_OPS, BERTADAM_OPS
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(tensors)]
-        for p in params:
-            p.grad = torch.full((1,), 1e-3)
-        states = [{"m": torch.zeros(1), "v": torch.zeros(1)} for _ in params]
-        decays = [0.01 if i % 2 else 0.0 for i in range(tensors)]
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.full((1,), 1e-3)
+    states = [{"m": torch.zeros(1), "v": torch.zeros(1)} for _ in params]
+    decays = [0.01 if i % 2 else 0.0 for i in range(tensors)]
 
-        def step():
-            for p, st, wd in zip(params, states, decays):
-                bertadam_tensor_step(p, st, wd)
-        step()
-        times = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times.append((time.perf_counter() - start) / steps)
-    finally:
-        torch.set_num_threads(threads)
+    def step():
+        for p, st, wd in zip(params, states, decays):
+            bertadam_tensor_step(p, st, wd)
+
     ops = sum(BERTADAM_CLIP_OPS + BERTADAM_OPS[wd > 0] for wd in decays)
-    step_s = statistics.median(times)
+    step_s = _single_thread_median(step, rounds, steps)
     return {"tensors": tensors, "ops": ops, "median_step_s": step_s, "s_per_op": step_s / ops,
             "rounds": rounds}
 

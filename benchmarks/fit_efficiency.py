@@ -206,20 +206,11 @@ class Terms:
                                          1.0))
         kernel_t = (np.maximum(math_t, mem_t) + self.trans_s / stream
                     + self.kernels * params["launch_s"])
-        # roofline.step_time per row, unrolled: the GPU's whole time, or for some entry i the
-        # CPU's issue time before it, entry i waiting for its first kernel's issue (h + d) or
-        # its last's (n h + d / n, n equal kernels), and the GPU time after it
+        # roofline.step_time per row: the CPU issuing each row's kernels, its waits included
         out = np.empty(len(self.rows))
         h = params["host_s"] if self.fit_host else self.host_s  # --fit-host: fitted too
         for i, (a, b) in enumerate(self.bounds):
-            d, n = kernel_t[a:b], self.kernels[a:b]
-            if self.syncs[a:b].any():  # host synchronisations: roofline's, run by run
-                out[i] = roofline_step_time(d, n, h, self.syncs[a:b])
-                continue
-            before = (np.cumsum(n) - n) * h
-            remaining = np.cumsum(d[::-1])[::-1]
-            first = np.where(n > 0, np.maximum(h + d, n * h + d / np.maximum(n, 1)), d)
-            out[i] = max(float(remaining[0]), float(np.max(before + first + remaining - d)))
+            out[i] = roofline_step_time(kernel_t[a:b], self.kernels[a:b], h, self.syncs[a:b])
         return out
 
     def ratios(self, params: dict) -> np.ndarray:
@@ -366,11 +357,8 @@ def main(argv: list[str]) -> int:
         bounds = {**bounds, "host_s": HOST_BOUNDS}
     csv_path = Path(argv[0]) if argv else vp.DEFAULT_CSV
     out_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    table = vp.read_rows(csv_path)
-    unknown = sorted(set(sets) - set(table[0]))
-    if unknown:
-        raise SystemExit(f"--set: {', '.join(unknown)} is not a column of {csv_path.name}")
-    rows = [{**r, **sets} for r in table if r["source"] not in drop]
+    rows = vp.set_columns([r for r in vp.read_rows(csv_path) if r["source"] not in drop],
+                          sets)
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:

@@ -54,6 +54,16 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def set_columns(rows: list[dict], values: dict[str, str]) -> list[dict]:
+    """``rows`` with each COLUMN of ``values`` set to its VALUE on every row (blank: None):
+    another reading of a table (``--set``, here, in validate_scaling.py and fit_efficiency.py).
+    A name that is not a column is refused."""
+    for key in values:
+        if rows and key not in rows[0]:
+            raise SystemExit(f"--set {key}: not a column of the table")
+    return [{**r, **{k: v or None for k, v in values.items()}} for r in rows]
+
+
 def _before_sdpa(row: dict) -> bool:
     """The source ran PyTorch 1.x, before F.scaled_dot_product_attention (2.0): timm's
     attention was then q @ k^T, softmax and @ v as separate kernels with the scores in memory.
@@ -288,11 +298,7 @@ def main(argv: list[str]) -> int:
     if sets and len(args) < 2:
         raise SystemExit("--set reads the table another way: give CSV and its own OUT.json "
                          "(the default is the table's own results)")
-    rows = read_rows(csv_path)
-    unknown = sorted(set(sets) - set(rows[0]))
-    if unknown:
-        raise SystemExit(f"--set: {', '.join(unknown)} is not a column of {csv_path.name}")
-    rows = [{**r, **sets} for r in rows]
+    rows = set_columns(read_rows(csv_path), sets)
     if only:
         wanted = set(only.split(","))
         rows = [r for r in rows if r["id"] in wanted]

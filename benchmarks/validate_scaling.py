@@ -363,16 +363,14 @@ def reread(rows: list[dict], source: str | None, interconnects: list[str],
         if "=" not in pair:
             raise SystemExit(f"{pair!r}: give OLD=NEW (--interconnect) or COLUMN=VALUE (--set)")
     swaps = dict(p.split("=", 1) for p in interconnects)
-    values = dict(p.split("=", 1) for p in settings)
     for r in rows:
         if swaps:
             r["interconnect"] = ",".join(swaps.get(n.strip(), n.strip())
                                          for n in r["interconnect"].split(","))
-        for key, value in values.items():
-            if key not in r:
-                raise SystemExit(f"--set {key}: not a column of the table")
-            r[key] = value or None
-    return rows
+    from dlperf.provenance import load_sibling
+
+    return load_sibling(__file__, "validate_published").set_columns(
+        rows, dict(p.split("=", 1) for p in settings))
 
 
 def main(argv: list[str]) -> int:

@@ -602,12 +602,7 @@ def grad_scaler_cost(num_params: int, launches: int) -> Cost:
 def _update_shape(opt: Cost) -> tuple[int, int]:
     """(parameters, launches of one multi-tensor pass over them) of an ``optimizer_cost``."""
     n = opt.flops // OPTIMIZER_FLOPS_PER_PARAM[opt.module_type]
-    impl = opt.variant or "fused"
-    if opt.tensors:
-        return n, multi_tensor_kernels(n, opt.tensors)
-    ops = UNFUSED_OPS[opt.module_type]
-    return n, (opt.kernels if impl == "fused" else opt.kernels // ops if impl == "foreach"
-               else multi_tensor_kernels(n, opt.kernels // ops))
+    return n, multi_tensor_kernels(n, opt.tensors)
 
 
 def scaled_optimizer(opt: Cost) -> tuple[Cost, Cost]:
