@@ -59,6 +59,8 @@ def _worker(rank: int, port: int, ddp: bool, queue):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from dlperf.train.distributed import exit_process
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -71,6 +73,7 @@ def _worker(rank: int, port: int, ddp: bool, queue):
     queue.put((rank, times))
     dist.barrier()  # both done before either tears gloo down (a peer closing early can abort it)
     dist.destroy_process_group()
+    exit_process(0)  # no finalization: c10d's threads can abort it (exit_process says why)
 
 
 def main(argv: list[str]) -> int:

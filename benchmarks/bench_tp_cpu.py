@@ -98,6 +98,7 @@ def _worker(rank: int, port: int, collectives: bool, size: str, queue):
     import torch.distributed as dist
 
     from dlperf.models.gpt import GPT
+    from dlperf.train.distributed import exit_process
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -126,6 +127,7 @@ def _worker(rank: int, port: int, collectives: bool, size: str, queue):
     queue.put((rank, times, count, inside))
     dist.barrier()  # both done before either tears gloo down (a peer closing early can abort it)
     dist.destroy_process_group()
+    exit_process(0)  # no finalization: c10d's threads can abort it (exit_process says why)
 
 
 def main(argv: list[str]) -> int:

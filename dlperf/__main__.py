@@ -1,5 +1,5 @@
 import sys
 
-from dlperf.cli import main
+from dlperf.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -597,15 +597,59 @@ def run(rank, store, out):
                    "var": bn.running_var.tolist(), "batches": int(bn.num_batches_tracked),
                    "broadcast": [ddp.broadcast_buffers, ddp_on.broadcast_buffers]},
                   open(out, "w"))
-    # both ranks done before either tears gloo down: a peer that closes while the other is
-    # still busy can abort it at exit (SIGABRT, "terminate called without an active exception")
+    # both ranks done before either tears gloo down, and then no interpreter finalization:
+    # gloo's threads can abort a finalizing process (SIGABRT, "terminate called without an
+    # active exception"; D.exit_process says why)
     del ddp, ddp_on
     dist.barrier()
     dist.destroy_process_group()
+    D.exit_process(0)
 
 if __name__ == "__main__":
     mp.spawn(run, args=(sys.argv[1] + ".store", sys.argv[1]), nprocs=2)
 """
+
+
+_EXIT = """
+import atexit, sys
+from dlperf.train.distributed import exit_process
+atexit.register(lambda: print("finalized"))  # finalization would print this; exit_process skips it
+print("kept", end="")  # buffered (stdout is a pipe): exit_process must flush it
+print("err", file=sys.stderr, end="")
+exit_process(7)
+print("not reached")
+"""
+
+
+def test_a_distributed_process_leaves_with_its_code_and_its_output_but_no_finalization():
+    # c10d's threads can abort a finalizing interpreter after the work is done (pytorch#190489,
+    # docs/design.md "Ending a distributed process"): exit_process skips finalization (the
+    # atexit handler never runs) yet keeps the code and the buffered output
+    proc = subprocess.run([sys.executable, "-c", _EXIT], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (7, "kept", "err")
+
+
+@pytest.mark.parametrize("world, leaves", [("2", True), ("1", False), (None, False)])
+def test_the_program_ends_through_exit_process_only_when_torchrun_started_several(
+        monkeypatch, world, leaves):
+    import dlperf.cli as cli
+    from dlperf.train import distributed as D
+
+    left = []
+
+    def fake_exit(code):
+        left.append(code)
+        return code
+
+    monkeypatch.setattr(cli, "main", lambda argv=None: 5)
+    monkeypatch.setattr(D, "exit_process", fake_exit)
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    assert cli.entry() == 5
+    assert left == ([5] if leaves else [])
 
 
 def test_ddp_s_buffer_flag_goes_by_the_name_this_torch_gives_it():

@@ -7,6 +7,7 @@ User mistakes (DlperfError, bad flags) print one line and exit 2; bugs keep thei
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dlperf.cli import analyze, bench, data, devices, probe, train
@@ -59,5 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> int:
+    """The `dlperf` program (console script and `python -m dlperf`): ``main``, then the exit. A
+    process that torchrun started as one of several ends through ``exit_process``, which skips
+    the interpreter's finalization: c10d's threads can abort a finalizing process after its
+    work is done (``dlperf.train.distributed.exit_process`` says why)."""
+    code = main()
+    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1"):  # torch's only then
+        from dlperf.train.distributed import exit_process
+
+        exit_process(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -66,10 +66,14 @@ def _worker(rank: int, world: int, port: int, sizes, repeats: int, backend: str,
         medians.append(statistics.median(times))
     if rank == 0:
         queue.put(medians)
-    # both ranks done before either tears gloo down: a peer that closes while the other is
-    # still busy can abort that one at exit ("terminate called without an active exception")
+    # both ranks done before either tears gloo down, and no interpreter finalization after it:
+    # c10d's threads can abort a finalizing process (exit_process says why); the SimpleQueue
+    # wrote the medians synchronously
     dist.barrier()
     dist.destroy_process_group()
+    from dlperf.train.distributed import exit_process
+
+    exit_process(0)
 
 
 def fit_ring(sizes, seconds, world: int) -> tuple[float, float]:

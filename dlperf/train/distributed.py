@@ -9,8 +9,11 @@ forever when one dies.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -151,3 +154,30 @@ def barrier(info: DistInfo) -> None:
 def teardown(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """End a process that ran c10d collectives with ``code``, without the interpreter's
+    finalization.
+
+    Why: c10d's worker threads (gloo's ``runLoop``, NCCL's watchdog) free a finished work
+    *after* the collective has returned, and the tensors it holds may own Python objects whose
+    release takes the GIL. Once the main thread has begun finalizing, CPython ends any thread
+    that asks for the GIL with ``pthread_exit``; its unwind through the work's ``noexcept``
+    destructor calls ``std::terminate`` and the process dies of SIGABRT ("terminate called
+    without an active exception") after its work is done. torchrun reports such a rank as
+    failed (and restarts the job when asked to). ``destroy_process_group`` does not close the
+    window (the worker threads outlive it), and a barrier only narrows it (docs/design.md,
+    "Ending a distributed process"; upstream pytorch/pytorch#190489, open for torch 2.14). So a process that has torn its group down flushes what it printed and logged and
+    leaves with ``os._exit``, which runs no finalization: every checkpoint and result was
+    already written atomically (fsync and rename) before this point. A process that used a
+    ``multiprocessing.Queue`` must ``close`` and ``join_thread`` it first (a ``SimpleQueue``
+    writes synchronously)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing left to save
+            pass
+    logging.shutdown()
+    os._exit(code)
+
