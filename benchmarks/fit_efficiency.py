@@ -18,10 +18,11 @@ without that source's rows, and those rows are predicted with them (leave one so
 Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
        python benchmarks/fit_efficiency.py CSV OUT.json [--channel-norm] [--fix NAME=VALUE ...]
            [--tf32-nchw SHARE] [--own-share PRESET,...] [--fit-host] [--drop-source NAME]
-           [--set COLUMN=VALUE]   (experiments; --channel-norm: batch and group norm's kernels at
-       a fitted fraction of the streaming rate of their own; --fix and --tf32-nchw:
-       ``experiment_flags``; --own-share: above; --fit-host: the CPU's time per kernel fitted
-       too, HOST_BOUNDS; --drop-source and --set: ``row_flags``)
+           [--set COLUMN=VALUE] [--weight row|source|device]   (experiments;
+       --channel-norm: batch and group norm's kernels at a fitted fraction of the streaming
+       rate of their own; --fix and --tf32-nchw: ``experiment_flags``; --own-share: above;
+       --fit-host: the CPU's time per kernel fitted too, HOST_BOUNDS; --drop-source and --set:
+       ``row_flags``; --weight: ``row_weights``)
 Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
 row, class and source) and prints the parameters to put in dlperf/hardware/efficiency.py.
 """
@@ -233,16 +234,19 @@ def _from_params(params: dict, bounds: dict = BOUNDS) -> np.ndarray:
 
 
 def fit(terms: Terms, mask: np.ndarray, start: dict, bounds: dict = BOUNDS,
-        fixed: dict | None = None) -> dict:
-    """Parameters minimising the mean squared log ratio over the rows in ``mask``; restarted
-    from the best point until it stops improving (Nelder-Mead stalls in 8 dimensions).
-    ``fixed``: parameters held at the given values (``--fix``), not searched."""
+        fixed: dict | None = None, weights: np.ndarray | None = None) -> dict:
+    """Parameters minimising the (weighted) mean squared log ratio over the rows in ``mask``;
+    restarted from the best point until it stops improving (Nelder-Mead stalls in 8
+    dimensions). ``fixed``: parameters held at the given values (``--fix``), not searched;
+    ``weights``: each row's weight (``row_weights``; None: every row alike)."""
     fixed = fixed or {}
     bounds = {k: v for k, v in bounds.items() if k not in fixed}
+    w = np.ones(len(mask)) if weights is None else np.asarray(weights, dtype=float)
+    w = w[mask] / w[mask].sum()
 
     def loss(z):
         r = terms.ratios({**fixed, **_to_params(z, bounds)})[mask]
-        return float(np.mean(np.log(r) ** 2))
+        return float(np.sum(w * np.log(r) ** 2))
 
     z = _from_params(start, bounds)
     best = loss(z)
@@ -253,6 +257,23 @@ def fit(terms: Terms, mask: np.ndarray, start: dict, bounds: dict = BOUNDS,
             break
         z, best = z_new, new
     return {**fixed, **_to_params(z, bounds)}
+
+
+WEIGHTS = ("row", "source", "device")
+
+
+def row_weights(rows: list[dict], by: str) -> np.ndarray:
+    """``--weight``: each row's weight in the loss. "row" (the shipped fit): every row alike,
+    so a source or a card with many rows sets the shared shares (timm's 46 RTX 3090 rows,
+    Lambda's 95); "source" or "device": each clean source or GPU preset counts once, its rows
+    sharing a weight of 1 (the held-out folds keep those weights)."""
+    if by == "row":
+        return np.ones(len(rows))
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r["flag"] == "clean":
+            counts[r[by]] = counts.get(r[by], 0) + 1
+    return np.array([1.0 / counts[r[by]] if r["flag"] == "clean" else 0.0 for r in rows])
 
 
 def errors(ratios) -> dict:
@@ -339,14 +360,21 @@ def main(argv: list[str]) -> int:
         if unknown:
             raise SystemExit(f"--own-share: unknown preset(s) {', '.join(unknown)} "
                              "(`dlperf devices` lists them)")
+    weight_by = "row"
+    if "--weight" in argv:
+        at = argv.index("--weight")
+        weight_by = argv[at + 1] if at + 1 < len(argv) else ""
+        if weight_by not in WEIGHTS:
+            raise SystemExit(f"--weight needs one of {', '.join(WEIGHTS)}")
+        argv = argv[:at] + argv[at + 2:]
     experiment = "--channel-norm" in argv
     fit_host = "--fit-host" in argv
     argv = [a for a in argv if a not in ("--channel-norm", "--fit-host")]
     if (experiment or fit_host or fixed or tf32_nchw is not None or kernel_classes or group
-            or drop or sets) and len(argv) < 2:
+            or drop or sets or weight_by != "row") and len(argv) < 2:
         raise SystemExit("--channel-norm, --fit-host, --fix, --tf32-nchw, --kernel-classes, "
-                         "--own-share, --drop-source and --set are experiments: give CSV and "
-                         "OUT.json (the default OUT is the shipped fit's)")
+                         "--own-share, --drop-source, --set and --weight are experiments: give "
+                         "CSV and OUT.json (the default OUT is the shipped fit's)")
     shares = None
     if kernel_classes:
         shares = measured_shares(json.loads(kernel_classes.read_text()))
@@ -380,14 +408,15 @@ def main(argv: list[str]) -> int:
         start["host_s"] = FITTED.host_s
     for name in OWN if group else ():
         start[name] = start[name.removeprefix("own_")]
-    params = fit(terms, clean, start, bounds, fixed)
+    weights = row_weights(terms.rows, weight_by)
+    params = fit(terms, clean, start, bounds, fixed, weights)
     in_sample = terms.ratios(params)
     held_out = np.full(len(rows), np.nan)
     sources = sorted({r["source"] for r in terms.rows if r["flag"] == "clean"})
     folds = {}
     for source in sources:
         mine = np.array([r["source"] == source for r in terms.rows])
-        fold = fit(terms, clean & ~mine, params, bounds, fixed)
+        fold = fit(terms, clean & ~mine, params, bounds, fixed, weights)
         held_out[mine] = terms.ratios(fold)[mine]
         folds[source] = fold
     before = terms.ratios({**Efficiency().to_dict(), "sm_bytes_per_clock": math.inf})
@@ -411,6 +440,7 @@ def main(argv: list[str]) -> int:
                 f"{cls} {'16-bit' if half else '32-bit'} {'nhwc' if nhwc else 'nchw'}": share
                 for (cls, half, nhwc), share in sorted(shares.items())}},
         "objective": "mean squared log(predicted / measured) over the clean rows",
+        "weight": weight_by,
         "summary_in_sample": summary(in_sample),
         "summary_held_out_by_source": summary(held_out),
         "summary_constants_0.8_0.85_two_pass": summary(before),
