@@ -387,3 +387,28 @@ def test_fit_row_flags_drop_sources_and_set_columns():
         fe.row_flags(["--set", "optimizer_impl"])
     with pytest.raises(SystemExit, match="needs a value"):
         fe.row_flags(["--drop-source"])
+
+
+def test_fit_weights_let_each_source_or_gpu_count_once():
+    # --weight: source "a" has 3 clean rows (1/3 each), "b" one (1) and a flagged row (0)
+    fe = load_benchmark("fit_efficiency")
+    rows = [dict(source="a", device="x", flag="clean")] * 3 + [
+        dict(source="b", device="x", flag="clean"), dict(source="b", device="y", flag="suspect")]
+    assert fe.row_weights(rows, "row").tolist() == [1, 1, 1, 1, 1]
+    assert fe.row_weights(rows, "source") == pytest.approx([1 / 3] * 3 + [1, 0])
+    assert fe.row_weights(rows, "device") == pytest.approx([0.25] * 4 + [0])
+
+    class Terms:  # rows that want memory 0.5 (three of them) and 0.8 (one): ratio = memory / want
+        want = np.array([0.5, 0.5, 0.5, 0.8])
+
+        def ratios(self, params):
+            return params["memory"] / self.want
+    start = {n: 0.6 if n != "sm_bytes_per_clock" else 8.0 for n in fe.BOUNDS}
+    fixed = {n: start[n] for n in fe.BOUNDS if n != "memory"}
+    mask = np.array([True] * 4)
+    # least squares in log: alike, log m = (3 log 0.5 + log 0.8) / 4 -> m = 0.562; each source
+    # once (weights 1/3 x 3 and 1), the geometric mean of 0.5 and 0.8 -> 0.632
+    alike = fe.fit(Terms(), mask, start, fixed=fixed)
+    once = fe.fit(Terms(), mask, start, fixed=fixed, weights=fe.row_weights(rows[:4], "source"))
+    assert alike["memory"] == pytest.approx(0.5 ** 0.75 * 0.8 ** 0.25, rel=1e-3)
+    assert once["memory"] == pytest.approx((0.5 * 0.8) ** 0.5, rel=1e-3)
