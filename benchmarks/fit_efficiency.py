@@ -341,32 +341,36 @@ def row_flags(argv: list[str]) -> tuple[list[str], set[str], dict[str, str]]:
     return rest, drop, sets
 
 
+def valued_flag(argv: list[str], flag: str, needs: str) -> tuple[list[str], str | None]:
+    """(the other arguments, the value after ``flag``, or None where it is absent)."""
+    if flag not in argv:
+        return argv, None
+    at = argv.index(flag)
+    if at + 1 >= len(argv):
+        raise SystemExit(f"{flag} needs {needs}")
+    return argv[:at] + argv[at + 2:], argv[at + 1]
+
+
 def main(argv: list[str]) -> int:
     from dlperf.provenance import load_sibling
 
     vp = load_sibling(__file__, "validate_published")
     argv, fixed, tf32_nchw, kernel_classes = experiment_flags(argv)
     argv, drop, sets = row_flags(argv)
+    argv, own = valued_flag(argv, "--own-share", "presets, e.g. --own-share v100-sxm2,v100-pcie")
     group: tuple[str, ...] = ()
-    if "--own-share" in argv:
-        at = argv.index("--own-share")
-        if at + 1 >= len(argv):
-            raise SystemExit("--own-share needs presets, e.g. --own-share v100-sxm2,v100-pcie")
-        group = tuple(d.strip() for d in argv[at + 1].split(","))
-        argv = argv[:at] + argv[at + 2:]
+    if own is not None:
+        group = tuple(d.strip() for d in own.split(","))
         from dlperf.hardware.specs import PRESETS
 
         unknown = [d for d in group if d not in PRESETS]
         if unknown:
             raise SystemExit(f"--own-share: unknown preset(s) {', '.join(unknown)} "
                              "(`dlperf devices` lists them)")
-    weight_by = "row"
-    if "--weight" in argv:
-        at = argv.index("--weight")
-        weight_by = argv[at + 1] if at + 1 < len(argv) else ""
-        if weight_by not in WEIGHTS:
-            raise SystemExit(f"--weight needs one of {', '.join(WEIGHTS)}")
-        argv = argv[:at] + argv[at + 2:]
+    argv, weight_by = valued_flag(argv, "--weight", f"one of {', '.join(WEIGHTS)}")
+    weight_by = weight_by or "row"
+    if weight_by not in WEIGHTS:
+        raise SystemExit(f"--weight {weight_by}: choose one of {', '.join(WEIGHTS)}")
     experiment = "--channel-norm" in argv
     fit_host = "--fit-host" in argv
     argv = [a for a in argv if a not in ("--channel-norm", "--fit-host")]

@@ -181,6 +181,11 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
     assert {k: got["parameters"][k] for k in fit.BOUNDS} == pytest.approx(res["parameters"])
     with pytest.raises(SystemExit, match="not a column"):
         fit.main([str(bert), str(host), "--set", "colour=red"])
+    assert got["weight"] == "row"  # the shipped loss: every row alike
+    with pytest.raises(SystemExit, match="--weight colour: choose one of row, source, device"):
+        fit.main([str(bert), str(host), "--weight", "colour"])
+    with pytest.raises(SystemExit, match="--own-share needs presets"):
+        fit.main([str(bert), str(host), "--own-share"])
 
 
 def test_rows_measured_before_pytorch_2_capture_attention_unfused():
