@@ -168,9 +168,11 @@ def exit_process(code: int = 0) -> NoReturn:
     without an active exception") after its work is done. torchrun reports such a rank as
     failed (and restarts the job when asked to). ``destroy_process_group`` does not close the
     window (the worker threads outlive it), and a barrier only narrows it (docs/design.md,
-    "Ending a distributed process"; upstream pytorch/pytorch#190489, open for torch 2.14). So a process that has torn its group down flushes what it printed and logged and
-    leaves with ``os._exit``, which runs no finalization: every checkpoint and result was
-    already written atomically (fsync and rename) before this point. A process that used a
+    "Ending a distributed process"; upstream pytorch/pytorch#190489, open for torch 2.14).
+
+    So a process that has torn its group down flushes what it printed and logged and leaves
+    with ``os._exit``, which runs no finalization: every checkpoint and result was already
+    written atomically (fsync and rename) before this point. A process that used a
     ``multiprocessing.Queue`` must ``close`` and ``join_thread`` it first (a ``SimpleQueue``
     writes synchronously)."""
     for stream in (sys.stdout, sys.stderr):
@@ -180,4 +182,3 @@ def exit_process(code: int = 0) -> NoReturn:
             pass
     logging.shutdown()
     os._exit(code)
-
