@@ -309,8 +309,8 @@ def experiment_flags(argv: list[str]) -> tuple[list[str], dict, float | None, Pa
                 kernel_classes = Path(value)
                 continue
             name, _, number = value.partition("=")
-            if name not in BOUNDS:
-                raise SystemExit(f"--fix {value}: choose one of {', '.join(BOUNDS)}")
+            if name not in BOUNDS and name not in OWN:
+                raise SystemExit(f"--fix {value}: choose one of {', '.join([*BOUNDS, *OWN])}")
             fixed[name] = float(number)
         else:
             rest.append(a)
@@ -367,6 +367,8 @@ def main(argv: list[str]) -> int:
         if unknown:
             raise SystemExit(f"--own-share: unknown preset(s) {', '.join(unknown)} "
                              "(`dlperf devices` lists them)")
+    if not group and any(name in OWN for name in fixed):
+        raise SystemExit("--fix own_...: the presets' own shares exist only with --own-share")
     argv, weight_by = valued_flag(argv, "--weight", f"one of {', '.join(WEIGHTS)}")
     weight_by = weight_by or "row"
     if weight_by not in WEIGHTS:

@@ -156,6 +156,10 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
     assert {k: got["parameters"][k] for k in fit.BOUNDS} == pytest.approx(res["parameters"])
     for name, (lo, hi) in fit.OWN.items():
         assert lo <= got["parameters"][name] <= hi
+    # an own share can be held too (--fix own_cuda_core=...): only the GEMM share is searched
+    assert fit.main(args + ["--fix", "own_cuda_core=0.8"]) == 0
+    half = json.loads(own.read_text())["results"]["parameters"]
+    assert half["own_cuda_core"] == 0.8 and half["own_tensor_gemm"] != 0.8
 
     def loss(result):  # the fit's objective: the mean squared log ratio over the clean rows
         return sum(math.log(r["ratio_in_sample"]) ** 2 for r in result["rows"]) / 4
@@ -186,6 +190,8 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
         fit.main([str(bert), str(host), "--weight", "colour"])
     with pytest.raises(SystemExit, match="--own-share needs presets"):
         fit.main([str(bert), str(host), "--own-share"])
+    with pytest.raises(SystemExit, match="only with --own-share"):  # it would hold nothing
+        fit.main([str(bert), str(host), "--fix", "own_cuda_core=0.8"])
 
 
 def test_rows_measured_before_pytorch_2_capture_attention_unfused():
