@@ -218,7 +218,7 @@ def test_fused_attention_runs_at_its_kernels_share_on_each_preset():
         assert efficiency_for(get_device(name), "triton-2023").attention == FITTED.attention
         assert efficiency_for(get_device(name)).attention == A100_FLASH2_ATTENTION
     # GPUs without a calibrated share run either kernel at the generic fitted one
-    for name in ("t4", "l40s", "b200", "rtx3090"):
+    for name in ("t4", "l40s", "b200", "rtx-a6000"):
         for kernel in ("flash2", "triton-2023", "cudnn"):
             eff = efficiency_for(get_device(name), kernel)
             assert replace(eff, attention_kernel="") == FITTED, (name, kernel)
@@ -532,6 +532,48 @@ def test_the_volta_presets_carry_the_shares_fitted_to_their_rows():
     conv = replace(gemm, op="convolution", dtype="fp32", align_dims=(("c_in", 64),))
     assert predict(conv, v100).math_time_s / predict(conv, v100, efficiency=FITTED).math_time_s \
         == pytest.approx(0.804 / 0.843)
+
+
+GEFORCE = ("rtx3090", "rtx4090")
+
+
+def test_the_geforce_presets_carry_the_gemm_share_fitted_to_their_rows():
+    # benchmarks/fit_efficiency.py --own-share rtx3090,rtx4090 --fix own_cuda_core=0.804 (every
+    # other parameter held at FITTED: results/efficiency-fit-geforce.json): the GEMM share
+    # comes out at the search's bound of 1.0, and so does each fold that leaves a source out
+    from dlperf.analysis.gemm import GemmShape
+    from dlperf.hardware.efficiency import GEFORCE_TENSOR_GEMM
+
+    saved = json.loads((ROOT / "benchmarks/results/efficiency-fit-geforce.json").read_text())
+    res = saved["results"]
+    assert tuple(res["own_share_presets"]) == GEFORCE
+    assert (res["fixed"]["tensor_gemm"], res["fixed"]["own_cuda_core"]) == (
+        FITTED.tensor_gemm, FITTED.cuda_core)
+    assert res["parameters"]["own_tensor_gemm"] == pytest.approx(GEFORCE_TENSOR_GEMM, abs=5e-4)
+    assert all(f["own_tensor_gemm"] > 0.99 for f in res["folds"].values())
+    # the GeForce rows' transformers (ViT, Swin, BERT: GEMM-bound) were the rows it moved
+    base = {r["id"]: r for r in json.loads((ROOT / "benchmarks/results/validation-published.json"
+                                            ).read_text())["results"]["rows"]}
+    moved = [r for r in res["rows"] if r["device"] in GEFORCE and r["flag"] == "clean"
+             and r["class"].startswith("transformer")]
+    assert len(moved) == 20
+    assert all(r["ratio_in_sample"] == pytest.approx(base[r["id"]]["ratio"], rel=1e-4)
+               for r in moved)  # the shipped table is that fit's prediction
+    for name in GEFORCE:
+        eff = efficiency_for(get_device(name))
+        assert eff.tensor_gemm == GEFORCE_TENSOR_GEMM, name
+        assert replace(eff, tensor_gemm=FITTED.tensor_gemm, source=FITTED.source,
+                       attention_kernel="") == FITTED, name
+        assert "rated boost clock" in get_device(name).caveat, name
+    # the workstation GA102/AD102 parts keep the shared share (FP32 accumulation at full rate)
+    for name in ("rtx-a6000", "a40", "rtx6000-ada"):
+        assert efficiency_for(get_device(name)).tensor_gemm == FITTED.tensor_gemm, name
+    # a 4096^3 fp16 GEMM on a 3090 takes 0.779 / 1.0 of the time at the shared share
+    rtx = get_device("rtx3090")
+    gemm = Cost(op="mm", module="m", module_type="t", phase="forward", kind="gemm", bytes=1,
+                dtype="fp16", flops=2 * 4096**3, gemm=GemmShape(4096, 4096, 4096))
+    assert predict(gemm, rtx).math_time_s / predict(gemm, rtx, efficiency=FITTED).math_time_s \
+        == pytest.approx(0.779 / 1.0)
 
 
 def test_the_h200_share_is_what_a_lent_h200_sustained_and_its_runs_fit():

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from dlperf.errors import DlperfError, close_matches, finite_number
-from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, H200_TENSOR_GEMM,
-                                         HOPPER_ATTENTION, HOPPER_CUDA_CORE_CONV,
-                                         HOPPER_CUDNN_ATTENTION, HOPPER_FLASH2_ATTENTION,
-                                         HOPPER_TENSOR_GEMM, VOLTA_CUDA_CORE,
-                                         VOLTA_TENSOR_GEMM)
+from dlperf.hardware.efficiency import (A100_FLASH2_ATTENTION, GEFORCE_TENSOR_GEMM,
+                                         H200_TENSOR_GEMM, HOPPER_ATTENTION,
+                                         HOPPER_CUDA_CORE_CONV, HOPPER_CUDNN_ATTENTION,
+                                         HOPPER_FLASH2_ATTENTION, HOPPER_TENSOR_GEMM,
+                                         VOLTA_CUDA_CORE, VOLTA_TENSOR_GEMM)
 
 MATH_UNITS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 T = 1e12
@@ -206,6 +206,15 @@ _VOLTA_CAVEAT = (
     "stacks (NVIDIA's DeepLearningExamples, Lambda); NVIDIA's 2022 BERT stack (NVFuser, "
     "fused LAMB) ran its GEMMs near 0.7: `--efficiency tensor_gemm=0.7` for such a stack.")
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+# The GeForce RTX 3090 and 4090: cuBLAS's GEMMs at a share of their own of the FP32-accumulate
+# peak, fitted to published runs on them (hardware/efficiency.py, GEFORCE_TENSOR_GEMM)
+_GEFORCE_EFFICIENCY = {"tensor_gemm": GEFORCE_TENSOR_GEMM}
+_GEFORCE_CAVEAT = (
+    f"Its GEMM share ({GEFORCE_TENSOR_GEMM} of the FP32-accumulate Tensor Core peak) is fitted "
+    "to published runs on GeForce RTX 3090s and 4090s (timm, Lambda), whose boards run above "
+    "the rated boost clock the peak assumes while power allows; a card held at its rated "
+    "clock or power-limited runs GEMMs slower: `--efficiency tensor_gemm=0.78` for the "
+    "shared share.")
 
 # The GH100 at 132 SMs and 1,980 MHz (H100-SXM datasheet, TFLOP/s): the H100 SXM, the H200 and
 # the GH200's GPU share it, dense and with 2:4 sparsity.
@@ -257,7 +266,8 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           notes="GeForce GA102: FP16/BF16 Tensor Core math with FP32 accumulation (what "
                 "autocast's GEMMs use) runs at half the FP16-accumulate rate (142 TFLOP/s); "
                 "the whitepaper's table of RTX 3090 specifications gives both. timm's published "
-                "training benchmarks ran on this card."),
+                "training benchmarks ran on this card.",
+          efficiency=_GEFORCE_EFFICIENCY, caveat=_GEFORCE_CAVEAT),
     _spec("rtx4090", "NVIDIA GeForce RTX 4090", 128, 2520, 1008,
           {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3,
            "int8": 660.6},
@@ -265,7 +275,8 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           l2_mb=72, mem_gb=24, source=_ADA,
           notes="GeForce AD102: FP16/BF16 Tensor Core math with FP32 accumulation runs at half "
                 "the FP16-accumulate rate (330 TFLOP/s dense), as on the RTX 3090; the Ada "
-                "whitepaper's appendix gives both. 450 W board."),
+                "whitepaper's appendix gives both. 450 W board.",
+          efficiency=_GEFORCE_EFFICIENCY, caveat=_GEFORCE_CAVEAT),
     _spec("rtx6000-ada", "NVIDIA RTX 6000 Ada Generation", 142, 2505, 960,
           {"fp32": 91.1, "tf32": 91.1, "fp16": 182.1, "bf16": 182.1, "fp8": 364.2,
            "int8": 364.2},
