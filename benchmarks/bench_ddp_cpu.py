@@ -59,7 +59,7 @@ def _worker(rank: int, port: int, ddp: bool, queue):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dlperf.train.distributed import exit_process
+    from dlperf.train.distributed import end_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -71,9 +71,7 @@ def _worker(rank: int, port: int, ddp: bool, queue):
     y = torch.randint(0, CLASSES, (BATCH,), generator=g)
     times = _time_steps(model, opt, x, y, barrier=dist.barrier)
     queue.put((rank, times))
-    dist.barrier()  # both done before either tears gloo down (a peer closing early can abort it)
-    dist.destroy_process_group()
-    exit_process(0)  # no finalization: c10d's threads can abort it (exit_process says why)
+    end_worker(0)  # both ranks meet, then no finalization (distributed.end_worker)
 
 
 def main(argv: list[str]) -> int:

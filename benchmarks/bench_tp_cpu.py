@@ -98,7 +98,7 @@ def _worker(rank: int, port: int, collectives: bool, size: str, queue):
     import torch.distributed as dist
 
     from dlperf.models.gpt import GPT
-    from dlperf.train.distributed import exit_process
+    from dlperf.train.distributed import end_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -125,9 +125,7 @@ def _worker(rank: int, port: int, collectives: bool, size: str, queue):
             times.append(time.perf_counter() - start)
             inside.append(list(clock))
     queue.put((rank, times, count, inside))
-    dist.barrier()  # both done before either tears gloo down (a peer closing early can abort it)
-    dist.destroy_process_group()
-    exit_process(0)  # no finalization: c10d's threads can abort it (exit_process says why)
+    end_worker(0)  # both ranks meet, then no finalization (distributed.end_worker)
 
 
 def main(argv: list[str]) -> int:

@@ -102,9 +102,8 @@ ddp = nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=2)
 for _ in range(3):
     ddp(torch.randn(4, 512)).sum().backward()
 print(json.dumps(ddp._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]))
-dist.destroy_process_group()
-from dlperf.train.distributed import exit_process
-exit_process(0)  # no finalization: gloo's threads can abort it (exit_process says why)
+from dlperf.train.distributed import end_worker
+end_worker(0)  # no finalization: gloo's threads can abort it (exit_process says why)
 """
 
 

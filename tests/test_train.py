@@ -597,13 +597,11 @@ def run(rank, store, out):
                    "var": bn.running_var.tolist(), "batches": int(bn.num_batches_tracked),
                    "broadcast": [ddp.broadcast_buffers, ddp_on.broadcast_buffers]},
                   open(out, "w"))
-    # both ranks done before either tears gloo down, and then no interpreter finalization:
+    # both ranks meet before either tears gloo down, and then no interpreter finalization:
     # gloo's threads can abort a finalizing process (SIGABRT, "terminate called without an
     # active exception"; D.exit_process says why)
     del ddp, ddp_on
-    dist.barrier()
-    dist.destroy_process_group()
-    D.exit_process(0)
+    D.end_worker(0)
 
 if __name__ == "__main__":
     mp.spawn(run, args=(sys.argv[1] + ".store", sys.argv[1]), nprocs=2)

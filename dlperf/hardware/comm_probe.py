@@ -66,14 +66,9 @@ def _worker(rank: int, world: int, port: int, sizes, repeats: int, backend: str,
         medians.append(statistics.median(times))
     if rank == 0:
         queue.put(medians)
-    # both ranks done before either tears gloo down, and no interpreter finalization after it:
-    # c10d's threads can abort a finalizing process (exit_process says why); the SimpleQueue
-    # wrote the medians synchronously
-    dist.barrier()
-    dist.destroy_process_group()
-    from dlperf.train.distributed import exit_process
+    from dlperf.train.distributed import end_worker
 
-    exit_process(0)
+    end_worker(0)  # (the SimpleQueue wrote the medians synchronously)
 
 
 def fit_ring(sizes, seconds, world: int) -> tuple[float, float]:

@@ -156,6 +156,15 @@ def teardown(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
+def end_worker(code: int = 0) -> NoReturn:
+    """End a process that ran collectives as one rank of a group: every rank meets first (a
+    peer that tears gloo down while another still works can abort that one), then the group
+    is destroyed and the process leaves through ``exit_process`` (no finalization)."""
+    dist.barrier()
+    dist.destroy_process_group()
+    exit_process(code)
+
+
 def exit_process(code: int = 0) -> NoReturn:
     """End a process that ran c10d collectives with ``code``, without the interpreter's
     finalization.
