@@ -13,6 +13,10 @@ Rows flagged ``suspect`` or ``input-bound?`` are shown but kept out of the "clea
 Usage: python benchmarks/validate_published.py [CSV] [OUT.json] [--only=ID,ID]
        [--set=COLUMN=VALUE ...]   (another reading: a column set on every row, e.g.
        --set=optimizer_impl= costs every update fused; it needs its own OUT.json)
+       [--fitted=NAME=VALUE ...] [--efficiency=[DEVICE:]NAME=VALUE ...]   (an experiment's
+       efficiency model: a shared parameter of efficiency.FITTED replaced, presets' own entries
+       still winning; or one set over a preset's own, every preset's without DEVICE:. Also
+       its own OUT.json, whose config.efficiency_edits records the edit)
 """
 
 from __future__ import annotations
@@ -62,6 +66,55 @@ def set_columns(rows: list[dict], values: dict[str, str]) -> list[dict]:
         if rows and key not in rows[0]:
             raise SystemExit(f"--set {key}: not a column of the table")
     return [{**r, **{k: v or None for k, v in values.items()}} for r in rows]
+
+
+def efficiency_edits(fitted: list[str], devices: list[str]) -> dict | None:
+    """An experiment's edit of the efficiency model from the command line (None: none), so its
+    numbers come from a repository command at a clean commit rather than from an uncommitted
+    edit of dlperf/hardware: ``--fitted NAME=VALUE`` replaces a shared parameter as an edit of
+    efficiency.FITTED would (a preset's own entries, such as the V100's or the Hopper GEMM
+    share, still win); ``--efficiency [DEVICE:]NAME=VALUE`` sets one over the preset's own
+    entries, as ``dlperf analyze --efficiency`` does (every preset without ``DEVICE:``).
+    Returns {"fitted": {name: value}, "devices": {preset or "*": {name: value}}}; a bad name,
+    value or preset stops with one line."""
+    if not fitted and not devices:
+        return None
+    from dlperf.cli.analyze import efficiency_overrides
+    from dlperf.errors import DlperfError
+    from dlperf.hardware.specs import get_device
+
+    try:
+        per_device: dict[str, list[str]] = {}
+        for item in devices:
+            head, sep, rest = item.partition(":")
+            name, item = (get_device(head.strip()).name, rest) if sep and "=" not in head \
+                else ("*", item)
+            per_device.setdefault(name, []).append(item)
+        return {"fitted": efficiency_overrides(fitted, "--fitted"),
+                "devices": {name: efficiency_overrides(items) for name, items in
+                            sorted(per_device.items())}}
+    except DlperfError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def edited_spec(name: str, edits: dict | None):
+    """The preset ``name`` with ``edits``' per-device entries over its own (efficiency_edits)."""
+    from dataclasses import replace
+
+    from dlperf.hardware.specs import get_device
+
+    spec = get_device(name)
+    if not edits:
+        return spec
+    own = {**edits["devices"].get("*", {}), **edits["devices"].get(spec.name, {})}
+    return replace(spec, efficiency={**(spec.efficiency or {}), **own}) if own else spec
+
+
+def edited_efficiency(spec, cfg, edits: dict | None):
+    """The efficiency model a row runs under ``edits`` (None without: predict_on's own)."""
+    from dlperf.hardware.efficiency import efficiency_for
+
+    return efficiency_for(spec, cfg.attention_kernel, fitted=edits["fitted"]) if edits else None
 
 
 def _before_sdpa(row: dict) -> bool:
@@ -181,16 +234,18 @@ def capture_rows(rows: list[dict], progress=None, footprints: list | None = None
     return out
 
 
-def predict_rows(rows: list[dict], progress=None, captured=None, efficiency=None) -> list[dict]:
+def predict_rows(rows: list[dict], progress=None, captured=None, efficiency=None,
+                 edits: dict | None = None) -> list[dict]:
     """Each row with its prediction from the device preset (and ``efficiency``: default, the
-    shipped model of dlperf/hardware/efficiency.py)."""
+    shipped model of dlperf/hardware/efficiency.py; ``edits``: an experiment's edit of it,
+    efficiency_edits)."""
     from dlperf.analysis.api import predict_on
-    from dlperf.hardware.specs import get_device
 
     out = []
     for row, cfg, costs, uncounted, seconds in captured or capture_rows(rows, progress):
-        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds,
-                              efficiency=efficiency)
+        spec = edited_spec(row["device"], edits)
+        analysis = predict_on(costs, uncounted, cfg, spec, seconds,
+                              efficiency=efficiency or edited_efficiency(spec, cfg, edits))
         totals = analysis.totals()
         predicted = totals["samples_per_s"]
         out.append({**row, "predicted_img_s": predicted,
@@ -288,16 +343,22 @@ def render(rows: list[dict], summary: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = [a for a in argv if not a.startswith(("--only", "--set="))]
+    flags = ("--only", "--set=", "--fitted=", "--efficiency=")
+    args = [a for a in argv if not a.startswith(flags)]
     only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
     # another reading of the table: --set=COLUMN=VALUE on every row (blank VALUE: none)
     sets = dict(a.removeprefix("--set=").partition("=")[::2] for a in argv
                 if a.startswith("--set="))
+    # an experiment's efficiency model: --fitted=NAME=VALUE, --efficiency=[DEVICE:]NAME=VALUE
+    edits = efficiency_edits([a.removeprefix("--fitted=") for a in argv
+                              if a.startswith("--fitted=")],
+                             [a.removeprefix("--efficiency=") for a in argv
+                              if a.startswith("--efficiency=")])
     csv_path = Path(args[0]) if args else DEFAULT_CSV
     out_path = Path(args[1]) if len(args) > 1 else DEFAULT_OUT
-    if sets and len(args) < 2:
-        raise SystemExit("--set reads the table another way: give CSV and its own OUT.json "
-                         "(the default is the table's own results)")
+    if (sets or edits) and len(args) < 2:
+        raise SystemExit("--set, --fitted and --efficiency read the table another way: give "
+                         "CSV and its own OUT.json (the default is the table's own results)")
     rows = set_columns(read_rows(csv_path), sets)
     if only:
         wanted = set(only.split(","))
@@ -306,7 +367,7 @@ def main(argv: list[str]) -> int:
 
     with Progress(transient=True) as bar:
         task = bar.add_task(f"predicting {len(rows)} published rows", total=len(rows))
-        rows = predict_rows(rows, progress=lambda: bar.advance(task))
+        rows = predict_rows(rows, progress=lambda: bar.advance(task), edits=edits)
     summary = summarize(rows)
     print(render(rows, summary))
     gains = speedups(rows)
@@ -318,11 +379,14 @@ def main(argv: list[str]) -> int:
                 print(f"  {group:24s} {g['pairs']:3d} pairs, median {g['median_ratio']:.2f} "
                       f"(median |error| {g['median_abs_error']:.1%})")
     from dlperf.provenance import save_result
+    from dataclasses import replace
+
     from dlperf.hardware.efficiency import FITTED
 
     config = {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
                          else csv_path), "set_columns": sets,
-              "efficiency_model": FITTED.to_dict(),
+              "efficiency_model": replace(FITTED, **(edits or {}).get("fitted", {})).to_dict(),
+              "efficiency_edits": edits,
               "fitted_to_these_rows": "the shipped efficiency parameters were fitted to the "
                                       "clean rows of this table (benchmarks/fit_efficiency.py); "
                                       "its held-out errors are in efficiency-fit.json"}

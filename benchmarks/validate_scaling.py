@@ -11,6 +11,9 @@ Usage: python benchmarks/validate_scaling.py [TABLE.csv] [OUT.json]
 Another reading of one source's assumptions, to its own OUT.json:
     python benchmarks/validate_scaling.py TABLE OUT --source NAME [--interconnect OLD=NEW]
         [--set COLUMN=VALUE]
+An experiment's efficiency model, to its own OUT.json (validate_published.efficiency_edits):
+    python benchmarks/validate_scaling.py TABLE OUT [--fitted NAME=VALUE ...]
+        [--efficiency [DEVICE:]NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -168,20 +171,25 @@ def capture(rows: list[dict]) -> list[tuple]:
 
 
 def score(captured: list[tuple], efficiency=None, step_cv: float | None = None,
-          kvstore_op_s: float | None = None, sm_share: float | None = None) -> list[dict]:
+          kvstore_op_s: float | None = None, sm_share: float | None = None,
+          edits: dict | None = None) -> list[dict]:
     """Each row with dlperf's scale-out prediction (``efficiency``: default, the shipped one;
     ``step_cv``: the spread of one GPU's step, default scaling.STEP_CV; ``kvstore_op_s``: the
     device kvstore's cost per operation, default scaling.MXNET_KVSTORE_OP_S; ``sm_share``: the
-    share of the SMs a collective holds, default none: scaling.contention_s)."""
+    share of the SMs a collective holds, default none: scaling.contention_s; ``edits``: an
+    experiment's edit of the efficiency model, validate_published.efficiency_edits)."""
     from dlperf.analysis.api import predict_on
     from dlperf.analysis.scaling import ScaleConfig, collective_sms, scale_out
     from dlperf.hardware.interconnect import get_interconnect
-    from dlperf.hardware.specs import get_device
+    from dlperf.provenance import load_sibling
 
+    vp = load_sibling(__file__, "validate_published")
     out = []
     for row, cfg, costs, uncounted, seconds, params in captured:
-        analysis = predict_on(costs, uncounted, cfg, get_device(row["device"]), seconds,
-                              efficiency=efficiency, memory=row.get("footprint"))
+        spec = vp.edited_spec(row["device"], edits)
+        analysis = predict_on(costs, uncounted, cfg, spec, seconds,
+                              efficiency=efficiency or vp.edited_efficiency(spec, cfg, edits),
+                              memory=row.get("footprint"))
         node, network = (get_interconnect(n.strip()) for n in row["interconnect"].split(","))
         scale = ScaleConfig(gpus=row["gpus"], gpus_per_node=row["gpus_per_node"],
                             strategy=row["strategy"], grad_accum=row["grad_accum"],
@@ -240,8 +248,8 @@ def added_ms(step_samples: float, rate: float, single_rate: float) -> float:
     return 1e3 * step_samples * (1 / rate - 1 / single_rate)
 
 
-def predict(rows: list[dict]) -> list[dict]:
-    return score(capture(rows))
+def predict(rows: list[dict], edits: dict | None = None) -> list[dict]:
+    return score(capture(rows), edits=edits)
 
 
 # the columns that say what software a row ran, beside its model, batch and strategy: two rows
@@ -384,14 +392,26 @@ def main(argv: list[str]) -> int:
                         help="read every OLD interconnect preset as NEW (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="COLUMN=VALUE",
                         help="set a column of every row (blank VALUE: none; repeatable)")
+    parser.add_argument("--fitted", action="append", default=[], metavar="NAME=VALUE",
+                        help="replace a shared parameter of efficiency.FITTED (presets' own "
+                             "entries still win; repeatable)")
+    parser.add_argument("--efficiency", action="append", default=[],
+                        metavar="[DEVICE:]NAME=VALUE",
+                        help="set a parameter over a preset's own entries, as `dlperf analyze "
+                             "--efficiency` (every preset's without DEVICE:; repeatable)")
     args = parser.parse_args(argv)
     csv_path = args.table
-    reading = args.source or args.interconnect or args.set
+    from dlperf.provenance import load_sibling
+
+    edits = load_sibling(__file__, "validate_published").efficiency_edits(args.fitted,
+                                                                          args.efficiency)
+    reading = args.source or args.interconnect or args.set or edits
     if args.out is None and reading:
         raise SystemExit("another reading of the table needs its own OUT.json (the default "
                          "is the whole table's results)")
     out_path = args.out or DEFAULT_OUT
-    rows = predict(reread(read_rows(csv_path), args.source, args.interconnect, args.set))
+    rows = predict(reread(read_rows(csv_path), args.source, args.interconnect, args.set),
+                   edits)
     add_relative_scaling(rows)
     print(f"{'id':26s} {'GPUs':>5s} {'meas/GPU':>9s} {'pred/GPU':>9s} {'ratio':>6s} "
           f"{'meas eff':>8s} {'pred eff':>8s}  limit / flag")
@@ -424,7 +444,8 @@ def main(argv: list[str]) -> int:
     save_result(out_path, "validation-scaling",
                 {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
                             else csv_path), "source": args.source,
-                 "interconnect": args.interconnect, "set": args.set},
+                 "interconnect": args.interconnect, "set": args.set,
+                 "efficiency_edits": edits},
                 {"rows": rows, "summary": summary, "compile_pairs": pairs,
                  "float8_pairs": fp8_pairs})
     from dlperf.plots import predicted_vs_measured

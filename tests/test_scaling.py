@@ -680,6 +680,40 @@ def test_another_reading_of_a_source_swaps_only_what_it_names():
             vs.reread([dict(r) for r in rows], *bad)
 
 
+def test_an_experiments_efficiency_model_reads_the_scaling_table_from_flags(tmp_path):
+    # validate_scaling.py OUT --fitted NAME=VALUE --efficiency [DEVICE:]NAME=VALUE: the
+    # record's DGX-1 row with the V100's convolutions at 0.3 of the Tensor Core peak runs
+    # slower, and the result says which edit made it; so does a shared bandwidth share; a
+    # shared parameter the V100 holds its own value of (tensor_gemm: its 0.604, which times
+    # the classifier's GEMMs) leaves it exactly as shipped
+    from conftest import ROOT, load_benchmark
+
+    vs = load_benchmark("validate_scaling")
+    lines = (ROOT / "benchmarks/validation/published_scaling.csv").read_text().splitlines(
+        keepends=True)
+    table = tmp_path / "one.csv"
+    table.write_text(next(l for l in lines if l.startswith("id,"))
+                     + next(l for l in lines if l.startswith("record-dgx1-v100-x8,")))
+
+    def run(name, *flags):
+        assert vs.main([str(table), str(tmp_path / name), *flags]) == 0
+        saved = json.loads((tmp_path / name).read_text())
+        return saved["config"]["efficiency_edits"], saved["results"]["rows"][0]
+
+    assert run("shipped.json")[0] is None
+    shipped = run("shipped.json")[1]["predicted_per_gpu"]
+    edits, row = run("v100.json", "--efficiency", "v100-sxm2:tensor_conv=0.3")
+    assert edits == {"fitted": {}, "devices": {"v100-sxm2": {"tensor_conv": 0.3}}}
+    assert row["predicted_per_gpu"] < 0.9 * shipped
+    assert run("memory.json", "--fitted", "memory=0.5")[1]["predicted_per_gpu"] < 0.9 * shipped
+    edits, row = run("shared.json", "--fitted", "tensor_gemm=0.3")
+    assert row["predicted_per_gpu"] == shipped and edits["fitted"] == {"tensor_gemm": 0.3}
+    # the same share set over the V100's own (as `dlperf analyze --efficiency`) does slow it
+    assert run("own.json", "--efficiency", "tensor_gemm=0.3")[1]["predicted_per_gpu"] < shipped
+    with pytest.raises(SystemExit, match="its own OUT.json"):
+        vs.main([str(table), "--fitted", "memory=0.5"])
+
+
 def test_the_saved_scaling_table_is_current_and_holds_the_held_out_sources():
     # results/validation-scaling.json scores every row of the table as it stands (a row added
     # to the CSV without a rerun fails here), and the sources no fit has seen stay within 10%

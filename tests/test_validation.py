@@ -92,6 +92,50 @@ def test_another_reading_sets_a_column_on_every_row(tmp_path):
         _script().main(["--set=optimizer_impl="])
 
 
+def test_an_experiments_efficiency_model_is_a_command_not_an_uncommitted_edit(monkeypatch):
+    # --fitted=NAME=VALUE reads the table as an edit of efficiency.FITTED would, and
+    # --efficiency=[DEVICE:]NAME=VALUE as `dlperf analyze --efficiency` on that preset: an
+    # experiment's numbers then come from a clean commit (the edit saved in its config)
+    from dataclasses import replace
+
+    import dlperf.hardware.efficiency as eff
+
+    vp = _script()
+    v100, geforce, a100 = ("lambda-bertB-v100-fp16", "lambda-bertB-3090-fp16",
+                           "lambda-bertB-a100sxm80-fp16")
+    rows = [r for r in vp.read_rows(CSV) if r["id"] in (v100, geforce, a100)]
+    captured = vp.capture_rows(rows)
+
+    def predict(**kwargs):
+        return {r["id"]: r["predicted_img_s"]
+                for r in vp.predict_rows(rows, captured=captured, **kwargs)}
+
+    shipped = predict()
+    fitted = predict(edits=vp.efficiency_edits(["tensor_gemm=0.4"], []))
+    monkeypatch.setattr(eff, "FITTED", replace(eff.FITTED, tensor_gemm=0.4))
+    assert fitted == predict()  # exactly what the edit of FITTED gives
+    monkeypatch.undo()
+    # the V100 and the GeForce keep their own GEMM shares; the A100's GEMMs slow to 0.4/0.779
+    assert fitted[v100] == shipped[v100] and fitted[geforce] == shipped[geforce]
+    assert fitted[a100] < 0.95 * shipped[a100]
+    # one preset: the 3090 at the shared share (0.779 below its own 1.0), the rest as shipped
+    one = predict(edits=vp.efficiency_edits([], ["rtx3090:tensor_gemm=0.779"]))
+    assert one[geforce] < 0.97 * shipped[geforce]
+    assert (one[v100], one[a100]) == (shipped[v100], shipped[a100])
+    # no preset named: every preset's, as `dlperf analyze --efficiency` sets it
+    every = predict(edits=vp.efficiency_edits([], ["tensor_gemm=0.4"]))
+    assert all(every[i] < 0.97 * shipped[i] for i in shipped) and every[a100] == fitted[a100]
+    assert vp.efficiency_edits([], []) is None
+    for args, needle in (((["tensor=0.5"], []), "unknown efficiency parameter 'tensor'"),
+                         ((["tensor_gemm=fast"], []), "--fitted 'tensor_gemm=fast'"),
+                         (([], ["gtx9000:memory=0.5"]), "gtx9000"),
+                         (([], ["memory=5"]), "fraction of peak")):
+        with pytest.raises(SystemExit, match=needle):
+            vp.efficiency_edits(*args)
+    with pytest.raises(SystemExit, match="its own OUT.json"):
+        vp.main(["--fitted=tensor_gemm=0.4"])
+
+
 def test_speedup_pairs_compare_predicted_and_measured_gains():
     def row(id_, precision, layout, measured, predicted, flag="clean", model="resnet50",
             source="s"):

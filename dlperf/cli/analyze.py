@@ -924,9 +924,10 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
             "at_requested_scale": here, "curve": curve, "track_record": record}
 
 
-def efficiency_overrides(items: list[str]) -> dict:
+def efficiency_overrides(items: list[str], flag: str = "--efficiency") -> dict:
     """``--efficiency NAME=VALUE`` flags as a device file's "efficiency" table, checked the same
-    way (known names, fractions in (0, 1]), or one line saying what is wrong."""
+    way (known names, fractions in (0, 1]), or one line saying what is wrong (naming ``flag``:
+    the validation scripts read their ``--fitted`` the same way)."""
     from dlperf.hardware.efficiency import check_overrides
 
     table = {}
@@ -937,10 +938,10 @@ def efficiency_overrides(items: list[str]) -> dict:
         except ValueError:
             number = None
         if not sep or not name.strip() or number is None:
-            raise DlperfError(f"--efficiency {item!r}: give NAME=VALUE with a number, e.g. "
-                              "--efficiency tensor_gemm=0.779")
+            raise DlperfError(f"{flag} {item!r}: give NAME=VALUE with a number, e.g. "
+                              f"{flag} tensor_gemm=0.779")
         table[name.strip()] = number
-    return check_overrides(table, "--efficiency") if table else {}
+    return check_overrides(table, flag) if table else {}
 
 
 def _specs(args, console) -> list:

@@ -682,14 +682,19 @@ FRACTIONS = ("tensor_gemm", "tensor_conv", "grouped_conv", "cuda_core", "cuda_co
              "tf32_nchw")
 
 
-def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Efficiency:
+def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL,
+                   fitted: dict | None = None) -> Efficiency:
     """The efficiency model for ``spec``: measured profiles carry achieved rates; datasheet
     presets use the fitted parameters; a spec's own ``efficiency`` entries override either (the
     Hopper presets' GEMM and attention shares, a device file's table), and the source says
     which. Fused attention runs at ``attention_kernel``'s share where the device has one
     (ATTENTION_KERNELS), unless its ``efficiency`` sets ``attention`` itself (a device file,
-    ``--efficiency attention=...``): that one is the user's."""
+    ``--efficiency attention=...``): that one is the user's. ``fitted``: parameters that
+    replace FITTED's for this call, as an edit of FITTED would (an experiment on the shared
+    parameters: the validation scripts' ``--fitted``); a preset's own entries still win."""
     base = MEASURED if spec.measured else FITTED
+    if fitted and not spec.measured:
+        base = replace(FITTED, **fitted, source=f"FITTED edited: {_listed(fitted)}")
     if spec.launch_overhead_s is not None:
         base = replace(base, launch_s=spec.launch_overhead_s)
     overrides = getattr(spec, "efficiency", None) or {}
@@ -700,6 +705,10 @@ def efficiency_for(spec, attention_kernel: str = DEFAULT_ATTENTION_KERNEL) -> Ef
     if "attention" in overrides:  # the user's share, for the kernel they run
         return replace(base, attention_kernel=attention_kernel)
     return base.for_attention(attention_kernel)
+
+
+def _listed(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
 
 
 # The head size FlashAttention-2 computes with: its kernels are compiled for head sizes 32, 64,
