@@ -150,14 +150,23 @@ def cpu_dispatch(tensors: int = 161, rounds: int = 30, steps: int = 10) -> dict:
 
 
 def bertadam_tensor_step(p, state: dict, weight_decay: float, lr: float = 5e-5,
-                         b1: float = 0.9, b2: float = 0.999, e: float = 1e-6) -> None:
+                         b1: float = 0.9, b2: float = 0.999, e: float = 1e-6,
+                         sync_clip: bool = False) -> None:
     """DeepLearningExamples' ``optimization.BertAdam.step`` for one tensor, op for op, its
     ``clip_grad_norm_(p, 1.0)`` first (torch's own, as the original calls it); ``state``
-    holds the moments ``m`` and ``v``. tests/test_bertadam.py counts its ops and traffic
-    against ``costs.bertadam_cost``; ``bertadam_dispatch`` times it."""
+    holds the moments ``m`` and ``v``. ``sync_clip``: the clip as torch 1.5.1-1.9 ran it
+    (``bertadam-sync``: ``if clip_coef < 1`` waits for the GPU; the multiply only when the
+    norm is above 1). tests/test_bertadam.py counts its ops and traffic against
+    ``costs.bertadam_cost``; ``bertadam_dispatch`` times it."""
     import torch
 
-    torch.nn.utils.clip_grad_norm_(p, 1.0)
+    if sync_clip:  # torch 1.9's clip_grad_norm_ of one tensor, line for line
+        total_norm = torch.norm(torch.stack([torch.norm(p.grad.detach(), 2.0)]), 2.0)
+        clip_coef = 1.0 / (total_norm + 1e-6)
+        if clip_coef < 1:
+            p.grad.detach().mul_(clip_coef)
+    else:
+        torch.nn.utils.clip_grad_norm_(p, 1.0)
     grad, m, v = p.grad, state["m"], state["v"]
     m.mul_(b1).add_(grad, alpha=1 - b1)
     v.mul_(b2).addcmul_(grad, grad, value=1 - b2)

@@ -71,6 +71,26 @@ def test_bertadam_launches_and_traffic_match_the_algorithm_run_op_by_op(decay):
     assert (cost.host_sync, cost.syncs, cost.tensors) == (True, 1, 1)
 
 
+@pytest.mark.parametrize("decay", [True, False])
+def test_bertadam_with_torch_1_9s_clip_matches_the_sync_costing(decay):
+    # bertadam-sync: torch 1.9's clip_grad_norm_ line for line (norm, stack, norm, + eps,
+    # reciprocal, mul, clip_coef < 1 and its copy to the host: 8 ops, one read of the
+    # gradient), no multiply while the norm is under 1; then Adam's 12 (10)
+    n = 3000
+    p = torch.nn.Parameter(torch.randn(n))
+    p.grad = torch.randn(n) * 1e-4  # a norm of ~0.005: the branch never multiplies
+    state = {"m": torch.zeros(n), "v": torch.zeros(n)}
+    with _Every() as mode:
+        load_benchmark("bench_host_issue_gpu").bertadam_tensor_step(
+            p, state, 0.01 if decay else 0.0, sync_clip=True)
+    assert "_local_scalar_dense" in mode.ops[7]  # the host reads the comparison: a wait
+    assert len(mode.ops) == BERTADAM_CLIP_OPS + BERTADAM_OPS[decay]
+    assert mode.elements == (1 + BERTADAM_PASSES[decay]) * n + 2
+    cost = optimizer_cost(n, 1, "adamw", impl="bertadam-sync",
+                          decayed=(1, n) if decay else (0, 0))
+    assert cost.bytes == 4 * (mode.elements - 2 + n) and cost.kernels == len(mode.ops) + 1
+
+
 def test_bertadam_on_bert_large_by_hand():
     # BERT-large's tensors as run_squad.py trains them: say 200 two-dimensional (decayed,
     # 330 M parameters) and 190 one-dimensional (biases, LayerNorm: 0.5 M)

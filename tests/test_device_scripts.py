@@ -135,6 +135,31 @@ def test_host_issue_benchmark_runs_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_bert_update_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/bench_bert_update_gpu.py (issue #14, step 0e of the device run) end to end on
+    this CPU with its two-layer BERT; every field saved, the update's launches by hand."""
+    out = tmp_path / "bert.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_bert_update_gpu.py"),
+                    str(out), "--device", "a100-80gb", "--batch", "2", "--steps", "2",
+                    "--warmup", "1"], check=True, cwd=ROOT, capture_output=True)
+    saved = json.loads(out.read_text())
+    res = saved["results"]
+    assert saved["benchmark"] == "bert-update-gpu" and res["device"] == "cpu" and res["note"]
+    assert [r["case"] for r in res["rows"]] == ["backward", "fused", "bertadam", "bertadam-sync"]
+    assert all(r["median_s"] > 0 and r["steps"] == 2 for r in res["rows"])
+    # the two-layer BERT's 39 tensors: 16 decayed (3 embeddings, 6 weights a layer, the span
+    # head's), 23 not (biases and LayerNorm: run_squad.py's no_decay). BertAdam: 16 x 12 +
+    # 23 x 10 Adam kernels + 39 x 8 for the clips + the clipper's one multi-tensor norm = 735;
+    # the fused AdamW one launch; no update, none
+    launches = {r["case"]: r["predicted"]["update_launches"] for r in res["rows"]}
+    assert launches == {"backward": 0, "fused": 1, "bertadam": 735, "bertadam-sync": 735}
+    spans = res["update_spans"]
+    assert set(spans) == {"fused", "bertadam", "bertadam-sync"}
+    # the predicted BertAdam span holds its 735 launches of host time at least
+    assert spans["bertadam"]["predicted_s"] >= 735 * res["predicted_host_s"] * 0.99
+    assert res["host_s_per_launch"] is not None
+
+
 def test_sustained_gemm_prediction_is_the_hopper_share_by_hand():
     # an MPT-13B block's GEMMs at 4,096 tokens on an H100 SXM: every one tiles 256 x 128 into a
     # multiple of 640 tiles, waves of 132 SMs 1,920 / 1,980 = 0.9697 busy (also 640 / 660 and
