@@ -39,6 +39,12 @@ def _commands() -> list[list[str]]:
     return argvs
 
 
+def run_benchmark(name: str, *args: str) -> None:
+    """Run benchmarks/NAME.py with ``args`` in a fresh interpreter, as the device run does."""
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
+                   check=True, cwd=ROOT, capture_output=True)
+
+
 def test_device_scripts_are_valid_bash():
     for script in (SCRIPT, ROOT / "scripts" / "build_device_ext.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
@@ -85,9 +91,8 @@ def test_gpu_data_benchmark_runs_on_cpu(tmp_path):
     """benchmarks/bench_data_gpu.py falls back to the CPU here; its JSON has every field."""
     corpus = make_folder(tmp_path / "c", classes=2, per_class=6, size=(120, 160))
     out = tmp_path / "data-gpu.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_data_gpu.py"), str(corpus),
-                    str(out), "--batch", "8", "--epochs", "1", "--repeat", "2", "--threads", "2"],
-                   check=True, cwd=ROOT, capture_output=True)
+    run_benchmark("bench_data_gpu", str(corpus), str(out), "--batch", "8", "--epochs", "1",
+                  "--repeat", "2", "--threads", "2")
     res = json.loads(out.read_text())["results"]
     assert res["device"] == "cpu" and res["img_per_s"] > 0 and res["bad"] == 0
     assert 0 <= res["decode_call_share"] <= 1 and res["raw_decoder_img_per_s"] > 0
@@ -102,9 +107,7 @@ def test_gpu_data_benchmark_runs_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_sync_audit_runs_on_cpu(tmp_path):
     out = tmp_path / "sync.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sync_audit.py"), str(out),
-                    "--recipe", "tiny", "--steps", "3", "--log-every", "1"],
-                   check=True, cwd=ROOT, capture_output=True)
+    run_benchmark("sync_audit", str(out), "--recipe", "tiny", "--steps", "3", "--log-every", "1")
     res = json.loads(out.read_text())["results"]
     assert res["audited"] is False and res["steps"] == 3 and res["total_syncs"] == 0
 
@@ -115,10 +118,9 @@ def test_host_issue_benchmark_runs_on_cpu(tmp_path):
     this CPU at a tiny size, busy processes decoding a corpus included; every field saved."""
     corpus = make_folder(tmp_path / "c", classes=1, per_class=4, size=(64, 64))
     out = tmp_path / "host.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_host_issue_gpu.py"),
-                    str(out), "--model", "resnet18", "--batch", "2", "--image", "32",
-                    "--steps", "2", "--warmup", "1", "--busy", "0,1", "--corpus", str(corpus)],
-                   check=True, cwd=ROOT, capture_output=True)
+    run_benchmark("bench_host_issue_gpu", str(out), "--model", "resnet18", "--batch", "2",
+                  "--image", "32", "--steps", "2", "--warmup", "1", "--busy", "0,1", "--corpus",
+                  str(corpus))
     saved = json.loads(out.read_text())
     res = saved["results"]
     assert saved["benchmark"] == "host-issue-gpu" and "git_commit" in saved["environment"]
@@ -139,9 +141,8 @@ def test_bert_update_benchmark_runs_on_cpu(tmp_path):
     """benchmarks/bench_bert_update_gpu.py (issue #14, step 0e of the device run) end to end on
     this CPU with its two-layer BERT; every field saved, the update's launches by hand."""
     out = tmp_path / "bert.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_bert_update_gpu.py"),
-                    str(out), "--device", "a100-80gb", "--batch", "2", "--steps", "2",
-                    "--warmup", "1"], check=True, cwd=ROOT, capture_output=True)
+    run_benchmark("bench_bert_update_gpu", str(out), "--device", "a100-80gb", "--batch", "2",
+                  "--steps", "2", "--warmup", "1")
     saved = json.loads(out.read_text())
     res = saved["results"]
     assert saved["benchmark"] == "bert-update-gpu" and res["device"] == "cpu" and res["note"]
@@ -178,9 +179,8 @@ def test_sustained_gemm_benchmark_runs_on_cpu(tmp_path):
     """benchmarks/bench_sustained_gemm_gpu.py (issue #14, step 0b of the device run) on this
     CPU at a tiny size: the series, its summary and the environment are saved."""
     out = tmp_path / "gemm.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sustained_gemm_gpu.py"),
-                    str(out), "--seconds", "1", "--tokens", "32", "--d-model", "32",
-                    "--preset", "h100-sxm"], check=True, cwd=ROOT, capture_output=True)
+    run_benchmark("bench_sustained_gemm_gpu", str(out), "--seconds", "1", "--tokens", "32",
+                  "--d-model", "32", "--preset", "h100-sxm")
     saved = json.loads(out.read_text())
     res = saved["results"]
     assert saved["benchmark"] == "sustained-gemm-gpu" and "git_commit" in saved["environment"]
@@ -214,10 +214,8 @@ def test_sdpa_share_benchmark_counts_flops_as_dlperf_and_runs_on_cpu(tmp_path):
     assert flops["forward"] == 2 * 2 * 2 * 32 * 4096**2 * 128 // 2 == 274_877_906_944
     assert flops["dgrad"] == pytest.approx(2.5 * flops["forward"])
     out = tmp_path / "sdpa.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sdpa_gpu.py"), str(out),
-                    "--device", "cpu", "--batch", "1", "--heads", "2", "--tokens", "64",
-                    "--head-dim", "16", "--iters", "2"], check=True, cwd=ROOT,
-                   capture_output=True)
+    run_benchmark("bench_sdpa_gpu", str(out), "--device", "cpu", "--batch", "1", "--heads", "2",
+                  "--tokens", "64", "--head-dim", "16", "--iters", "2")
     saved = json.loads(out.read_text())
     res = saved["results"]
     assert saved["benchmark"] == "sdpa-share" and "git_commit" in saved["environment"]
@@ -241,11 +239,9 @@ def test_compile_speedup_benchmark_runs_on_cpu(tmp_path):
     per-block compiled forward + backward of a tiny Llama on this CPU, beside dlperf's
     prediction of both; the ratios are the saved times' own."""
     out = tmp_path / "compile.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_compile_gpu.py"), str(out),
-                    "--device", "cpu", "--layers", "2", "--d-model", "64", "--heads", "4",
-                    "--kv-heads", "2", "--ffn", "176", "--vocab", "128", "--tokens", "32",
-                    "--batch", "1", "--iters", "2", "--fp8"], check=True, cwd=ROOT,
-                   capture_output=True)
+    run_benchmark("bench_compile_gpu", str(out), "--device", "cpu", "--layers", "2", "--d-model",
+                  "64", "--heads", "4", "--kv-heads", "2", "--ffn", "176", "--vocab", "128",
+                  "--tokens", "32", "--batch", "1", "--iters", "2", "--fp8")
     saved = json.loads(out.read_text())
     res = saved["results"]
     assert saved["benchmark"] == "compile-speedup" and "git_commit" in saved["environment"]
