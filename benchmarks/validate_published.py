@@ -378,10 +378,10 @@ def main(argv: list[str]) -> int:
             for group, g in block.get("by_group", {}).items():
                 print(f"  {group:24s} {g['pairs']:3d} pairs, median {g['median_ratio']:.2f} "
                       f"(median |error| {g['median_abs_error']:.1%})")
-    from dlperf.provenance import save_result
     from dataclasses import replace
 
     from dlperf.hardware.efficiency import FITTED
+    from dlperf.provenance import save_result
 
     config = {"csv": str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT)
                          else csv_path), "set_columns": sets,
