@@ -79,8 +79,8 @@ def efficiency_edits(fitted: list[str], devices: list[str]) -> dict | None:
     value or preset stops with one line."""
     if not fitted and not devices:
         return None
-    from dlperf.cli.analyze import efficiency_overrides
     from dlperf.errors import DlperfError
+    from dlperf.hardware.efficiency import parse_overrides
     from dlperf.hardware.specs import get_device
 
     try:
@@ -90,8 +90,8 @@ def efficiency_edits(fitted: list[str], devices: list[str]) -> dict | None:
             name, item = (get_device(head.strip()).name, rest) if sep and "=" not in head \
                 else ("*", item)
             per_device.setdefault(name, []).append(item)
-        return {"fitted": efficiency_overrides(fitted, "--fitted"),
-                "devices": {name: efficiency_overrides(items) for name, items in
+        return {"fitted": parse_overrides(fitted, "--fitted"),
+                "devices": {name: parse_overrides(items) for name, items in
                             sorted(per_device.items())}}
     except DlperfError as exc:
         raise SystemExit(str(exc)) from None

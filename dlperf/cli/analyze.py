@@ -7,7 +7,7 @@ from dlperf.analysis.gemm import ELEMENT_BYTES, state_element_bytes
 from dlperf.cli.common import (batch_size_arg, new_console, nonnegative_int, output_file,
                                positive_float, positive_int)
 from dlperf.errors import DlperfError
-from dlperf.hardware.efficiency import ATTENTION_KERNELS
+from dlperf.hardware.efficiency import ATTENTION_KERNELS, parse_overrides
 from dlperf.hardware.track_record import HOST_DECODE
 from dlperf.models.loss_forms import LOSSES
 
@@ -924,26 +924,6 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
             "at_requested_scale": here, "curve": curve, "track_record": record}
 
 
-def efficiency_overrides(items: list[str], flag: str = "--efficiency") -> dict:
-    """``--efficiency NAME=VALUE`` flags as a device file's "efficiency" table, checked the same
-    way (known names, fractions in (0, 1]), or one line saying what is wrong (naming ``flag``:
-    the validation scripts read their ``--fitted`` the same way)."""
-    from dlperf.hardware.efficiency import check_overrides
-
-    table = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-        if not sep or not name.strip() or number is None:
-            raise DlperfError(f"{flag} {item!r}: give NAME=VALUE with a number, e.g. "
-                              f"{flag} tensor_gemm=0.779")
-        table[name.strip()] = number
-    return check_overrides(table, flag) if table else {}
-
-
 def _specs(args, console) -> list:
     """The DeviceSpecs of --device (comma-separated: presets, spec files, or cpu for a fresh
     probe), each able to run --dtype, checked before the capture so a comparison never stops
@@ -967,7 +947,7 @@ def _specs(args, console) -> list:
             from dlperf.hardware.specs import get_device
 
             specs.append(get_device(name))
-    overrides = efficiency_overrides(args.efficiency)
+    overrides = parse_overrides(args.efficiency)
     if overrides:
         from dataclasses import replace
 

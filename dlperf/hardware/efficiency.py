@@ -750,6 +750,24 @@ def kernel_head_sizes(kernel: str) -> str:
     return ", ".join(str(d) for d in FLASH2_HEAD_DIMS)
 
 
+def parse_overrides(items: list[str], flag: str = "--efficiency") -> dict:
+    """``NAME=VALUE`` flags (`dlperf analyze --efficiency`, the validation scripts' ``--fitted``
+    and ``--efficiency``) as a device file's "efficiency" table, checked the same way
+    (``check_overrides``: known names, fractions in (0, 1]), or one line naming ``flag``."""
+    table = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or not name.strip() or number is None:
+            raise DlperfError(f"{flag} {item!r}: give NAME=VALUE with a number, e.g. "
+                              f"{flag} tensor_gemm=0.779")
+        table[name.strip()] = number
+    return check_overrides(table, flag) if table else {}
+
+
 def check_overrides(overrides, origin: str) -> dict:
     """A device file's "efficiency" table: known names, fractions in (0, 1] (per-SM bytes and
     launch seconds: positive), or one line saying what is wrong."""
