@@ -18,11 +18,12 @@ without that source's rows, and those rows are predicted with them (leave one so
 Usage: python benchmarks/fit_efficiency.py [CSV] [OUT.json]
        python benchmarks/fit_efficiency.py CSV OUT.json [--channel-norm] [--fix NAME=VALUE ...]
            [--tf32-nchw SHARE] [--own-share PRESET,...] [--fit-host] [--drop-source NAME]
-           [--set COLUMN=VALUE] [--weight row|source|device]   (experiments;
+           [--set COLUMN=VALUE] [--weight row|source|device]
+           [--efficiency DEVICE:NAME=VALUE ...]   (experiments;
        --channel-norm: batch and group norm's kernels at a fitted fraction of the streaming
        rate of their own; --fix and --tf32-nchw: ``experiment_flags``; --own-share: above;
        --fit-host: the CPU's time per kernel fitted too, HOST_BOUNDS; --drop-source and --set:
-       ``row_flags``; --weight: ``row_weights``)
+       ``row_flags``; --weight: ``row_weights``; --efficiency: ``device_edits``)
 Writes benchmarks/results/efficiency-fit.json (parameters, in-sample and held-out errors per
 row, class and source) and prints the parameters to put in dlperf/hardware/efficiency.py.
 """
@@ -112,14 +113,16 @@ class Terms:
     """Per-kernel raw terms of every row, flattened, with the row each kernel belongs to."""
 
     def __init__(self, captured, host_s: float, tf32_nchw: float | None = None,
-                 shares: dict | None = None, group: tuple[str, ...] = ()):
+                 shares: dict | None = None, group: tuple[str, ...] = (),
+                 edits: dict | None = None):
         from dataclasses import replace
 
         from dlperf.analysis.api import predict_on
         from dlperf.analysis.roofline import winograd_runs
         from dlperf.hardware.efficiency import sm_cycles_per_s
-        from dlperf.hardware.specs import get_device
+        from dlperf.provenance import load_sibling
 
+        edited_spec = load_sibling(__file__, "validate_published").edited_spec
         unit = identity()
         if tf32_nchw is not None:  # --tf32-nchw: TF32 NCHW convolutions' layout cost
             unit = replace(unit, tf32_nchw=tf32_nchw)
@@ -130,7 +133,11 @@ class Terms:
         wino, syncs, own_share, in_group, own_wino = [], [], [], [], []
         self.rows, self.batch, self.bw, self.sm_rate = [], [], [], []
         for i, (row, cfg, costs, uncounted, seconds) in enumerate(captured):
-            spec = get_device(row["device"])
+            spec = edited_spec(row["device"], edits)  # --efficiency: device_edits
+            unset = (edits or {}).get("fitted_on", {}).get(spec.name, ())
+            if unset:  # --efficiency DEVICE:NAME=fitted: the shared parameter, not its own
+                spec = replace(spec, efficiency={k: v for k, v in spec.efficiency.items()
+                                                 if k not in unset})
             # the preset's own GEMM and CUDA-core shares, where it has them (NaN: the fitted
             # ones), unless the preset is in ``group`` (--own-share: fitted here, its own)
             own = {} if row["device"] in group else (spec.efficiency or {})
@@ -351,6 +358,57 @@ def valued_flag(argv: list[str], flag: str, needs: str) -> tuple[list[str], str 
     return argv[:at] + argv[at + 2:], argv[at + 1]
 
 
+# the preset's own entries the fit honours (Terms: its math shares and Winograd's gain): what
+# ``--efficiency DEVICE:NAME=VALUE`` may set
+DEVICE_FIELDS = (*OWN_FIELDS, "winograd")
+
+
+def device_edits(argv: list[str], vp) -> tuple[list[str], dict | None]:
+    """(the other arguments, ``--efficiency DEVICE:NAME=VALUE`` as
+    validate_published.efficiency_edits returns it, or None): a preset given shares of its own
+    for the fit, as a specs.py edit would give them (the A100-held experiment: the four A100
+    presets at the shipped GEMM and CUDA-core shares while the rest are refitted).
+    ``DEVICE:NAME=fitted`` takes the preset's own entry away, so that its rows follow the
+    fitted shared parameter (the table as it stood before that entry shipped: the GeForce
+    GEMM share, 1cfe08d); the edit then lists it under "fitted_on". Only the entries the fit
+    honours (DEVICE_FIELDS), and only per preset: a shared parameter is fitted or held with
+    ``--fix``."""
+    rest, items, unset = [], [], {}
+    it = iter(argv)
+    for a in it:
+        if a != "--efficiency":
+            rest.append(a)
+            continue
+        value = next(it, None)
+        if value is None:
+            raise SystemExit("--efficiency needs DEVICE:NAME=VALUE, e.g. "
+                             "--efficiency a100-40gb:tensor_gemm=0.78")
+        head, sep, pair = value.partition(":")
+        if not sep or "=" in head:
+            raise SystemExit(f"--efficiency {value}: name a preset (DEVICE:NAME=VALUE); a "
+                             "shared parameter is fitted, or held with --fix NAME=VALUE")
+        name = pair.partition("=")[0].strip()
+        if name not in DEVICE_FIELDS:
+            raise SystemExit(f"--efficiency {value}: the fit honours a preset's "
+                             f"{', '.join(DEVICE_FIELDS)} only")
+        if pair.partition("=")[2].strip() == "fitted":
+            from dlperf.errors import DlperfError
+            from dlperf.hardware.specs import get_device
+
+            try:
+                preset = get_device(head.strip()).name
+            except DlperfError as exc:
+                raise SystemExit(str(exc)) from None
+            unset.setdefault(preset, []).append(name)
+        else:
+            items.append(value)
+    edits = vp.efficiency_edits([], items)
+    if unset:
+        edits = {**(edits or {"fitted": {}, "devices": {}}),
+                 "fitted_on": {k: sorted(set(v)) for k, v in sorted(unset.items())}}
+    return rest, edits
+
+
 def main(argv: list[str]) -> int:
     from dlperf.provenance import load_sibling
 
@@ -369,6 +427,7 @@ def main(argv: list[str]) -> int:
                              "(`dlperf devices` lists them)")
     if not group and any(name in OWN for name in fixed):
         raise SystemExit("--fix own_...: the presets' own shares exist only with --own-share")
+    argv, edits = device_edits(argv, vp)
     argv, weight_by = valued_flag(argv, "--weight", f"one of {', '.join(WEIGHTS)}")
     weight_by = weight_by or "row"
     if weight_by not in WEIGHTS:
@@ -377,9 +436,10 @@ def main(argv: list[str]) -> int:
     fit_host = "--fit-host" in argv
     argv = [a for a in argv if a not in ("--channel-norm", "--fit-host")]
     if (experiment or fit_host or fixed or tf32_nchw is not None or kernel_classes or group
-            or drop or sets or weight_by != "row") and len(argv) < 2:
+            or drop or sets or weight_by != "row" or edits) and len(argv) < 2:
         raise SystemExit("--channel-norm, --fit-host, --fix, --tf32-nchw, --kernel-classes, "
-                         "--own-share, --drop-source, --set and --weight are experiments: give "
+                         "--own-share, --drop-source, --set, --weight and --efficiency are "
+                         "experiments: give "
                          "CSV and OUT.json (the default OUT is the shipped fit's)")
     shares = None
     if kernel_classes:
@@ -400,7 +460,7 @@ def main(argv: list[str]) -> int:
         captured = vp.capture_rows(rows, progress=lambda: bar.advance(task))
     from dlperf.hardware.efficiency import FITTED
 
-    terms = Terms(captured, FITTED.host_s, tf32_nchw, shares, group)
+    terms = Terms(captured, FITTED.host_s, tf32_nchw, shares, group, edits)
     terms.fit_host = fit_host
     clean = np.array([r["flag"] == "clean" for r in terms.rows])
     from dlperf.hardware.efficiency import Efficiency
@@ -440,7 +500,7 @@ def main(argv: list[str]) -> int:
         "parameters": _finite(params),
         "bounds": bounds,
         "fixed": _finite(fixed), "tf32_nchw": tf32_nchw, "own_share_presets": list(group),
-        "dropped_sources": sorted(drop), "set_columns": sets,
+        "dropped_sources": sorted(drop), "set_columns": sets, "efficiency_edits": edits,
         "kernel_classes": None if shares is None else {
             "result": str(kernel_classes), "shares": {
                 f"{cls} {'16-bit' if half else '32-bit'} {'nhwc' if nhwc else 'nchw'}": share

@@ -238,6 +238,73 @@ def test_fit_script_fits_and_holds_sources_out(tmp_path, capsys):
         fit.main([str(bert), str(host), "--fix", "own_cuda_core=0.8"])
 
 
+def test_a_presets_own_shares_for_a_fit_are_a_command_not_a_specs_edit(tmp_path, monkeypatch):
+    # --efficiency DEVICE:NAME=VALUE gives a preset shares of its own for the fit exactly as an
+    # edit of specs.py would (the A100-held experiment's edit): the same search, the same
+    # parameters and ratios, row for row, and the edit saved with the result.
+    from dataclasses import replace
+
+    from dlperf.hardware import specs
+
+    fit = load_benchmark("fit_efficiency")
+    lines = [line for line in CSV.read_text().splitlines() if not line.startswith("#")]
+    # BERT-base FP16 on an A100 and an A10: GEMM-bound, and neither preset has shares of its own
+    wanted = ("lambda-bertB-a100sxm80-fp16", "lambda-bertB-a10-fp16")
+    small = tmp_path / "small.csv"
+    small.write_text("\n".join([lines[0]] + [line for line in lines[1:]
+                                              if line.split(",")[0] in wanted]) + "\n")
+    assert len(small.read_text().splitlines()) == 3, "a wanted row left the table"
+    # every shared parameter but the GEMM share held, to keep the search short
+    held = []
+    for pair in ("tensor_conv=0.8", "grouped_conv=0.5", "cuda_core=0.8", "memory=0.85",
+                 "sm_bytes_per_clock=16", "depthwise=0.4", "launch_s=4e-6", "winograd=0.5"):
+        held += ["--fix", pair]
+    flags = tmp_path / "flags.json"
+    assert fit.main([str(small), str(flags), *held, "--efficiency", "a100-80gb:tensor_gemm=0.5",
+                     "--efficiency", "a100-sxm:cuda_core=0.6"]) == 0
+    by_flag = json.loads(flags.read_text())["results"]
+    assert by_flag["efficiency_edits"] == {
+        "fitted": {}, "devices": {"a100-80gb": {"tensor_gemm": 0.5, "cuda_core": 0.6}}}
+    spec = specs.PRESETS["a100-80gb"]
+    monkeypatch.setitem(specs.PRESETS, "a100-80gb", replace(
+        spec, efficiency={**spec.efficiency, "tensor_gemm": 0.5, "cuda_core": 0.6}))
+    edited = tmp_path / "edited.json"
+    assert fit.main([str(small), str(edited), *held]) == 0
+    by_edit = json.loads(edited.read_text())["results"]
+    assert by_flag["parameters"] == pytest.approx(by_edit["parameters"], rel=1e-12)
+    assert [r["ratio_in_sample"] for r in by_flag["rows"]] == pytest.approx(
+        [r["ratio_in_sample"] for r in by_edit["rows"]], rel=1e-12)
+    # DEVICE:NAME=fitted takes a preset's own entry away (the edited preset's, here): its rows
+    # follow the fitted share again, as with the shipped preset
+    unset = tmp_path / "unset.json"
+    assert fit.main([str(small), str(unset), *held, "--efficiency", "a100:tensor_gemm=fitted",
+                     "--efficiency", "a100-80gb:cuda_core=fitted"]) == 0
+    by_unset = json.loads(unset.read_text())["results"]
+    assert by_unset["efficiency_edits"]["fitted_on"] == {"a100-80gb": ["cuda_core",
+                                                                       "tensor_gemm"]}
+    monkeypatch.setitem(specs.PRESETS, "a100-80gb", spec)
+    plain = tmp_path / "plain.json"
+    assert fit.main([str(small), str(plain), *held]) == 0
+    shipped_fit = json.loads(plain.read_text())["results"]
+    assert by_unset["parameters"] == pytest.approx(shipped_fit["parameters"], rel=1e-12)
+    # and it is an edit: against the shipped presets the A100 row moves (its GEMMs at 0.5, not
+    # the fitted share, which only the A10 row now sets)
+    shipped = {r["id"]: r["ratio_in_sample"] for r in shipped_fit["rows"]}
+    mine = {r["id"]: r["ratio_in_sample"] for r in by_flag["rows"]}
+    assert abs(mine["lambda-bertB-a100sxm80-fp16"] / shipped["lambda-bertB-a100sxm80-fp16"]
+               - 1) > 0.05
+    for bad, message in ((["--efficiency", "tensor_gemm=0.5"], "name a preset"),
+                         (["--efficiency", "a100-80gb:memory=0.9"], "honours a preset's"),
+                         (["--efficiency", "a100-99gb:tensor_gemm=0.5"], "unknown device"),
+                         (["--efficiency", "a100-99gb:tensor_gemm=fitted"], "unknown device"),
+                         (["--efficiency", "a100-80gb:tensor_gemm=7"], "tensor_gemm"),
+                         (["--efficiency"], "needs DEVICE:NAME=VALUE")):
+        with pytest.raises(SystemExit, match=message):
+            fit.main([str(small), str(flags), *bad])
+    with pytest.raises(SystemExit, match="are experiments"):
+        fit.main(["--efficiency", "a100-80gb:tensor_gemm=0.5"])
+
+
 def test_rows_measured_before_pytorch_2_capture_attention_unfused():
     # timm's benchmark files of PyTorch 1.12 predate F.scaled_dot_product_attention: their ViTs
     # ran q @ k^T, a softmax and @ v as separate kernels, which the capture must see
