@@ -76,7 +76,9 @@ measured fall from the fewest replicas to the most (8% and 7%) is about what 1F1
 grows by (8-9%) as the micro-batches a pipeline fall from 384 to 96 (175B) and from 1,120 to
 280 (530B), where an interleaved schedule of three chunks would grow by 3%. Measures: each
 run's rate, and each model's rate at more replicas over its rate at the fewest
-(``against_fewest_replicas``).
+(``against_fewest_replicas``). Held out beside them (``readme``, not in the track record,
+its GPU not stated): Megatron-LM's README example of the same stack, the 175B on 1,024 A100s
+at TP=8 x 16 stages, ~32 s an iteration (``MEGATRON_README_2021``), on both A100 presets.
 
 ``megatron-core-2024`` (-> results/tp-megatron-core-2024.json, ~5 minutes).
 Source: NVIDIA/Megatron-LM README.md and images/model_table.png at commit f2e5db402c
@@ -609,6 +611,18 @@ NARAYANAN_PTD = (
 )
 
 
+# The same stack's own example, held out of everything above: Megatron-LM's README ("GPT-3
+# Example"): "With full global batch size of 1536 on 1024 A100 GPUs, each iteration takes
+# around 32 seconds resulting in 138 teraFLOPs per GPU", for examples/pretrain_gpt3_175B.sh
+# (NVIDIA/Megatron-LM at commit 090e141c: the 175B on 128 nodes, TP=8 x 16 stages of 6 blocks,
+# micro-batches of one 2,048-token sequence, batch 1,536, --fp16, --checkpoint-activations,
+# the 20.12 container: the 2021 stack above). The README does not say which A100: it is run
+# on the 80 GB preset (Table 2's Selene) and on the 40 GB one (the DGX A100 of late 2020).
+# (model, layers, hidden, heads, stages, batch, GPUs, teraFLOP/s per GPU, iteration s)
+MEGATRON_README_2021 = ("175B", 96, 12288, 96, 16, 1536, 1024, 138, 32.0)
+README_DEVICES = ("a100-80gb", "a100-40gb")
+
+
 def against_fewest_replicas(rows: list[dict]) -> list[dict]:
     """Each model's rate per GPU at more replicas over its rate at the fewest, measured and
     predicted, and predicted over measured: what the bubble (fewer micro-batches a pipeline
@@ -651,6 +665,25 @@ def narayanan2021(out: Path) -> None:
                          "measured_step_s": flops / (tflops * 1e12),
                          "predicted_step_s": here["step_s"], "bubble_s": pipe["bubble_s"],
                          "p2p_s": pipe["p2p_s"], "exposed_comm_s": here["exposed_comm_s"]})
+        model, layers, hidden, heads, pp, batch, gpus, tflops, step = MEGATRON_README_2021
+        replicas = gpus // (8 * pp)
+        readme = []
+        for device in README_DEVICES:
+            args = megatron_gpt_args(layers, hidden, heads, gpus, pp, 1, batch // replicas,
+                                     impl="torch")
+            args[args.index("--device") + 1] = device
+            args[args.index("--dtype") + 1] = "fp16"  # the script's --fp16
+            here = _analyze(args + ["--activation-checkpointing", "full",
+                                    "--no-sequence-parallel"], tmp)
+            flops = megatron_flops(layers, hidden, batch, seq=2048) / gpus
+            readme.append({"model": model, "device": device, "gpus": gpus, "pp": pp,
+                           "replicas": replicas, "micro_batches": batch // replicas,
+                           "measured_tflops": tflops, "measured_step_s": step,
+                           "predicted_tflops": flops / here["step_s"] / 1e12,
+                           "predicted_step_s": here["step_s"],
+                           "ratio": step / here["step_s"],
+                           "bubble_s": here["communication"]["pipeline"]["bubble_s"],
+                           "memory_per_gpu_bytes": here["memory_per_gpu"]["total_bytes"]})
     for r in rows:
         r["ratio"] = r["predicted_tflops"] / r["measured_tflops"]
     scaling = against_fewest_replicas(rows)
@@ -662,10 +695,16 @@ def narayanan2021(out: Path) -> None:
     for x in scaling:
         print(f"{x['model']} on {x['gpus']:5,d} / {x['against_gpus']:,d} GPUs: measured "
               f"{x['measured']:.3f}, predicted {x['predicted']:.3f} ({x['ratio']:.2f}x)")
+    for r in readme:
+        print(f"Megatron-LM's README, {r['model']} on {r['gpus']:,d} {r['device']}: measured "
+              f"{r['measured_step_s']:.0f} s an iteration ({r['measured_tflops']} TFLOP/s a "
+              f"GPU), predicted {r['predicted_step_s']:.1f} s ({r['predicted_tflops']:.0f}; "
+              f"{r['ratio']:.2f}x the rate)")
     save_result(out, "validate-tp-narayanan-2021",
                 {"runs": [list(r) for r in NARAYANAN_PTD], "schedule": "1F1B",
-                 "recompute": "full", "sequence_parallel": False},
-                {"rows": rows, "scaling": scaling})
+                 "recompute": "full", "sequence_parallel": False,
+                 "readme_run": list(MEGATRON_README_2021), "readme_devices": README_DEVICES},
+                {"rows": rows, "scaling": scaling, "readme": readme})
     print(f"Wrote {out}")
 
 

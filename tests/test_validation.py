@@ -608,6 +608,16 @@ def test_narayanan_runs_are_compared_with_their_fewest_replicas():
     for model, layers, hidden, heads, stages, batch, gpus, tflops in tp.NARAYANAN_PTD:
         assert gpus % (8 * stages) == 0 and layers % stages == 0
         assert batch % (gpus // (8 * stages)) == 0
+    # Megatron-LM's README example (held out): 1,024 GPUs = 8 replicas of TP=8 x 16 stages of 6
+    # blocks, 192 micro-batches each; its two figures agree by Megatron's count: 96 x 1,536 x
+    # 2,048 x 96 x 12,288^2 x (1 + 2,048 / (6 x 12,288) + 51,200 / (16 x 96 x 12,288))
+    # = 4.377e18 x 1.0305 = 4.511e18 FLOP an iteration, / 32 s / 1,024 = 137.7 TFLOP/s ("138")
+    model, layers, hidden, heads, stages, batch, gpus, tflops, step = tp.MEGATRON_README_2021
+    assert gpus // (8 * stages) == 8 and layers // stages == 6 and batch // 8 == 192
+    assert tp.megatron_flops(layers, hidden, batch, seq=2048) == pytest.approx(4.511e18,
+                                                                               rel=1e-3)
+    assert tp.megatron_flops(layers, hidden, batch, seq=2048) / step / gpus / 1e12 \
+        == pytest.approx(tflops, abs=0.5)
 
 
 def test_compile_bounds_remove_what_each_bound_says():
