@@ -396,10 +396,13 @@ def device_edits(argv: list[str], vp) -> tuple[list[str], dict | None]:
             from dlperf.hardware.specs import get_device
 
             try:
-                preset = get_device(head.strip()).name
+                preset = get_device(head.strip())
             except DlperfError as exc:
                 raise SystemExit(str(exc)) from None
-            unset.setdefault(preset, []).append(name)
+            if (preset.efficiency or {}).get(name) is None:  # it follows the fitted one already
+                raise SystemExit(f"--efficiency {value}: {preset.name} has no {name} of its "
+                                 "own to take away")
+            unset.setdefault(preset.name, []).append(name)
         else:
             items.append(value)
     edits = vp.efficiency_edits([], items)

@@ -297,6 +297,7 @@ def test_a_presets_own_shares_for_a_fit_are_a_command_not_a_specs_edit(tmp_path,
                          (["--efficiency", "a100-80gb:memory=0.9"], "honours a preset's"),
                          (["--efficiency", "a100-99gb:tensor_gemm=0.5"], "unknown device"),
                          (["--efficiency", "a100-99gb:tensor_gemm=fitted"], "unknown device"),
+                         (["--efficiency", "a100:tensor_gemm=fitted"], "no tensor_gemm of its"),
                          (["--efficiency", "a100-80gb:tensor_gemm=7"], "tensor_gemm"),
                          (["--efficiency"], "needs DEVICE:NAME=VALUE")):
         with pytest.raises(SystemExit, match=message):
