@@ -418,7 +418,8 @@ def megatron(out: Path) -> None:
 
 def megatron_gpt_args(layers: int, hidden: int, heads: int, gpus: int, pp: int = 1,
                       virtual: int = 1, micro_batches: int = 1, batch: int = 1,
-                      impl: str = "megatron") -> list[str]:
+                      impl: str = "megatron", device: str = "a100-80gb",
+                      dtype: str = "bf16") -> list[str]:
     """`dlperf analyze` for one of Megatron's GPTs of 2021-22 (vocabulary 51,200, 2,048 tokens,
     mixed precision, explicit attention, dropout 0.1, A100 80 GB on Selene): TP=8 in each
     node, ``pp`` stages (``virtual`` chunks each), ``micro_batches`` of ``batch`` sequences,
@@ -426,12 +427,12 @@ def megatron_gpt_args(layers: int, hidden: int, heads: int, gpus: int, pp: int =
     it, with Megatron's fused scale-mask-softmax and bias+dropout+add (on by default since
     2021-01: --fusion megatron); ``impl``: the tensor-parallel implementation, "megatron" from
     Megatron-LM's asynchronous backward (2021-09) on, "torch" (every collective exposed)
-    before it."""
+    before it; ``device`` and ``dtype`` where a run says otherwise (--fp16)."""
     return ["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
             str(heads), "--vocab", "51200", "--seq-len", "2048", "--batch-size", str(batch),
-            "--grad-accum", str(micro_batches), "--dtype", "bf16", "--precision", "fsdp",
+            "--grad-accum", str(micro_batches), "--dtype", dtype, "--precision", "fsdp",
             "--train", "--optimizer", "adamw", "--attention", "math", "--dropout", "0.1",
-            "--device", "a100-80gb", "--interconnect", "nvlink3-a100,ib-hdr", "--gpus",
+            "--device", device, "--interconnect", "nvlink3-a100,ib-hdr", "--gpus",
             str(gpus), "--tp", "8", "--pp", str(pp), "--pp-virtual", str(virtual),
             "--tp-impl", impl, "--fusion", "megatron", "--no-overlap", "--top", "1"]
 
@@ -669,12 +670,11 @@ def narayanan2021(out: Path) -> None:
         replicas = gpus // (8 * pp)
         readme = []
         for device in README_DEVICES:
-            args = megatron_gpt_args(layers, hidden, heads, gpus, pp, 1, batch // replicas,
-                                     impl="torch")
-            args[args.index("--device") + 1] = device
-            args[args.index("--dtype") + 1] = "fp16"  # the script's --fp16
-            here = _analyze(args + ["--activation-checkpointing", "full",
-                                    "--no-sequence-parallel"], tmp)
+            here = _analyze(megatron_gpt_args(layers, hidden, heads, gpus, pp, 1,
+                                              batch // replicas, impl="torch", device=device,
+                                              dtype="fp16")  # the script's --fp16
+                            + ["--activation-checkpointing", "full", "--no-sequence-parallel"],
+                            tmp)
             flops = megatron_flops(layers, hidden, batch, seq=2048) / gpus
             readme.append({"model": model, "device": device, "gpus": gpus, "pp": pp,
                            "replicas": replicas, "micro_batches": batch // replicas,
