@@ -82,6 +82,9 @@ MEMORY_OPS_FLOPS_PER_ELEMENT = {
     "sum": 1, "mean": 1, "amax": 1, "amin": 1, "max": 1, "min": 1, "var": 2, "var_mean": 3,
     "std": 2, "norm": 2, "linalg_vector_norm": 2, "prod": 1, "argmax": 1, "argmin": 1,
     "any": 1, "all": 1, "logsumexp": 3, "cumsum": 1,
+    # integer division (a mixture of experts' token of each routed copy: models/gpt.py, MoE),
+    # which PyTorch does not tag pointwise
+    "floor_divide": 1,
     # losses; the fused cross-entropy (models/losses.py), one pass each way over the logits:
     # the forward's max, exp and sum an element, the backward's subtract, exp and scale
     "mse_loss": 3, "mse_loss_backward": 3,

@@ -7,7 +7,8 @@ import html
 import math
 
 from dlperf.analysis.liveness import peak_total
-from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
+from dlperf.hardware.track_record import (describe_context_parallel,
+                                          describe_expert_parallel, describe_kvstore,
                                           describe_memory_pressure, describe_tensor_parallel)
 from dlperf.units import gib, seconds, si
 
@@ -256,10 +257,14 @@ def _scaling_section(scale_out: dict) -> str:
     tp = here["communication"].get("tensor_parallel")
     pipe = here["communication"].get("pipeline")
     cp = here["communication"].get("context_parallel")
+    ep = here["communication"].get("expert_parallel")
     ways = here["ranks_per_replica"]
     reference = (f"its {ways} ranks without their collectives"
                  + (" and the pipeline's bubble" if pipe else "") if ways > 1 else "one GPU")
     return (f"<h3>Scale-out</h3><p>On {here['gpus']:,} GPUs"
+            + (f" ({ep['ep']}-way expert parallel, "
+               f"{ep['alltoalls_per_micro_batch']:,} all-to-alls a micro-batch: "
+               f"{ep['exposed_s'] * 1e3:.2f} ms exposed a step)" if ep else "")
             + (f" ({cp['cp']}-way context parallel, K and V by "
                + ("a ring beside the attention kernels" if cp["comm"] == "p2p"
                   else "an all-gather")
@@ -293,6 +298,7 @@ def _scaling_section(scale_out: dict) -> str:
             + ". Red points: a limit other than compute.</p>"
             + scaling_svg(scale_out["curve"]) + _scale_out_record_html(scale_out)
             + (_record_p(describe_context_parallel(), True) if cp else "")
+            + (_record_p(describe_expert_parallel(), True) if ep else "")
             + (_record_p(text, False)
                if here["communication"].get("kvstore") and (text := describe_kvstore()) else "")
             + (_record_p(text, True) if tp and (text := describe_tensor_parallel()) else "")

@@ -8,7 +8,8 @@ from rich.text import Text
 
 from dlperf.analysis.html import dtype_label, fp8_label, memory_parts, memory_total
 from dlperf.analysis.liveness import peak_total
-from dlperf.hardware.track_record import (describe_context_parallel, describe_kvstore,
+from dlperf.hardware.track_record import (describe_context_parallel,
+                                          describe_expert_parallel, describe_kvstore,
                                           describe_memory, describe_memory_pressure,
                                           describe_tensor_parallel)
 from dlperf.hardware.track_record import describe as describe_record
@@ -179,9 +180,12 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
     tp = comm.get("tensor_parallel")
     pipe = comm.get("pipeline")
     cp = comm.get("context_parallel")
+    ep = comm.get("expert_parallel")
     ways = here["ranks_per_replica"]
     layout = ", ".join(
         ([f"{tp['tp']}-way tensor parallel in the node"] if tp else [])
+        + ([f"{ep['ep']}-way expert parallel "
+            + ("in the node" if ep["in_node"] else "across nodes")] if ep else [])
         + ([f"{cp['cp']}-way context parallel "
             + ("in the node" if cp["in_node"] else "across nodes")] if cp else [])
         + ([f"{pipe['pp']} pipeline stages" + (f" of {pipe['virtual']} virtual chunks"
@@ -214,6 +218,13 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            + f", {seconds(cp['busy_s'])} a step, "
            + (f"beside the attention kernels, {seconds(cp['exposed_s'])} exposed; "
               if cp["comm"] == "p2p" else "none hidden; ") if cp else "")
+        + (f"expert-parallel all-to-alls (tokens to their experts and back) "
+           f"{ep['alltoalls_per_micro_batch']:,} of {gib(ep['bytes_each'])} per micro-batch, "
+           f"{seconds(ep['exposed_s'])} a step, none hidden"
+           + (f", the experts' gradients reduced over {eg['replicas']:,} replicas"
+              if (eg := comm.get("expert_gradients")) and eg["replicas"] > 1 else
+              ", no reduction of the experts' gradients (each replica holds its own)"
+              if eg else "") + "; " if ep else "")
         + (f"pipeline bubble {seconds(pipe['bubble_s'])} a step ({pipe['micro_batches']} "
            f"micro-batches; the slowest stage is stage {pipe.get('slowest_stage', 0)}), "
            f"{pipe['p2p_transfers']:,} point-to-point sends of {gib(pipe['p2p_bytes_each'])} "
@@ -224,7 +235,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            + (f", the tied embedding's all-reduce between the first and last stage "
               f"{seconds(pipe['tied_embedding_allreduce_s'])}"
               if pipe.get("tied_embedding_allreduce_s") else "") + "; " if pipe else "")
-        + ("data-parallel communication " if tp or pipe or cp else "communication ")
+        + ("data-parallel communication " if tp or pipe or cp or ep else "communication ")
         + f"{seconds(comm.get('comm_s', 0.0))} per "
         f"{'micro-batch' if comm['strategy'] != 'ddp' and here['grad_accum'] > 1 else 'step'}"
         + (f" (NCCL: {comm['nccl']} for the largest "
@@ -232,7 +243,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            f" (MXNet's device kvstore: {comm['keys']:,} gradients, {comm['engine_ops']:,} "
            f"engine operations at {comm['op_s'] * 1e6:.2f} us, not beside the backward)"
            if comm.get("kvstore") else "")
-        + f", {seconds(here['exposed_comm_s'])} exposed{' in all' if tp or pipe or cp else ''}"
+        + f", {seconds(here['exposed_comm_s'])} exposed"
+          f"{' in all' if tp or pipe or cp or ep else ''}"
         + (f", {seconds(here['contention_s'])} of compute slowed beside the hidden rest "
            f"({comm['contention']['sms']} SMs held by NCCL)"
            if here.get("contention_s", 0.0) > 0 else "")
@@ -272,6 +284,8 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
         console.print(full, style="yellow")  # (the published runs that filled their GPUs)
     if cp:  # what the one published context-parallel run says (or that none has checked it)
         console.print(describe_context_parallel(), style="yellow")
+    if ep:
+        console.print(describe_expert_parallel(), style="yellow")
     if comm.get("kvstore") and (kv_record := describe_kvstore()):  # (fit_kvstore.py's runs)
         console.print(kv_record, style="yellow")
     tp_record = describe_tensor_parallel() if tp else None

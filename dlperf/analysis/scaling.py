@@ -675,7 +675,8 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
                    gpus: int, gathered_bytes: float | None = None,
                    bucket_view: bool = False, units: dict | None = None,
                    optimizer_sharded: bool = False, model_copy_bytes: float | None = None,
-                   half_gradient_bytes: float = 0.0) -> dict | None:
+                   half_gradient_bytes: float = 0.0, expert_share: float = 0.0,
+                   expert_ways: int = 1) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default; none with
     ``bucket_view``, DDP's gradient_as_bucket_view: the gradients live in the buckets). FSDP: the
@@ -692,7 +693,9 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     1/n too and the half copy is held whole, as Megatron's distributed optimizer keeps them.
     ``half_gradient_bytes``: gradients in the model's half dtype held beside the fp32 ones
     (DeepSpeed's BF16_Optimizer, whose backward writes bf16 gradients that it then adds into
-    its fp32 buffer), whole on every GPU.
+    its fp32 buffer), whole on every GPU. ``expert_share`` of the parameters are experts split
+    over ``expert_ways`` expert-parallel ranks (``params`` holds this rank's): the distributed
+    optimizer shards their state over the 1/expert_ways of the replicas that hold them.
     Returns the total and its parts: weights, gradients, optimizer state and activations as
     one GPU holds them, and DDP's buckets or FSDP's gathered parameters; where the footprint
     has the step's peak (liveness.with_peak: the activations at their busiest moment), the
@@ -722,9 +725,11 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
         if not optimizer_sharded:
             return parts(ddp_bucket_bytes=extra, **half)
         # the distributed optimizer: 1/n of the state (and of the fp32 masters beside the
-        # model's half copy, which is held whole)
-        return parts(ddp_bucket_bytes=extra, **half, optimizer_state_bytes=state / gpus,
-                     weights_bytes=(weights / gpus + model_copy_bytes
+        # model's half copy, which is held whole); the experts' over their own replicas
+        share = ((1 - expert_share) / gpus
+                 + expert_share / max(1, gpus // expert_ways))
+        return parts(ddp_bucket_bytes=extra, **half, optimizer_state_bytes=state * share,
+                     weights_bytes=(weights * share + model_copy_bytes
                                     if model_copy_bytes is not None else weights))
     if strategy == "fsdp-grad-op":
         gathered = gathered_bytes if gathered_bytes is not None else grads
@@ -1058,6 +1063,58 @@ def context_parallel_s(predictions, cp: int, comm: str, kv_bytes: float, layers:
             "busy_s": busy, "exposed_s": exposed}
 
 
+# the buffer on which expert parallelism's gradient reduction is compared with the dense one
+# (``scale_out``): large enough that both run at their links' bandwidth
+EXPERT_REFERENCE_BYTES = 256 * 2**20
+
+
+def alltoall_s(nbytes: float, gpus: int, gpus_per_node: int, node, network) -> float:
+    """One all-to-all over ``gpus`` ranks, ``gpus_per_node`` of them in each node, in which
+    each rank holds ``nbytes`` and sends 1/gpus of them to every rank, itself included (a
+    mixture of experts' token dispatch or combine: ``expert_parallel_s``). NCCL runs it as a
+    send and a receive to each peer at once (ncclGroupStart; nccl-tests' alltoall_perf), so
+    the share for the ranks of its node moves over the node's links and the rest over the
+    rank's own NIC, side by side: the slower of the two, each at its link's bus bandwidth
+    plus one latency. For the all-to-all nccl-tests reports busbw = algbw x (n-1)/n, the
+    rate of each rank's link, which is what the presets hold for the all-reduce; that the
+    two are equal on a link is an assumption (no all-to-all measurement is in the presets)."""
+    if gpus <= 1 or nbytes <= 0:
+        return 0.0
+    inside = min(gpus, gpus_per_node)
+    t_node = (nbytes * (inside - 1) / gpus / node.bus_bandwidth + node.latency_s
+              if inside > 1 else 0.0)
+    t_net = (nbytes * (gpus - inside) / gpus / network.bus_bandwidth + network.latency_s
+             if gpus > inside else 0.0)
+    return max(t_node, t_net)
+
+
+def expert_parallel_s(predictions, ep: int, nbytes: float, alltoall) -> dict:
+    """What expert parallelism over ``ep`` ranks adds to one micro-batch of a stage
+    (models/gpt.py ``MoE``): each mixture-of-experts layer in the ``predictions`` (a stage's)
+    dispatches its token copies to their experts' ranks and combines them back, an all-to-all
+    each (``alltoall(nbytes)``: ``nbytes`` the busiest rank's copies, ``GPTConfig.expert_rows``
+    x d_model in the activations' dtype), and its backward runs the two again for the
+    gradients; a layer whose forward is recomputed (a full activation checkpoint replays the
+    MoE layer, Megatron-Core's --recompute-granularity full) runs its two again. Exposed, every
+    one: the experts wait for their tokens and the next layer for the combine (Megatron-Core's
+    all-to-all dispatcher without --overlap-moe-expert-parallel-comm, torchtitan's). Returns
+    busy (= exposed) seconds and the counts."""
+    layers = {phase: len({p.cost.module for p in predictions if p.cost.module_type == "MoE"
+                          and p.cost.op == "bmm" and p.cost.phase == phase})
+              for phase in ("forward", "recompute")}
+    each = alltoall(nbytes)
+    count = 4 * layers["forward"] + 2 * layers["recompute"]
+    return {"ep": ep, "moe_layers": layers["forward"], "recomputed_layers": layers["recompute"],
+            "alltoalls_per_micro_batch": count, "bytes_each": nbytes, "alltoall_s": each,
+            "busy_s": count * each, "exposed_s": count * each}
+
+
+def expert_gradient_share(params: list[tuple[str, int]], experts: frozenset) -> float:
+    """The share of the gradient bytes that are experts' (``experts``: their names)."""
+    total = sum(b for _, b in params)
+    return sum(b for n, b in params if n in experts) / total if total else 0.0
+
+
 @dataclass(frozen=True)
 class ScaleConfig:
     """How the job is spread: ``gpus`` in nodes of ``gpus_per_node``, data parallel by DDP or
@@ -1172,6 +1229,15 @@ class ScaleConfig:
     # default True; ``buffer_broadcast_s``). MXNet's and Horovod's reductions do not.
     buffers: tuple = ()
     broadcast_buffers: bool = True
+    # expert-parallel ranks (1: none; models/gpt.py ``MoE``): the experts split over ep of
+    # the data-parallel ranks (Megatron-Core's order: tensor, context, expert, data, pipeline,
+    # so they are adjacent), each micro-batch's mixture-of-experts layers exchanging
+    # ``ep_bytes`` a rank by all-to-alls (``expert_parallel_s``); the experts' gradients
+    # (``expert_params``: their names) are reduced over the data-parallel ranks that hold the
+    # same experts, 1/ep of them (Megatron-Core's expert data parallel group)
+    ep: int = 1
+    ep_bytes: int = 0
+    expert_params: frozenset = frozenset()
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -1263,6 +1329,18 @@ class ScaleConfig:
             raise DlperfError(f"--cp {self.cp}: context-parallel ranks split the GPUs: give a "
                               f"size whose product with --tp ({self.tp}) and --pp ({self.pp}) "
                               f"divides --gpus ({self.gpus})")
+        if self.ep < 1 or self.gpus % (self.tp * self.pp * self.cp * self.ep):
+            raise DlperfError(f"--ep {self.ep}: expert-parallel ranks split the data-parallel "
+                              f"ones: give a size whose product with --tp ({self.tp}), --pp "
+                              f"({self.pp}) and --cp ({self.cp}) divides --gpus ({self.gpus})")
+        if self.ep > 1 and self.ep_bytes <= 0:
+            raise DlperfError(f"--ep {self.ep} needs the bytes of a rank's token copies "
+                              "(ep_bytes) to time the all-to-alls")
+        if self.ep > 1 and (self.strategy != "ddp" or self.kvstore is not None
+                            or self.deepspeed_bf16):
+            raise DlperfError(f"--ep {self.ep} is modelled with --strategy ddp (Megatron-Core's "
+                              "data parallelism, with or without --distributed-optimizer): "
+                              "FSDP's sharding of the experts over their own group is not")
         if self.cp_comm not in CP_COMMS:
             raise DlperfError(f"--cp-comm {self.cp_comm!r}: choose one of "
                               f"{', '.join(CP_COMMS)}")
@@ -1488,12 +1566,34 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                                         protocols=cfg.protocols)
 
         ratio = gathered / grad_bytes if grad_bytes else 0.0
+        # expert parallel: the experts' gradients are reduced over the 1/ep of the replicas
+        # that hold the same experts (Megatron-Core's expert data parallel group: with the
+        # expert ranks adjacent, ep of them share a node's rails less), in the same buckets'
+        # order; each expert byte is charged what a byte costs over that group, the ratio of
+        # the two collectives' times on EXPERT_REFERENCE_BYTES, nothing where every replica
+        # holds experts of its own (ep = the replicas)
+        comm_params = params
+        if cfg.ep > 1:
+            peers = dcfg.gpus // cfg.ep
+
+            def reduce_experts(nbytes: float) -> float:
+                return (sharded_collective_s if cfg.distributed_optimizer else allreduce_s)(
+                    nbytes, peers, max(1, dcfg.gpus_per_node // cfg.ep), node, network,
+                    gen=gen, algorithms=cfg.algorithms, protocols=cfg.protocols)
+
+            factor = (reduce_experts(EXPERT_REFERENCE_BYTES) / reduce(EXPERT_REFERENCE_BYTES)
+                      if peers > 1 else 0.0)
+            comm_params = [(n, b * factor if n in cfg.expert_params else b)
+                           for n, b in params]
+            comm["expert_gradients"] = {
+                "bytes": sum(b for n, b in params if n in cfg.expert_params),
+                "replicas": peers, "cost_per_byte_vs_dense": factor}
         interleaved = overlap and cfg.pp > 1 and cfg.pp_virtual > 1
         if interleaved:  # Megatron-Core: a unit per model chunk, reduced as each chunk ends
             from dlperf.analysis.pipeline import interleaved_data_parallel_s
 
             v = cfg.pp_virtual
-            chunk = grad_bytes / v
+            chunk = sum(b for _, b in comm_params) / v
             reduce_s = v * reduce(chunk)
             gather_s = v * gather(chunk * ratio) if cfg.distributed_optimizer else 0.0
             reduce_exposed, gather_exposed = interleaved_data_parallel_s(
@@ -1504,7 +1604,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             if cfg.distributed_optimizer:
                 d.update(param_gather_s=gather_s, param_gather_exposed_s=gather_exposed)
         else:
-            d = ddp_exposed_s(tl, params, reduce, overlap=overlap, caps=caps)
+            d = ddp_exposed_s(tl, comm_params, reduce, overlap=overlap, caps=caps)
             if sharded_update:
                 d.update(distributed_optimizer_gather(analysis.predictions, d["bucket_bytes"],
                                                       ratio, gather, overlap))
@@ -1639,6 +1739,17 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                  if cfg.cp_comm == "allgather" else None)
         comm["context_parallel"] = d
         exposed += d["exposed_s"]
+    if cfg.ep > 1:  # the mixture-of-experts layers' all-to-alls, on every micro-batch
+        # the expert-parallel ranks of a tensor- and context-parallel position: adjacent,
+        # so in one node while they fit in it
+        per_node = min(cfg.ep, max(1, cfg.gpus_per_node // (tp * cp)))
+        d = expert_parallel_s(analysis.predictions, cfg.ep, cfg.ep_bytes,
+                              lambda nbytes: alltoall_s(nbytes, cfg.ep, per_node, node,
+                                                        network))
+        d.update(busy_s=accum * d["busy_s"], exposed_s=accum * d["exposed_s"],
+                 in_node=cfg.ep <= per_node)
+        comm["expert_parallel"] = d
+        exposed += d["exposed_s"]
     comm["optimizer_s"] = optimizer_s
     # of which the CPU's issue of the update's launches with the GPU idle (after GradScaler's
     # wait: costs.scaled_optimizer), on one GPU and on many alike
@@ -1658,8 +1769,8 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
 
         # (a micro-batch on the stage: its kernels and its tensor- and context-parallel
         # exchanges)
-        tp_micro = sum(comm[k]["exposed_s"] / accum for k in ("tensor_parallel",
-                                                              "context_parallel") if k in comm)
+        tp_micro = sum(comm[k]["exposed_s"] / accum for k in (
+            "tensor_parallel", "context_parallel", "expert_parallel") if k in comm)
         bubble = bubble_s(micro_s + tp_micro, pp, cfg.pp_virtual, cfg.pp_fill)
         # a stage's replicas fill the node before the next stage starts: its boundary is
         # between nodes unless a node holds more than one stage
@@ -1730,7 +1841,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             half_gradient_bytes=gathered if cfg.deepspeed_bf16 else 0.0,
                             # fp32 masters beside the model in bf16/fp16 (--precision fsdp)
                             model_copy_bytes=gathered if analysis.config.precision == "fsdp"
-                            and gathered < grad_bytes else None)
+                            and gathered < grad_bytes else None,
+                            expert_share=expert_gradient_share(params, cfg.expert_params),
+                            expert_ways=cfg.ep)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = peak_total(memory) <= analysis.device.memory_bytes
         memory["capacity_bytes"] = analysis.device.memory_bytes
@@ -1761,7 +1874,7 @@ def scaling_curve(analysis, params, cfg: ScaleConfig, node, network,
     what of its step no GPU count changes (``one_step``)."""
     step = step or one_step(analysis, params)
     return [scale_out(analysis, params, replace(cfg, gpus=n), node, network, step)
-            for n in CURVE if n % (cfg.tp * cfg.pp * cfg.cp) == 0 and (
+            for n in CURVE if n % (cfg.tp * cfg.pp * cfg.cp * cfg.ep) == 0 and (
                 cfg.strategy != "hsdp" or n <= cfg.gpus_per_node or n % cfg.gpus_per_node == 0)
             and (cfg.kvstore is None or n <= cfg.gpus_per_node)]  # (one process, one node)
 

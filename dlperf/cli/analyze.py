@@ -381,6 +381,24 @@ def add_parser(sub) -> None:
                    help="the output layer its own weights, not the token embedding's "
                         "(Megatron-LM's --untie-embeddings-and-output-weights; Llama) [gpt2 "
                         "and mpt presets: tied]")
+    g.add_argument("--experts", type=positive_int, default=None, metavar="E",
+                   help="a mixture of experts in every block in place of the MLP: E routed "
+                        "experts, each an MLP of the preset's form (Megatron-Core's "
+                        "--num-experts) [mixtral-*: 8; others: none]")
+    g.add_argument("--top-k", type=positive_int, default=None, metavar="K",
+                   help="with experts: the experts each token goes to (--moe-router-topk) [2]")
+    g.add_argument("--expert-hidden", type=positive_int, default=None, metavar="H",
+                   help="with experts: each expert's hidden units (--moe-ffn-hidden-size) "
+                        "[the dense MLP's]")
+    g.add_argument("--ep", type=positive_int, default=None, metavar="N",
+                   help="expert parallel: the experts split over N GPUs of the data-parallel "
+                        "ones, tokens sent to their experts' GPUs and back by all-to-alls "
+                        "(--expert-model-parallel-size); what follows is one rank's step, the "
+                        "all-to-alls in the scale-out [1]")
+    g.add_argument("--expert-load", type=float, default=None, metavar="F",
+                   help="with --ep: the busiest rank's tokens over the balanced share (1.2: "
+                        "20%% more than its share); its experts and all-to-alls set the step "
+                        "[1: a balanced router]")
     g.add_argument("--dropout", type=float, default=None, metavar="P",
                    help="GPT-2's and Megatron's dropouts in training (after the embeddings, on "
                         "the attention probabilities, on each block's two outputs), each a "
@@ -412,7 +430,9 @@ def _gpt_config(args):
              "fp8_all_gather": True if args.fp8_all_gather else None,
              "tie_embeddings": False if args.untie_embeddings else None,
              "cp": args.cp if args.cp > 1 else None, "cp_comm": args.cp_comm,
-             "rope": args.rope}
+             "rope": args.rope, "experts": args.experts, "top_k": args.top_k,
+             "expert_hidden": args.expert_hidden, "ep": args.ep,
+             "expert_load": args.expert_load}
     if args.model not in PRESETS:
         prefix = {"sequence_parallel": "no-", "tie_embeddings": "un"}
         given = [f"--{prefix.get(k, '')}{k.replace('_', '-')}"
@@ -432,7 +452,12 @@ def _gpt_config(args):
     except ValueError as exc:
         flag = (f"--tp {args.tp}: " if "tensor parallel" in str(exc)
                 else f"--cp {args.cp}: " if "context parallel" in str(exc)
-                else "--dropout: " if "dropout" in str(exc) else "")
+                else "--dropout: " if "dropout" in str(exc)
+                else (f"--ep {args.ep}: " if args.ep else "--expert-load: ")
+                if "need a mixture of experts" in str(exc)
+                else "--expert-load: " if "expert load" in str(exc)
+                else f"--ep {args.ep}: " if "expert parallel over" in str(exc)
+                else "--experts: " if "experts" in str(exc) else "")
         raise DlperfError(f"{flag}{exc}") from None
 
 
@@ -488,6 +513,12 @@ def run(args) -> int:
     if args.cp > 1 and args.measure:
         raise DlperfError("--measure times the whole model on this machine's GPU; --cp "
                           "predicts one context-parallel rank: drop one of them")
+    if args.ep is not None and args.ep > 1 and args.gpus is None:
+        raise DlperfError(f"--ep {args.ep} splits the experts over GPUs: add --gpus N (a "
+                          "multiple of --tp x --cp x --ep x --pp)")
+    if args.ep is not None and args.ep > 1 and args.measure:
+        raise DlperfError("--measure times the whole model on this machine's GPU; --ep "
+                          "predicts one expert-parallel rank: drop one of them")
     if (args.pp > 1 or args.pp_virtual > 1) and args.gpus is None:
         raise DlperfError(f"--pp {args.pp} splits the model over GPUs: add --gpus N (a "
                           "multiple of --tp x --pp)")
@@ -666,6 +697,15 @@ def run(args) -> int:
                       "keys and values of the chunks before them; the exchanges of K and V "
                       f"({'a ring' if gpt.cp_comm == 'p2p' else 'an all-gather'}) are in the "
                       "scale-out at the end.", style="yellow")
+    if gpt is not None and gpt.ep > 1:
+        console.print(f"--ep {gpt.ep}: what follows is one expert-parallel rank's step: "
+                      f"{gpt.local_experts} of each block's {gpt.experts} experts, run on "
+                      f"{gpt.expert_rows(batch * sample_shape[0]):,} token copies a micro-batch "
+                      f"(top {gpt.top_k} of its {batch * sample_shape[0]:,} tokens, every "
+                      "rank's copies for its experts"
+                      + (f", {gpt.expert_load:g}x the balanced share" if gpt.expert_load > 1
+                         else ", a balanced router") + "); the all-to-alls that carry them "
+                      "are in the scale-out at the end.", style="yellow")
     render(analysis, console, top=args.top, macs=args.macs)
     if stage is not None:
         layout = scale_setup[3]
@@ -758,6 +798,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                                  max(layout) if layout else gpt and gpt.layers)
     cfg = ScaleConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
                       cp=args.cp, cp_comm=args.cp_comm or "p2p", **exchanges,
+                      ep=gpt.ep if gpt is not None else 1,
                       tp=args.tp,
                       tp_regions=column_parallel_regions(gpt) if args.tp > 1 else (),
                       tp_row_regions=row_parallel_regions(gpt) if args.tp > 1 else (),
@@ -814,8 +855,11 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
     # the rank's share of the K/V heads), what each exchange moves
     kv_bytes = (2 * tokens * (gpt.kv_heads or gpt.heads) // args.tp * gpt.head_dim * act_bytes
                 if args.cp > 1 else 0)
+    # expert parallel: the busiest rank's token copies, what each all-to-all moves
+    ep_bytes = (gpt.expert_rows(tokens) * gpt.d_model * act_bytes
+                if gpt is not None and gpt.ep > 1 else 0)
     return {"tp_collectives": collectives, "cp_kv_bytes": kv_bytes,
-            "cp_layers": blocks if args.cp > 1 else 0}
+            "cp_layers": blocks if args.cp > 1 else 0, "ep_bytes": ep_bytes}
 
 
 def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory, layout):
@@ -888,6 +932,9 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
         grad_bytes = state_element_bytes(analysis.config.precision)
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()
                   if p.requires_grad]
+    if cfg.ep > 1:  # (the experts' gradients, reduced over their own replicas)
+        cfg = replace(cfg, expert_params=frozenset(
+            n for n, _ in model.named_parameters() if ".moe.w" in n))
     if cfg.strategy == "ddp":  # (what DDP broadcasts before every forward)
         from dlperf.analysis.scaling import module_buffers
 

@@ -916,6 +916,16 @@ def describe_context_parallel(record: dict | None = None) -> str:
             "--efficiency attention=F.")
 
 
+def describe_expert_parallel() -> str:
+    """What published runs say of ``analyze --ep`` (printed under every expert-parallel
+    prediction): none has checked it yet."""
+    return ("Expert parallelism is not yet checked against a published run: its all-to-alls "
+            "are timed at the interconnect's all-reduce bus bandwidth (inside the node, and "
+            "the rank's own NIC for the share that leaves it), every one exposed, on a "
+            "router's balanced load unless --expert-load says otherwise; the experts' batched "
+            "GEMMs take the GEMM share of the dense layers.")
+
+
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
     """What the published tensor-parallel runs say of ``analyze --tp`` (printed under every
     tensor-parallel prediction), from the scale-out record; None when it has none."""

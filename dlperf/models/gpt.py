@@ -79,7 +79,8 @@ tensor-parallel styles; ``Block``); the rowwise recipe gathers in BF16 and casts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -150,6 +151,18 @@ class GPTConfig:
     # whether the GPU's FP8 GEMMs take only "TN" operands (Hopper, Ada: the casts also write
     # transposes) or any layout (Blackwell and later)
     fp8_tn_only: bool = True
+    # a mixture of experts in every block in place of the MLP (``MoE``; 0: the dense MLP):
+    # ``experts`` routed experts, each token sent to ``top_k`` of them, each expert an MLP of
+    # the block's form (SwiGLU or GELU) with ``expert_hidden`` units (None: the dense MLP's)
+    experts: int = 0
+    top_k: int = 2
+    expert_hidden: int | None = None
+    # expert-parallel ranks: this module is one of them and holds experts / ep of the experts
+    # (Megatron-Core's --expert-model-parallel-size; see ``MoE``)
+    ep: int = 1
+    # the busiest expert-parallel rank's tokens over the balanced share (>= 1; 1: a perfectly
+    # balanced router): the step waits for that rank's experts and its all-to-alls
+    expert_load: float = 1.0
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -203,6 +216,31 @@ class GPTConfig:
         if self.cp > 1 and self.attention != "sdpa":
             raise ValueError("context parallelism splits the fused attention kernel over the "
                              "ranks' chunks: use attention 'sdpa'")
+        if self.experts:
+            if self.experts < 2 or not 1 <= self.top_k <= self.experts:
+                raise ValueError(f"a mixture of experts needs at least 2 experts and a top-k "
+                                 f"from 1 to their number, got {self.experts} experts, top-k "
+                                 f"{self.top_k}")
+            if self.expert_hidden is not None and self.expert_hidden <= 0:
+                raise ValueError(f"expert hidden size must be positive, got "
+                                 f"{self.expert_hidden}")
+            if self.ep < 1 or self.experts % self.ep:
+                raise ValueError(f"expert parallel over {self.ep} GPUs splits the "
+                                 f"{self.experts} experts: give a size that divides them")
+            if self.tp > 1 or self.fp8 is not None:
+                raise ValueError("a mixture of experts is modelled without tensor parallelism "
+                                 "and FP8 (expert tensor parallelism and FP8 grouped GEMMs are "
+                                 "not): drop --tp or --fp8")
+            if not (self.expert_load >= 1.0 and self.expert_load < float("inf")):
+                raise ValueError(f"expert load is the busiest rank's tokens over the balanced "
+                                 f"share, 1 or more, got {self.expert_load}")
+            if self.expert_load != 1.0 and self.ep == 1:
+                raise ValueError("expert load is the busiest expert-parallel rank's: with all "
+                                 "the experts on one GPU its grouped GEMMs run every token "
+                                 "whatever the balance; add expert parallelism (ep > 1)")
+        elif self.ep != 1 or self.expert_load != 1.0:
+            raise ValueError("expert parallelism and expert load need a mixture of experts "
+                             "(experts > 0)")
         if self.sequence_parallel and self.local_seq_len % self.tp:
             raise ValueError(f"tensor parallel over {self.tp} GPUs splits the sequence "
                              f"({self.local_seq_len} tokens"
@@ -251,6 +289,24 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def local_experts(self) -> int:
+        """Experts on one expert-parallel rank."""
+        return self.experts // self.ep
+
+    @property
+    def expert_ffn(self) -> int:
+        """Each expert's hidden units: ``expert_hidden``, else the dense MLP's."""
+        return self.expert_hidden or (self.ffn_hidden if self.mlp == "swiglu"
+                                      else self.mlp_ratio * self.d_model)
+
+    def expert_rows(self, tokens: int) -> int:
+        """Rows the busiest expert-parallel rank's experts run for a micro-batch of ``tokens``
+        on each rank: ``top_k`` x tokens (every rank's tokens' assignments to its experts,
+        balanced) x ``expert_load``, in equal groups per local expert (``MoE``)."""
+        return math.ceil(tokens * self.top_k * self.expert_load
+                         / self.local_experts) * self.local_experts
 
     @property
     def local_heads(self) -> int:
@@ -689,6 +745,66 @@ def call_row(layer: nn.Module, x: torch.Tensor, grad_cast) -> torch.Tensor:
     return layer(x) if grad_cast is None else layer(x, None, grad_cast)
 
 
+class MoE(nn.Module):
+    """A mixture of experts in place of a block's MLP, as Megatron-Core's MoE layer runs it
+    with its all-to-all token dispatcher and grouped GEMMs (Megatron-LM
+    megatron/core/transformer/moe/: router, token_dispatcher, experts; Mixtral, arXiv
+    2401.04088, section 2): a router (a linear layer to one logit an expert, softmax, top-k,
+    the chosen weights renormalised) picks ``top_k`` experts for each token; the token's
+    copies are permuted into expert order (a sort of the choices, a gather), sent to the
+    ranks holding their experts (all-to-all), run through each local expert's MLP as one
+    batched GEMM per layer, sent back (all-to-all) and summed into their tokens weighted by
+    the router (a scatter-add).
+
+    One expert-parallel rank (``cfg.ep``): it holds ``experts / ep`` experts and, with a
+    balanced router, receives as many token copies as it sent, ``top_k`` x its tokens, in
+    equal groups per local expert (``GPTConfig.expert_rows``; ``expert_load`` > 1 pads the
+    groups to the busiest rank's share). The all-to-alls move nothing here: the scale-out
+    times them (analysis/scaling.py, ``expert_parallel_s``). The groups are the balanced
+    shapes, not the router's choices (a grouped GEMM's time follows its rows, not which
+    token is in which group), so this module is for analysis, like the tensor-parallel one:
+    it runs and has gradients, but a token's copy need not reach the expert it chose."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.top_k, self.local = cfg.top_k, cfg.local_experts
+        self.swiglu = cfg.mlp == "swiglu"
+        self.load = cfg.expert_load
+        self.cfg = cfg
+        d, hidden = cfg.d_model, cfg.expert_ffn
+        self.router = nn.Linear(d, cfg.experts, bias=False)  # whole on every rank
+        # [experts, in, out]: the grouped GEMM's weights (Megatron's TEGroupedMLP)
+        self.w1 = nn.Parameter(torch.empty(self.local, d, hidden))
+        self.w3 = nn.Parameter(torch.empty(self.local, d, hidden)) if self.swiglu else None
+        self.w2 = nn.Parameter(torch.empty(self.local, hidden, d))
+        for w in (self.w1, self.w3, self.w2):
+            if w is not None:
+                nn.init.normal_(w, std=0.02)
+        self.act = nn.SiLU() if self.swiglu else nn.GELU(approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        n, k = tokens.shape[0], self.top_k
+        # the router in FP32 (Megatron-Core's moe_router_dtype fp32; Mixtral's softmax in
+        # float), the top-k's weights renormalised to sum to one
+        probs = self.router(tokens).float().softmax(-1)
+        weights, chosen = probs.topk(k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        order = chosen.flatten().argsort()  # the token copies in expert order
+        source = order // k  # each copy's token
+        h = tokens.index_select(0, source)  # permute
+        rows = self.cfg.expert_rows(n)
+        if rows != n * k:  # the busiest rank's share (or groups rounded up): padded rows
+            h = F.pad(h, (0, 0, 0, rows - n * k))
+        h = h.view(self.local, rows // self.local, -1)
+        a = torch.bmm(h, self.w1)
+        a = self.act(a) * torch.bmm(h, self.w3) if self.swiglu else self.act(a)
+        out = torch.bmm(a, self.w2).reshape(rows, -1)[:n * k]
+        out = out * weights.flatten().index_select(0, order).unsqueeze(-1).to(out.dtype)
+        # unpermute: each copy added into its token
+        return out.new_zeros(n, out.shape[-1]).index_add(0, source, out).view(x.shape)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -702,6 +818,10 @@ class Block(nn.Module):
         self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
             else Attention(cfg)
         self.ln2 = _norm(cfg)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
+        self.moe = MoE(cfg) if cfg.experts else None
+        if self.moe is not None:  # (tensor parallelism and FP8 are refused with experts)
+            return
         self.swiglu = cfg.mlp == "swiglu"
         hidden = (cfg.ffn_hidden if self.swiglu else cfg.mlp_ratio * cfg.d_model) // cfg.tp
         self.fc = _column(cfg, cfg.d_model, hidden, cfg.bias)
@@ -711,7 +831,6 @@ class Block(nn.Module):
         self.act = ((FusedSwiGLU() if cfg.fused_kernels else nn.SiLU()) if self.swiglu
                     else nn.GELU(approximate="tanh"))
         self.out = _row(cfg, hidden, cfg.d_model, cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
     def _shard_cast(self, h: torch.Tensor):
         """torchao's float8 tensor parallelism (``GPTConfig.float8_gather``): h's cast on
@@ -731,6 +850,8 @@ class Block(nn.Module):
         cast, back = self._shard_cast(h), self._grad_cast()
         a = self.attn(_gather(h, self.gather, cast), rope, mask, cast, back)
         x = x + self.drop(_scatter(a, self.scatter, back))
+        if self.moe is not None:
+            return x + self.drop(self.moe(self.ln2(x)))
         h = self.ln2(x)
         cast, back = self._shard_cast(h), self._grad_cast()
         h = _gather(h, self.gather, cast)
@@ -850,6 +971,14 @@ def _llama(layers, d_model, heads, kv_heads, vocab, seq_len, multiple_of, multip
                      positions="rope", rope_theta=theta)
 
 
+def _mixtral(layers, d_model, heads, vocab, multiplier):
+    """Mistral's Mixtral (arXiv 2401.04088, Table 1; the released config.json): a Llama-form
+    decoder of 8 KV heads, rope theta 1,000,000, whose every MLP is 8 SwiGLU experts, 2 a
+    token; 4,096 tokens, the sequence Megatron-LM's Mixtral example trains on."""
+    return replace(_llama(layers, d_model, heads, 8, vocab, 4096, 1024, multiplier, 1e6),
+                   experts=8, top_k=2)
+
+
 def _gpt2(layers, d_model, heads):
     return GPTConfig(layers=layers, d_model=d_model, heads=heads, vocab=50257, seq_len=1024,
                      bias=True)
@@ -876,6 +1005,8 @@ PRESETS = {
     "llama3-8b": _llama(32, 4096, 32, 8, 128256, 8192, 1024, 1.3, 500000.0),
     "llama3-70b": _llama(80, 8192, 64, 8, 128256, 8192, 4096, 1.3, 500000.0),
     "llama3-405b": _llama(126, 16384, 128, 8, 128256, 8192, 4096, 1.2, 500000.0),
+    "mixtral-8x7b": _mixtral(32, 4096, 32, 32000, 1.3),
+    "mixtral-8x22b": _mixtral(56, 6144, 48, 32768, None),
 }
 
 
