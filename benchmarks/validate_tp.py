@@ -1402,6 +1402,92 @@ def _deepspeed_parts(here: dict) -> dict:
             "exposed_comm_s": here["exposed_comm_s"]}
 
 
+# Megatron-Core's MoE README (megatron/core/transformer/moe/README.md at NVIDIA/Megatron-LM
+# 022bcb5a): "With MCore v0.9, we've achieved remarkable performance of 468 TFLOPS for Mixtral
+# 8X7B bf16 training", and its "Reference Best Parallel Mapping" of MCore v0.8 for Mixtral
+# 8x7B (dropless, all-to-all dispatcher, BF16): 64 GPUs, 4,096 tokens, TP 1, EP 8, PP 4, VP
+# 8, micro-batch 1, batch 256; 8 x H100 80GB HBM3 a node, NVLink 4, InfiniBand 8 x 400 Gb/s;
+# the PyTorch 24.09 container with TransformerEngine 1.11. The README does not say that the
+# 468 was measured at this mapping, nor whether its "VP 8" is eight virtual stages of one
+# block each (Megatron's virtual pipeline size) or stages of eight blocks (its example's
+# --num-layers-per-virtual-pipeline-stage 8, no interleaving): both are run. The example's
+# other arguments: --moe-grouped-gemm --moe-permute-fusion, the distributed optimizer with
+# --overlap-grad-reduce --overlap-param-gather, no recompute.
+MOE_OUT = ROOT / "benchmarks/results/tp-megatron-moe.json"
+MIXTRAL_TFLOPS = 468.0
+MIXTRAL_RUN = {"gpus": 64, "seq": 4096, "ep": 8, "pp": 4, "batch": 256, "micro": 1}
+
+
+def mixtral_flops_per_token(seq: int = 4096) -> float:
+    """FLOPs of a Mixtral 8x7B token as Megatron-Core counts them for its TFLOPS
+    (megatron/training/training.py ``num_floating_point_operations``, no recompute): 12 L h^2
+    x ((1 + kv groups / heads + s / h) (attention) + ffn / h x top-k x 3/2 (SwiGLU experts)
+    + V / 2Lh (output layer)), per token."""
+    layers, hidden, groups, heads, ffn, topk, vocab = 32, 4096, 8, 32, 14336, 2, 32000
+    return 12 * layers * hidden ** 2 * ((1 + groups / heads + seq / hidden)
+                                        + ffn / hidden * topk * 1.5
+                                        + vocab / (2 * layers * hidden))
+
+
+def mixtral_args(virtual: int, attention: float) -> list[str]:
+    """`dlperf analyze` for the README's Mixtral 8x7B mapping, as the README's example runs
+    it (``MIXTRAL_RUN``): bf16 with fp32 master weights, TransformerEngine's fused kernels
+    (--tp-impl te at TP 1), the distributed optimizer with gradient buckets of max(40M, 1M x
+    replicas) fp32 parameters, and ``virtual`` stages a GPU (with the interleaved schedule's
+    transfers overlapped, Megatron-Core's default)."""
+    r = MIXTRAL_RUN
+    replicas = r["gpus"] // r["pp"]
+    bucket_mib = max(40_000_000, 1_000_000 * replicas) * 4 / 2**20
+    return (["analyze", "mixtral-8x7b", "--device", "h100-sxm", "--seq-len", str(r["seq"]),
+             "--batch-size", str(r["micro"]),
+             "--grad-accum", str(r["batch"] // replicas // r["micro"]), "--dtype", "bf16",
+             "--precision", "fsdp", "--train", "--optimizer", "adamw", "--tp-impl", "te",
+             "--efficiency", f"attention={attention}", "--interconnect", "nvlink4-h100,ib-ndr",
+             "--gpus", str(r["gpus"]), "--ep", str(r["ep"]), "--pp", str(r["pp"]),
+             "--pp-virtual", str(virtual), "--distributed-optimizer", "--bucket-cap-mb",
+             f"{bucket_mib:.1f}", "--top", "1"]
+            + (["--pp-overlap-p2p"] if virtual > 1 else []))
+
+
+def megatron_moe(out: Path) -> None:
+    """The README's Mixtral 8x7B TFLOPS per GPU, predicted over measured, with each reading
+    of its "VP 8" and the attention shares of ``megatron_core_2024`` (the one chosen for
+    Megatron-Core's 2024 stack, the preset's and cuDNN's own)."""
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    flops = mixtral_flops_per_token(MIXTRAL_RUN["seq"])
+    layers_per_stage = 32 // MIXTRAL_RUN["pp"]
+    runs = [(v, a) for v in (1, layers_per_stage)
+            for a in (MCORE_ATTENTION, *MCORE_ATTENTION_BOUNDS)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for virtual, attention in tqdm(runs, desc="Mixtral 8x7B", unit="run"):
+            here = _analyze(mixtral_args(virtual, attention), tmp)
+            tokens = here["per_gpu_samples_per_s"] * MIXTRAL_RUN["seq"]
+            comm = here["communication"]
+            rows.append({"virtual": virtual, "attention": attention,
+                         "predicted_tokens_per_s_per_gpu": tokens,
+                         "predicted_tflops": tokens * flops / 1e12,
+                         "ratio": tokens * flops / 1e12 / MIXTRAL_TFLOPS,
+                         "step_s": here["step_s"], "limited_by": here["limited_by"],
+                         "alltoall_exposed_s": comm["expert_parallel"]["exposed_s"],
+                         "bubble_s": comm["pipeline"]["bubble_s"],
+                         "exposed_comm_s": here["exposed_comm_s"],
+                         "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30})
+    for r in rows:
+        print(f"VP {r['virtual']}, attention {r['attention']}: "
+              f"{r['predicted_tflops']:.0f} TFLOP/s predicted, {r['ratio']:.2f}x the "
+              f"README's {MIXTRAL_TFLOPS:.0f}")
+    save_result(out, "validate-tp-megatron-moe",
+                {"source": "NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md at "
+                           "022bcb5a: 468 TFLOPS, Mixtral 8x7B, MCore v0.9; mapping of MCore "
+                           "v0.8", "run": MIXTRAL_RUN, "measured_tflops": MIXTRAL_TFLOPS,
+                 "flops_per_token": flops, "args": mixtral_args(1, MCORE_ATTENTION)},
+                {"rows": rows})
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
            "megatron-2022": (megatron2022, MEGATRON22_OUT),
            "narayanan-2021": (narayanan2021, NARAYANAN_OUT),
@@ -1409,7 +1495,8 @@ SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_
            "llama3-405b": (llama3_405b, LLAMA3_OUT),
            "megatron-bridge-fp8": (megatron_bridge_fp8, BRIDGE_OUT),
            "torchtitan-async-tp": (torchtitan_async_tp, ASYNC_TP_OUT),
-           "megatron-deepspeed": (megatron_deepspeed, MEGATRON_DEEPSPEED_OUT)}
+           "megatron-deepspeed": (megatron_deepspeed, MEGATRON_DEEPSPEED_OUT),
+           "megatron-moe": (megatron_moe, MOE_OUT)}
 
 
 def main(argv: list[str]) -> int:

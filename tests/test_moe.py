@@ -250,3 +250,23 @@ def test_analyze_ep_prints_and_saves_the_expert_parallel_scale_out(tmp_path, cap
         assert "Traceback" not in err
     code, out, err = run_cli(["analyze", "resnet18", "--experts", "8"], capsys)
     assert code != 0 and "--experts" in err and "Traceback" not in err
+
+
+def test_megatron_s_mixtral_count_and_the_readme_run_by_hand():
+    from conftest import load_benchmark
+
+    tp = load_benchmark("validate_tp")
+    # Megatron-Core's count for Mixtral 8x7B at 4,096 tokens: 12 x 32 x 4096^2 = 6,442,450,944
+    # times (1 + 8/32 + 4096/4096) + 14336/4096 x 2 x 3/2 + 32000 / (2 x 32 x 4096) =
+    # 2.25 + 10.5 + 0.1220703125 = 12.8720703125: 82,927,681,536 FLOPs a token; 468 TFLOP/s
+    # is then 5,643 tokens/s a GPU, a step of 256 x 4,096 tokens on 64 GPUs in 2.90 s
+    assert tp.mixtral_flops_per_token(4096) == 82_927_681_536
+    assert tp.MIXTRAL_TFLOPS * 1e12 / 82_927_681_536 == pytest.approx(5643.47, abs=0.01)
+    args = tp.mixtral_args(8, 0.304)
+    # 64 GPUs over 4 stages: 16 replicas, each 256 / 16 = 16 micro-batches of one sequence;
+    # buckets of max(40M, 16M) fp32 parameters = 152.6 MiB
+    for flag, value in (("--gpus", "64"), ("--ep", "8"), ("--pp", "4"), ("--pp-virtual", "8"),
+                        ("--grad-accum", "16"), ("--batch-size", "1"),
+                        ("--bucket-cap-mb", "152.6"), ("--tp-impl", "te")):
+        assert args[args.index(flag) + 1] == value
+    assert "--pp-overlap-p2p" in args and "--pp-overlap-p2p" not in tp.mixtral_args(1, 0.304)

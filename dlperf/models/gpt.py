@@ -780,13 +780,16 @@ class MoE(nn.Module):
         for w in (self.w1, self.w3, self.w2):
             if w is not None:
                 nn.init.normal_(w, std=0.02)
-        self.act = nn.SiLU() if self.swiglu else nn.GELU(approximate="tanh")
+        # (Megatron-Core's experts on TransformerEngine fuse SwiGLU as its dense MLP does:
+        # --bias-swiglu-fusion, its default)
+        self.act = ((FusedSwiGLU() if cfg.fused_kernels else nn.SiLU()) if self.swiglu
+                    else nn.GELU(approximate="tanh"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         n, k = tokens.shape[0], self.top_k
-        # the router in FP32 (Megatron-Core's moe_router_dtype fp32; Mixtral's softmax in
-        # float), the top-k's weights renormalised to sum to one
+        # the router's softmax in FP32 (Hugging Face's Mixtral; Megatron-Core's
+        # --moe-router-dtype fp32), the top-k's weights renormalised to sum to one (Mixtral's)
         probs = self.router(tokens).float().softmax(-1)
         weights, chosen = probs.topk(k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
@@ -798,7 +801,10 @@ class MoE(nn.Module):
             h = F.pad(h, (0, 0, 0, rows - n * k))
         h = h.view(self.local, rows // self.local, -1)
         a = torch.bmm(h, self.w1)
-        a = self.act(a) * torch.bmm(h, self.w3) if self.swiglu else self.act(a)
+        if isinstance(self.act, FusedSwiGLU):
+            a = self.act(a, torch.bmm(h, self.w3))
+        else:
+            a = self.act(a) * torch.bmm(h, self.w3) if self.swiglu else self.act(a)
         out = torch.bmm(a, self.w2).reshape(rows, -1)[:n * k]
         out = out * weights.flatten().index_select(0, order).unsqueeze(-1).to(out.dtype)
         # unpermute: each copy added into its token
