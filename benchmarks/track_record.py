@@ -4,7 +4,8 @@ results (issues #11 and #14).
 Reads benchmarks/results/validation-published.json, validation-scaling.json,
 validation-memory.json,
 tp-kempnerforge-h200.json, tp-{megatron-2020,megatron-2022,narayanan-2021,
-megatron-core-2024,llama3-405b,megatron-bridge-fp8,torchtitan-async,megatron-deepspeed}.json,
+megatron-core-2024,llama3-405b,megatron-bridge-fp8,torchtitan-async,megatron-deepspeed,
+megatron-moe}.json,
 kvstore-fit.json, a lent GPU's
 device-*/analyses.json (step 0d's float8 speed-ups) and h200-kernel-classes.json (its
 per-kernel times by class) (rerun the others first: validate_published.py,
@@ -39,7 +40,8 @@ def record_from_results(results: Path = RESULTS) -> dict:
 
 def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     from dlperf.hardware.specs import get_device
-    from dlperf.hardware.track_record import (build_float8, build_fp8, build_kernels,
+    from dlperf.hardware.track_record import (build_expert_parallel, build_float8,
+                                              build_fp8, build_kernels,
                                               build_kvstore, build_memory,
                                               build_memory_pressure,
                                               build_scale_out, build_tensor_parallel)
@@ -60,6 +62,10 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     fp8 = results / "tp-megatron-bridge-fp8.json"  # benchmarks/validate_tp.py
     if fp8.exists():
         record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"], scaling["results"])
+    moe = results / "tp-megatron-moe.json"  # benchmarks/validate_tp.py
+    if moe.exists():
+        record["expert_parallel"] = build_expert_parallel(
+            json.loads(moe.read_text())["results"])
     memory = results / "validation-memory.json"  # benchmarks/validate_memory.py
     if memory.exists():
         record["memory"] = build_memory(json.loads(memory.read_text())["results"])

@@ -916,14 +916,38 @@ def describe_context_parallel(record: dict | None = None) -> str:
             "--efficiency attention=F.")
 
 
-def describe_expert_parallel() -> str:
+def build_expert_parallel(result: dict) -> dict:
+    """The scale-out record's expert-parallel entry from validate_tp.py's
+    tp-megatron-moe.json (its "results"): Megatron-Core's Mixtral 8x7B, predicted over the
+    README's TFLOPS in each reading of its pipeline schedule, at the attention share chosen
+    for Megatron-Core's 2024 stack (the file's first share) and over all three."""
+    rows = result["rows"]
+    chosen = rows[0]["attention"]
+    at = {r["virtual"]: r["ratio"] for r in rows if r["attention"] == chosen}
+    return {"source": "Megatron-Core's Mixtral 8x7B on 64 H100s, EP 8 x PP 4 (MCore v0.9 "
+                      "README, 2024)",
+            "ratio_1f1b": at[1], "ratio_interleaved": at[max(at)],
+            "ratio_low": min(r["ratio"] for r in rows),
+            "ratio_high": max(r["ratio"] for r in rows)}
+
+
+def describe_expert_parallel(record: dict | None = None) -> str:
     """What published runs say of ``analyze --ep`` (printed under every expert-parallel
-    prediction): none has checked it yet."""
-    return ("Expert parallelism is not yet checked against a published run: its all-to-alls "
-            "are timed at the interconnect's all-reduce bus bandwidth (inside the node, and "
-            "the rank's own NIC for the share that leaves it), every one exposed, on a "
-            "router's balanced load unless --expert-load says otherwise; the experts' batched "
-            "GEMMs take the GEMM share of the dense layers.")
+    prediction): Megatron-Core's Mixtral 8x7B where the record has it, else that none has
+    checked it."""
+    record = load_scale_out() if record is None else record
+    how = ("its all-to-alls are timed at the interconnect's all-reduce bus bandwidth (inside "
+           "the node, and the rank's own NIC for the share that leaves it), every one exposed, "
+           "on a router's balanced load unless --expert-load says otherwise; the experts' "
+           "batched GEMMs take the GEMM share of the dense layers")
+    m = record.get("expert_parallel")
+    if m is None:
+        return f"Expert parallelism is not yet checked against a published run: {how}."
+    return (f"Expert parallelism is checked against one published figure, {m['source']}: "
+            f"predicted {m['ratio_interleaved']:.2f}x its TFLOPS with one block a virtual "
+            f"stage and {m['ratio_1f1b']:.2f}x without interleaving (the README does not say "
+            f"which; {m['ratio_low']:.2f}-{m['ratio_high']:.2f}x over the attention kernel's "
+            f"plausible speeds). One figure, not a record: {how}.")
 
 
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
