@@ -356,8 +356,9 @@ def add_parser(sub) -> None:
     s.add_argument("--decode-rate", type=positive_float, default=None,
                    help="images/s one host core decodes and augments (with --decode cpu; "
                         "`dlperf bench data` measures it on a machine)")
-    g = a.add_argument_group("gpt and its presets (gpt2 .. gpt2-xl, mpt-125m .. mpt-70b): "
-                             "each flag overrides the preset's value")
+    g = a.add_argument_group("gpt and its presets (gpt2 .. gpt2-xl, mpt-125m .. mpt-70b, "
+                             "llama2-7b .. llama3-405b, mixtral-8x7b, mixtral-8x22b): each "
+                             "flag overrides the preset's value")
     g.add_argument("--layers", type=positive_int, default=None, help="decoder blocks [gpt: 12]")
     g.add_argument("--d-model", type=positive_int, default=None,
                    help="hidden size, a multiple of --heads [gpt: 768]")
