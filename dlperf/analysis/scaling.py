@@ -1340,7 +1340,8 @@ class ScaleConfig:
                             or self.deepspeed_bf16):
             raise DlperfError(f"--ep {self.ep} is modelled with --strategy ddp (Megatron-Core's "
                               "data parallelism, with or without --distributed-optimizer): "
-                              "FSDP's sharding of the experts over their own group is not")
+                              "FSDP's sharding of the experts over their own group, "
+                              "DeepSpeed's and MXNet's reductions are not")
         if self.cp_comm not in CP_COMMS:
             raise DlperfError(f"--cp-comm {self.cp_comm!r}: choose one of "
                               f"{', '.join(CP_COMMS)}")
@@ -1567,11 +1568,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
 
         ratio = gathered / grad_bytes if grad_bytes else 0.0
         # expert parallel: the experts' gradients are reduced over the 1/ep of the replicas
-        # that hold the same experts (Megatron-Core's expert data parallel group: with the
-        # expert ranks adjacent, ep of them share a node's rails less), in the same buckets'
-        # order; each expert byte is charged what a byte costs over that group, the ratio of
-        # the two collectives' times on EXPERT_REFERENCE_BYTES, nothing where every replica
-        # holds experts of its own (ep = the replicas)
+        # that hold the same experts (Megatron-Core's expert data parallel group; the expert
+        # ranks adjacent, so a node holds 1/ep of its replicas' share of that group, at least
+        # one), in the same buckets' order; each expert byte is charged what a byte costs over
+        # that group, the ratio of the two collectives' times on EXPERT_REFERENCE_BYTES,
+        # nothing where every replica holds experts of its own (ep = the replicas)
         comm_params = params
         if cfg.ep > 1:
             peers = dcfg.gpus // cfg.ep

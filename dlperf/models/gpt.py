@@ -769,7 +769,6 @@ class MoE(nn.Module):
         super().__init__()
         self.top_k, self.local = cfg.top_k, cfg.local_experts
         self.swiglu = cfg.mlp == "swiglu"
-        self.load = cfg.expert_load
         self.cfg = cfg
         d, hidden = cfg.d_model, cfg.expert_ffn
         self.router = nn.Linear(d, cfg.experts, bias=False)  # whole on every rank
