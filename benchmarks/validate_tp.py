@@ -750,6 +750,12 @@ def megatron_core_flops(layers: int, hidden: int, batch: int, seq: int = MCORE_S
         1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
 
 
+def megatron_bucket_mib(replicas: int) -> float:
+    """Megatron-Core's gradient bucket in MiB: max(40M, 1M x replicas) fp32 parameters
+    (its DDP's bucket_size default)."""
+    return max(40_000_000, 1_000_000 * replicas) * 4 / 2**20
+
+
 def mcore_args(layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int, batch: int,
                virtual: int = 1, micro: int = 1, attention: float = MCORE_ATTENTION
                ) -> list[str]:
@@ -761,7 +767,7 @@ def mcore_args(layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int
     untied output layer, gradient buckets of max(40M, 1M x replicas) fp32 parameters, no
     recompute), in micro-batches of ``micro`` sequences (the table does not say)."""
     replicas = gpus // (tp * pp)
-    bucket_mib = max(40_000_000, 1_000_000 * replicas) * 4 / 2**20
+    bucket_mib = megatron_bucket_mib(replicas)
     return (["analyze", "gpt2", "--layers", str(layers), "--d-model", str(hidden), "--heads",
              str(heads), "--vocab", str(MCORE_VOCAB), "--seq-len", str(MCORE_SEQ),
              "--untie-embeddings", "--batch-size", str(micro), "--grad-accum",
@@ -1437,7 +1443,7 @@ def mixtral_args(virtual: int, attention: float) -> list[str]:
     transfers overlapped, Megatron-Core's default)."""
     r = MIXTRAL_RUN
     replicas = r["gpus"] // r["pp"]
-    bucket_mib = max(40_000_000, 1_000_000 * replicas) * 4 / 2**20
+    bucket_mib = megatron_bucket_mib(replicas)
     return (["analyze", "mixtral-8x7b", "--device", "h100-sxm", "--seq-len", str(r["seq"]),
              "--batch-size", str(r["micro"]),
              "--grad-accum", str(r["batch"] // replicas // r["micro"]), "--dtype", "bf16",
