@@ -17,7 +17,7 @@ from dlperf.analysis.scaling import (ScaleConfig, allreduce_s, alltoall_s, exper
 from dlperf.errors import DlperfError
 from dlperf.hardware.interconnect import PRESETS
 from dlperf.hardware.specs import get_device
-from dlperf.models.gpt import GPT, GPTConfig, gpt_config
+from dlperf.models.gpt import GPT, GPTConfig, expert_parameters, gpt_config
 
 
 def test_mixtral_presets_have_the_released_parameter_counts():
@@ -154,8 +154,8 @@ def _params(model):
 def test_expert_parallel_scale_out_all_to_alls_and_expert_gradients():
     cfg, model, analysis = _capture(ep=4)
     params = _params(model)
-    experts = frozenset(n for n, _ in params if ".moe.w" in n)
-    assert len(experts) == 2 * 3  # w1, w3, w2 of two blocks
+    experts = expert_parameters(model)
+    assert experts == {f"blocks.{i}.moe.{w}" for i in (0, 1) for w in ("w1", "w3", "w2")}
     node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
     nbytes = cfg.expert_rows(256) * 256 * 2  # 512 copies x d 256 x bf16
     ep = ScaleConfig(gpus=8, ep=4, ep_bytes=nbytes, expert_params=experts, step_cv=0.0)
@@ -195,7 +195,7 @@ def test_expert_parallel_scale_out_all_to_alls_and_expert_gradients():
 def test_the_distributed_optimizer_shards_the_experts_state_over_their_replicas():
     cfg, model, analysis = _capture(ep=4)
     params = _params(model)
-    experts = frozenset(n for n, _ in params if ".moe.w" in n)
+    experts = expert_parameters(model)
     share = sum(b for n, b in params if n in experts) / sum(b for _, b in params)
     node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
     got = scale_out(analysis, params, ScaleConfig(

@@ -934,8 +934,9 @@ def _scale_out(args, analysis, model, console, setup, stage=None, gpt=None) -> d
         params = [(n, p.numel() * grad_bytes) for n, p in model.named_parameters()
                   if p.requires_grad]
     if cfg.ep > 1:  # (the experts' gradients, reduced over their own replicas)
-        cfg = replace(cfg, expert_params=frozenset(
-            n for n, _ in model.named_parameters() if ".moe.w" in n))
+        from dlperf.models.gpt import expert_parameters
+
+        cfg = replace(cfg, expert_params=expert_parameters(model))
     if cfg.strategy == "ddp":  # (what DDP broadcasts before every forward)
         from dlperf.analysis.scaling import module_buffers
 

@@ -810,6 +810,14 @@ class MoE(nn.Module):
         return out.new_zeros(n, out.shape[-1]).index_add(0, source, out).view(x.shape)
 
 
+def expert_parameters(model: nn.Module) -> frozenset:
+    """The names of ``model``'s experts' weights (every ``MoE``'s w1, w3 and w2, not its
+    router): what expert parallelism splits and reduces over its own replicas."""
+    return frozenset(f"{path}.{name}" for path, m in model.named_modules()
+                     if isinstance(m, MoE) for name, _ in m.named_parameters()
+                     if not name.startswith("router."))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
