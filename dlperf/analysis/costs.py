@@ -70,6 +70,9 @@ MEMORY_OPS_FLOPS_PER_ELEMENT = {
     # (its backward about 8); the rotary embedding, two multiplies and an add an element
     "te_rms_norm": 4, "te_rms_norm_backward": 6, "te_swiglu": 5, "te_swiglu_backward": 8,
     "te_rope": 3, "te_rope_backward": 3,
+    # gpt-oss's gated activation (models/fused.py): two clamps, a scale, sigmoid, two
+    # multiplies and the offset; the backward's two masked derivatives
+    "te_clamped_geglu": 7, "te_clamped_geglu_backward": 12,
     # TransformerEngine's FP8 casts (models/fp8.py): the amax, |x| and a max an element; the
     # cast (-transpose), a scale multiply and a conversion an element, whatever it writes
     # (row-wise, column-wise or both); the transpose of FP8 data moves bytes only
@@ -352,6 +355,8 @@ def record_costs(r: OpRecord) -> list[Cost] | None:
         return []
     if op in ("convolution", "convolution_backward"):
         return _conv_costs(r)
+    if op in BANDED_OPS:
+        return [_banded_cost(r)]
     if op in GEMM_OPS:
         return [_matmul_cost(r)]
     big = _largest(r)
@@ -409,6 +414,27 @@ def _nll_cost(r: OpRecord, common: dict) -> Cost:
     return Cost(kind="memory", flops=n, bytes=nbytes, kernels=kernels, **common)
 
 
+# The tile a flash kernel computes scores in, queries by keys: FlashAttention-2 and -3 and
+# cuDNN's fused attention pick tiles of 64 to 192 by head size and GPU; 128 is taken for all.
+# A tile any of whose scores a sliding window reaches is computed whole (masked inside).
+ATTENTION_TILE = 128
+
+
+def window_fraction(lq: int, lk: int, window: int, tile: int = ATTENTION_TILE) -> float:
+    """The share of the lq x lk score matrix a causal flash kernel computes when each query
+    attends only to itself and the ``window`` - 1 keys before it (queries are the last lq of
+    the lk positions): whole ``tile`` x ``tile`` tiles, each query tile from the key tile
+    holding its first query's earliest key to the one holding its last query's own position.
+    E.g. 4,096 tokens, window 128: 1 tile for the first query tile, 2 for each of the other
+    31, so 63 of 32 x 32 = 0.0615 (the scores the window needs are 0.031 of them)."""
+    offset, n_q, n_k = lk - lq, -(-lq // tile), -(-lk // tile)
+    computed = 0
+    for i in range(n_q):
+        first, last = i * tile + offset, min(lq, (i + 1) * tile) - 1 + offset
+        computed += last // tile - max(0, first - window + 1) // tile + 1
+    return computed / (n_q * n_k)
+
+
 # Flash attention's backward recomputes the scores and runs five matmuls (S = QK^T, dP = dO V^T,
 # dV = P^T dO, dQ = dS K, dK = dS^T Q) against the forward's two.
 ATTENTION_BACKWARD_MATMULS = 5
@@ -420,14 +446,18 @@ def attention_cost(info: dict, phase: str, module: str, module_type: str,
 
     Forward: S = Q K^T (2*B*H*Lq*Lk*D FLOPs) and O = P V (2*B*H*Lq*Lk*Dv); the softmax of the
     Lq x Lk scores stays on chip, so traffic is Q, K, V read and O (+ fp32 log-sum-exp) written.
-    A causal mask lets the kernel skip the upper triangle: half the matmul work when Lq == Lk.
+    A causal mask lets the kernel skip the upper triangle: half the matmul work when Lq == Lk;
+    a sliding window (``info["window"]``) leaves it only the tiles the window reaches.
     Backward: five matmuls; reads Q, K, V, O, dO, LSE and writes dQ, dK, dV.
     """
     q, k, v = info["q"], info["k"], info["v"]
     itemsize = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}.get(info["dtype"], 4)
     batch_heads = _prod(q[:-2])
     lq, lk, d, dv = q[-2], k[-2], q[-1], v[-1]
-    fraction = 0.5 if info["causal"] and lq == lk else 1.0
+    window = info.get("window") or 0
+    # (a window's tiles, models/banded.py; without one, half the causal square)
+    fraction = (window_fraction(lq, lk, window) if window and info["causal"]
+                else 0.5 if info["causal"] and lq == lk else 1.0)
     scores_flops = 2 * batch_heads * lq * lk * d * fraction
     pv_flops = 2 * batch_heads * lq * lk * dv * fraction
     q_b, k_b, v_b = (_prod(t) * itemsize for t in (q, k, v))
@@ -443,6 +473,22 @@ def attention_cost(info: dict, phase: str, module: str, module_type: str,
     return Cost(module=module, module_type=module_type, op=op, phase=phase, kind="fused",
                 flops=int(flops), bytes=int(nbytes), dtype=info["dtype"], records=records,
                 output_bytes=int(written), head_dim=int(max(d, dv)))
+
+
+# models/banded.py's attention with a sliding window and sinks, forward and backward
+BANDED_OPS = frozenset({"banded_attention", "banded_attention_backward"})
+
+
+def _banded_cost(r: OpRecord) -> Cost:
+    """One fused attention kernel (``attention_cost``) of models/banded.py: the forward's
+    inputs are (q, k, v, window, sinks, scale), the backward's (grad, q, k, v, out, lse,
+    window, sinks, scale)."""
+    forward = r.op == "banded_attention"
+    q, k, v = r.inputs[0:3] if forward else r.inputs[1:4]
+    info = {"q": q.shape, "k": k.shape, "v": v.shape, "dtype": q.dtype, "causal": True,
+            "window": r.args[3] if forward else r.args[6]}
+    return attention_cost(info, "forward" if forward else "dgrad", r.module, r.module_type,
+                          (r.index,))
 
 
 def all_costs(records: list[OpRecord], regions: dict | None = None

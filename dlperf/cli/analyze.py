@@ -357,12 +357,27 @@ def add_parser(sub) -> None:
                    help="images/s one host core decodes and augments (with --decode cpu; "
                         "`dlperf bench data` measures it on a machine)")
     g = a.add_argument_group("gpt and its presets (gpt2 .. gpt2-xl, mpt-125m .. mpt-70b, "
-                             "llama2-7b .. llama3-405b, mixtral-8x7b, mixtral-8x22b): each "
-                             "flag overrides the preset's value")
+                             "llama2-7b .. llama3-405b, mixtral-8x7b, mixtral-8x22b, "
+                             "gpt-oss-20b, gpt-oss-120b): each flag overrides the preset's "
+                             "value")
     g.add_argument("--layers", type=positive_int, default=None, help="decoder blocks [gpt: 12]")
     g.add_argument("--d-model", type=positive_int, default=None,
                    help="hidden size, a multiple of --heads [gpt: 768]")
     g.add_argument("--heads", type=positive_int, default=None, help="attention heads [gpt: 12]")
+    g.add_argument("--head-dim", type=positive_int, default=None, metavar="D",
+                   help="each head's size where it is not --d-model / --heads (Megatron's "
+                        "--kv-channels; Qwen3, gpt-oss) [d-model / heads]")
+    g.add_argument("--sliding-window", type=nonnegative_int, default=None, metavar="W",
+                   help="each query attends to itself and the W - 1 tokens before it, one "
+                        "fused kernel charged the key tiles the window reaches (Megatron's "
+                        "--window-size W-1,0) [gpt-oss-*: 128; others: 0, none]")
+    g.add_argument("--full-attention-every", type=nonnegative_int, default=None, metavar="N",
+                   help="with --sliding-window: every N-th block (the N-th, 2N-th, ...) "
+                        "attends to all tokens (Megatron's --window-attn-skip-freq) [gpt-oss-*: "
+                        "2; 0: none]")
+    g.add_argument("--attention-sinks", action="store_true",
+                   help="a learned logit per head in every softmax's denominator (gpt-oss's; "
+                        "Megatron's softmax_type learnable): one fused kernel [gpt-oss-*]")
     g.add_argument("--vocab", type=positive_int, default=None,
                    help="vocabulary size (the LM head's width) [gpt: 50257]")
     g.add_argument("--seq-len", type=positive_int, default=None,
@@ -433,10 +448,14 @@ def _gpt_config(args):
              "cp": args.cp if args.cp > 1 else None, "cp_comm": args.cp_comm,
              "rope": args.rope, "experts": args.experts, "top_k": args.top_k,
              "expert_hidden": args.expert_hidden, "ep": args.ep,
-             "expert_load": args.expert_load}
+             "expert_load": args.expert_load, "head_size": args.head_dim,
+             "window": args.sliding_window, "full_every": args.full_attention_every,
+             "sinks": True if args.attention_sinks else None}
     if args.model not in PRESETS:
         prefix = {"sequence_parallel": "no-", "tie_embeddings": "un"}
-        given = [f"--{prefix.get(k, '')}{k.replace('_', '-')}"
+        named = {"head_size": "head-dim", "window": "sliding-window",
+                 "full_every": "full-attention-every", "sinks": "attention-sinks"}
+        given = [f"--{named.get(k) or prefix.get(k, '') + k.replace('_', '-')}"
                  for k, v in flags.items() if v is not None]
         if given:
             raise DlperfError(f"{', '.join(given)}: only for gpt and its presets "
@@ -451,8 +470,10 @@ def _gpt_config(args):
     try:
         return gpt_config(args.model, **flags)
     except ValueError as exc:
-        flag = (f"--tp {args.tp}: " if "tensor parallel" in str(exc)
+        flag = ("--sliding-window/--attention-sinks: " if "one fused kernel" in str(exc)
+                else f"--tp {args.tp}: " if "tensor parallel" in str(exc)
                 else f"--cp {args.cp}: " if "context parallel" in str(exc)
+                else "--full-attention-every: " if "full_every" in str(exc)
                 else "--dropout: " if "dropout" in str(exc)
                 else (f"--ep {args.ep}: " if args.ep else "--expert-load: ")
                 if "need a mixture of experts" in str(exc)

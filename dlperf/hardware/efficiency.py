@@ -374,7 +374,8 @@ _CLASS_OF_OP = {
         "gelu", "gelu_backward", "silu", "silu_backward", "sigmoid", "sigmoid_backward",
         "tanh", "tanh_backward", "exp", "erf", "log", "softplus", "softplus_backward",
         "mish", "mish_backward", "elu", "elu_backward", "log_sigmoid_forward",
-        "log_sigmoid_backward", "te_swiglu", "te_swiglu_backward")},
+        "log_sigmoid_backward", "te_swiglu", "te_swiglu_backward", "te_clamped_geglu",
+        "te_clamped_geglu_backward")},
     **{op: "window" for op in (
         "max_pool2d_with_indices", "avg_pool2d", "max_pool3d_with_indices", "avg_pool3d")},
     **{op: "window-backward" for op in (

@@ -20,6 +20,11 @@ one for meta tensors, and a backward that is itself one op.
   fused_bias_swiglu.py, on by default: ``--no-bias-swiglu-fusion`` turns it off): silu(gate)
   x up in one pass, keeping only its input (the first MLP GEMM's output, gate and up); the
   product is the second GEMM's input, kept there.
+* ``te_clamped_geglu``: gpt-oss's gated activation as Megatron-Core fuses it
+  (megatron/core/fusions/fused_bias_geglu.py, quick-GeGLU with ``activation_func_clamp_value``
+  and ``glu_linear_offset``, under ``bias_activation_fusion``): gate clamped to at most 7, up
+  to [-7, 7], gate x sigmoid(1.702 gate) x (up + 1) in one pass, keeping only its input, as
+  ``te_swiglu`` does.
 * ``te_rope``: TransformerEngine's fused rotary embedding (``fused_apply_rotary_pos_emb``;
   Megatron-Core's ``--no-rope-fusion`` turns it off): one pass in the input's dtype, keeping
   only the angle tables (a buffer, not an activation). Pairs are (x[2i], x[2i+1]) as in
@@ -46,6 +51,10 @@ def _wide(x: Tensor) -> Tensor:
 # each as one memory-bound kernel
 OPS = ("te_rms_norm", "te_rms_norm_backward", "te_swiglu", "te_swiglu_backward", "te_rope",
        "te_rope_backward")
+# ... and gpt-oss's gated activation (GPTConfig.glu "clamped-quick-gelu")
+GLU_OPS = ("te_clamped_geglu", "te_clamped_geglu_backward")
+# gpt-oss's: the clamp on gate and up, and quick GELU's sigmoid slope
+GLU_LIMIT, QUICK_GELU_SLOPE = 7.0, 1.702
 
 
 @torch.library.custom_op(f"{NAMESPACE}::te_rms_norm", mutates_args=())
@@ -132,6 +141,50 @@ def _swiglu_grad(ctx, grad):
 _swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
 
 
+def clamped_quick_geglu(gate: Tensor, up: Tensor) -> Tensor:
+    """gpt-oss's gated activation, op by op (the unfused form; ``te_clamped_geglu`` is one
+    kernel): gate clamped to at most 7, up to [-7, 7], gate x sigmoid(1.702 gate) x (up + 1)."""
+    gate = gate.clamp(max=GLU_LIMIT)
+    up = up.clamp(-GLU_LIMIT, GLU_LIMIT)
+    return gate * torch.sigmoid(QUICK_GELU_SLOPE * gate) * (up + 1)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_clamped_geglu", mutates_args=())
+def _clamped_geglu(gate: Tensor, up: Tensor) -> Tensor:
+    return clamped_quick_geglu(_wide(gate), _wide(up)).to(torch.result_type(gate, up))
+
+
+@_clamped_geglu.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape, dtype=torch.result_type(gate, up))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_clamped_geglu_backward", mutates_args=())
+def _clamped_geglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    # (the clamps pass the gradient where the input is inside their bounds, ends included)
+    gf, uf, g = _wide(gate), _wide(up), _wide(grad)
+    c = gf.clamp(max=GLU_LIMIT)
+    s = torch.sigmoid(QUICK_GELU_SLOPE * c)
+    act = c * s
+    dact = (s + QUICK_GELU_SLOPE * act * (1 - s)) * (gf <= GLU_LIMIT)
+    u = uf.clamp(-GLU_LIMIT, GLU_LIMIT)
+    dup = g * act * (uf.abs() <= GLU_LIMIT)
+    return (g * (u + 1) * dact).to(gate.dtype), dup.to(up.dtype)
+
+
+@_clamped_geglu_backward.register_fake
+def _(grad, gate, up):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _clamped_geglu_grad(ctx, grad):
+    gate, up = ctx.saved_tensors
+    return _clamped_geglu_backward(grad, gate, up)
+
+
+_clamped_geglu.register_autograd(_clamped_geglu_grad, setup_context=_swiglu_setup)
+
+
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, sign: float = 1.0) -> Tensor:
     """x [B, T, H, D] with each pair (x[2i], x[2i+1]) turned by position t's angle (``sign``
     -1: back), in FP32 (or wider), in x's dtype: the rotary embedding's arithmetic, which
@@ -192,8 +245,24 @@ class FusedSwiGLU(nn.Module):
     """silu(gate) x up as one kernel (``te_swiglu`` above). A module, so the capture names its
     kernels after it (its output marks the autograd nodes it owns)."""
 
+    gated = True  # called with (gate, up)
+
     def forward(self, gate: Tensor, up: Tensor) -> Tensor:
         return _swiglu(gate, up)
+
+
+class ClampedQuickGeGLU(nn.Module):
+    """gpt-oss's gated activation on (gate, up): one kernel (``te_clamped_geglu``) when
+    ``fused``, else op by op (``clamped_quick_geglu``)."""
+
+    gated = True
+
+    def __init__(self, fused: bool):
+        super().__init__()
+        self.fused = fused
+
+    def forward(self, gate: Tensor, up: Tensor) -> Tensor:
+        return _clamped_geglu(gate, up) if self.fused else clamped_quick_geglu(gate, up)
 
 
 def fused_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -90,13 +90,16 @@ from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
 from dlperf.models.float8 import Float8Cast, Float8GradCast, Float8Linear, scatter_float8
 from dlperf.models.fp8 import RECIPES as FP8_RECIPES
 from dlperf.models.fp8 import Fp8Linear, call, shared_cast
-from dlperf.models.fused import FusedRMSNorm, FusedSwiGLU, fused_rope
+from dlperf.models.banded import banded_attention
+from dlperf.models.fused import ClampedQuickGeGLU, FusedRMSNorm, FusedSwiGLU, fused_rope
 
 
 # How context parallelism moves K and V (GPTConfig.cp_comm): "p2p", TransformerEngine's ring
 # (Megatron-Core's default --cp-comm-type); "allgather", every rank's gathered before the
 # attention (Llama 3's; Megatron-Core's all_gather)
 CP_COMMS = ("p2p", "allgather")
+# The gated MLP's activations (GPTConfig.glu)
+GLUS = ("silu", "clamped-quick-gelu")
 # The unfused rotary embeddings of the stacks Llama is trained with: one rotation, three sets
 # of kernels, and their traffic differs by 2x (``apply_rope``).
 ROPE_FORMS = ("complex", "matrix", "half")
@@ -163,17 +166,36 @@ class GPTConfig:
     # the busiest expert-parallel rank's tokens over the balanced share (>= 1; 1: a perfectly
     # balanced router): the step waits for that rank's experts and its all-to-alls
     expert_load: float = 1.0
+    # each head's size where it is not d_model / heads (Qwen3's and gpt-oss's projections
+    # widen or narrow the residual stream: gpt-oss-120b has 64 heads of 64 on 2,880)
+    head_size: int | None = None
+    # sliding-window attention (gpt-oss): each query attends to itself and the window - 1
+    # tokens before it (0: all of them), in every block but each ``full_every``-th, counted
+    # from 1, which attends to all (0: no block does); Megatron-Core's window_size (w - 1, 0)
+    # and window_attn_skip_freq. Runs as one fused kernel (models/banded.py).
+    window: int = 0
+    full_every: int = 0
+    # a learned logit per head in every softmax's denominator (gpt-oss's attention sinks,
+    # Megatron-Core's softmax_type "learnable"): one fused kernel too (models/banded.py)
+    sinks: bool = False
+    # the gated MLP's activation (mlp "swiglu", and the experts'): "silu" (SwiGLU,
+    # silu(gate) x up) or "clamped-quick-gelu" (gpt-oss's: gate clamped to at most 7, up to
+    # [-7, 7], gate x sigmoid(1.702 gate) x (up + 1); Megatron-Core's quick_gelu with
+    # activation_func_clamp_value 7 and glu_linear_offset 1, fused with its bias)
+    glu: str = "silu"
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GPT {name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.heads:
+        if self.head_size is not None and self.head_size <= 0:
+            raise ValueError(f"GPT head size must be positive, got {self.head_size}")
+        if self.head_size is None and self.d_model % self.heads:
             raise ValueError(f"GPT d_model ({self.d_model}) must be divisible by heads "
                              f"({self.heads})")
         for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
                               ("positions", ("learned", "rope")), ("rope", ROPE_FORMS),
-                              ("attention", ("sdpa", "math")),
+                              ("attention", ("sdpa", "math")), ("glu", GLUS),
                               ("tp_impl", ("torch", "torch-async", "megatron", "te")),
                               ("cp_comm", CP_COMMS)):
             if getattr(self, name) not in allowed:
@@ -183,7 +205,7 @@ class GPTConfig:
             raise ValueError("GPT mlp 'swiglu' needs a positive ffn_hidden")
         if self.kv_heads is not None and (self.kv_heads <= 0 or self.heads % self.kv_heads):
             raise ValueError(f"GPT kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
-        if self.positions == "rope" and (self.d_model // self.heads) % 2:
+        if self.positions == "rope" and self.head_dim % 2:
             raise ValueError("GPT rotary positions need an even head size")
         if self.tp < 1:
             raise ValueError(f"tensor-parallel ranks must be at least 1, got {self.tp}")
@@ -213,6 +235,20 @@ class GPTConfig:
             raise ValueError(f"context parallel over {self.cp} GPUs cuts each sequence into "
                              f"{2 * self.cp} equal chunks (two a rank): give a sequence length "
                              f"that {2 * self.cp} divides, not {self.seq_len}")
+        if self.window < 0 or self.full_every < 0:
+            raise ValueError(f"attention window and full_every must be 0 (none) or positive, "
+                             f"got {self.window} and {self.full_every}")
+        if self.glu != "silu" and self.mlp != "swiglu":
+            raise ValueError(f"glu {self.glu!r} is a gated MLP's activation: it needs mlp "
+                             "'swiglu'")
+        if self.full_every and not self.window:
+            raise ValueError("full_every (--full-attention-every) picks the blocks a sliding "
+                             "window skips: it needs a window")
+        if (self.window or self.sinks) and (self.attention != "sdpa" or self.cp > 1
+                                            or self.dropout):
+            raise ValueError("a sliding window and attention sinks are modelled as one fused "
+                             "kernel on one rank's whole sequences, without dropout: use "
+                             "attention 'sdpa' without context parallelism or dropout")
         if self.cp > 1 and self.attention != "sdpa":
             raise ValueError("context parallelism splits the fused attention kernel over the "
                              "ranks' chunks: use attention 'sdpa'")
@@ -288,7 +324,15 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.heads
+        return self.head_size or self.d_model // self.heads
+
+    def block_window(self, index: int) -> int:
+        """The sliding window of block ``index`` (from 0), 0 where it attends to all: every
+        ``full_every``-th block counted from 1 does (Megatron-Core's
+        ``is_layer_window_attention``: gpt-oss's blocks 0, 2, 4, ... are windowed)."""
+        if self.full_every and (index + 1) % self.full_every == 0:
+            return 0
+        return self.window
 
     @property
     def local_experts(self) -> int:
@@ -420,11 +464,15 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, tables: tuple, form: str
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig, training: bool,
-           mask: torch.Tensor | None = None) -> torch.Tensor:
+           mask: torch.Tensor | None = None, window: int = 0,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q, k, v [B, H, T, D]: one fused kernel (``sdpa``), or ``math``'s
     kernels (module docstring) with ``mask`` [T, T] True above the diagonal (GPT.causal). k
     and v may have fewer heads than q (a divisor) for ``sdpa`` only: the kernel reads each
-    K/V head for its group of query heads."""
+    K/V head for its group of query heads. A sliding ``window`` or ``sinks`` (gpt-oss's):
+    models/banded.py's one kernel (GPTConfig refuses them with ``math``)."""
+    if window or sinks is not None:
+        return banded_attention(q, k, v, window, sinks)
     p = cfg.dropout if training else 0.0
     if cfg.attention == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
@@ -543,12 +591,17 @@ def cp_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig,
     return torch.cat(halves, 2)
 
 
+def _sinks(cfg: GPTConfig) -> nn.Parameter | None:
+    """A rank's heads' attention sinks (``GPTConfig.sinks``), None without."""
+    return nn.Parameter(torch.zeros(cfg.local_heads)) if cfg.sinks else None
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, window: int = 0):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.window, self.sinks = cfg, window, _sinks(cfg)
         self.heads, self.head_dim = cfg.local_heads, cfg.head_dim  # this rank's heads
-        width = self.heads * self.head_dim  # d_model / tp
+        width = self.heads * self.head_dim  # (d_model / tp, unless cfg.head_size)
         self.qkv = _column(cfg, cfg.d_model, 3 * width, cfg.bias)
         self.proj = _row(cfg, width, cfg.d_model, cfg.bias)
 
@@ -561,7 +614,7 @@ class Attention(nn.Module):
         # [B, T, 3 H D] -> 3 x [B, H, T, D]
         q, k, v = qkv.view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = (cp_attend(q, k, v, self.cfg, self.training) if self.cfg.cp > 1
-             else attend(q, k, v, self.cfg, self.training, mask))
+             else attend(q, k, v, self.cfg, self.training, mask, self.window, self.sinks))
         return call_row(self.proj, y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim),
                         grad_cast)
 
@@ -571,9 +624,9 @@ class GQAttention(nn.Module):
     on q and k, k and v repeated to the query heads (a copy, as ``repeat_kv``; not under
     ``fused_kernels`` with SDPA, whose kernel reads them per group), causal SDPA."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, window: int = 0):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.window, self.sinks = cfg, window, _sinks(cfg)
         # this rank's query and K/V heads
         self.heads, self.kv_heads = cfg.local_heads, (cfg.kv_heads or cfg.heads) // cfg.tp
         self.head_dim = cfg.head_dim
@@ -602,11 +655,14 @@ class GQAttention(nn.Module):
                           self.training)
             return call_row(self.wo, y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim),
                             grad_cast)
-        if groups > 1 and not (self.cfg.fused_kernels and self.cfg.attention == "sdpa"):
+        # (no copy where the kernel reads each K/V head per group: TE's, and models/banded.py's)
+        banded = self.window or self.sinks is not None
+        if groups > 1 and not (self.cfg.fused_kernels and self.cfg.attention == "sdpa"
+                               or banded):
             k, v = (z[:, :, :, None].expand(b, t, self.kv_heads, groups, self.head_dim)
                     .reshape(b, t, self.heads, self.head_dim) for z in (k, v))
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cfg,
-                   self.training, mask)
+                   self.training, mask, self.window, self.sinks)
         return call_row(self.wo, y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim),
                         grad_cast)
 
@@ -771,18 +827,21 @@ class MoE(nn.Module):
         self.swiglu = cfg.mlp == "swiglu"
         self.cfg = cfg
         d, hidden = cfg.d_model, cfg.expert_ffn
-        self.router = nn.Linear(d, cfg.experts, bias=False)  # whole on every rank
-        # [experts, in, out]: the grouped GEMM's weights (Megatron's TEGroupedMLP)
+        self.router = nn.Linear(d, cfg.experts, bias=cfg.bias)  # whole on every rank
+        # [experts, in, out]: the grouped GEMM's weights (Megatron's TEGroupedMLP), and with
+        # ``bias`` each expert's biases [experts, 1, out] (gpt-oss's)
         self.w1 = nn.Parameter(torch.empty(self.local, d, hidden))
         self.w3 = nn.Parameter(torch.empty(self.local, d, hidden)) if self.swiglu else None
         self.w2 = nn.Parameter(torch.empty(self.local, hidden, d))
         for w in (self.w1, self.w3, self.w2):
             if w is not None:
                 nn.init.normal_(w, std=0.02)
-        # (Megatron-Core's experts on TransformerEngine fuse SwiGLU as its dense MLP does:
-        # --bias-swiglu-fusion, its default)
-        self.act = ((FusedSwiGLU() if cfg.fused_kernels else nn.SiLU()) if self.swiglu
-                    else nn.GELU(approximate="tanh"))
+        self.b1, self.b3, self.b2 = (
+            (nn.Parameter(torch.zeros(self.local, 1, n)) if cfg.bias and w is not None
+             else None) for n, w in ((hidden, self.w1), (hidden, self.w3), (d, self.w2)))
+        # (Megatron-Core's experts on TransformerEngine fuse the gated activation as its dense
+        # MLP does: --bias-swiglu-fusion, its default)
+        self.act = _activation(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
@@ -799,15 +858,30 @@ class MoE(nn.Module):
         if rows != n * k:  # the busiest rank's share (or groups rounded up): padded rows
             h = F.pad(h, (0, 0, 0, rows - n * k))
         h = h.view(self.local, rows // self.local, -1)
-        a = torch.bmm(h, self.w1)
-        if isinstance(self.act, FusedSwiGLU):
-            a = self.act(a, torch.bmm(h, self.w3))
+        a = _grouped(h, self.w1, self.b1)
+        if getattr(self.act, "gated", False):
+            a = self.act(a, _grouped(h, self.w3, self.b3))
         else:
-            a = self.act(a) * torch.bmm(h, self.w3) if self.swiglu else self.act(a)
-        out = torch.bmm(a, self.w2).reshape(rows, -1)[:n * k]
+            a = self.act(a) * _grouped(h, self.w3, self.b3) if self.swiglu else self.act(a)
+        out = _grouped(a, self.w2, self.b2).reshape(rows, -1)[:n * k]
         out = out * weights.flatten().index_select(0, order).unsqueeze(-1).to(out.dtype)
         # unpermute: each copy added into its token
         return out.new_zeros(n, out.shape[-1]).index_add(0, source, out).view(x.shape)
+
+
+def _grouped(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Each local expert's rows times its weight (one batched GEMM), plus its bias if any."""
+    return torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w)
+
+
+def _activation(cfg: GPTConfig) -> nn.Module:
+    """The MLP's (and the experts') activation: GELU, or for a gated MLP ``cfg.glu``'s, one
+    fused kernel under ``fused_kernels`` (a gated one is called on (gate, up): ``gated``)."""
+    if cfg.mlp != "swiglu":
+        return nn.GELU(approximate="tanh")
+    if cfg.glu == "clamped-quick-gelu":
+        return ClampedQuickGeGLU(cfg.fused_kernels)
+    return FusedSwiGLU() if cfg.fused_kernels else nn.SiLU()
 
 
 def expert_parameters(model: nn.Module) -> frozenset:
@@ -819,7 +893,7 @@ def expert_parameters(model: nn.Module) -> frozenset:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, index: int = 0):
         super().__init__()
         self.split = cfg.token_split  # the ranks the residual stream's tokens are split over
         self.scatter = _row_split(cfg)  # the ranks the block reduce-scatters a region over
@@ -828,8 +902,9 @@ class Block(nn.Module):
         self.gather = 1 if cfg.regather > 1 else self.split
         self.float8_gather = cfg.float8_gather  # torchao's float8 styles: ``_shard_cast``
         self.ln1 = _norm(cfg)
-        self.attn = GQAttention(cfg) if cfg.positions == "rope" or cfg.groups > 1 \
-            else Attention(cfg)
+        window = cfg.block_window(index)  # (block ``index`` of the model, from 0)
+        self.attn = (GQAttention(cfg, window) if cfg.positions == "rope" or cfg.groups > 1
+                     else Attention(cfg, window))
         self.ln2 = _norm(cfg)
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.moe = MoE(cfg) if cfg.experts else None
@@ -841,8 +916,7 @@ class Block(nn.Module):
         if self.swiglu:  # Llama's w1 (fc), w3 (gate) and w2 (out): out(silu(fc(x)) * gate(x))
             self.gate = _column(cfg, cfg.d_model, hidden, cfg.bias)
         # (the fused SwiGLU takes both GEMMs' outputs: one kernel, keeping only them)
-        self.act = ((FusedSwiGLU() if cfg.fused_kernels else nn.SiLU()) if self.swiglu
-                    else nn.GELU(approximate="tanh"))
+        self.act = _activation(cfg)
         self.out = _row(cfg, hidden, cfg.d_model, cfg.bias)
 
     def _shard_cast(self, h: torch.Tensor):
@@ -870,7 +944,7 @@ class Block(nn.Module):
         h = _gather(h, self.gather, cast)
         # FP8: Megatron's linear_fc1 (torchao: both layers' casts of h, computed once)
         cast = cast or (shared_cast(self.fc, h) if self.swiglu else None)
-        if isinstance(self.act, FusedSwiGLU):
+        if getattr(self.act, "gated", False):
             h = self.act(call(self.fc, h, cast), call(self.gate, h, cast))
         else:
             h = (self.act(call(self.fc, h, cast)) * call(self.gate, h, cast) if self.swiglu
@@ -893,7 +967,7 @@ class GPT(nn.Module):
                                                       dtype=torch.bool).triu(1),
                                  persistent=False)
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         self.ln_f = _norm(cfg)
         self.head = _column(cfg, cfg.d_model, cfg.local_vocab, False, fp8=False)
         if cfg.tie_embeddings:
@@ -992,6 +1066,22 @@ def _mixtral(layers, d_model, heads, vocab, multiplier):
                    experts=8, top_k=2)
 
 
+def _gpt_oss(layers, experts):
+    """OpenAI's gpt-oss (its model card, arXiv 2508.10925, section 2.1 and Table 1; the
+    released config.json): blocks of 2,880 with 64 query heads of 64 and 8 K/V heads, biases
+    on the attention projections, the router and the experts, a sink per head, a window of
+    128 tokens in every other block (the 1st, 3rd, ...; Megatron-Core's window_size (127, 0),
+    window_attn_skip_freq 2), rotary positions (YaRN scales the angles: the same kernels),
+    RMSNorm, untied output layer, vocabulary 201,088; ``experts`` experts of 2,880 hidden
+    units, 4 a token, with gpt-oss's clamped gated activation. 4,096 tokens, the sequence
+    Megatron-Bridge's pretraining recipes train it on."""
+    return GPTConfig(layers=layers, d_model=2880, heads=64, kv_heads=8, head_size=64,
+                     vocab=201088, seq_len=4096, bias=True, tie_embeddings=False,
+                     norm="rmsnorm", mlp="swiglu", ffn_hidden=2880, positions="rope",
+                     rope_theta=150000.0, experts=experts, top_k=4, window=128, full_every=2,
+                     sinks=True, glu="clamped-quick-gelu")
+
+
 def _gpt2(layers, d_model, heads):
     return GPTConfig(layers=layers, d_model=d_model, heads=heads, vocab=50257, seq_len=1024,
                      bias=True)
@@ -1020,6 +1110,7 @@ PRESETS = {
     "llama3-405b": _llama(126, 16384, 128, 8, 128256, 8192, 4096, 1.2, 500000.0),
     "mixtral-8x7b": _mixtral(32, 4096, 32, 32000, 1.3),
     "mixtral-8x22b": _mixtral(56, 6144, 48, 32768, None),
+    "gpt-oss-20b": _gpt_oss(24, 32), "gpt-oss-120b": _gpt_oss(36, 128),
 }
 
 

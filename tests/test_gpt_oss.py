@@ -1,0 +1,186 @@
+"""gpt-oss's decoder (models/gpt.py presets gpt-oss-20b and gpt-oss-120b): heads whose size is
+not d_model / heads, attention with a sliding window and sinks as one fused kernel
+(models/banded.py) charged by the tiles the window reaches (analysis/costs.py
+``window_fraction``), biases on the router and the experts, and gpt-oss's clamped gated
+activation (models/fused.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
+from dlperf.analysis.costs import window_fraction
+from dlperf.analysis.scaling import expert_parallel_s
+from dlperf.hardware.specs import get_device
+from dlperf.models import fused
+from dlperf.models.banded import banded_attention
+from dlperf.models.gpt import GPT, GPTConfig, expert_parameters, gpt_config
+
+
+def test_gpt_oss_presets_have_the_released_parameter_counts():
+    # gpt-oss-120b by hand (config.json: 36 layers of 2,880, 64 heads of 64, 8 K/V heads,
+    # 128 experts of 2,880, vocabulary 201,088, biases on the attention and the experts,
+    # untied output layer):
+    # embeddings and output layer 2 x 201,088 x 2,880 = 1,158,266,880
+    # a block: q 2,880 x 4,096 + 4,096 = 11,800,576; k and v 2 x (2,880 x 512 + 512) =
+    #   2,950,144; o 4,096 x 2,880 + 2,880 = 11,799,360; sinks 64 -> attention 26,550,144;
+    #   two norms 5,760; router 2,880 x 128 + 128 = 368,768; experts 128 x (2,880 x 5,760
+    #   + 5,760 + 2,880 x 2,880 + 2,880) = 128 x 24,891,840 = 3,186,155,520:
+    #   3,213,080,192 a block
+    # 36 blocks + the embeddings + the final norm's 2,880: 116,829,156,672 (the model card's
+    # "116.83B"); gpt-oss-20b: 24 blocks of 32 experts: a block 26,550,144 + 5,760 + 2,880 x
+    # 32 + 32 + 32 x 24,891,840 = 823,186,976; x 24 + 1,158,266,880 + 2,880 = 20,914,757,184
+    # (the card's "20.91B")
+    for name, want in (("gpt-oss-120b", 116_829_156_672), ("gpt-oss-20b", 20_914_757_184)):
+        with torch.device("meta"):
+            model = GPT(gpt_config(name))
+        assert sum(p.numel() for p in model.parameters()) == want
+    cfg = gpt_config("gpt-oss-120b")
+    assert cfg.head_dim == 64 and cfg.d_model // cfg.heads == 45
+    # every other block windowed, the 1st, 3rd, ... (Megatron-Core's window_attn_skip_freq 2)
+    assert [cfg.block_window(i) for i in range(4)] == [128, 0, 128, 0]
+    assert model.blocks[0].attn.window == 128 and model.blocks[1].attn.window == 0
+
+
+def test_the_window_s_tiles_by_hand():
+    # 4,096 tokens in tiles of 128: 32 query tiles; window 128: the first tile reaches only
+    # itself, each of the other 31 its own key tile and the one before: 63 of 1,024 tiles
+    assert window_fraction(4096, 4096, 128) == pytest.approx(63 / 1024)
+    # a window of one token: the diagonal tiles only, 32 of 1,024
+    assert window_fraction(4096, 4096, 1) == pytest.approx(32 / 1024)
+    # a window as long as the sequence: every tile on or below the diagonal, 32 x 33 / 2
+    assert window_fraction(4096, 4096, 4096) == pytest.approx(528 / 1024)
+    # window 256: three key tiles for each query tile from the third on: 1 + 2 + 30 x 3
+    assert window_fraction(4096, 4096, 256) == pytest.approx(93 / 1024)
+
+
+def _reference(q, k, v, window, sinks):
+    """Causal attention over a band with each head's sink as one more softmax column,
+    written out in float64 (the formula of gpt-oss's model card, section 2.1)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    t = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    band = (j <= i) & ((i - j < window) if window else True)
+    scores = scores.masked_fill(~band, float("-inf"))
+    if sinks is not None:
+        column = sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.cat((scores, column), -1).softmax(-1)[..., :-1] @ v
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("window,with_sinks", [(3, True), (3, False), (0, True)])
+def test_banded_attention_and_its_gradients_match_the_formula(window, with_sinks):
+    torch.manual_seed(0)
+    d64 = dict(dtype=torch.float64, requires_grad=True)
+    q = torch.randn(2, 4, 10, 8, **d64)
+    k, v = torch.randn(2, 2, 10, 8, **d64), torch.randn(2, 2, 10, 8, **d64)
+    sinks = torch.randn(4, **d64) if with_sinks else None
+    got = banded_attention(q, k, v, window, sinks)
+    want = _reference(q, k, v, window, sinks)
+    assert torch.allclose(got, want, atol=1e-12)
+    grad = torch.randn_like(got)
+    inputs = (q, k, v) + ((sinks,) if with_sinks else ())
+    for a, b in zip(torch.autograd.grad(got, inputs, grad),
+                    torch.autograd.grad(want, inputs, grad)):
+        assert torch.allclose(a, b, atol=1e-12)
+    # no window and no sinks: PyTorch's own causal attention
+    plain = banded_attention(q, k, v)
+    assert torch.allclose(plain, F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=True), atol=1e-12)
+
+
+def test_the_clamped_gated_activation_fused_and_op_by_op():
+    # gate clamped to at most 7, up to [-7, 7], gate sigmoid(1.702 gate) (up + 1); values on
+    # both sides of the clamps, and the fused kernel's gradients against autograd's through
+    # the op-by-op form
+    gate = torch.tensor([-9.0, -1.0, 0.5, 6.0, 8.0], dtype=torch.float64, requires_grad=True)
+    up = torch.tensor([-8.0, -0.5, 2.0, 7.5, 1.0], dtype=torch.float64, requires_grad=True)
+    plain = fused.clamped_quick_geglu(gate, up)
+    values = plain.detach()
+    g7 = torch.tensor(7.0, dtype=torch.float64)
+    assert float(values[4]) == pytest.approx(float(g7 * torch.sigmoid(1.702 * g7) * 2.0))
+    assert float(values[0]) == pytest.approx(-9.0 * float(torch.sigmoid(torch.tensor(-15.318))) * -6.0)
+    one = fused.ClampedQuickGeGLU(fused=True)(gate, up)
+    assert torch.allclose(one, plain)
+    grad = torch.randn(5, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(one, (gate, up), grad),
+                    torch.autograd.grad(plain, (gate, up), grad)):
+        assert torch.allclose(a, b)
+
+
+def _tiny(**kw) -> GPTConfig:
+    """gpt-oss's form, small: 4 blocks of 96, 4 heads of 32 (not 96 / 4), 2 K/V heads, a
+    window of 64 on 256 tokens, 8 experts of 64, top 2."""
+    return dataclasses.replace(gpt_config("gpt-oss-20b"), **{**dict(
+        layers=4, d_model=96, heads=4, kv_heads=2, head_size=32, vocab=512, seq_len=256,
+        ffn_hidden=64, experts=8, top_k=2, window=64), **kw})
+
+
+def _analysis(cfg: GPTConfig, batch: int = 2):
+    with torch.device("meta"):
+        model = GPT(cfg)
+    acfg = AnalysisConfig(model="gpt-oss-20b", input_shape=(batch, cfg.seq_len), dtype="bf16",
+                          train=True, device="h100-sxm", tokens=True, optimizer="adamw")
+    costs, uncounted, seconds, memory = capture_costs(model, acfg, torch.long)
+    return model, costs, uncounted, predict_on(costs, uncounted, acfg, get_device("h100-sxm"),
+                                               seconds, memory=memory)
+
+
+def test_a_windowed_block_s_attention_costs_its_tiles():
+    model, costs, uncounted, _ = _analysis(_tiny(tp_impl="te"))
+    assert not uncounted
+    attention = {c.module: c for c in costs if c.op == "attention"}
+    # forward FLOPs 4 B H T^2 D x the share computed: B 2, H 4, T 256, D 32 (the head size,
+    # not 96 / 4): 4 x 2 x 4 x 65,536 x 32 = 67,108,864 on the whole square; a full block
+    # (with its sinks) half of it, a windowed one 2 x 2 - 1 = 3 of its 4 tiles of 128
+    full = 67_108_864
+    assert attention["blocks.1.attn"].flops == full // 2
+    assert attention["blocks.0.attn"].flops == full * 3 // 4
+    # one fused kernel a pass: no B x H x T x T scores kept or charged
+    assert not any(c.op in ("bmm", "_softmax") and ".attn" in c.module for c in costs)
+    backward = [c for c in costs if c.op == "attention_backward"]
+    assert len(backward) == 4 and backward[0].flops == pytest.approx(
+        attention[backward[0].module].flops * 5 / 2)
+    # the gated activation one kernel a pass under TransformerEngine's kernels, and op by
+    # op under PyTorch's
+    assert sum(c.op == "te_clamped_geglu" for c in costs) == 4
+    _, plain, _, _ = _analysis(_tiny())
+    assert not any(c.op.startswith("te_clamped") for c in plain)
+    assert sum(c.op == "sigmoid" for c in plain) == 4
+
+
+def test_gpt_oss_experts_have_biases_and_their_all_to_alls_are_counted():
+    cfg = _tiny(ep=2)
+    model, costs, _, analysis = _analysis(cfg)
+    names = expert_parameters(model)
+    assert names == {f"blocks.{i}.moe.{w}" for i in range(4)
+                     for w in ("w1", "w3", "w2", "b1", "b3", "b2")}
+    assert model.blocks[0].moe.router.bias is not None
+    # the experts' GEMMs carry their biases (baddbmm): still four MoE layers, each with its
+    # dispatch and combine forward and backward
+    assert {c.op for c in costs if c.module.endswith(".moe") and "bmm" in c.op} == {
+        "baddbmm", "bmm"}
+    d = expert_parallel_s(analysis.predictions, 2, 1000.0, lambda nbytes: 1e-6)
+    assert (d["moe_layers"], d["alltoalls_per_micro_batch"]) == (4, 16)
+
+
+def test_what_the_window_sinks_and_gated_activation_refuse():
+    for kw, words in ((dict(attention="math"), "one fused kernel"),
+                      (dict(cp=2), "one fused kernel"),
+                      (dict(dropout=0.1), "one fused kernel"),
+                      (dict(window=0), "it needs a window"),
+                      (dict(window=-1), "0 \\(none\\) or positive"),
+                      (dict(head_size=0), "head size must be positive")):
+        with pytest.raises(ValueError, match=words):
+            _tiny(**kw)
+    with pytest.raises(ValueError, match="needs mlp 'swiglu'"):
+        GPTConfig(glu="clamped-quick-gelu")
+    with pytest.raises(ValueError, match="glu must be one of"):
+        GPTConfig(mlp="swiglu", ffn_hidden=64, glu="relu")
