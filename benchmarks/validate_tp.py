@@ -1494,6 +1494,95 @@ def megatron_moe(out: Path) -> None:
                 {"rows": rows})
 
 
+# Megatron-Bridge's published gpt-oss-120b pretraining rates (NVIDIA-NeMo/Megatron-Bridge
+# docs/performance-summary-archive.md, the only BF16 mixture of experts it runs on H100s and
+# B200s; "we force-balance the token distribution among experts and all benchmarks are
+# token-dropless"): (label, device, GPUs, pipeline stages, expert-parallel size, micro-batch,
+# global batch, container, tokens/s a GPU, model TFLOP/s a GPU). The mappings are the
+# release's own configs (scripts/performance/configs/gpt_oss/: v0.3.0 for the 26.02 container,
+# whose table they match column for column; v0.2.0 for 25.11, whose table's MBS, GA and EP
+# columns contradict its code: the H100 row says MBS 4 GA 2 where the code runs MBS 1 over
+# PP 4 (GA 32), the B200 row EP 8 where the code runs EP 64), all with TP 1, no virtual
+# stages, --recompute-modules layernorm moe_act, the distributed optimizer, TE's fused
+# cross-entropy, 4,096 tokens; DGX H100 and DGX B200: eight GPUs on NVLink, one 400 Gb/s NDR
+# NIC each (BRIDGE_INTERCONNECT). Its gradients are reduced in BF16 (grad_reduce_in_fp32
+# off); dlperf's DDP reduces FP32 ones under --precision fsdp, as for the Llama rows of
+# ``megatron_bridge_fp8``: twice the gradient bytes, overlapped with the backward.
+GPT_OSS_ROWS = (
+    ("26.02: 64 H100s, PP 4 EP 8, GBS 1,280", "h100-sxm", 64, 4, 8, 1, 1280, "26.02", 5993, 163),
+    ("26.02: 64 B200s, EP 64, GBS 1,280", "b200", 64, 1, 64, 4, 1280, "26.02", 8047, 219),
+    ("25.11: 64 H100s, PP 4 EP 8, GBS 512", "h100-sxm", 64, 4, 8, 1, 512, "25.11", 5630, 153),
+    ("25.11: 64 B200s, EP 64, GBS 512", "b200", 64, 1, 64, 4, 512, "25.11", 8213, 223),
+)
+GPT_OSS_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-moe.json"
+
+
+def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: int,
+                 attention: float | None) -> list[str]:
+    """`dlperf analyze` for one of Megatron-Bridge's gpt-oss-120b rows (``GPT_OSS_ROWS``), as
+    its perf recipe runs it: BF16 with FP32 master weights and optimizer state, gradients in
+    Megatron-Core's buckets (FP32 here: ``GPT_OSS_ROWS``), the distributed optimizer, TE's
+    fused kernels and cross-entropy, the norms and the experts' activation recomputed,
+    ``attention`` the fused attention's share (None: the preset's)."""
+    replicas = gpus // pp
+    return (["analyze", "gpt-oss-120b", "--device", device, "--train", "--dtype", "bf16",
+             "--precision", "fsdp", "--optimizer", "adamw", "--tp-impl", "te", "--loss",
+             "fused", "--batch-size", str(micro), "--grad-accum",
+             str(batch // replicas // micro), "--gpus", str(gpus), "--ep", str(ep),
+             "--interconnect", BRIDGE_INTERCONNECT[device], "--distributed-optimizer",
+             "--bucket-cap-mb", f"{megatron_bucket_mib(replicas):.1f}",
+             "--activation-checkpointing",
+             "modules", "--recompute-modules", "layernorm,moe_act", "--top", "1"]
+            + (["--pp", str(pp)] if pp > 1 else [])
+            + (["--efficiency", f"attention={attention}"] if attention is not None else []))
+
+
+def megatron_bridge_moe(out: Path) -> None:
+    """Each gpt-oss-120b row's tokens/s a GPU, predicted over measured: on H100s at the three
+    attention shares of ``megatron_bridge_fp8`` (the headline Megatron-Core's), on B200s at
+    the preset's; with the all-to-alls, the pipeline's bubble and the step's parts."""
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, device, gpus, pp, ep, micro, batch, container, rate, tflops in tqdm(
+                GPT_OSS_ROWS, desc="megatron-bridge gpt-oss", unit="row"):
+            shares = BRIDGE_ATTENTION if device == "h100-sxm" else BRIDGE_ATTENTION_B200
+            row = {"row": label, "device": device, "gpus": gpus, "pp": pp, "ep": ep,
+                   "micro_batch": micro, "global_batch": batch, "container": container,
+                   "measured_tokens_per_s_per_gpu": rate, "measured_model_tflops": tflops}
+            for name, share in shares.items():
+                here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, share), tmp)
+                tokens = here["per_gpu_samples_per_s"] * 4096
+                comm = here["communication"]
+                row[name] = {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
+                             "step_s": here["step_s"], "limited_by": here["limited_by"],
+                             "alltoall_exposed_s": comm["expert_parallel"]["exposed_s"],
+                             "alltoall_each_s": comm["expert_parallel"]["alltoall_s"],
+                             "bubble_s": (comm.get("pipeline") or {}).get("bubble_s", 0.0),
+                             "exposed_comm_s": here["exposed_comm_s"],
+                             "straggler_s": here["straggler_s"],
+                             "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30}
+            rows.append(row)
+            head = row["mcore"]
+            print(f"{label:40s} measured {rate:,} tokens/s a GPU; predicted "
+                  f"{head['predicted_tokens_per_s_per_gpu']:,.0f} ({head['ratio']:.2f}x"
+                  + (f"; {row['preset']['ratio']:.2f}-{row['cudnn']['ratio']:.2f}x over the "
+                     "attention shares" if "cudnn" in row else "") + f"); all-to-alls "
+                  f"{head['alltoall_exposed_s']:.2f} s of a {head['step_s']:.2f} s step")
+    save_result(out, "validate-tp-megatron-bridge-moe",
+                {"source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md "
+                           "(26.02 and 25.11 NeMo containers), configs from "
+                           "scripts/performance/configs/gpt_oss/ at v0.3.0 and v0.2.0",
+                 "rows": [list(r) for r in GPT_OSS_ROWS], "attention": BRIDGE_ATTENTION,
+                 "args_h100": gpt_oss_args(*GPT_OSS_ROWS[0][1:7], BRIDGE_ATTENTION["mcore"]),
+                 "args_b200": gpt_oss_args(*GPT_OSS_ROWS[1][1:7], None)},
+                {"rows": rows})
+    print(f"Wrote {out}")
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
            "megatron-2022": (megatron2022, MEGATRON22_OUT),
            "narayanan-2021": (narayanan2021, NARAYANAN_OUT),
@@ -1502,7 +1591,8 @@ SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_
            "megatron-bridge-fp8": (megatron_bridge_fp8, BRIDGE_OUT),
            "torchtitan-async-tp": (torchtitan_async_tp, ASYNC_TP_OUT),
            "megatron-deepspeed": (megatron_deepspeed, MEGATRON_DEEPSPEED_OUT),
-           "megatron-moe": (megatron_moe, MOE_OUT)}
+           "megatron-moe": (megatron_moe, MOE_OUT),
+           "megatron-bridge-moe": (megatron_bridge_moe, GPT_OSS_OUT)}
 
 
 def main(argv: list[str]) -> int:

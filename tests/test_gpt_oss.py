@@ -184,3 +184,90 @@ def test_what_the_window_sinks_and_gated_activation_refuse():
         GPTConfig(glu="clamped-quick-gelu")
     with pytest.raises(ValueError, match="glu must be one of"):
         GPTConfig(mlp="swiglu", ffn_hidden=64, glu="relu")
+
+
+def test_megatron_s_recompute_modules_replay_the_norms_and_the_experts_activation():
+    cfg = _tiny(tp_impl="te")
+    with torch.device("meta"):
+        model = GPT(cfg)
+
+    def run(policy):
+        acfg = AnalysisConfig(model="gpt-oss-20b", input_shape=(2, 256), dtype="bf16",
+                              train=True, device="h100-sxm", tokens=True, optimizer="adamw",
+                              precision="fsdp", activation_checkpointing=policy is not None,
+                              checkpoint_policy=policy or "full")
+        return capture_costs(model, acfg, torch.long)
+
+    eager, _, _, eager_memory = run(None)
+    costs, _, _, memory = run("modules:layernorm,moe_act")
+    replayed = [c for c in costs if c.phase == "recompute"]
+    # each of the 4 blocks runs its two norms and its experts' activation again, nothing else
+    assert sorted(c.op for c in replayed) == ["te_clamped_geglu"] * 4 + ["te_rms_norm"] * 8
+    # and keeps less (the model in BF16, as Megatron runs it): the norms' outputs (2 x 512
+    # tokens x 96 x 2 B = 196,608 B a block) and their FP32 1/rms (2 x 512 x 4 B = 4,096 B),
+    # the activation's output (512 x 2 copies x 64 x 2 B = 131,072 B); one block's of them
+    # back during its backward: 3 blocks' worth, 995,328 B
+    saved = eager_memory["activations_bytes"] - memory["activations_bytes"]
+    assert saved == 3 * (2 * 512 * 96 * 2 + 2 * 512 * 4 + 512 * 2 * 64 * 2) == 995_328
+    # "core_attn" replays the attention module's own kernels, as selective-attention does
+    costs, *_ = run("modules:core_attn")
+    assert {c.op for c in costs if c.phase == "recompute"} == {
+        c.op for c in run("selective-attention")[0] if c.phase == "recompute"}
+    assert not [c for c in eager if c.phase == "recompute"]
+
+
+def test_recompute_modules_on_the_command_line(capsys):
+    from dlperf.cli import main as cli
+
+    base = ["analyze", "gpt-oss-20b", "--layers", "2", "--seq-len", "256", "--train",
+            "--batch-size", "1", "--tp-impl", "te", "--precision", "fsdp"]
+    assert cli(base + ["--recompute-modules", "layernorm"]) == 2
+    assert "add --activation-checkpointing modules" in capsys.readouterr().err
+    assert cli(base + ["--activation-checkpointing", "modules", "--recompute-modules",
+                       "mlp"]) == 2
+    err = capsys.readouterr().err
+    assert "--recompute-modules mlp: name some of layernorm, moe_act, core_attn" in err
+    assert "Traceback" not in err
+
+
+def test_the_gpt_oss_rows_run_as_their_perf_recipes_say():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_tp.py"
+    spec = importlib.util.spec_from_file_location("validate_tp", path)
+    tp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp)
+    h100, b200 = tp.GPT_OSS_ROWS[0], tp.GPT_OSS_ROWS[1]
+    args = tp.gpt_oss_args(*h100[1:7], 0.304)
+    # 1,280 sequences over 64 / 4 = 16 replicas in micro-batches of 1: 80 a step; buckets of
+    # max(40M, 16 x 1M) fp32 parameters = 152.6 MiB
+    for flag, value in (("--grad-accum", "80"), ("--pp", "4"), ("--ep", "8"),
+                        ("--bucket-cap-mb", "152.6"), ("--recompute-modules",
+                                                       "layernorm,moe_act"),
+                        ("--interconnect", "nvlink4-h100,ib-ndr"), ("--loss", "fused")):
+        assert args[args.index(flag) + 1] == value
+    # B200s: 64 replicas of micro-batches of 4: 1,280 / 64 / 4 = 5; buckets of 64M: 244.1 MiB
+    args = tp.gpt_oss_args(*b200[1:7], None)
+    for flag, value in (("--grad-accum", "5"), ("--ep", "64"), ("--batch-size", "4"),
+                        ("--bucket-cap-mb", "244.1"), ("--device", "b200")):
+        assert args[args.index(flag) + 1] == value
+    assert "--pp" not in args and "--efficiency" not in args
+
+
+def test_the_expert_parallel_record_reads_the_gpt_oss_rows():
+    from dlperf.hardware.track_record import build_expert_parallel, describe_expert_parallel
+
+    mixtral = {"rows": [{"virtual": v, "attention": 0.304, "ratio": r}
+                        for v, r in ((1, 0.80), (8, 0.92))]}
+    bridge = {"rows": [{"device": d, "mcore": {"ratio": r}}
+                       for d, r in (("h100-sxm", 1.31), ("b200", 1.24), ("h100-sxm", 1.30),
+                                    ("b200", 1.21))]}
+    entry = build_expert_parallel(mixtral, bridge)
+    g = entry["gpt_oss"]
+    assert (g["runs"], g["ratio_low"], g["ratio_high"]) == (4, 1.21, 1.31)
+    assert g["by_device"]["b200"] == {"low": 1.21, "high": 1.24}
+    text = describe_expert_parallel({"expert_parallel": entry})
+    assert text.startswith("Expert parallelism is checked against 5 published rates.")
+    assert "predicted 1.21-1.31x their tokens/s, too fast" in text
+    assert "up to 1.3x optimistic" in text

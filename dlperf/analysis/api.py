@@ -36,6 +36,20 @@ PRECISIONS = ("mixed", "half", "fsdp")
 HALF_MODEL = ("half", "fsdp")
 # what a checkpointed block recomputes (AnalysisConfig.checkpoint_policy, kept_by_policy)
 CHECKPOINT_POLICIES = ("full", "selective-op", "selective-attention")
+# Megatron-Core's --recompute-modules (with --recompute-granularity selective), as the policy
+# "modules:NAME,NAME" (``recompute_modules``, ``kept_by_policy``): each block's norms
+# ("layernorm"), its experts' activation ("moe_act"), its attention core ("core_attn", as
+# "selective-attention") run again in the backward instead of being kept
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "core_attn")
+# the modules a block's "layernorm" names (models/gpt.py's norms, TransformerEngine's fused one)
+NORM_MODULE_TYPES = frozenset({"RMSNorm", "FusedRMSNorm", "LayerNorm"})
+
+
+def recompute_modules(policy: str) -> frozenset[str]:
+    """The Megatron modules a "modules:..." checkpoint policy recomputes (empty otherwise)."""
+    if not policy.startswith("modules:"):
+        return frozenset()
+    return frozenset(n for n in policy.split(":", 1)[1].split(",") if n)
 
 
 @dataclass(frozen=True)
@@ -316,9 +330,14 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                           "FP32 parameters; use it with --optimizer adamw and a model kept in "
                           f"FP32 (not --optimizer {config.optimizer} --precision "
                           f"{config.precision})")
-    if config.checkpoint_policy not in CHECKPOINT_POLICIES:
+    modules = recompute_modules(config.checkpoint_policy)
+    if modules and not modules <= set(RECOMPUTE_MODULES):
+        raise DlperfError(f"--recompute-modules {','.join(sorted(modules))}: name some of "
+                          f"{', '.join(RECOMPUTE_MODULES)} (Megatron-Core's --recompute-modules)")
+    if config.checkpoint_policy not in CHECKPOINT_POLICIES and not modules:
         raise DlperfError(f"--activation-checkpointing {config.checkpoint_policy!r}: choose "
-                          f"{' or '.join(CHECKPOINT_POLICIES)}")
+                          f"{' or '.join(CHECKPOINT_POLICIES)}, or modules with "
+                          "--recompute-modules")
     if config.checkpoint_every < 1:
         raise DlperfError(f"--checkpoint-every {config.checkpoint_every}: the n of every n-th "
                           "block checkpointed, at least 1")
@@ -423,6 +442,9 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                                record_ops)
         activations = (attention_recomputed_activations(cap, costs, blocks)
                        if config.checkpoint_policy == "selective-attention" else
+                       modules_recomputed_activations(cap, costs, blocks,
+                                                      config.checkpoint_policy, record_ops)
+                       if recompute_modules(config.checkpoint_policy) else
                        checkpointed_activations(cap, blocks, cap.blocks) + kept_bytes(
                            costs, blocks, config.checkpoint_policy, record_ops,
                            {r.index: sum(t.nbytes for t in r.outputs) for r in cap.records}))
@@ -431,7 +453,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         # the most the step's tensors hold at once (liveness.py: in flight as well as at rest),
         # from the eager capture; under selective-attention (Megatron's) no checkpoint block
         checkpointed = (blocks if config.activation_checkpointing
-                        and config.checkpoint_policy != "selective-attention" else frozenset())
+                        and config.checkpoint_policy != "selective-attention"
+                        and not recompute_modules(config.checkpoint_policy) else frozenset())
         by_index = {r.index: r for r in cap.records}
         kept = (kept_keys(costs, checkpointed, config.checkpoint_policy, record_ops, by_index)
                 if checkpointed else frozenset())
@@ -508,6 +531,8 @@ def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = N
     matmuls; everything else is kept."""
     if policy == "full":
         return [False] * len(block_kernels)
+    if recompute_modules(policy):
+        return [not _recomputed_module(c, recompute_modules(policy)) for c in block_kernels]
     if policy == "selective-attention":
         return [not (_is_attention_module(c.module) and c.op not in ("mm", "addmm"))
                 for c in block_kernels]
@@ -519,6 +544,17 @@ def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = N
         kept.append(c.kind == "fused" or (policy_mm(c) and mm % 2 == 1)
                     or bool(ops) and all(op in POLICY_SAVED_OPS for op in ops))
     return kept
+
+
+def _recomputed_module(c, modules: frozenset[str]) -> bool:
+    """Is forward kernel ``c`` one of the Megatron ``modules`` a "modules:..." policy
+    recomputes: a norm's ("layernorm"), a mixture of experts' activation ("moe_act": models/
+    gpt.py's ``blocks.N.moe.act``), the attention core's ("core_attn": the kernels an
+    attention module runs itself, as "selective-attention")?"""
+    return (("layernorm" in modules and c.module_type in NORM_MODULE_TYPES)
+            or ("moe_act" in modules and c.module.endswith(".moe.act"))
+            or ("core_attn" in modules and _is_attention_module(c.module)
+                and c.op not in ("mm", "addmm")))
 
 
 def _is_attention_module(path: str) -> bool:
@@ -612,6 +648,26 @@ def attention_recomputed_activations(cap, costs: list, blocks: set[str]) -> int:
             c.module.startswith(m + ".") for m in core)]
         inputs += sum(c.output_bytes for c in projections[:-1])
     return cap.saved_bytes - sum(core.values()) + max(core.values(), default=0) + inputs
+
+
+def modules_recomputed_activations(cap, costs: list, blocks: set[str], policy: str,
+                                   record_ops: dict | None = None) -> int:
+    """What Megatron's --recompute-modules keeps (a "modules:..." policy, ``kept_by_policy``):
+    every activation but the saved outputs of the kernels it recomputes (a norm's output,
+    which the next GEMM would keep; the experts' activation, which their second GEMM would;
+    the fused attention kernel's output and log-sum-exp), with one block's of those back
+    during its backward. The attention module's other kernels (the rotary embedding, a copy
+    of K and V) run again too, but their outputs are the core's inputs, which the checkpoint
+    holds (as ``attention_recomputed_activations`` counts them)."""
+    by_index = {r.index: r for r in cap.records}
+    per_block = []
+    for group in _block_forwards(costs, blocks).values():
+        dropped = [c for c, keep in zip(group, kept_by_policy(group, policy, record_ops))
+                   if not keep and (c.kind == "fused" or not _is_attention_module(c.module))]
+        keys = {t.key for c in dropped for i in c.records if i in by_index
+                for t in by_index[i].outputs}
+        per_block.append(sum(cap.saved_sizes.get(k, 0) for k in keys))
+    return cap.saved_bytes - sum(per_block) + max(per_block, default=0)
 
 
 def checkpointed_activations(cap, blocks: set[str], all_blocks=None) -> int:

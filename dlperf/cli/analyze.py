@@ -77,15 +77,22 @@ def add_parser(sub) -> None:
                         "DEFAULT): the model run in the dtype without autocast, fp32 master "
                         "weights, optimizer state and gradient reduction [mixed]")
     a.add_argument("--activation-checkpointing", nargs="?", const="full", default=None,
-                   choices=("full", "selective-op", "selective-attention"),
-                   metavar="{full,selective-op,selective-attention}",
+                   choices=("full", "selective-op", "selective-attention", "modules"),
+                   metavar="{full,selective-op,selective-attention,modules}",
                    help="with --train: recompute each block's forward in the backward "
                         "(torch.utils.checkpoint per block, the indexed children of a module "
                         "list such as blocks.0): more math, activations kept only at block "
                         "boundaries. selective-op: torchtitan's op-level policy (attention and "
                         "every other matmul kept, the rest recomputed); selective-attention: "
                         "Megatron-LM's selective recompute (only the attention core, Q Kᵀ "
-                        "to times V, recomputed; everything else kept) [full]")
+                        "to times V, recomputed; everything else kept); modules: Megatron-Core's "
+                        "--recompute-modules, those of --recompute-modules recomputed [full]")
+    a.add_argument("--recompute-modules", default=None, metavar="LIST",
+                   help="with --activation-checkpointing modules: the modules of each block "
+                        "run again in the backward instead of kept, comma-separated: "
+                        "layernorm (its norms), moe_act (its experts' activation), core_attn "
+                        "(its attention core) (Megatron-Core's --recompute-modules) "
+                        "[core_attn]")
     a.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
                    help="with --activation-checkpointing full: checkpoint only every N-th "
                         "block (the N-th, 2N-th, ... in model order; the others keep their "
@@ -433,6 +440,19 @@ def _float8_gather_shares(args) -> dict:
     return gather_shares(shards, args.grad_accum)
 
 
+def _checkpoint_policy(args) -> str:
+    """AnalysisConfig.checkpoint_policy from --activation-checkpointing and
+    --recompute-modules ("modules:NAME,NAME" for the latter)."""
+    if args.recompute_modules is not None and args.activation_checkpointing != "modules":
+        raise DlperfError("--recompute-modules names what --activation-checkpointing modules "
+                          "recomputes: add --activation-checkpointing modules")
+    if args.activation_checkpointing == "modules":
+        names = [n.strip() for n in (args.recompute_modules or "core_attn").split(",")
+                 if n.strip()]
+        return "modules:" + ",".join(names)
+    return args.activation_checkpointing or "full"
+
+
 def _gpt_config(args):
     """The GPT preset named by ``args.model`` with the --layers ... --seq-len flags applied;
     None for other models (where those flags are an error, not silently ignored)."""
@@ -626,7 +646,7 @@ def run(args) -> int:
                          optimizer=(default_optimizer(tokens) if args.optimizer == "auto"
                                     else args.optimizer), precision=args.precision,
                          activation_checkpointing=args.activation_checkpointing is not None,
-                         checkpoint_policy=args.activation_checkpointing or "full",
+                         checkpoint_policy=_checkpoint_policy(args),
                          checkpoint_every=args.checkpoint_every or 1,
                          fusion=args.fusion, cuda_graphs=args.cuda_graphs,
                          optimizer_impl=args.optimizer_impl,
