@@ -111,9 +111,26 @@ def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-@_swiglu.register_fake
-def _(gate, up):
+def _gated_fake(gate, up):
+    """A gated activation's output on meta tensors (``te_swiglu``, ``te_clamped_geglu``)."""
     return gate.new_empty(gate.shape, dtype=torch.result_type(gate, up))
+
+
+def _gated_backward_fake(grad, gate, up):
+    """... and its backward's gradients of gate and up."""
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _gated_grad(backward):
+    """The autograd formula of a gated activation whose ``backward`` op takes (grad, gate, up)
+    and which saved (gate, up) (``_swiglu_setup``)."""
+    def grad_fn(ctx, grad):
+        gate, up = ctx.saved_tensors
+        return backward(grad, gate, up)
+    return grad_fn
+
+
+_swiglu.register_fake(_gated_fake)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::te_swiglu_backward", mutates_args=())
@@ -124,21 +141,14 @@ def _swiglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Te
     return (g * uf * s * (1 + gf * (1 - s))).to(gate.dtype), (g * silu).to(up.dtype)
 
 
-@_swiglu_backward.register_fake
-def _(grad, gate, up):
-    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+_swiglu_backward.register_fake(_gated_backward_fake)
 
 
 def _swiglu_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
-def _swiglu_grad(ctx, grad):
-    gate, up = ctx.saved_tensors
-    return _swiglu_backward(grad, gate, up)
-
-
-_swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+_swiglu.register_autograd(_gated_grad(_swiglu_backward), setup_context=_swiglu_setup)
 
 
 def clamped_quick_geglu(gate: Tensor, up: Tensor) -> Tensor:
@@ -154,9 +164,7 @@ def _clamped_geglu(gate: Tensor, up: Tensor) -> Tensor:
     return clamped_quick_geglu(_wide(gate), _wide(up)).to(torch.result_type(gate, up))
 
 
-@_clamped_geglu.register_fake
-def _(gate, up):
-    return gate.new_empty(gate.shape, dtype=torch.result_type(gate, up))
+_clamped_geglu.register_fake(_gated_fake)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::te_clamped_geglu_backward", mutates_args=())
@@ -172,17 +180,9 @@ def _clamped_geglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Ten
     return (g * (u + 1) * dact).to(gate.dtype), dup.to(up.dtype)
 
 
-@_clamped_geglu_backward.register_fake
-def _(grad, gate, up):
-    return gate.new_empty(gate.shape), up.new_empty(up.shape)
-
-
-def _clamped_geglu_grad(ctx, grad):
-    gate, up = ctx.saved_tensors
-    return _clamped_geglu_backward(grad, gate, up)
-
-
-_clamped_geglu.register_autograd(_clamped_geglu_grad, setup_context=_swiglu_setup)
+_clamped_geglu_backward.register_fake(_gated_backward_fake)
+_clamped_geglu.register_autograd(_gated_grad(_clamped_geglu_backward),
+                                 setup_context=_swiglu_setup)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, sign: float = 1.0) -> Tensor:
