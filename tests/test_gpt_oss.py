@@ -271,3 +271,25 @@ def test_the_expert_parallel_record_reads_the_gpt_oss_rows():
     assert text.startswith("Expert parallelism is checked against 5 published rates.")
     assert "predicted 1.21-1.31x their tokens/s, too fast" in text
     assert "up to 1.3x optimistic" in text
+
+
+def test_the_attention_flags_build_the_config(tmp_path, capsys):
+    import json
+
+    from dlperf.cli import main as cli
+
+    out = tmp_path / "r.json"
+    assert cli(["analyze", "llama3-8b", "--layers", "2", "--seq-len", "512", "--batch-size",
+                "1", "--head-dim", "64", "--sliding-window", "128", "--full-attention-every",
+                "2", "--attention-sinks", "--top", "1", "--json", str(out)]) == 0
+    kernels = {k["module"]: k for k in json.loads(out.read_text())["layers"]
+               if k["op"] == "attention"}
+    # 32 heads of 64 (not 4,096 / 32 = 128) over 512 tokens: 4 x 32 x 512^2 x 64 = 2.15
+    # GFLOP on the whole square; block 0 windowed (7 of 16 tiles of 128), block 1 the causal
+    # half
+    full = 4 * 32 * 512 ** 2 * 64
+    assert kernels["blocks.0.attn"]["flops"] == full * 7 // 16
+    assert kernels["blocks.1.attn"]["flops"] == full // 2
+    capsys.readouterr()
+    assert cli(["analyze", "resnet50", "--sliding-window", "8"]) == 2
+    assert "--sliding-window: only for gpt and its presets" in capsys.readouterr().err
