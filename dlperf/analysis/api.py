@@ -531,8 +531,9 @@ def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = N
     matmuls; everything else is kept."""
     if policy == "full":
         return [False] * len(block_kernels)
-    if recompute_modules(policy):
-        return [not _recomputed_module(c, recompute_modules(policy)) for c in block_kernels]
+    modules = recompute_modules(policy)
+    if modules:
+        return [not _recomputed_module(c, modules) for c in block_kernels]
     if policy == "selective-attention":
         return [not (_is_attention_module(c.module) and c.op not in ("mm", "addmm"))
                 for c in block_kernels]
