@@ -426,6 +426,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         # blocks keep their inputs as before: their footprint stays the eager one's)
         activations = compiled_mod.saved_bytes(cap.saved_sizes, cap.weight_keys, cap.records,
                                                recomputed)
+    by_index = {r.index: r for r in cap.records}
     if config.train and config.activation_checkpointing:
         blocks = cap.blocks
         if not blocks:
@@ -443,7 +444,8 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         activations = (attention_recomputed_activations(cap, costs, blocks)
                        if config.checkpoint_policy == "selective-attention" else
                        modules_recomputed_activations(cap, costs, blocks,
-                                                      config.checkpoint_policy, record_ops)
+                                                      config.checkpoint_policy, by_index,
+                                                      record_ops)
                        if recompute_modules(config.checkpoint_policy) else
                        checkpointed_activations(cap, blocks, cap.blocks) + kept_bytes(
                            costs, blocks, config.checkpoint_policy, record_ops,
@@ -455,7 +457,6 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         checkpointed = (blocks if config.activation_checkpointing
                         and config.checkpoint_policy != "selective-attention"
                         and not recompute_modules(config.checkpoint_policy) else frozenset())
-        by_index = {r.index: r for r in cap.records}
         kept = (kept_keys(costs, checkpointed, config.checkpoint_policy, record_ops, by_index)
                 if checkpointed else frozenset())
         top = liveness.peak(cap.records, cap.param_keys, checkpointed, kept, cap.saved_owners,
@@ -652,15 +653,15 @@ def attention_recomputed_activations(cap, costs: list, blocks: set[str]) -> int:
 
 
 def modules_recomputed_activations(cap, costs: list, blocks: set[str], policy: str,
-                                   record_ops: dict | None = None) -> int:
+                                   by_index: dict, record_ops: dict | None = None) -> int:
     """What Megatron's --recompute-modules keeps (a "modules:..." policy, ``kept_by_policy``):
     every activation but the saved outputs of the kernels it recomputes (a norm's output,
     which the next GEMM would keep; the experts' activation, which their second GEMM would;
     the fused attention kernel's output and log-sum-exp), with one block's of those back
     during its backward. The attention module's other kernels (the rotary embedding, a copy
     of K and V) run again too, but their outputs are the core's inputs, which the checkpoint
-    holds (as ``attention_recomputed_activations`` counts them)."""
-    by_index = {r.index: r for r in cap.records}
+    holds (as ``attention_recomputed_activations`` counts them). ``by_index``: the capture's
+    records by index."""
     per_block = []
     for group in _block_forwards(costs, blocks).values():
         dropped = [c for c, keep in zip(group, kept_by_policy(group, policy, record_ops))

@@ -1100,8 +1100,7 @@ def expert_parallel_s(predictions, ep: int, nbytes: float, alltoall) -> dict:
     all-to-all dispatcher without --overlap-moe-expert-parallel-comm, torchtitan's). Returns
     busy (= exposed) seconds and the counts."""
     layers = {phase: len({p.cost.module for p in predictions if p.cost.module_type == "MoE"
-                          and p.cost.op in ("bmm", "baddbmm")  # (with biases: gpt-oss)
-                          and p.cost.phase == phase})
+                          and p.cost.kind == "gemm" and p.cost.phase == phase})
               for phase in ("forward", "recompute")}
     each = alltoall(nbytes)
     count = 4 * layers["forward"] + 2 * layers["recompute"]

@@ -29,8 +29,7 @@ from torch import Tensor
 
 from dlperf.models.fused import NAMESPACE, _wide
 
-# the ops the capture records; analysis/costs.py charges each as one fused attention kernel
-OPS = ("banded_attention", "banded_attention_backward")
+
 def _probabilities(q: Tensor, k: Tensor, window: int, sinks: Optional[Tensor], scale: float
                    ) -> tuple[Tensor, Tensor]:
     """The attention probabilities [B, H, Tq, Tk] (FP32, zero outside the causal band) and the

@@ -51,8 +51,6 @@ def _wide(x: Tensor) -> Tensor:
 # each as one memory-bound kernel
 OPS = ("te_rms_norm", "te_rms_norm_backward", "te_swiglu", "te_swiglu_backward", "te_rope",
        "te_rope_backward")
-# ... and gpt-oss's gated activation (GPTConfig.glu "clamped-quick-gelu")
-GLU_OPS = ("te_clamped_geglu", "te_clamped_geglu_backward")
 # gpt-oss's: the clamp on gate and up, and quick GELU's sigmoid slope
 GLU_LIMIT, QUICK_GELU_SLOPE = 7.0, 1.702
 
