@@ -209,10 +209,26 @@ def test_megatron_s_recompute_modules_replay_the_norms_and_the_experts_activatio
     # back during its backward: 3 blocks' worth, 995,328 B
     saved = eager_memory["activations_bytes"] - memory["activations_bytes"]
     assert saved == 3 * (2 * 512 * 96 * 2 + 2 * 512 * 4 + 512 * 2 * 64 * 2) == 995_328
-    # "core_attn" replays the attention module's own kernels, as selective-attention does
-    costs, *_ = run("modules:core_attn")
+    # the step's peak is at the loss, where every block's are freed: 4 blocks' worth lower
+    assert (eager_memory["activations_peak_bytes"] - memory["activations_peak_bytes"]
+            == 4 * 331_776)
+    assert memory["peak_at"] == eager_memory["peak_at"] == (
+        "loss: _log_softmax_backward_data, dgrad")
+    # "core_attn" replays the attention module's own kernels, as selective-attention (its
+    # Megatron default) does, and keeps the same
+    costs, _, _, core = run("modules:core_attn")
+    selective = run("selective-attention")
     assert {c.op for c in costs if c.phase == "recompute"} == {
-        c.op for c in run("selective-attention")[0] if c.phase == "recompute"}
+        c.op for c in selective[0] if c.phase == "recompute"}
+    assert core == selective[3]
+    # a normal checkpoint around the core: it frees what the core saved inside, the rotated
+    # q and k (2 x 256 tokens x 4 heads x 32 x 2 B = 131,072 B; 2 K/V heads: 65,536 B), the
+    # output before its layout copy (131,072 B) and the FP32 log-sum-exp (2 x 4 x 256 x 4 B =
+    # 8,192 B), 335,872 B a block, and holds its inputs, the projections' q and k (131,072
+    # + 65,536 B, which the rotary kernels do not save; v is saved anyway): 139,264 B less a
+    # block, one block's 335,872 back during its backward
+    assert (eager_memory["activations_bytes"] - core["activations_bytes"]
+            == 4 * 139_264 - 335_872 == 221_184)
     assert not [c for c in eager if c.phase == "recompute"]
 
 

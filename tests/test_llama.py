@@ -482,6 +482,31 @@ def test_selective_attention_checkpointing_recomputes_the_attention_core_only():
     assert total["none"] < total["sel"] < total["full"]
 
 
+def test_selective_attention_on_a_fused_kernel_frees_its_log_sum_exp_not_its_output():
+    # Megatron's selective recompute checkpoints the attention core normally: its output
+    # stays alive (here the output projection reads and keeps it), and what the fused kernel
+    # saved besides its inputs goes: the FP32 log-sum-exp, 2 x 8 heads x 128 x 4 B = 8,192 B
+    # a block; one block's back during its backward, so 2 blocks keep 8,192 B less. (It once
+    # counted the output as freed and the projections' output as held, and kept more than
+    # no recompute at all.)
+    from dlperf.analysis.api import AnalysisConfig, capture_costs
+
+    cfg = GPTConfig(layers=2, d_model=256, heads=8, vocab=1024, seq_len=128, bias=True)
+    with torch.device("meta"):
+        model = GPT(cfg)
+
+    def memory(policy):
+        return capture_costs(model, AnalysisConfig(
+            model="gpt", input_shape=(2, 128), dtype="bf16", precision="fsdp", train=True,
+            tokens=True, optimizer="adamw", activation_checkpointing=policy is not None,
+            checkpoint_policy=policy or "full"), torch.long)[3]
+
+    none, sel = memory(None), memory("selective-attention")
+    assert none["activations_bytes"] - sel["activations_bytes"] == 8_192
+    # and at the step's peak (the loss's backward), both blocks' are freed
+    assert none["activations_peak_bytes"] - sel["activations_peak_bytes"] == 2 * 8_192
+
+
 def test_sdpa_kernel_follows_pytorchs_own_backend_order():
     from dlperf.hardware.efficiency import sdpa_kernel
 

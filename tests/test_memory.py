@@ -215,6 +215,36 @@ def test_liveness_peak_by_hand():
     assert liveness.peak(records, {9}, blocks, kept={1}) == {"bytes": 1105, "record": 2}
 
 
+def test_liveness_of_what_megatrons_selective_recompute_frees_and_holds():
+    # blocks.0.norm makes 1 (100 B) from the input 0 (10 B), blocks.0.fc makes 2 (1,000 B)
+    # from 1, the loss 3 (5 B) from 2, and fc's backward reads 3 and 1 and makes 4 (50 B).
+    # Eager (as test_liveness_peak_by_hand): r0 110, r1 1,100, r2 1+2+3 = 1,105 (the peak),
+    # r3 1+3+4 = 155
+    from dlperf.analysis import liveness
+
+    size = {0: 10, 1: 100, 2: 1000, 3: 5, 4: 50, 9: 10 ** 6}
+    records = [_rec(0, "blocks.0.norm", "forward", (0,), (1,), size),
+               _rec(1, "blocks.0.fc", "forward", (1, 9), (2,), size),
+               _rec(2, "loss", "forward", (2,), (3,), size),
+               _rec(3, "blocks.0.fc", "dgrad", (3, 1, 9), (4,), size)]
+    assert liveness.peak(records, {9}) == {"bytes": 1105, "record": 2}
+    # output-discarding recompute of the norm: 1 is freed after fc's forward (r1) and made
+    # again for fc's backward (r3): r1 1,100 (the peak), r2 2+3 = 1,005, r3 1+3+4 = 155
+    assert liveness.peak(records, {9}, remade={1}) == {"bytes": 1100, "record": 1}
+    # a checkpoint that holds the input 0 until 1 is done with: 0 lives to r3 as well:
+    # r1 0+1+2 = 1,110 (the peak), r2 0+2+3 = 1,015, r3 0+1+3+4 = 165
+    assert liveness.peak(records, {9}, remade={1},
+                         held={0: frozenset({1})}) == {"bytes": 1110, "record": 1}
+    # a remade key that no backward record reads (a fused kernel's saved output) is made
+    # again at its saving module's first backward record: 1 saved by blocks.0.fc, whose
+    # backward (r3) reads only 3: r3 1+3+4 = 155 again, and never alive over r2
+    records[3] = _rec(3, "blocks.0.fc", "dgrad", (3, 9), (4,), size)
+    assert liveness.peak(records, {9}, saved={1: "blocks.0.fc"}, remade={1},
+                         held={0: frozenset({1})}) == {"bytes": 1110, "record": 1}
+    assert liveness._intervals(records, frozenset({9}), frozenset(), frozenset(),
+                               {1: "blocks.0.fc"}, frozenset({1}))[1] == [(0, 1), (3, 3)]
+
+
 def test_a_training_steps_peak_is_at_least_its_saved_activations():
     # the capture's peak holds at least what autograd keeps at the end of the forward, and
     # full checkpointing lowers it

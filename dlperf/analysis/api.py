@@ -12,6 +12,7 @@ import torch
 from dlperf.analysis import capture as capture_mod
 from dlperf.analysis import compiled as compiled_mod
 from dlperf.analysis import liveness
+from dlperf.analysis import recompute as recompute_mod
 from dlperf.analysis.costs import (OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_IMPLS, all_costs,
                                    optimizer_cost, scaled_optimizer, share_costs,
                                    spread_costs)
@@ -41,8 +42,6 @@ CHECKPOINT_POLICIES = ("full", "selective-op", "selective-attention")
 # ("layernorm"), its experts' activation ("moe_act"), its attention core ("core_attn", as
 # "selective-attention") run again in the backward instead of being kept
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "core_attn")
-# the modules a block's "layernorm" names (models/gpt.py's norms, TransformerEngine's fused one)
-NORM_MODULE_TYPES = frozenset({"RMSNorm", "FusedRMSNorm", "LayerNorm"})
 
 
 def recompute_modules(policy: str) -> frozenset[str]:
@@ -50,6 +49,14 @@ def recompute_modules(policy: str) -> frozenset[str]:
     if not policy.startswith("modules:"):
         return frozenset()
     return frozenset(n for n in policy.split(":", 1)[1].split(",") if n)
+
+
+def megatron_modules(policy: str) -> frozenset[str]:
+    """The Megatron modules a policy recomputes: "selective-attention" is Megatron's
+    ``--recompute-granularity selective`` with its default ``--recompute-modules core_attn``;
+    "modules:..." names them; other policies are not Megatron's (empty)."""
+    return (frozenset({"core_attn"}) if policy == "selective-attention"
+            else recompute_modules(policy))
 
 
 @dataclass(frozen=True)
@@ -427,6 +434,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         activations = compiled_mod.saved_bytes(cap.saved_sizes, cap.weight_keys, cap.records,
                                                recomputed)
     by_index = {r.index: r for r in cap.records}
+    plan = None  # (Megatron's selective recompute: recompute.dropped_and_held, per block)
     if config.train and config.activation_checkpointing:
         blocks = cap.blocks
         if not blocks:
@@ -441,26 +449,33 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         record_ops = policy_ops(cap.records, costs, config.fusion)
         costs = with_recompute(costs, blocks, cap.saved_outputs, config.checkpoint_policy,
                                record_ops)
-        activations = (attention_recomputed_activations(cap, costs, blocks)
-                       if config.checkpoint_policy == "selective-attention" else
-                       modules_recomputed_activations(cap, costs, blocks,
-                                                      config.checkpoint_policy, by_index,
-                                                      record_ops)
-                       if recompute_modules(config.checkpoint_policy) else
-                       checkpointed_activations(cap, blocks, cap.blocks) + kept_bytes(
-                           costs, blocks, config.checkpoint_policy, record_ops,
-                           {r.index: sum(t.nbytes for t in r.outputs) for r in cap.records}))
+        megatron = megatron_modules(config.checkpoint_policy)
+        if megatron:
+            plan = recompute_mod.dropped_and_held(cap.records, blocks, megatron,
+                                                  cap.saved_sizes, cap.saved_owners,
+                                                  cap.param_keys)
+            activations = recompute_mod.at_rest(cap.saved_bytes, plan, cap.saved_sizes,
+                                                liveness.sizes(cap.records))
+        else:
+            activations = checkpointed_activations(cap, blocks, cap.blocks) + kept_bytes(
+                costs, blocks, config.checkpoint_policy, record_ops,
+                {r.index: sum(t.nbytes for t in r.outputs) for r in cap.records})
     memory = memory_footprint(model, config, activations, element_bytes=state_bytes)
     if config.train:
         # the most the step's tensors hold at once (liveness.py: in flight as well as at rest),
-        # from the eager capture; under selective-attention (Megatron's) no checkpoint block
-        checkpointed = (blocks if config.activation_checkpointing
-                        and config.checkpoint_policy != "selective-attention"
-                        and not recompute_modules(config.checkpoint_policy) else frozenset())
+        # from the eager capture; Megatron's selective recompute checkpoints no whole block:
+        # it frees some tensors and holds others (recompute.py)
+        checkpointed = (blocks if config.activation_checkpointing and plan is None
+                        else frozenset())
         kept = (kept_keys(costs, checkpointed, config.checkpoint_policy, record_ops, by_index)
                 if checkpointed else frozenset())
+        remade = frozenset(k for p in plan.values() for k in p.dropped) if plan else frozenset()
+        held: dict = {}  # (a key several blocks' cores read waits for all of them)
+        for p in (plan or {}).values():
+            for k in p.held:
+                held[k] = held.get(k, frozenset()) | p.dropped
         top = liveness.peak(cap.records, cap.param_keys, checkpointed, kept, cap.saved_owners,
-                            cap.saved_sizes)
+                            cap.saved_sizes, remade, held)
         where = by_index.get(top["record"])
         memory = liveness.with_peak(memory, top["bytes"],
                                     f"{where.module or 'the model'}: {where.op}, {where.phase}"
@@ -532,11 +547,10 @@ def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = N
     matmuls; everything else is kept."""
     if policy == "full":
         return [False] * len(block_kernels)
-    modules = recompute_modules(policy)
-    if modules:
-        return [not _recomputed_module(c, modules) for c in block_kernels]
-    if policy == "selective-attention":
-        return [not (_is_attention_module(c.module) and c.op not in ("mm", "addmm"))
+    modules = megatron_modules(policy)
+    if modules:  # (recompute.py: the norms, the experts' activation, the attention core)
+        return [not (recompute_mod.output_discarded(c.module, c.module_type, modules)
+                     or recompute_mod.in_core(c.module, c.op, modules))
                 for c in block_kernels]
     kept, mm = [], 0
     for c in block_kernels:
@@ -546,24 +560,6 @@ def kept_by_policy(block_kernels: list, policy: str, record_ops: dict | None = N
         kept.append(c.kind == "fused" or (policy_mm(c) and mm % 2 == 1)
                     or bool(ops) and all(op in POLICY_SAVED_OPS for op in ops))
     return kept
-
-
-def _recomputed_module(c, modules: frozenset[str]) -> bool:
-    """Is forward kernel ``c`` one of the Megatron ``modules`` a "modules:..." policy
-    recomputes: a norm's ("layernorm"), a mixture of experts' activation ("moe_act": models/
-    gpt.py's ``blocks.N.moe.act``), the attention core's ("core_attn": the kernels an
-    attention module runs itself, as "selective-attention")?"""
-    return (("layernorm" in modules and c.module_type in NORM_MODULE_TYPES)
-            or ("moe_act" in modules and c.module.endswith(".moe.act"))
-            or ("core_attn" in modules and _is_attention_module(c.module)
-                and c.op not in ("mm", "addmm")))
-
-
-def _is_attention_module(path: str) -> bool:
-    """Is ``path`` (a module's dotted name) an attention module (``blocks.3.attn``,
-    ``encoder_layer_0.self_attention``), not one of its children (``blocks.3.attn.qkv``)?"""
-    name = path.rsplit(".", 1)[-1].lower()
-    return "attn" in name or "attention" in name
 
 
 def _block_forwards(costs: list, blocks: set[str]) -> dict[str, list]:
@@ -634,42 +630,6 @@ def kept_keys(costs: list, blocks: set[str], policy: str, record_ops: dict,
                 if (record_ops.get(i) in POLICY_SAVED_OPS if c.op == "compiled" else keep):
                     out.update(t.key for t in by_index[i].outputs)
     return frozenset(out)
-
-
-def attention_recomputed_activations(cap, costs: list, blocks: set[str]) -> int:
-    """What Megatron's selective recompute keeps (``kept_by_policy``): every activation but
-    what the blocks' attention modules save themselves (the scores, probabilities and dropout
-    masks of the core), with one block's of those back during its backward, plus the core's
-    inputs, which the checkpoint holds: the outputs of each attention module's projections
-    but its last (q, k and v, not the output projection)."""
-    core = {m: n for m, n in cap.saved_by_module.items()
-            if capture_mod.block_path(m, blocks) in blocks and _is_attention_module(m)}
-    inputs = 0
-    for group in _block_forwards(costs, blocks).values():
-        projections = [c for c in group if c.op in ("mm", "addmm") and any(
-            c.module.startswith(m + ".") for m in core)]
-        inputs += sum(c.output_bytes for c in projections[:-1])
-    return cap.saved_bytes - sum(core.values()) + max(core.values(), default=0) + inputs
-
-
-def modules_recomputed_activations(cap, costs: list, blocks: set[str], policy: str,
-                                   by_index: dict, record_ops: dict | None = None) -> int:
-    """What Megatron's --recompute-modules keeps (a "modules:..." policy, ``kept_by_policy``):
-    every activation but the saved outputs of the kernels it recomputes (a norm's output,
-    which the next GEMM would keep; the experts' activation, which their second GEMM would;
-    the fused attention kernel's output and log-sum-exp), with one block's of those back
-    during its backward. The attention module's other kernels (the rotary embedding, a copy
-    of K and V) run again too, but their outputs are the core's inputs, which the checkpoint
-    holds (as ``attention_recomputed_activations`` counts them). ``by_index``: the capture's
-    records by index."""
-    per_block = []
-    for group in _block_forwards(costs, blocks).values():
-        dropped = [c for c, keep in zip(group, kept_by_policy(group, policy, record_ops))
-                   if not keep and (c.kind == "fused" or not _is_attention_module(c.module))]
-        keys = {t.key for c in dropped for i in c.records if i in by_index
-                for t in by_index[i].outputs}
-        per_block.append(sum(cap.saved_sizes.get(k, 0) for k in keys))
-    return cap.saved_bytes - sum(per_block) + max(per_block, default=0)
 
 
 def checkpointed_activations(cap, blocks: set[str], all_blocks=None) -> int:

@@ -20,7 +20,11 @@ and read only inside one such block's forward is freed after its last forward us
 again when the block's backward starts (the recompute), unless the checkpoint keeps it
 (``kept``: the storage keys a selective policy saves); what crosses a block's boundary (its
 input, its output) lives as it does without checkpointing, the checkpoint holding the block's
-input. What autograd saved lives until its module's backward has run (``saved``).
+input. What autograd saved lives until its module's backward has run (``saved``). Under
+Megatron's selective recompute (recompute.py) no block is checkpointed whole: the keys it
+frees (``remade``) live over their forward uses, and again from their first use in the
+backward (the recompute just before it) to their last; the core's inputs a checkpoint holds
+(``held``) live until the keys it remakes from them are done with.
 """
 
 from __future__ import annotations
@@ -33,15 +37,17 @@ if TYPE_CHECKING:  # (torch-free at import: the reports read ``peak_total`` with
 
 def _owner_spans(records: list[OpRecord], owners: set[str]) -> dict[str, list[int]]:
     """Each of ``owners`` (module paths) -> [its first forward record, its last backward
-    record] (of it or its children; None where it has none)."""
+    record, its first backward record] (of it or its children; None where it has none)."""
     out: dict[str, list] = {}
     for r in records:
         path = r.module
         while True:
             if path in owners:
-                span = out.setdefault(path, [None, None])
+                span = out.setdefault(path, [None, None, None])
                 if r.phase != "forward":
                     span[1] = r.index
+                    if span[2] is None:
+                        span[2] = r.index
                 elif span[0] is None:
                     span[0] = r.index
             if not path:
@@ -51,7 +57,8 @@ def _owner_spans(records: list[OpRecord], owners: set[str]) -> dict[str, list[in
 
 
 def _intervals(records: list[OpRecord], param_keys, checkpointed: frozenset,
-               kept: frozenset, saved: dict | None = None) -> dict[int, list[tuple[int, int]]]:
+               kept: frozenset, saved: dict | None = None, remade: frozenset = frozenset(),
+               held: dict | None = None) -> dict[int, list[tuple[int, int]]]:
     """Storage key -> the record intervals [first, last] it is alive over."""
     from dlperf.analysis.capture import block_path
 
@@ -59,6 +66,7 @@ def _intervals(records: list[OpRecord], param_keys, checkpointed: frozenset,
     last: dict[int, int] = {}
     forward_last: dict[int, int] = {}
     backward_last: dict[int, int] = {}
+    backward_first: dict[int, int] = {}
     maker_block: dict[int, str] = {}  # key -> the checkpointed block that made it
     outside: set[int] = set()  # keys read or written outside their maker's block forward
     block_backward: dict[str, int] = {}  # block -> its first backward record (the recompute)
@@ -84,6 +92,7 @@ def _intervals(records: list[OpRecord], param_keys, checkpointed: frozenset,
                     outside.add(k)
             else:
                 backward_last[k] = r.index
+                backward_first.setdefault(k, r.index)
     # what autograd saved lives until its module's backward has run, read there or not: a
     # fused kernel's backward (attention's) reads its saved q, k, v and output under no
     # record's key, as the capture records the math the kernel stands for; what the kernel
@@ -92,15 +101,27 @@ def _intervals(records: list[OpRecord], param_keys, checkpointed: frozenset,
     saved = saved or {}
     owner_span = _owner_spans(records, set(saved.values()))
     for k, owner in saved.items():
-        made, freed = owner_span.get(owner, (None, None))
+        made, freed, backward = owner_span.get(owner, (None, None, None))
         if k not in first and made is not None:
             first[k], region[k] = made, None
         if k in first and freed is not None and freed > last.get(k, -1):
             last[k] = backward_last[k] = freed
+        if k in remade and backward is not None:
+            # (remade for a backward that reads it under no record's key: its module's)
+            backward_first.setdefault(k, backward)
+    for k, waits in (held or {}).items():
+        if k in last:
+            last[k] = max([last[k]] + [last[d] for d in waits if d in last])
     out: dict[int, list[tuple[int, int]]] = {}
     for k, start in first.items():
         if region[k] is not None:
             continue  # inside one fused kernel (attention's scores): never in memory
+        if k in remade:  # freed after the forward, made again for the backward
+            spans = [(start, forward_last.get(k, start))]
+            if k in backward_first:
+                spans.append((backward_first[k], last[k]))
+            out[k] = spans
+            continue
         b = maker_block.get(k)
         if b is not None and k in kept:
             # a checkpoint keeps what its policy saves until the recompute has used it (the
@@ -136,16 +157,18 @@ def sizes(records: list[OpRecord]) -> dict[int, int]:
 
 
 def peak(records: list[OpRecord], param_keys=frozenset(), checkpointed=frozenset(),
-         kept=frozenset(), saved: dict | None = None, saved_sizes: dict | None = None
-         ) -> dict:
+         kept=frozenset(), saved: dict | None = None, saved_sizes: dict | None = None,
+         remade=frozenset(), held: dict | None = None) -> dict:
     """The most bytes alive at once over the step (see the module docstring): ``bytes`` and
     ``record`` (the index of the record at that moment). ``saved``: the storage keys autograd
     saved, to the module that saved each (``Capture.saved_owners``); ``saved_sizes``: their
-    bytes (``Capture.saved_sizes``: the size of those no record touches)."""
+    bytes (``Capture.saved_sizes``: the size of those no record touches). ``remade`` and
+    ``held``: Megatron's selective recompute (recompute.py): the keys it frees and makes
+    again, and those a checkpoint holds, to the remade keys they wait for."""
     size = {**(saved_sizes or {}), **sizes(records)}
     delta: dict[int, int] = {}
     for k, spans in _intervals(records, frozenset(param_keys), frozenset(checkpointed),
-                               frozenset(kept), saved).items():
+                               frozenset(kept), saved, frozenset(remade), held).items():
         for start, end in spans:
             delta[start] = delta.get(start, 0) + size[k]
             delta[end + 1] = delta.get(end + 1, 0) - size[k]
