@@ -125,7 +125,9 @@ parallel over 2), global batch 128 in the 25.11 container (1,602) and 256 in 26.
 (data parallel over 8), global batch 512 in 25.11 (292) and 1,536 in 26.02-26.06 (311-328).
 The recipes (src/megatron/bridge/perf_recipes/llama/h100/*.py and recipes/llama/h100/
 llama3.py at that commit): Megatron-Core on TransformerEngine (--tp-impl te, the fused
-kernels of models/fused.py), FP32 gradients; the 70B and 405B with --tp-comm-overlap
+kernels of models/fused.py), the gradients reduced in BF16 (perf_recipes/_common.py's
+_benchmark_common turns grad_reduce_in_fp32 off, as every release's scripts/performance
+config did before it: --reduce-dtype bf16); the 70B and 405B with --tp-comm-overlap
 (userbuffers), sequence parallelism, the distributed optimizer overlapping its reduce-scatter
 and gather, no recompute (the 8B recipe at that commit, of a later container than its row,
 recomputes 5 of its 32 blocks; the row does not say: run without). The 405B's pipeline split
@@ -1067,7 +1069,9 @@ def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
                 attention: float | None, device: str = "h100-sxm", micro: int = 1,
                 strategy: str = "ddp") -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's H100 rows (``BRIDGE_FP8``), in FP8 with
-    current scaling or, for the predicted gain, in BF16."""
+    current scaling or, for the predicted gain, in BF16; its gradients reduced in BF16, as
+    every release's performance config for Llama sets it (grad_reduce_in_fp32 off in
+    scripts/performance/configs/llama3/ at v0.2.0, llama/ from v0.3.0 to v0.5.1)."""
     sharded = ["--strategy", "fsdp"] if strategy == "fsdp" else [
         "--distributed-optimizer"] if tp == pp == 1 else [
         "--tp", str(tp), "--pp", str(pp), "--pp-virtual", str(virtual), "--pp-overlap-p2p",
@@ -1075,7 +1079,7 @@ def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
     return (["analyze", model, "--train", "--dtype", "bf16", "--precision", "fsdp",
              "--optimizer", "adamw", "--device", device, "--seq-len", "8192",
              "--batch-size", str(micro), "--grad-accum", str(micro_batches), "--gpus", str(gpus)]
-            + sharded + ["--interconnect", BRIDGE_INTERCONNECT[device], "--tp-impl", "te",
+            + sharded + ["--reduce-dtype", "bf16"] + ["--interconnect", BRIDGE_INTERCONNECT[device], "--tp-impl", "te",
                          "--top", "1",
                          # its Llama recipes' cross_entropy_loss_fusion with the "te" impl
                          # (src/megatron/bridge/recipes/llama/llama3.py): TE's one-pass loss
@@ -1506,8 +1510,8 @@ def megatron_moe(out: Path) -> None:
 # stages, --recompute-modules layernorm moe_act, the distributed optimizer, TE's fused
 # cross-entropy, 4,096 tokens; DGX H100 and DGX B200: eight GPUs on NVLink, one 400 Gb/s NDR
 # NIC each (BRIDGE_INTERCONNECT). Its gradients are reduced in BF16 (grad_reduce_in_fp32
-# off); dlperf's DDP reduces FP32 ones under --precision fsdp, as for the Llama rows of
-# ``megatron_bridge_fp8``: twice the gradient bytes, overlapped with the backward.
+# off in both releases' gpt_oss_llm_pretrain.py: --reduce-dtype bf16), and its router is
+# forced to balance the tokens (moe_router_force_load_balancing), as dlperf routes them.
 GPT_OSS_ROWS = (
     ("26.02: 64 H100s, PP 4 EP 8, GBS 1,280", "h100-sxm", 64, 4, 8, 1, 1280, "26.02", 5993, 163),
     ("26.02: 64 B200s, EP 64, GBS 1,280", "b200", 64, 1, 64, 4, 1280, "26.02", 8047, 219),
@@ -1521,7 +1525,7 @@ def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: in
                  attention: float | None) -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's gpt-oss-120b rows (``GPT_OSS_ROWS``), as
     its perf recipe runs it: BF16 with FP32 master weights and optimizer state, gradients in
-    Megatron-Core's buckets (FP32 here: ``GPT_OSS_ROWS``), the distributed optimizer, TE's
+    Megatron-Core's BF16 buckets (``GPT_OSS_ROWS``), the distributed optimizer, TE's
     fused kernels and cross-entropy, the norms and the experts' activation recomputed,
     ``attention`` the fused attention's share (None: the preset's)."""
     replicas = gpus // pp
@@ -1530,6 +1534,7 @@ def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: in
              "fused", "--batch-size", str(micro), "--grad-accum",
              str(batch // replicas // micro), "--gpus", str(gpus), "--ep", str(ep),
              "--interconnect", BRIDGE_INTERCONNECT[device], "--distributed-optimizer",
+             "--reduce-dtype", "bf16",
              "--bucket-cap-mb", f"{megatron_bucket_mib(replicas):.1f}",
              "--activation-checkpointing",
              "modules", "--recompute-modules", "layernorm,moe_act", "--top", "1"]

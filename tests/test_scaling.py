@@ -1030,6 +1030,24 @@ def test_fsdp_gathers_bf16_parameters_and_reduces_fp32_gradients():
     assert r["memory_per_gpu"]["total_bytes"] < analysis.memory["total_bytes"]
 
 
+def test_collective_sms_beyond_the_gpu_stop_the_command_before_the_capture(capsys,
+                                                                           monkeypatch):
+    # the check runs with the other scale-out flags, before the model is traced (a large
+    # model's capture takes minutes): a capture here would fail the test
+    from conftest import run_cli
+
+    from dlperf.analysis import capture as capture_mod
+
+    def traced(*_a, **_k):
+        raise AssertionError("the model was traced before --collective-sms was checked")
+
+    monkeypatch.setattr(capture_mod, "capture", traced)
+    code, out, err = run_cli(["analyze", "resnet18", "--train", "--gpus", "8",
+                              "--device", "a100-80gb", "--collective-sms", "200"], capsys)
+    assert code == 2 and "--collective-sms 200: a100-80gb has 108 SMs; choose 0" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_fsdp_reduce_dtype_bf16_halves_the_gradient_collectives_only():
     from dlperf.analysis.scaling import sharded_collective_s, unit_bytes
 
@@ -1056,7 +1074,8 @@ def test_fsdp_reduce_dtype_bf16_halves_the_gradient_collectives_only():
     same = scale_out(analysis, params, ScaleConfig(gpus=32, strategy="hsdp",
                                                    reduce_dtype="fp32"), node, net)
     assert same["communication"]["comm_s"] == pytest.approx(fp32["communication"]["comm_s"])
-    with pytest.raises(DlperfError, match="use it with --strategy fsdp, hsdp or fsdp-grad-op"):
+    with pytest.raises(DlperfError, match="use it with --distributed-optimizer, or with "
+                                          "--strategy fsdp, hsdp or fsdp-grad-op"):
         ScaleConfig(gpus=8, reduce_dtype="bf16")
     with pytest.raises(DlperfError, match="choose fp32, bf16, fp16"):
         ScaleConfig(gpus=8, strategy="fsdp", reduce_dtype="int8")

@@ -767,6 +767,43 @@ def test_distributed_optimizer_by_hand():
         b for _, b in params)
 
 
+def test_megatrons_bf16_gradient_buffer_halves_the_reduce_scatter_not_the_gather():
+    # Megatron-Core with grad_reduce_in_fp32 off (every Megatron-Bridge performance config):
+    # the backward accumulates into a BF16 buffer that is reduce-scattered as it is
+    from dlperf.analysis.nccl import generation
+    _, acfg, _, _ = _megatron_capture("torch")
+    with torch.device("meta"):
+        model = GPT(GPTConfig(layers=2, d_model=64, heads=4, vocab=128, seq_len=16, bias=True))
+    costs, _, _, memory = capture_costs(model, acfg, torch.long)
+    analysis = predict_on(costs, {}, acfg, get_device("h100-sxm"), 0.0, memory=memory)
+    params = [(n, p.numel() * 4) for n, p in model.named_parameters()]
+    grads = sum(b for _, b in params)
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    fp32, bf16 = (scale_out(analysis, params, ScaleConfig(
+        gpus=16, step_cv=0.0, distributed_optimizer=True, reduce_dtype=d), node, net)
+        for d in (None, "bf16"))
+    gen = generation(analysis.device.name)
+    # the same buckets (Megatron sizes them in parameters), each reduce-scattered at 2 bytes
+    # a gradient instead of 4; the BF16 parameters gathered back as before
+    buckets = bf16["communication"]["bucket_bytes"]
+    assert buckets == fp32["communication"]["bucket_bytes"]
+    assert bf16["communication"]["comm_s"] == pytest.approx(sum(
+        sharded_collective_s(b / 2, 16, 8, node, net, gen=gen) for b in buckets))
+    assert bf16["communication"]["comm_s"] < fp32["communication"]["comm_s"]
+    assert bf16["communication"]["param_gather_s"] == pytest.approx(
+        fp32["communication"]["param_gather_s"])
+    # memory: the whole buffer at 2 bytes a parameter (half the fp32 gradients), and the
+    # FP32 copy of this GPU's 1/16 shard the update reads
+    m32, m16 = fp32["memory_per_gpu"], bf16["memory_per_gpu"]
+    assert m16["gradients_bytes"] == m32["gradients_bytes"] / 2 == grads / 2
+    assert m16["main_gradient_shard_bytes"] == pytest.approx(grads / 16)
+    assert m16["total_bytes"] == pytest.approx(m32["total_bytes"] - grads / 2 + grads / 16)
+    # plain DDP's compression hooks are not modelled: refused in one line
+    with pytest.raises(DlperfError, match="--reduce-dtype with --strategy ddp is "
+                                          "Megatron-Core's gradient buffer"):
+        ScaleConfig(gpus=8, reduce_dtype="bf16")
+
+
 def test_the_parameter_gather_hides_behind_the_forward_but_its_first_bucket():
     from types import SimpleNamespace
 

@@ -676,7 +676,7 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
                    bucket_view: bool = False, units: dict | None = None,
                    optimizer_sharded: bool = False, model_copy_bytes: float | None = None,
                    half_gradient_bytes: float = 0.0, expert_share: float = 0.0,
-                   expert_ways: int = 1) -> dict | None:
+                   expert_ways: int = 1, gradient_cast: float = 1.0) -> dict | None:
     """What each GPU holds, from one GPU's footprint (``Analysis.memory``). DDP: all of it,
     plus its gradient buckets (a second copy of the gradients, torch's default; none with
     ``bucket_view``, DDP's gradient_as_bucket_view: the gradients live in the buckets). FSDP: the
@@ -696,6 +696,10 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     its fp32 buffer), whole on every GPU. ``expert_share`` of the parameters are experts split
     over ``expert_ways`` expert-parallel ranks (``params`` holds this rank's): the distributed
     optimizer shards their state over the 1/expert_ways of the replicas that hold them.
+    ``gradient_cast``: the distributed optimizer's gradient buffer in a smaller dtype
+    (ScaleConfig.reduce_dtype, as a fraction of the gradients' own bytes): the buffer that
+    much, its buckets too, and beside it the FP32 copy of this GPU's shard the update reads
+    (Megatron-Core's distributed optimizer copies its shard of a BF16 buffer to FP32).
     Returns the total and its parts: weights, gradients, optimizer state and activations as
     one GPU holds them, and DDP's buckets or FSDP's gathered parameters; where the footprint
     has the step's peak (liveness.with_peak: the activations at their busiest moment), the
@@ -728,6 +732,10 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
         # model's half copy, which is held whole); the experts' over their own replicas
         share = ((1 - expert_share) / gpus
                  + expert_share / max(1, gpus // expert_ways))
+        if gradient_cast != 1.0:  # the buffer in its dtype, this GPU's shard in FP32
+            half["main_gradient_shard_bytes"] = gradients * share
+            gradients *= gradient_cast
+            extra *= gradient_cast
         return parts(ddp_bucket_bytes=extra, **half, optimizer_state_bytes=state * share,
                      weights_bytes=(weights * share + model_copy_bytes
                                     if model_copy_bytes is not None else weights))
@@ -1164,7 +1172,12 @@ class ScaleConfig:
     # FSDP's reduce_dtype (MixedPrecision): the dtype the gradients are reduce-scattered (and
     # under HSDP all-reduced between replicas) in; None: their own (fp32, or the model's dtype
     # under --precision half). FSDP1's bf16 policies reduce in bf16 (fms-fsdp's bfSixteen,
-    # llama-recipes), torchtitan's FSDP2 and Composer's DEFAULT in fp32.
+    # llama-recipes), torchtitan's FSDP2 and Composer's DEFAULT in fp32. Under DDP with the
+    # distributed optimizer: Megatron-Core's gradient buffer in that dtype (its DDP config's
+    # grad_reduce_in_fp32 off, as every Megatron-Bridge performance config sets it,
+    # scripts/performance/configs/ at v0.2.0 and v0.3.0): the backward accumulates into a
+    # buffer of that dtype, which is reduce-scattered as it is, and the optimizer copies its
+    # shard to FP32.
     reduce_dtype: str | None = None
     # GPUs that share each batch norm's statistics (synchronised batch norm in groups, MXNet's
     # BN_GROUP): every batch norm exchanges its per-channel sums in the forward and again in
@@ -1279,10 +1292,13 @@ class ScaleConfig:
         if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
             raise DlperfError(f"--reduce-dtype {self.reduce_dtype!r}: choose "
                               f"{', '.join(REDUCE_DTYPES)}")
-        if self.reduce_dtype is not None and self.strategy == "ddp":
-            raise DlperfError("--reduce-dtype is FSDP's reduce_dtype: use it with --strategy "
-                              "fsdp, hsdp or fsdp-grad-op (DDP reduces gradients in their own "
-                              "dtype; a compression hook is not modelled)")
+        if (self.reduce_dtype is not None and self.strategy == "ddp"
+                and not self.distributed_optimizer):
+            raise DlperfError("--reduce-dtype with --strategy ddp is Megatron-Core's gradient "
+                              "buffer in that dtype (grad_reduce_in_fp32 off): use it with "
+                              "--distributed-optimizer, or with --strategy fsdp, hsdp or "
+                              "fsdp-grad-op (PyTorch DDP's compression hooks are not "
+                              "modelled)")
         if (self.strategy == "hsdp" and self.gpus > self.gpus_per_node
                 and self.gpus % self.gpus_per_node):
             raise DlperfError(f"--strategy hsdp: {self.gpus} GPUs do not fill nodes of "
@@ -1556,9 +1572,14 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                 else (DEEPSPEED_BUFFER_BYTES,) * 2 if cfg.deepspeed_bf16
                 else (HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
                 else (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES))
+        # a gradient byte on the wire: Megatron's buffer in --reduce-dtype (the buckets keep
+        # their elements: Megatron sizes them in parameters)
+        cast = (ELEMENT_BYTES[cfg.reduce_dtype]
+                / state_element_bytes(analysis.config.precision) if cfg.reduce_dtype else 1.0)
+
         def reduce(nbytes: float) -> float:  # a bucket's all-reduce, or its reduce-scatter
             return (sharded_collective_s if cfg.distributed_optimizer else allreduce_s)(
-                nbytes, dcfg.gpus, dcfg.gpus_per_node, node, network, gen=gen,
+                nbytes * cast, dcfg.gpus, dcfg.gpus_per_node, node, network, gen=gen,
                 algorithms=cfg.algorithms, protocols=cfg.protocols)
 
         def gather(nbytes: float) -> float:  # the distributed optimizer's parameter gather
@@ -1579,7 +1600,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
 
             def reduce_experts(nbytes: float) -> float:
                 return (sharded_collective_s if cfg.distributed_optimizer else allreduce_s)(
-                    nbytes, peers, max(1, dcfg.gpus_per_node // cfg.ep), node, network,
+                    nbytes * cast, peers, max(1, dcfg.gpus_per_node // cfg.ep), node, network,
                     gen=gen, algorithms=cfg.algorithms, protocols=cfg.protocols)
 
             factor = (reduce_experts(EXPERT_REFERENCE_BYTES) / reduce(EXPERT_REFERENCE_BYTES)
@@ -1844,7 +1865,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             model_copy_bytes=gathered if analysis.config.precision == "fsdp"
                             and gathered < grad_bytes else None,
                             expert_share=expert_gradient_share(params, cfg.expert_params),
-                            expert_ways=cfg.ep)
+                            expert_ways=cfg.ep,
+                            gradient_cast=(ELEMENT_BYTES[cfg.reduce_dtype]
+                                           / state_element_bytes(analysis.config.precision)
+                                           if cfg.reduce_dtype and cfg.strategy == "ddp"
+                                           else 1.0))
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = peak_total(memory) <= analysis.device.memory_bytes
         memory["capacity_bytes"] = analysis.device.memory_bytes

@@ -304,8 +304,10 @@ def add_parser(sub) -> None:
                    help="--strategy fsdp/hsdp/fsdp-grad-op: the dtype FSDP reduces gradients "
                         "in (MixedPrecision's reduce_dtype): bf16 halves the reduce-scatter "
                         "(and HSDP's all-reduce) of fp32 gradients, as FSDP1's bf16 policies "
-                        "run it (fms-fsdp, llama-recipes) [the gradients' own: fp32, or the "
-                        "dtype under --precision half]")
+                        "run it (fms-fsdp, llama-recipes); with --distributed-optimizer, "
+                        "Megatron-Core's gradient buffer in it (grad_reduce_in_fp32 off, as "
+                        "Megatron-Bridge's performance configs run) [the gradients' own: fp32, "
+                        "or the dtype under --precision half]")
     s.add_argument("--distributed-optimizer", action="store_true",
                    help="DDP as Megatron-LM's distributed optimizer runs it "
                         "(--use-distributed-optimizer): gradients reduce-scattered per bucket "
@@ -706,7 +708,7 @@ def run(args) -> int:
     if args.distributed_optimizer and args.strategy != "ddp":
         raise DlperfError(f"--distributed-optimizer is DDP's (Megatron-LM's); --strategy "
                           f"{args.strategy} shards the optimizer already: drop one of them")
-    scale_setup = (_scale_setup(args, spec.name, console, gpt, batch * sample_shape[0])
+    scale_setup = (_scale_setup(args, spec, console, gpt, batch * sample_shape[0])
                    if args.gpus else None)
     input_dtype = {"float32": torch.float32, "int64": torch.long}.get(args.input_dtype,
                                                                       model_input.dtype)
@@ -788,16 +790,18 @@ def run(args) -> int:
     return 0
 
 
-def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
+def _scale_setup(args, spec, console, gpt=None, tokens: int = 0):
     """--gpus: the interconnects and the ScaleConfig, checked before the capture, so that a
-    mistyped interconnect file or flag stops the command before the model is traced.
-    ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its collectives)."""
-    from dlperf.analysis.scaling import ScaleConfig
+    mistyped interconnect file or flag stops the command before the model is traced, on the
+    device ``spec``. ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its
+    collectives)."""
+    from dlperf.analysis.scaling import ScaleConfig, held_sms
     from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
     from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
     if not args.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
+    device = spec.name
     names = [n.strip() for n in args.interconnect.split(",")]
     if names == ["auto"]:
         auto = auto_interconnects(device)
@@ -862,6 +866,7 @@ def _scale_setup(args, device: str, console, gpt=None, tokens: int = 0):
                       step_cv=args.step_cv, nccl_algo=args.nccl_algo,
                       nccl_proto=args.nccl_proto, kvstore=args.kvstore,
                       collective_sms=args.collective_sms or 0)
+    held_sms(spec, cfg.collective_sms)  # (more SMs than the GPU has: before the capture)
     return cfg, node, network, layout
 
 
