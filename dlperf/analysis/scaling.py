@@ -698,8 +698,9 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
     optimizer shards their state over the 1/expert_ways of the replicas that hold them.
     ``gradient_cast``: the distributed optimizer's gradient buffer in a smaller dtype
     (ScaleConfig.reduce_dtype, as a fraction of the gradients' own bytes): the buffer that
-    much, its buckets too, and beside it the FP32 copy of this GPU's shard the update reads
-    (Megatron-Core's distributed optimizer copies its shard of a BF16 buffer to FP32).
+    much, its buckets too. (Megatron-Core's distributed optimizer copies this GPU's shard of
+    a BF16 buffer to FP32 for the update and frees it at the next step's zero_grad, before
+    the forward: it is never held beside the activations, so the peak leaves it out.)
     Returns the total and its parts: weights, gradients, optimizer state and activations as
     one GPU holds them, and DDP's buckets or FSDP's gathered parameters; where the footprint
     has the step's peak (liveness.with_peak: the activations at their busiest moment), the
@@ -732,8 +733,7 @@ def memory_per_gpu(memory: dict | None, params: list[tuple[str, int]], strategy:
         # model's half copy, which is held whole); the experts' over their own replicas
         share = ((1 - expert_share) / gpus
                  + expert_share / max(1, gpus // expert_ways))
-        if gradient_cast != 1.0:  # the buffer in its dtype, this GPU's shard in FP32
-            half["main_gradient_shard_bytes"] = gradients * share
+        if gradient_cast != 1.0:  # the buffer in its dtype
             gradients *= gradient_cast
             extra *= gradient_cast
         return parts(ddp_bucket_bytes=extra, **half, optimizer_state_bytes=state * share,
