@@ -10,8 +10,8 @@
 # (3.12 there) with its libjpeg-turbo:
 #   bash scripts/build_device_ext.sh        (writes .devext/, copied into dlperf/data/ below)
 # then run: OUT=$OUT bash scripts/device_check.sh   with carry [".devext"] and
-# timeout_s 590. Issue #14's steps 0, 0b, 0c, 0d and 0e come first (at most 150 + 60 + 40 + 220
-# + 90 s, ~315 s expected), then issue #11's steps (1-4), at most 560 s by their timeouts (far less when
+# timeout_s 590. Issue #14's steps 0, 0b, 0c, 0d, 0e and 0f come first (at most 150 + 60 + 40 +
+# 220 + 90 + 60 s, ~325 s expected), then issue #11's steps (1-4), at most 560 s by their timeouts (far less when
 # all goes well); the later steps use what is left of the call (the first H200's run took
 # 470 s, the second's 550 s with a TF32 convolution sweep in step 4 that step 3's per-kernel
 # ResNet-50 runs have replaced; step 4's fp16 convolution sweep, ~60 s, has now given its
@@ -120,6 +120,13 @@ step timeout 220 $PY benchmarks/bench_compile_gpu.py /tmp/dlperf-compile.json --
 step timeout 90 $PY benchmarks/bench_bert_update_gpu.py /tmp/dlperf-bert-update.json \
     --device "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
                 *H200*) echo h200;; *) echo h100-sxm;; esac)"
+# 0f. Issue #14's gpt-oss lead: a rank's 16 experts of gpt-oss-120b (1,024 tokens each, the
+#    26.02 H100 row's balanced load) as one batched GEMM (dlperf's pricing), one GEMM per
+#    expert on one stream and on four, and torch's grouped GEMM, forward and backward, beside
+#    dlperf's prediction for the batched and per-expert forms. ~10 s.
+step timeout 60 $PY benchmarks/bench_expert_gemm_gpu.py /tmp/dlperf-expert-gemm.json \
+    --preset "$(case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in
+                *H200*) echo h200;; *) echo h100-sxm;; esac)"
 
 # Issue #11 next (blocked, but these are the figures it waits for): predictions against
 # measurements.
@@ -168,7 +175,7 @@ gather "$OUT/analyses.json" gpt_350m_bf16=/tmp/dlperf-gpt.json $LAYOUTS \
     host_issue=/tmp/dlperf-host-issue.json \
     sustained_gemm=/tmp/dlperf-sustained-gemm.json sdpa_share=/tmp/dlperf-sdpa.json \
     sdpa_share_8k=/tmp/dlperf-sdpa-8k.json compile_speedup=/tmp/dlperf-compile.json \
-    bert_update=/tmp/dlperf-bert-update.json
+    bert_update=/tmp/dlperf-bert-update.json expert_gemm=/tmp/dlperf-expert-gemm.json
 
 # 4. The guide's figures on this GPU (fp16): GEMM alignment, tile/wave quantization, 512 vs 520;
 #    the padded stem, channels around 64, NCHW vs NHWC; measured with the prediction over them

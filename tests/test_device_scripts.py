@@ -71,6 +71,8 @@ def test_every_dlperf_command_in_the_device_run_parses(capsys):
     assert text.index("bench_host_issue_gpu.py") < text.index("dlperf probe")
     assert text.index("bench_sustained_gemm_gpu.py") < text.index("dlperf probe")
     assert "sustained_gemm=/tmp/dlperf-sustained-gemm.json" in text  # gathered, not a 9th file
+    assert text.index("bench_expert_gemm_gpu.py") < text.index("dlperf probe")
+    assert "expert_gemm=/tmp/dlperf-expert-gemm.json" in text
     assert kinds.count("train") == 5 and {"probe", "analyze", "bench"} <= set(kinds), kinds
     parser = build_parser()
     for argv in argvs:
@@ -159,6 +161,45 @@ def test_bert_update_benchmark_runs_on_cpu(tmp_path):
     # the predicted BertAdam span holds its 735 launches of host time at least
     assert spans["bertadam"]["predicted_s"] >= 735 * res["predicted_host_s"] * 0.99
     assert res["host_s_per_launch"] is not None
+
+
+def test_expert_gemm_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/bench_expert_gemm_gpu.py (issue #14, step 0f of the device run) on this CPU
+    at a tiny size: every GEMM of the experts' step timed as one batched GEMM and one per
+    expert, the forms a CPU lacks left None, dlperf's prediction beside them."""
+    out = tmp_path / "experts.json"
+    run_benchmark("bench_expert_gemm_gpu", str(out), "--experts", "4", "--tokens", "64",
+                  "--d-model", "32", "--ffn", "48", "--reps", "3", "--preset", "h100-sxm")
+    saved = json.loads(out.read_text())
+    res = saved["results"]
+    assert saved["benchmark"] == "expert-gemm-gpu" and "git_commit" in saved["environment"]
+    assert res["device"] == "cpu" and res["note"]
+    # the gated first layer makes 2 x 48; its forward is 2 x 64 x 96 x 32 FLOPs an expert
+    gemms = res["gemms"]
+    assert list(gemms) == ["fc1 forward", "fc2 forward", "fc2 dgrad", "fc2 wgrad",
+                           "fc1 dgrad", "fc1 wgrad"]
+    assert gemms["fc1 forward"]["flops"] == 4 * 2 * 64 * 96 * 32
+    assert (gemms["fc1 wgrad"]["m"], gemms["fc1 wgrad"]["n"], gemms["fc1 wgrad"]["k"]) == (
+        32, 96, 64)
+    assert all(g["batched_s"] > 0 and g["per_expert_s"] > 0 for g in gemms.values())
+    # no streams and no grouped kernel on a CPU: None, and no ratio for them
+    assert res["total"]["per_expert_streams_s"] is None and res["total"]["grouped_s"] is None
+    assert res["over_batched"]["per_expert_s"] == pytest.approx(
+        res["total"]["per_expert_s"] / res["total"]["batched_s"])
+    assert res["predicted"]["preset"] == "h100-sxm"
+
+
+def test_expert_gemm_prediction_batched_against_per_expert():
+    # dlperf's pricing: one expert is the same GEMM either way; 16 experts batched never take
+    # more waves than 16 GEMMs (ceil(16 t / SMs) <= 16 ceil(t / SMs) for t tiles each) and
+    # launch once, not 16 times
+    bench = load_benchmark("bench_expert_gemm_gpu")
+    one = bench.predicted("h100-sxm", 1, 1024, 2880, 2880)
+    assert all(g["batched_s"] == pytest.approx(g["per_expert_s"]) for g in one["gemms"].values())
+    many = bench.predicted("h100-sxm", 16, 1024, 2880, 2880)
+    assert all(g["per_expert_s"] > g["batched_s"] for g in many["gemms"].values())
+    assert many["per_expert_s"] == pytest.approx(sum(
+        g["per_expert_s"] for g in many["gemms"].values()))
 
 
 def test_sustained_gemm_prediction_is_the_hopper_share_by_hand():
