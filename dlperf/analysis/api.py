@@ -469,11 +469,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
                         else frozenset())
         kept = (kept_keys(costs, checkpointed, config.checkpoint_policy, record_ops, by_index)
                 if checkpointed else frozenset())
-        remade = frozenset(k for p in plan.values() for k in p.dropped) if plan else frozenset()
-        held: dict = {}  # (a key several blocks' cores read waits for all of them)
-        for p in (plan or {}).values():
-            for k in p.held:
-                held[k] = held.get(k, frozenset()) | p.dropped
+        remade, held = recompute_mod.remade_and_held(plan or {})
         top = liveness.peak(cap.records, cap.param_keys, checkpointed, kept, cap.saved_owners,
                             cap.saved_sizes, remade, held)
         where = by_index.get(top["record"])

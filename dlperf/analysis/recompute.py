@@ -19,7 +19,7 @@ checkpointing, "core_attn" [...] normal checkpointing"):
   its inputs are the rotated q and k, of the same size as the projections' outputs held here).
 
 ``dropped_and_held`` returns those keys per block; ``at_rest`` the activations they leave, and
-``liveness.peak`` follows them through the step (``remade``, ``held``). Pure functions over the
+``liveness.peak`` follows them through the step (``remade_and_held``). Pure functions over the
 capture's records.
 """
 
@@ -75,12 +75,15 @@ def dropped_and_held(records: list, blocks: set[str], modules: frozenset[str],
     maker: dict[int, object] = {}  # key -> the forward record that first wrote it
     core_readers: dict[int, set] = {}  # key -> the core kernels (by block) that read it
     outside_read: set[int] = set()  # keys a forward kernel outside the core reads
-    forward = [r for r in records if r.phase == "forward"]
+    touched: set[int] = set()  # keys any forward kernel reads or writes
     core: set[int] = set()  # record indices of the core kernels
-    for r in forward:
+    for r in records:
+        if r.phase != "forward":
+            continue
         if in_core(r.module, r.op, modules) and block_path(r.module, blocks) in blocks:
             core.add(r.index)
         read = {t.key for t in r.inputs}
+        touched |= read | {t.key for t in r.outputs}
         for t in r.outputs:
             if t.key not in read:  # (a view makes nothing: a buffer's first view is not its maker)
                 maker.setdefault(t.key, r)
@@ -98,7 +101,6 @@ def dropped_and_held(records: list, blocks: set[str], modules: frozenset[str],
         if k in saved_sizes and (output_discarded(r.module, r.module_type, modules)
                                  or (r.index in core and k not in outside_read)):
             dropped[b].add(k)
-    touched = {t.key for r in forward for t in r.inputs + r.outputs}
     for k, owner in saved_owners.items():
         b = block_path(owner, blocks)
         if k not in touched and b in blocks and in_core(owner, "", modules):
@@ -121,3 +123,14 @@ def at_rest(saved_bytes: int, plan: dict[str, BlockRecompute], saved_sizes: dict
     freed = [sum(saved_sizes[k] for k in p.dropped) for p in plan.values()]
     held = sum(sizes.get(k, 0) for p in plan.values() for k in p.held)
     return saved_bytes - sum(freed) + max(freed, default=0) + held
+
+
+def remade_and_held(plan: dict[str, BlockRecompute]) -> tuple[frozenset, dict]:
+    """``plan`` as ``liveness.peak`` takes it: every dropped key (``remade``), and each held
+    key to the dropped keys it waits for (a key several blocks' cores read waits for all)."""
+    remade = frozenset(k for p in plan.values() for k in p.dropped)
+    held: dict = {}
+    for p in plan.values():
+        for k in p.held:
+            held[k] = held.get(k, frozenset()) | p.dropped
+    return remade, held

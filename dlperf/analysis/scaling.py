@@ -1541,6 +1541,11 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     accum = cfg.grad_accum
     grad_bytes = sum(b for _, b in params)
     comm = {"strategy": cfg.strategy, "gradient_bytes": grad_bytes}
+    # what a gradient byte becomes on the wire under --reduce-dtype (FSDP's reduce_dtype, or
+    # Megatron's gradient buffer under DDP, whose buckets keep their elements: Megatron sizes
+    # them in parameters)
+    cast = (ELEMENT_BYTES[cfg.reduce_dtype] / state_element_bytes(analysis.config.precision)
+            if cfg.reduce_dtype else 1.0)
     if cfg.deepspeed_bf16:  # each micro-batch's gradients added into the fp32 buffer
         accumulate = deepspeed_bf16_s(params, analysis)
         micro_s += accumulate  # (on one GPU too: the stack's own cost, not the scale's)
@@ -1572,11 +1577,6 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                 else (DEEPSPEED_BUFFER_BYTES,) * 2 if cfg.deepspeed_bf16
                 else (HOROVOD_FUSION_BYTES,) * 2 if not cfg.overlap
                 else (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES))
-        # a gradient byte on the wire: Megatron's buffer in --reduce-dtype (the buckets keep
-        # their elements: Megatron sizes them in parameters)
-        cast = (ELEMENT_BYTES[cfg.reduce_dtype]
-                / state_element_bytes(analysis.config.precision) if cfg.reduce_dtype else 1.0)
-
         def reduce(nbytes: float) -> float:  # a bucket's all-reduce, or its reduce-scatter
             return (sharded_collective_s if cfg.distributed_optimizer else allreduce_s)(
                 nbytes * cast, dcfg.gpus, dcfg.gpus_per_node, node, network, gen=gen,
@@ -1662,9 +1662,6 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # FSDP's MixedPrecisionPolicy run it: parameters gathered in the autocast dtype
         # (2 bytes), gradients reduced in fp32 (in ``reduce_dtype`` when one is given).
         gathers = 1 if cfg.strategy == "fsdp-grad-op" else 2
-        # what a gradient byte becomes on the wire under FSDP's reduce_dtype
-        cast = (ELEMENT_BYTES[cfg.reduce_dtype]
-                / state_element_bytes(analysis.config.precision) if cfg.reduce_dtype else 1.0)
         grads = step.units  # fp32 (or the model's) gradient bytes per unit
         ratio = gathered / grad_bytes if grad_bytes else 0.0
         # torchao's float8 all-gather: those weights gathered at 1 byte an element
@@ -1866,10 +1863,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             and gathered < grad_bytes else None,
                             expert_share=expert_gradient_share(params, cfg.expert_params),
                             expert_ways=cfg.ep,
-                            gradient_cast=(ELEMENT_BYTES[cfg.reduce_dtype]
-                                           / state_element_bytes(analysis.config.precision)
-                                           if cfg.reduce_dtype and cfg.strategy == "ddp"
-                                           else 1.0))
+                            gradient_cast=cast if cfg.strategy == "ddp" else 1.0)
     if memory is not None and analysis.device.memory_bytes:
         memory["fits"] = peak_total(memory) <= analysis.device.memory_bytes
         memory["capacity_bytes"] = analysis.device.memory_bytes
