@@ -1055,7 +1055,8 @@ BRIDGE_FP8 = (
 # each device's interconnect (DGX H100 and DGX B200: NVLink inside, eight 400 Gb/s NDR NICs
 # between) and attention shares; the B200 rows run at the preset's shares (no 2025 reading of
 # cuDNN's Blackwell attention is published), the H100 rows at three (BRIDGE_ATTENTION)
-BRIDGE_INTERCONNECT = {"h100-sxm": "nvlink4-h100,ib-ndr", "b200": "nvlink5-b200,ib-ndr"}
+BRIDGE_INTERCONNECT = {"h100-sxm": "nvlink4-h100,ib-ndr", "b200": "nvlink5-b200,ib-ndr",
+                       "gb200": "nvlink5-nvl72,ib-ndr"}
 BRIDGE_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-fp8.json"
 # the attention shares each row is run at: cuDNN's through TE as read for Megatron-Core 2024
 # (the headline), the Hopper presets', cuDNN's own fraction of the peak
@@ -1512,11 +1513,22 @@ def megatron_moe(out: Path) -> None:
 # NIC each (BRIDGE_INTERCONNECT). Its gradients are reduced in BF16 (grad_reduce_in_fp32
 # off in both releases' gpt_oss_llm_pretrain.py: --reduce-dtype bf16), and its router is
 # forced to balance the tokens (moe_router_force_load_balancing), as dlperf routes them.
+# Two rows keep every all-to-all on NVLink: 26.04.01's B200s at EP 8 (v0.4.2's config, the
+# 26.04.01 release: EP 8 in the node, the plain all-to-all dispatcher since the cherry-pick
+# of #3614 took HybridEP out; 26.04's row ran HybridEP and is left out), and 26.02's GB200s
+# at EP 64 (v0.3.0's config: EP 64, MBS 4, no all-to-all overlap until v0.4.0), taken to be 64
+# of one NVL72 rack's 72 GPUs, whose NVLink joins them all (the table does not say; at EP 64
+# the B200s' all-to-alls cross InfiniBand and ran at half the GB200s' rate). The H100 row's
+# config is unchanged through 26.04.01, and its rate with it (5,810-5,984 tokens/s in the
+# 26.02.01, 26.04 and 26.04.01 tables).
 GPT_OSS_ROWS = (
     ("26.02: 64 H100s, PP 4 EP 8, GBS 1,280", "h100-sxm", 64, 4, 8, 1, 1280, "26.02", 5993, 163),
     ("26.02: 64 B200s, EP 64, GBS 1,280", "b200", 64, 1, 64, 4, 1280, "26.02", 8047, 219),
     ("25.11: 64 H100s, PP 4 EP 8, GBS 512", "h100-sxm", 64, 4, 8, 1, 512, "25.11", 5630, 153),
     ("25.11: 64 B200s, EP 64, GBS 512", "b200", 64, 1, 64, 4, 512, "25.11", 8213, 223),
+    ("26.04.01: 64 B200s, EP 8, GBS 1,280", "b200", 64, 1, 8, 4, 1280, "26.04.01", 13568, 369),
+    ("26.02: 64 GB200s, EP 64 in one NVL72, GBS 1,280", "gb200", 64, 1, 64, 4, 1280, "26.02",
+     15784, 428),
 )
 GPT_OSS_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-moe.json"
 
@@ -1548,6 +1560,7 @@ def megatron_bridge_moe(out: Path) -> None:
     the preset's; with the all-to-alls, the pipeline's bubble and the step's parts."""
     from tqdm import tqdm
 
+    from dlperf.hardware.interconnect import get_interconnect
     from dlperf.provenance import save_result
 
     rows = []
@@ -1555,9 +1568,12 @@ def megatron_bridge_moe(out: Path) -> None:
         for label, device, gpus, pp, ep, micro, batch, container, rate, tflops in tqdm(
                 GPT_OSS_ROWS, desc="megatron-bridge gpt-oss", unit="row"):
             shares = BRIDGE_ATTENTION if device == "h100-sxm" else BRIDGE_ATTENTION_B200
+            node = get_interconnect(BRIDGE_INTERCONNECT[device].split(",")[0])
             row = {"row": label, "device": device, "gpus": gpus, "pp": pp, "ep": ep,
                    "micro_batch": micro, "global_batch": batch, "container": container,
-                   "measured_tokens_per_s_per_gpu": rate, "measured_model_tflops": tflops}
+                   "measured_tokens_per_s_per_gpu": rate, "measured_model_tflops": tflops,
+                   # whether the all-to-alls leave the NVLink domain (EP ranks are adjacent)
+                   "alltoall_over": "nvlink" if ep <= node.gpus else "network"}
             for name, share in shares.items():
                 here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, share), tmp)
                 tokens = here["per_gpu_samples_per_s"] * 4096
@@ -1579,8 +1595,8 @@ def megatron_bridge_moe(out: Path) -> None:
                   f"{head['alltoall_exposed_s']:.2f} s of a {head['step_s']:.2f} s step")
     save_result(out, "validate-tp-megatron-bridge-moe",
                 {"source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md "
-                           "(26.02 and 25.11 NeMo containers), configs from "
-                           "scripts/performance/configs/gpt_oss/ at v0.3.0 and v0.2.0",
+                           "(25.11, 26.02 and 26.04.01 NeMo containers), configs from "
+                           "scripts/performance/configs/gpt_oss/ at v0.2.0, v0.3.0 and v0.4.2",
                  "rows": [list(r) for r in GPT_OSS_ROWS], "attention": BRIDGE_ATTENTION,
                  "args_h100": gpt_oss_args(*GPT_OSS_ROWS[0][1:7], BRIDGE_ATTENTION["mcore"]),
                  "args_b200": gpt_oss_args(*GPT_OSS_ROWS[1][1:7], None)},

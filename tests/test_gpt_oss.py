@@ -269,6 +269,15 @@ def test_the_gpt_oss_rows_run_as_their_perf_recipes_say():
                         ("--bucket-cap-mb", "244.1"), ("--device", "b200")):
         assert args[args.index(flag) + 1] == value
     assert "--pp" not in args and "--efficiency" not in args
+    # the rows whose all-to-alls stay on NVLink: B200s at EP 8 in a node, GB200s at EP 64 in
+    # one NVL72 rack, whose interconnect makes the 64 GPUs one node
+    ep8 = next(r for r in tp.GPT_OSS_ROWS if r[1] == "b200" and r[4] == 8)
+    args = tp.gpt_oss_args(*ep8[1:7], None)
+    assert args[args.index("--ep") + 1] == "8" and args[args.index("--grad-accum") + 1] == "5"
+    gb = next(r for r in tp.GPT_OSS_ROWS if r[1] == "gb200")
+    args = tp.gpt_oss_args(*gb[1:7], None)
+    assert args[args.index("--interconnect") + 1] == "nvlink5-nvl72,ib-ndr"
+    assert args[args.index("--ep") + 1] == "64"
 
 
 def test_the_expert_parallel_record_reads_the_gpt_oss_rows():
@@ -276,17 +285,28 @@ def test_the_expert_parallel_record_reads_the_gpt_oss_rows():
 
     mixtral = {"rows": [{"virtual": v, "attention": 0.304, "ratio": r}
                         for v, r in ((1, 0.80), (8, 0.92))]}
-    bridge = {"rows": [{"device": d, "mcore": {"ratio": r}}
-                       for d, r in (("h100-sxm", 1.31), ("b200", 1.24), ("h100-sxm", 1.30),
-                                    ("b200", 1.21))]}
+    rows = (("h100-sxm", 1.31, "nvlink", "26.02"), ("b200", 1.24, "network", "26.02"),
+            ("h100-sxm", 1.30, "nvlink", "25.11"), ("b200", 1.21, "network", "25.11"),
+            ("b200", 1.67, "nvlink", "26.04.01"), ("gb200", 1.63, "nvlink", "26.02"))
+    bridge = {"rows": [{"device": d, "mcore": {"ratio": r}, "alltoall_over": o, "container": c}
+                       for d, r, o, c in rows]}
     entry = build_expert_parallel(mixtral, bridge)
     g = entry["gpt_oss"]
-    assert (g["runs"], g["ratio_low"], g["ratio_high"]) == (4, 1.21, 1.31)
-    assert g["by_device"]["b200"] == {"low": 1.21, "high": 1.24}
+    assert (g["runs"], g["ratio_low"], g["ratio_high"]) == (6, 1.21, 1.67)
+    assert g["by_device"]["b200"] == {"low": 1.21, "high": 1.67}
+    assert g["by_alltoall"]["nvlink"] == {"low": 1.30, "high": 1.67, "runs": 4}
+    # containers sorted as versions: 25.11 before 26.02 before 26.04.01
+    assert g["source"].endswith("(NeMo 25.11 to 26.04.01)")
     text = describe_expert_parallel({"expert_parallel": entry})
-    assert text.startswith("Expert parallelism is checked against 5 published rates.")
-    assert "predicted 1.21-1.31x their tokens/s, too fast" in text
-    assert "up to 1.3x optimistic" in text
+    assert text.startswith("Expert parallelism is checked against 7 published rates.")
+    assert ("predicted 1.21-1.67x their tokens/s (H100s 1.30-1.31x; B200s 1.21-1.67x; "
+            "GB200s 1.63x), too fast; the 4 whose all-to-alls stay on NVLink are the furthest "
+            "off (1.30-1.67x)") in text
+    assert "up to 1.7x optimistic" in text
+    # rows of an older record (no alltoall_over) read as crossing the network: no claim
+    old = {"rows": [{"device": "b200", "mcore": {"ratio": 1.2}}]}
+    text = describe_expert_parallel({"expert_parallel": build_expert_parallel(mixtral, old)})
+    assert "stay on NVLink" not in text and "(B200s 1.20x)" in text
 
 
 def test_the_attention_flags_build_the_config(tmp_path, capsys):

@@ -345,7 +345,10 @@ def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
                            ("scope", "rack", "scope must be node or network"),
                            # a figure in the wrong unit: GB/s or microseconds
                            ("bus_bandwidth", 46, "is 46 B/s; for 46 GB/s write 46e9"),
-                           ("latency_s", 5, "is 5 s; for 5 us write 5e-6")):
+                           ("latency_s", 5, "is 5 s; for 5 us write 5e-6"),
+                           # a node's GPUs: a whole number, at least one
+                           ("gpus", 0, "gpus .* must be a whole number >= 1, got 0"),
+                           ("gpus", 7.5, "got 7.5"), ("gpus", True, "got True")):
         path.write_text(json.dumps({**good, key: bad}))
         with pytest.raises(DlperfError, match=f"my-ib.json: .*{says}"):
             get_interconnect(str(path))
@@ -361,6 +364,39 @@ def test_scale_config_and_interconnect_files_refuse_nonsense(tmp_path):
         # and is NCCL's: NVLink or PCIe inside a node, a NIC between nodes
         assert ic.nccl == ("nvlink" if ic.name.startswith("nvlink") else
                            "pci" if ic.name.startswith("pcie") else "net")
+
+
+def test_an_nvl72_rack_is_one_node_of_72_gpus(tmp_path, capsys):
+    """The GB200 NVL72: its NVLink joins 72 GPUs, so --interconnect auto makes them one node
+    (nvlink5-nvl72, gpus=72) unless --gpus-per-node, --nodes or a server's NVLink says
+    otherwise; its preset is the B200's silicon at 1,200 W (360 PFLOPS of sparse FP16/BF16
+    over 72 GPUs: 5 sparse, 2.5 dense each)."""
+    from conftest import run_cli
+
+    from dlperf.analysis.nccl import generation
+    from dlperf.hardware.interconnect import auto_interconnects
+    from dlperf.hardware.specs import get_device, match_preset
+
+    gb200 = get_device("gb200")
+    assert gb200.peak_flops("bf16") == 2.5e15 and gb200.peak_flops("fp8") == 5e15
+    assert gb200.mem_bandwidth == 8e12  # 576 TB/s / 72
+    assert match_preset("NVIDIA GB200").name == "gb200"
+    assert match_preset("NVIDIA B200").name == "b200"  # not caught by the GB200's pattern
+    assert generation("gb200") == generation("b200") == 3  # NCCL's Blackwell tuning
+    assert auto_interconnects("gb200") == ("nvlink5-nvl72", "ib-ndr", False)
+    assert PRESETS["nvlink5-nvl72"].gpus == 72 and PRESETS["nvlink5-b200"].gpus == 8
+    base = ["analyze", "resnet18", "--train", "--batch-size", "64", "--device", "gb200",
+            "--gpus", "128", "--top", "1", "--json", str(tmp_path / "r.json")]
+    nodes = {}
+    for extra in ([], ["--gpus-per-node", "64"], ["--nodes", "4"],
+                  ["--interconnect", "nvlink5-b200,ib-ndr"]):
+        code, out, err = run_cli(base + extra, capsys)
+        assert code == 0, err
+        data = json.loads((tmp_path / "r.json").read_text())["scale_out"]
+        nodes[" ".join(extra)] = data["at_requested_scale"]["nodes"]
+    # 128 GPUs: two racks (72 + 56), two of 64, four given, or 16 servers of 8
+    assert nodes == {"": 2, "--gpus-per-node 64": 2, "--nodes 4": 4,
+                     "--interconnect nvlink5-b200,ib-ndr": 16}
 
 
 def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):

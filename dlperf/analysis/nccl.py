@@ -81,7 +81,7 @@ ALGORITHMS = ("ring", "tree", "pat")
 NOT_MODELLED = ("collnetdirect", "collnetchain", "collnet", "nvls", "nvlstree")
 
 # GPU generation (tuning.cc's compute-capability index) by device preset name
-_GENERATIONS = ((r"^b\d00|blackwell", 3), (r"^h\d00|^gh200|hopper", 2),
+_GENERATIONS = ((r"^g?b\d00|blackwell", 3), (r"^h\d00|^gh200|hopper", 2),
                 (r"^a\d|^l4|^l40|^rtx[34]0|^rtx-a|^rtx6000-ada|ampere|ada", 1))
 
 

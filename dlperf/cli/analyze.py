@@ -156,10 +156,12 @@ def add_parser(sub) -> None:
     s.add_argument("--gpus", type=positive_int, default=None,
                    help="GPUs in the job: predict per-GPU and total throughput, exposed "
                         "communication, input-bound or not, and the limit, from 1 to 4,096 GPUs")
-    s.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node [8]")
+    s.add_argument("--gpus-per-node", type=positive_int, default=None,
+                   help="GPUs per node, the ones its interconnect joins [the node "
+                        "interconnect's: 8 in a DGX/HGX server, 72 on nvlink5-nvl72]")
     s.add_argument("--nodes", type=positive_int, default=None, metavar="M",
                    help="nodes in the job, the --gpus spread evenly over them (the same as "
-                        "--gpus-per-node GPUS/M) [GPUS/8, at least one]")
+                        "--gpus-per-node GPUS/M) [GPUS over --gpus-per-node, at least one]")
     s.add_argument("--interconnect", default="auto", metavar="NODE[,NETWORK]",
                    help="inside a node and between nodes (per GPU): presets from `dlperf "
                         "devices --interconnects`, or .json files [auto: the DGX/HGX system of "
@@ -522,6 +524,20 @@ def gpus_per_node(gpus: int | None, nodes: int | None, per_node: int | None) -> 
     return gpus // nodes
 
 
+def node_gpus(interconnect: str, device: str) -> int:
+    """The default --gpus-per-node: the GPUs the node interconnect of --interconnect (its
+    first name; auto: the --device preset's system) joins, 8 where none is known."""
+    from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
+
+    name = interconnect.split(",")[0].strip()
+    if name == "auto":
+        auto = auto_interconnects(device)
+        if auto is None:
+            return 8
+        name = auto[0]
+    return get_interconnect(name).gpus
+
+
 def run(args) -> int:
     import dataclasses
 
@@ -545,6 +561,7 @@ def run(args) -> int:
         cuDNN's on Hopper from torch 2.11, FlashAttention-2 on Ampere) or the preset's."""
         return args.attention_kernel or default_attention_kernel(args.model, spec)
 
+    node_given = args.gpus_per_node is not None or args.nodes is not None
     args.gpus_per_node = gpus_per_node(args.gpus, args.nodes, args.gpus_per_node)
     if args.tp > 1 and args.gpus is None:
         raise DlperfError(f"--tp {args.tp} splits the model over GPUs of a node: add --gpus N "
@@ -622,6 +639,9 @@ def run(args) -> int:
     gpt = _gpt_config(args)
     specs = _specs(args, console)
     spec = specs[0]
+    if args.gpus is not None and not node_given:
+        # a node is what its interconnect joins: an NVL72 rack's 72 GPUs, not a server's 8
+        args.gpus_per_node = node_gpus(args.interconnect, spec.name)
     if args.fp8 is not None:
         lacking = [s.name for s in specs if s.peak_flops("fp8") is None]
         if lacking:
@@ -630,7 +650,7 @@ def run(args) -> int:
         # datacenter Blackwell's FP8 GEMMs (sm 10.x: B200, B300, GB200) take any layout,
         # Hopper's, Ada's and sm 12.x Blackwell's only TN (TransformerEngine's
         # nvte_is_non_tn_fp8_gemm_supported): the capture (one for every --device) makes the
-        # transposes or not; of the presets, the b200 is the only one of the first kind
+        # transposes or not; of the presets, the b200 and gb200 are of the first kind
         kinds = {generation(s.name) < 3 for s in specs}
         if len(kinds) > 1:
             raise DlperfError("--fp8 --device: compare Blackwell GPUs with Blackwell GPUs and "

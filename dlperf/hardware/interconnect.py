@@ -43,6 +43,9 @@ class Interconnect:
     # node) or "net"; "" for a transport that is not NCCL's (gloo: `dlperf probe --comm`),
     # timed as a plain ring at ``latency_s`` a step
     nccl: str = ""
+    # a node interconnect's GPUs, the default --gpus-per-node: 8 in a DGX/HGX server, 72 in
+    # an NVL72 rack, whose NVLink joins them all (NCCL runs inside it as inside a server)
+    gpus: int = 8
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,6 +87,14 @@ PRESETS = {i.name: i for i in (
                  "(NVIDIA/nccl-tests#272)", "nvlink"),
     _nv("nvlink5-b200", "NVLink 5 + NVSwitch (8x B200)", 900.0,
         "B200 datasheet: 1.8 TB/s NVLink, both directions"),
+    # The GB200 NVL72: each GPU's 18 NVLink 5 links go to the rack's NVLink switch trays, so
+    # all 72 GPUs reach each other at the full 900 GB/s per direction (a "multi-node NVLink"
+    # domain NCCL treats as one node). Measured over the whole rack: 835-847 GB/s busbw at
+    # 4-8 GiB, 0.93 of the line rate where the nvlink4 ring reaches 0.82
+    Interconnect("nvlink5-nvl72", "NVLink 5 + NVLink Switch, one NVL72 rack (72 GPUs)", 835e9,
+                 2e-6, "node", "measured: all_reduce_perf busbw 835 GB/s (4 GiB) to 847 GB/s "
+                 "over a full GB200 NVL72 rack, 72 GPUs (coreweave/nccl-tests#43)", "nvlink",
+                 gpus=72),
     _net("pcie3", "PCIe Gen3 x16 (through the host)", 126.0, 1,
          "PCIe 3.0 x16: 15.75 GB/s per direction", nccl="pci"),
     _net("pcie4", "PCIe Gen4 x16 (through the host)", 252.0, 1,
@@ -132,10 +143,12 @@ PRESETS = {i.name: i for i in (
 NODE_OF_DEVICE = {"v100-sxm2": "nvlink2-dgx1", "v100-sxm2-16gb": "nvlink2-dgx1",
                   "a100-40gb": "nvlink3-a100",
                   "a100-80gb": "nvlink3-a100", "h100-sxm": "nvlink4-h100",
-                  "h200": "nvlink4-h200", "b200": "nvlink5-b200"}
+                  "h200": "nvlink4-h200", "b200": "nvlink5-b200", "gb200": "nvlink5-nvl72"}
 NETWORK_OF_DEVICE = {"v100-sxm2": "ib-edr-dgx1", "v100-sxm2-16gb": "ib-edr-dgx1",
                      "a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr",
-                     "h100-sxm": "ib-ndr", "h200": "ib-ndr", "b200": "ib-xdr"}
+                     "h100-sxm": "ib-ndr", "h200": "ib-ndr", "b200": "ib-xdr",
+                     # a GB200 compute tray's four ConnectX-7 NICs, one 400 Gb/s NIC a GPU
+                     "gb200": "ib-ndr"}
 # PCIe cards have no system of their own: inside a node their all-reduce goes through the host
 # at their PCIe generation (Lambda's 2-8 GPU PCIe servers scaled ResNet-50 at 94.5-100.5%
 # against 99.7-100% predicted this way; benchmarks/README.md); between nodes nothing is known,
@@ -180,6 +193,9 @@ def _check_file_fields(ic: Interconnect, path: Path) -> None:
         raise DlperfError(f"{path}: latency_s is in seconds: {ic.latency_s:g} is "
                           f"{ic.latency_s:g} s; for {ic.latency_s:g} us write "
                           f"{ic.latency_s:g}e-6")
+    if isinstance(ic.gpus, bool) or not isinstance(ic.gpus, int) or ic.gpus < 1:
+        raise DlperfError(f"{path}: gpus (a node's GPUs) must be a whole number >= 1, got "
+                          f"{ic.gpus!r}")
     if ic.scope not in ("node", "network") or ic.nccl not in ("", "nvlink", "pci", "net"):
         raise DlperfError(f"{path}: scope must be node or network, and nccl nvlink, pci, net or "
                           f"absent (got scope {ic.scope!r}, nccl {ic.nccl!r})")

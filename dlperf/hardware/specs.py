@@ -399,6 +399,19 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
           source="https://www.nvidia.com/en-us/data-center/hgx/",
           notes="Per-GPU figures are the HGX B200 8-GPU platform figures divided by 8; NVIDIA "
                 "publishes no boost clock or L2 size in the datasheet."),
+    # The GB200 NVL72 rack: 72 Blackwell GPUs at 1,200 W, two to a Grace CPU, one NVLink
+    # domain (hardware/interconnect.py, nvlink5-nvl72); docs/design.md, published facts
+    _spec("gb200", "NVIDIA GB200 (NVL72, 1200 W)", 148, None, 8000,
+          {"fp32": 80.0, "tf32": 1250.0, "fp16": 2500.0, "bf16": 2500.0, "fp8": 5000.0,
+           "int8": 5000.0},
+          {"tf32": 2500.0, "fp16": 5000.0, "bf16": 5000.0, "fp8": 10000.0, "int8": 10000.0},
+          mem_gb=186,
+          source="https://www.nvidia.com/en-us/data-center/gb200-nvl72/",
+          notes="Per-GPU figures are the GB200 NVL72 rack's divided by 72 (FP16/BF16 360 "
+                "PFLOPS with sparsity, FP32 5,760 TFLOPS, 13.4 TB of HBM3e at 576 TB/s); the "
+                "same GPU as the HGX B200's at 1,200 W instead of 1,000 W, so about 11% more "
+                "Tensor Core peak. Its NVLink joins all 72 GPUs: a scale-out puts 72 in a "
+                "node (--interconnect auto: nvlink5-nvl72)."),
 )}
 
 ALIASES = {"v100": "v100-sxm2", "a100": "a100-80gb", "h100": "h100-sxm", "h200-sxm": "h200",
@@ -452,7 +465,8 @@ def get_device(name_or_path: str) -> DeviceSpec:
 # (pattern on the CUDA device name, preset), most specific first: "A10" must not catch "A100".
 _NAME_PATTERNS = (
     (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"), (r"\bgh200\b", "gh200"), (r"\bh200\b", "h200"),
-    (r"\bb200\b", "b200"), (r"\ba100\b(?=.*\bpcie\b)(?=.*\b80\s*gb)", "a100-pcie-80gb"),
+    (r"\bgb200\b", "gb200"), (r"\bb200\b", "b200"),
+    (r"\ba100\b(?=.*\bpcie\b)(?=.*\b80\s*gb)", "a100-pcie-80gb"),
     (r"\ba100\b(?=.*\bpcie\b)", "a100-pcie-40gb"), (r"\ba100\b.*80\s*gb", "a100-80gb"),
     (r"\ba100\b", "a100-40gb"), (r"\brtx 3090\b", "rtx3090"), (r"\brtx 4090\b", "rtx4090"),
     (r"\brtx 6000 ada\b", "rtx6000-ada"), (r"\brtx a6000\b", "rtx-a6000"),
