@@ -1051,6 +1051,10 @@ BRIDGE_FP8 = (
      [("25.11", 30624, 1576)], "b200", 2, "ddp"),
     ("405B, 128 B200s, GBS 64", "llama3-405b", 128, 4, 8, 8, 2, 15, 32,
      [("25.11", 661, 1667)], "b200", 1, "ddp"),
+    # DGX-GB200 (25.11): v0.2.0 gives the GB200 the B200's config (LLAMA3_8B_GB200_FP8_CS_BASE_
+    # CONFIG: micro-batch 2, full-iteration CUDA graphs), so the two rows differ in the GPU only
+    ("8B, 8 GB200s, MBS 2, GBS 128", "llama3-8b", 8, 1, 1, 1, 1, None, 8,
+     [("25.11", 31508, 1622)], "gb200", 2, "ddp"),
 )
 # each device's interconnect (DGX H100 and DGX B200: NVLink inside, eight 400 Gb/s NDR NICs
 # between) and attention shares; the B200 rows run at the preset's shares (no 2025 reading of

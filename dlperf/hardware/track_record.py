@@ -520,8 +520,8 @@ def build_fp8(result: dict, scaling: dict | None = None) -> dict:
     te_rows = [r for r in (scaling or {}).get("rows", []) if r.get("fp8") in TE_RECIPES]
     te_pairs = [p for p in (scaling or {}).get("float8_pairs", [])
                 if p.get("recipe") in TE_RECIPES]
-    return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s and DGX B200s in "
-                      "FP8 with current scaling (NeMo 25.11-26.06)",
+    return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s, DGX B200s and "
+                      "GB200s in FP8 with current scaling (NeMo 25.11-26.06)",
             "te_linear": {"rows": [{"id": r["id"], "model": r["model"], "recipe": r["fp8"],
                                     "source": r["source"], "device": r["device"],
                                     "gpus": r["gpus"], "measured": r["measured_per_gpu"],
