@@ -985,7 +985,6 @@ def describe_expert_parallel(record: dict | None = None) -> str:
             f"{g['ratio_high']:.1f}x optimistic (not yet explained). How: {how}.")
 
 
-
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
     """What the published tensor-parallel runs say of ``analyze --tp`` (printed under every
     tensor-parallel prediction), from the scale-out record; None when it has none."""
