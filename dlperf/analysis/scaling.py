@@ -1117,12 +1117,6 @@ def expert_parallel_s(predictions, ep: int, nbytes: float, alltoall) -> dict:
             "busy_s": count * each, "exposed_s": count * each}
 
 
-def expert_gradient_share(params: list[tuple[str, int]], experts: frozenset) -> float:
-    """The share of the gradient bytes that are experts' (``experts``: their names)."""
-    total = sum(b for _, b in params)
-    return sum(b for n, b in params if n in experts) / total if total else 0.0
-
-
 @dataclass(frozen=True)
 class ScaleConfig:
     """How the job is spread: ``gpus`` in nodes of ``gpus_per_node``, data parallel by DDP or
@@ -1546,6 +1540,9 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
     # them in parameters)
     cast = (ELEMENT_BYTES[cfg.reduce_dtype] / state_element_bytes(analysis.config.precision)
             if cfg.reduce_dtype else 1.0)
+    # the experts' share of the gradient bytes (expert parallel: their own replicas reduce them
+    # and the distributed optimizer shards their state over those)
+    expert_bytes = sum(b for n, b in params if n in cfg.expert_params)
     if cfg.deepspeed_bf16:  # each micro-batch's gradients added into the fp32 buffer
         accumulate = deepspeed_bf16_s(params, analysis)
         micro_s += accumulate  # (on one GPU too: the stack's own cost, not the scale's)
@@ -1608,7 +1605,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
             comm_params = [(n, b * factor if n in cfg.expert_params else b)
                            for n, b in params]
             comm["expert_gradients"] = {
-                "bytes": sum(b for n, b in params if n in cfg.expert_params),
+                "bytes": expert_bytes,
                 "replicas": peers, "cost_per_byte_vs_dense": factor}
         interleaved = overlap and cfg.pp > 1 and cfg.pp_virtual > 1
         if interleaved:  # Megatron-Core: a unit per model chunk, reduced as each chunk ends
@@ -1861,7 +1858,7 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
                             # fp32 masters beside the model in bf16/fp16 (--precision fsdp)
                             model_copy_bytes=gathered if analysis.config.precision == "fsdp"
                             and gathered < grad_bytes else None,
-                            expert_share=expert_gradient_share(params, cfg.expert_params),
+                            expert_share=expert_bytes / grad_bytes if grad_bytes else 0.0,
                             expert_ways=cfg.ep,
                             gradient_cast=cast if cfg.strategy == "ddp" else 1.0)
     if memory is not None and analysis.device.memory_bytes:

@@ -524,18 +524,29 @@ def gpus_per_node(gpus: int | None, nodes: int | None, per_node: int | None) -> 
     return gpus // nodes
 
 
-def node_gpus(interconnect: str, device: str) -> int:
-    """The default --gpus-per-node: the GPUs the node interconnect of --interconnect (its
-    first name; auto: the --device preset's system) joins, 8 where none is known."""
-    from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
+def interconnect_names(interconnect: str, device: str) -> tuple[list[str], bool] | None:
+    """--interconnect's names (node, network) and whether they are assumed: as given (one name
+    for both), or for auto the --device preset's system (hardware/interconnect.py,
+    auto_interconnects); None for auto on a device with none."""
+    from dlperf.hardware.interconnect import auto_interconnects
 
-    name = interconnect.split(",")[0].strip()
-    if name == "auto":
+    names = [n.strip() for n in interconnect.split(",")]
+    if names == ["auto"]:
         auto = auto_interconnects(device)
         if auto is None:
-            return 8
-        name = auto[0]
-    return get_interconnect(name).gpus
+            return None
+        *names, assumed = auto
+        return names, assumed
+    return (names * 2 if len(names) == 1 else names), False
+
+
+def node_gpus(interconnect: str, device: str) -> int:
+    """The default --gpus-per-node: the GPUs the node interconnect of --interconnect joins, 8
+    where none is known."""
+    from dlperf.hardware.interconnect import get_interconnect
+
+    resolved = interconnect_names(interconnect, device)
+    return 8 if resolved is None else get_interconnect(resolved[0][0]).gpus
 
 
 def run(args) -> int:
@@ -816,26 +827,22 @@ def _scale_setup(args, spec, console, gpt=None, tokens: int = 0):
     device ``spec``. ``gpt``: the decoder's config and ``tokens`` a micro-batch's (--tp: its
     collectives)."""
     from dlperf.analysis.scaling import ScaleConfig, held_sms
-    from dlperf.hardware.interconnect import auto_interconnects, get_interconnect
+    from dlperf.hardware.interconnect import get_interconnect
     from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
     if not args.train:
         raise DlperfError("--gpus needs --train (data parallel scaling is about training steps)")
     device = spec.name
-    names = [n.strip() for n in args.interconnect.split(",")]
-    if names == ["auto"]:
-        auto = auto_interconnects(device)
-        if auto is None:
-            raise DlperfError(f"--interconnect auto knows no system for {device}; name one, "
-                              "e.g. --interconnect nvlink4-h100,ib-ndr")
-        *names, assumed = auto
-        if assumed:
-            console.print(f"--interconnect auto: {device} is a PCIe card: {names[0]} "
-                          f"through the host inside a node, {names[1]} between nodes "
-                          "(assumed: name yours with --interconnect NODE,NETWORK)",
-                          style="yellow")
-    if len(names) == 1:
-        names.append(names[0])
+    resolved = interconnect_names(args.interconnect, device)
+    if resolved is None:
+        raise DlperfError(f"--interconnect auto knows no system for {device}; name one, "
+                          "e.g. --interconnect nvlink4-h100,ib-ndr")
+    names, assumed = resolved
+    if assumed:
+        console.print(f"--interconnect auto: {device} is a PCIe card: {names[0]} "
+                      f"through the host inside a node, {names[1]} between nodes "
+                      "(assumed: name yours with --interconnect NODE,NETWORK)",
+                      style="yellow")
     node, network = (get_interconnect(n) for n in names[:2])
     act_bytes = ELEMENT_BYTES[args.dtype]
     layout = None

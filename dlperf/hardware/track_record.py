@@ -973,11 +973,11 @@ def describe_expert_parallel(record: dict | None = None) -> str:
                 f"One figure, not a record: {how}.")
     devices = "; ".join(f"{DEVICE_NAMES.get(d, d)} {_span([v['low'], v['high']])}x"
                         for d, v in g["by_device"].items())
-    nvlink = g.get("by_alltoall", {}).get("nvlink")
+    nvlink, network = (g.get("by_alltoall", {}).get(k) for k in ("nvlink", "network"))
     where = (f"; the {nvlink['runs']} whose all-to-alls stay on NVLink are the furthest off "
              f"({_span([nvlink['low'], nvlink['high']])}x), so what is missing is the GPUs' own "
-             "work, not the network's" if nvlink and g.get("by_alltoall", {}).get("network")
-             and nvlink["low"] > g["by_alltoall"]["network"]["high"] else "")
+             "work, not the network's"
+             if nvlink and network and nvlink["low"] > network["high"] else "")
     return (f"Expert parallelism is checked against {g['runs'] + 1} published rates. "
             f"{mixtral[0].upper()}{mixtral[1:]}; {g['source']}: predicted "
             f"{g['ratio_low']:.2f}-{g['ratio_high']:.2f}x their tokens/s ({devices}), too "
