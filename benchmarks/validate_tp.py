@@ -1055,12 +1055,19 @@ BRIDGE_FP8 = (
     # CONFIG: micro-batch 2, full-iteration CUDA graphs), so the two rows differ in the GPU only
     ("8B, 8 GB200s, MBS 2, GBS 128", "llama3-8b", 8, 1, 1, 1, 1, None, 8,
      [("25.11", 31508, 1622)], "gb200", 2, "ddp"),
+    # DGX-GB300 (25.11), held out: v0.2.0's LLAMA3_8B_GB300_FP8_CS_BASE_CONFIG runs micro-batch
+    # 4 (the table's MBS column says 2, its GA 8; the code's GA is 4) with the same CUDA graphs;
+    # the same dense FP8 peak as the GB200's, at 1,400 W instead of 1,200 W
+    ("8B, 8 GB300s, MBS 4, GBS 128", "llama3-8b", 8, 1, 1, 1, 1, None, 4,
+     [("25.11", 37556, 1933)], "gb300", 4, "ddp"),
 )
 # each device's interconnect (DGX H100 and DGX B200: NVLink inside, eight 400 Gb/s NDR NICs
 # between) and attention shares; the B200 rows run at the preset's shares (no 2025 reading of
 # cuDNN's Blackwell attention is published), the H100 rows at three (BRIDGE_ATTENTION)
 BRIDGE_INTERCONNECT = {"h100-sxm": "nvlink4-h100,ib-ndr", "b200": "nvlink5-b200,ib-ndr",
-                       "gb200": "nvlink5-nvl72,ib-ndr"}
+                       "gb200": "nvlink5-nvl72,ib-ndr",
+                       # Blackwell Ultra systems: one 800 Gb/s ConnectX-8 a GPU
+                       "b300": "nvlink5-b300,ib-xdr", "gb300": "nvlink5-nvl72,ib-xdr"}
 BRIDGE_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-fp8.json"
 # the attention shares each row is run at: cuDNN's through TE as read for Megatron-Core 2024
 # (the headline), the Hopper presets', cuDNN's own fraction of the peak
@@ -1533,17 +1540,30 @@ GPT_OSS_ROWS = (
     ("26.04.01: 64 B200s, EP 8, GBS 1,280", "b200", 64, 1, 8, 4, 1280, "26.04.01", 13568, 369),
     ("26.02: 64 GB200s, EP 64 in one NVL72, GBS 1,280", "gb200", 64, 1, 64, 4, 1280, "26.02",
      15784, 428),
+    # Blackwell Ultra, held out (no parameter was fitted to them): v0.3.0's configs for the
+    # GB300 and the B300 are the GB200's and the B200's EP 64 and micro-batch 4 without the
+    # recomputation (no recompute_modules) and with TransformerEngine's CUDA graphs of the
+    # attention, router and dispatch preprocessing (not modelled: a share of the launches);
+    # the DGX B300's NICs are ConnectX-8s, 800 Gb/s a GPU (BRIDGE_INTERCONNECT)
+    ("26.02: 64 GB300s, EP 64 in one NVL72, GBS 1,280", "gb300", 64, 1, 64, 4, 1280, "26.02",
+     19412, 527, None),
+    ("26.02: 64 B300s, EP 64, GBS 1,280", "b300", 64, 1, 64, 4, 1280, "26.02", 8359, 228,
+     None),
 )
+# what each row recomputes (Megatron-Core's --recompute-modules) unless it says otherwise
+GPT_OSS_RECOMPUTE = "layernorm,moe_act"
 GPT_OSS_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-moe.json"
 
 
 def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: int,
-                 attention: float | None) -> list[str]:
+                 attention: float | None, recompute: str | None = GPT_OSS_RECOMPUTE
+                 ) -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's gpt-oss-120b rows (``GPT_OSS_ROWS``), as
     its perf recipe runs it: BF16 with FP32 master weights and optimizer state, gradients in
     Megatron-Core's BF16 buckets (``GPT_OSS_ROWS``), the distributed optimizer, TE's
-    fused kernels and cross-entropy, the norms and the experts' activation recomputed,
-    ``attention`` the fused attention's share (None: the preset's)."""
+    fused kernels and cross-entropy, ``recompute`` the modules recomputed (None: none; the
+    norms and the experts' activation for most rows), ``attention`` the fused attention's
+    share (None: the preset's)."""
     replicas = gpus // pp
     return (["analyze", "gpt-oss-120b", "--device", device, "--train", "--dtype", "bf16",
              "--precision", "fsdp", "--optimizer", "adamw", "--tp-impl", "te", "--loss",
@@ -1551,9 +1571,9 @@ def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: in
              str(batch // replicas // micro), "--gpus", str(gpus), "--ep", str(ep),
              "--interconnect", BRIDGE_INTERCONNECT[device], "--distributed-optimizer",
              "--reduce-dtype", "bf16",
-             "--bucket-cap-mb", f"{megatron_bucket_mib(replicas):.1f}",
-             "--activation-checkpointing",
-             "modules", "--recompute-modules", "layernorm,moe_act", "--top", "1"]
+             "--bucket-cap-mb", f"{megatron_bucket_mib(replicas):.1f}", "--top", "1"]
+            + (["--activation-checkpointing", "modules", "--recompute-modules", recompute]
+               if recompute else [])
             + (["--pp", str(pp)] if pp > 1 else [])
             + (["--efficiency", f"attention={attention}"] if attention is not None else []))
 
@@ -1569,17 +1589,20 @@ def megatron_bridge_moe(out: Path) -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, device, gpus, pp, ep, micro, batch, container, rate, tflops in tqdm(
+        for label, device, gpus, pp, ep, micro, batch, container, rate, tflops, *own in tqdm(
                 GPT_OSS_ROWS, desc="megatron-bridge gpt-oss", unit="row"):
+            recompute = own[0] if own else GPT_OSS_RECOMPUTE
             shares = BRIDGE_ATTENTION if device == "h100-sxm" else BRIDGE_ATTENTION_B200
             node = get_interconnect(BRIDGE_INTERCONNECT[device].split(",")[0])
             row = {"row": label, "device": device, "gpus": gpus, "pp": pp, "ep": ep,
                    "micro_batch": micro, "global_batch": batch, "container": container,
                    "measured_tokens_per_s_per_gpu": rate, "measured_model_tflops": tflops,
+                   "recompute": recompute,
                    # whether the all-to-alls leave the NVLink domain (EP ranks are adjacent)
                    "alltoall_over": "nvlink" if ep <= node.gpus else "network"}
             for name, share in shares.items():
-                here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, share), tmp)
+                here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, share,
+                                             recompute), tmp)
                 tokens = here["per_gpu_samples_per_s"] * 4096
                 comm = here["communication"]
                 row[name] = {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
@@ -1603,7 +1626,8 @@ def megatron_bridge_moe(out: Path) -> None:
                            "scripts/performance/configs/gpt_oss/ at v0.2.0, v0.3.0 and v0.4.2",
                  "rows": [list(r) for r in GPT_OSS_ROWS], "attention": BRIDGE_ATTENTION,
                  "args_h100": gpt_oss_args(*GPT_OSS_ROWS[0][1:7], BRIDGE_ATTENTION["mcore"]),
-                 "args_b200": gpt_oss_args(*GPT_OSS_ROWS[1][1:7], None)},
+                 "args_b200": gpt_oss_args(*GPT_OSS_ROWS[1][1:7], None),
+                 "args_gb300": gpt_oss_args(*GPT_OSS_ROWS[6][1:7], None, GPT_OSS_ROWS[6][10])},
                 {"rows": rows})
     print(f"Wrote {out}")
 

@@ -268,12 +268,12 @@ def test_devices_lists_every_preset(capsys):
     for name in ("v100-sxm2", "t4", "a10", "rtx3090", "a100-40gb", "a100-80gb", "l4", "l40s",
                  "h100-sxm", "h100-pcie", "h200", "b200", "rtx4090", "rtx6000-ada", "rtx-a6000",
                  "quadro-rtx8000", "a100-pcie-40gb", "a100-pcie-80gb", "gh200", "a30", "a40",
-                 "l40", "v100-pcie", "v100-sxm2-16gb", "gb200"):
+                 "l40", "v100-pcie", "v100-sxm2-16gb", "gb200", "b300", "gb300"):
         assert name in out
     assert "138.9" in out  # V100 fp16 ops:byte
     code, out, _ = _run(["devices", "--json"], capsys)
     specs = {s["name"]: s for s in json.loads(out)}
-    assert len(specs) == 25 and all(s["source"].startswith("https://") for s in specs.values())
+    assert len(specs) == 27 and all(s["source"].startswith("https://") for s in specs.values())
     # dense and sparse kept apart: sparse is exactly 2x dense where NVIDIA publishes both
     h100 = specs["h100-sxm"]
     assert h100["sparse_peak"]["bf16"] == pytest.approx(2 * h100["peak"]["bf16"], rel=1e-3)

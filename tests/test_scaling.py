@@ -399,6 +399,32 @@ def test_an_nvl72_rack_is_one_node_of_72_gpus(tmp_path, capsys):
                      "--interconnect nvlink5-b200,ib-ndr": 16}
 
 
+def test_blackwell_ultra_presets_are_blackwell_with_more_memory_and_no_int8():
+    """B300 and GB300 (Blackwell Ultra, sm_103): the B200's and GB200's dense FP8/BF16 peaks
+    (HGX B300: 72 PFLOPS sparse FP8 over 8 GPUs = 4.5 dense each; GB300 NVL72: 720 sparse over
+    72 = 5 dense), 288 GB of HBM3e (270 and 279 usable), INT8 cut to 0.15-0.165 POPS dense
+    (under 4% of their FP8), ConnectX-8 NICs at 800 Gb/s, NCCL's Blackwell tuning, FP8 GEMMs
+    in any layout and cuDNN's attention first in SDPA."""
+    from dlperf.analysis.nccl import generation
+    from dlperf.hardware.efficiency import sdpa_kernel
+    from dlperf.hardware.interconnect import auto_interconnects
+    from dlperf.hardware.specs import get_device
+
+    pairs = {"b300": "b200", "gb300": "gb200"}
+    for ultra, base in pairs.items():
+        u, b = get_device(ultra), get_device(base)
+        assert [u.peak_flops(d) for d in ("bf16", "fp8", "tf32")] == \
+            [b.peak_flops(d) for d in ("bf16", "fp8", "tf32")]
+        assert u.peak_flops("int8") < 0.04 * u.peak_flops("fp8") < b.peak_flops("int8")
+        assert u.memory_bytes > 1.45 * 180 * 2**30 and u.mem_bandwidth == 8e12
+        assert generation(ultra) == 3
+        assert sdpa_kernel(u, "2.14.1", 91900, environ={})[0] == "cudnn"
+    assert get_device("b300").peak_flops("bf16") == 2.25e15
+    assert get_device("gb300").peak_flops("bf16") == 2.5e15
+    assert auto_interconnects("gb300") == ("nvlink5-nvl72", "ib-xdr", False)
+    assert auto_interconnects("b300") == ("nvlink5-b300", "ib-xdr", False)
+
+
 def test_analyze_gpus_prints_and_saves_the_scaling_curve(tmp_path, capsys):
     from conftest import run_cli
 

@@ -44,6 +44,7 @@ def test_guide_alignment_rule_fields():
     ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA A40", "a40"), ("NVIDIA A30", "a30"),
     ("NVIDIA L40", "l40"), ("Tesla V100-PCIE-32GB", "v100-pcie"),
     ("Tesla V100-PCIE-16GB", "v100-pcie"), ("Tesla V100-SXM2-16GB", "v100-sxm2-16gb"),
+    ("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GB300", "gb300"), ("NVIDIA GB200", "gb200"),
 ])
 def test_match_preset_by_cuda_name(gpu, preset):
     assert match_preset(gpu).name == preset

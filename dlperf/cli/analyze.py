@@ -661,7 +661,7 @@ def run(args) -> int:
         # datacenter Blackwell's FP8 GEMMs (sm 10.x: B200, B300, GB200) take any layout,
         # Hopper's, Ada's and sm 12.x Blackwell's only TN (TransformerEngine's
         # nvte_is_non_tn_fp8_gemm_supported): the capture (one for every --device) makes the
-        # transposes or not; of the presets, the b200 and gb200 are of the first kind
+        # transposes or not; of the presets, the b200, gb200, b300 and gb300 are of the first kind
         kinds = {generation(s.name) < 3 for s in specs}
         if len(kinds) > 1:
             raise DlperfError("--fp8 --device: compare Blackwell GPUs with Blackwell GPUs and "

@@ -603,8 +603,9 @@ DEFAULT_ATTENTION_KERNEL = "flash2"
 # cuDNN is 9.19 (huggingface/transformers#48163, where this was found on 2026-08-31). The lent
 # H200 saw it: torch 2.11's SDPA ran causal attention in 1.98 ms, cuDNN's alone in 2.05 and
 # FlashAttention-2's in 3.71 (benchmarks/results/device-h200-2026-12-04/analyses.json).
+# Its later form takes sm103 (Blackwell Ultra: B300, GB300) with sm100 ("!minor || minor == 3").
 SDPA_CUDNN_FIRST_DEVICES = frozenset({"h100-sxm", "h100-pcie", "h200", "gh200", "b200",
-                                     "gb200"})
+                                     "gb200", "b300", "gb300"})
 SDPA_CUDNN_MIN_VERSION = 91501  # cuDNN 9.15.1 (torch.backends.cudnn.version() numbering)
 SDPA_CUDNN_FIRST_TORCH = (2, 11)  # the first wheels whose bundled cuDNN passes it
 

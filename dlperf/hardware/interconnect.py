@@ -87,6 +87,8 @@ PRESETS = {i.name: i for i in (
                  "(NVIDIA/nccl-tests#272)", "nvlink"),
     _nv("nvlink5-b200", "NVLink 5 + NVSwitch (8x B200)", 900.0,
         "B200 datasheet: 1.8 TB/s NVLink, both directions"),
+    _nv("nvlink5-b300", "NVLink 5 + NVSwitch (8x B300)", 900.0,
+        "HGX B300 datasheet: 1.8 TB/s NVLink a GPU, both directions (the B200's)"),
     # The GB200 NVL72: each GPU's 18 NVLink 5 links go to the rack's NVLink switch trays, so
     # all 72 GPUs reach each other at the full 900 GB/s per direction (a "multi-node NVLink"
     # domain NCCL treats as one node). Measured over the whole rack: 835-847 GB/s busbw at
@@ -143,12 +145,15 @@ PRESETS = {i.name: i for i in (
 NODE_OF_DEVICE = {"v100-sxm2": "nvlink2-dgx1", "v100-sxm2-16gb": "nvlink2-dgx1",
                   "a100-40gb": "nvlink3-a100",
                   "a100-80gb": "nvlink3-a100", "h100-sxm": "nvlink4-h100",
-                  "h200": "nvlink4-h200", "b200": "nvlink5-b200", "gb200": "nvlink5-nvl72"}
+                  "h200": "nvlink4-h200", "b200": "nvlink5-b200", "gb200": "nvlink5-nvl72",
+                  "b300": "nvlink5-b300", "gb300": "nvlink5-nvl72"}
 NETWORK_OF_DEVICE = {"v100-sxm2": "ib-edr-dgx1", "v100-sxm2-16gb": "ib-edr-dgx1",
                      "a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr",
                      "h100-sxm": "ib-ndr", "h200": "ib-ndr", "b200": "ib-xdr",
                      # a GB200 compute tray's four ConnectX-7 NICs, one 400 Gb/s NIC a GPU
-                     "gb200": "ib-ndr"}
+                     "gb200": "ib-ndr",
+                     # Blackwell Ultra systems: a ConnectX-8 SuperNIC a GPU, 800 Gb/s
+                     "b300": "ib-xdr", "gb300": "ib-xdr"}
 # PCIe cards have no system of their own: inside a node their all-reduce goes through the host
 # at their PCIe generation (Lambda's 2-8 GPU PCIe servers scaled ResNet-50 at 94.5-100.5%
 # against 99.7-100% predicted this way; benchmarks/README.md); between nodes nothing is known,

@@ -412,6 +412,34 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
                 "same GPU as the HGX B200's at 1,200 W instead of 1,000 W, so about 11% more "
                 "Tensor Core peak. Its NVLink joins all 72 GPUs: a scale-out puts 72 in a "
                 "node (--interconnect auto: nvlink5-nvl72)."),
+    # Blackwell Ultra (sm_103): the B200's dense FP8/BF16/TF32 Tensor Core peaks (at 1,100
+    # instead of 1,000 W), 288 GB of 12-high HBM3e, twice the special-function (exp)
+    # throughput for attention's softmax (10.7 against 5 tera-exponentials/s) and almost no
+    # INT8 or FP64 on the Tensor Cores; docs/design.md ("Blackwell Ultra"), published facts
+    _spec("b300", "NVIDIA B300 (HGX, 1100 W)", 148, None, 8000,
+          {"fp32": 75.0, "tf32": 1125.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0,
+           "int8": 150.0},
+          {"tf32": 2250.0, "fp16": 4500.0, "bf16": 4500.0, "fp8": 9000.0, "int8": 300.0},
+          mem_gb=270,
+          source="https://www.nvidia.com/en-us/data-center/hgx/",
+          notes="Per-GPU figures are the HGX B300 8-GPU platform's divided by 8: the B200's "
+                "dense FP8/BF16/TF32 peaks, 8 TB/s, 288 GB of HBM3e (about 270 usable); "
+                "Blackwell Ultra trades INT8 Tensor Core math (0.15 POPS dense) and FP64 for "
+                "NVFP4 and doubles the exponential units attention's softmax runs on; "
+                "NVIDIA publishes no boost clock or L2 size (148 SMs, as the B200's)."),
+    # The GB300 NVL72 rack: 72 Blackwell Ultra GPUs at 1,400 W, one NVLink domain, as the
+    # GB200 NVL72 (hardware/interconnect.py, nvlink5-nvl72)
+    _spec("gb300", "NVIDIA GB300 (NVL72, 1400 W)", 148, None, 8000,
+          {"fp32": 80.0, "tf32": 1250.0, "fp16": 2500.0, "bf16": 2500.0, "fp8": 5000.0,
+           "int8": 165.0},
+          {"tf32": 2500.0, "fp16": 5000.0, "bf16": 5000.0, "fp8": 10000.0, "int8": 330.0},
+          mem_gb=279,
+          source="https://www.nvidia.com/en-us/data-center/gb300-nvl72/",
+          notes="Per-GPU figures are the GB300 NVL72 rack's divided by 72 (FP16/BF16 360 "
+                "PFLOPS and FP8 720 with sparsity, about 20 TB of HBM3e at 576 TB/s): the "
+                "GB200's dense FP8/BF16 peaks at 1,400 W instead of 1,200 W, with the B300's "
+                "288 GB, exponential units and reduced INT8. Its NVLink joins all 72 GPUs: a "
+                "scale-out puts 72 in a node (--interconnect auto: nvlink5-nvl72)."),
 )}
 
 ALIASES = {"v100": "v100-sxm2", "a100": "a100-80gb", "h100": "h100-sxm", "h200-sxm": "h200",
@@ -466,6 +494,7 @@ def get_device(name_or_path: str) -> DeviceSpec:
 _NAME_PATTERNS = (
     (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"), (r"\bgh200\b", "gh200"), (r"\bh200\b", "h200"),
     (r"\bgb200\b", "gb200"), (r"\bb200\b", "b200"),
+    (r"\bgb300\b", "gb300"), (r"\bb300\b", "b300"),
     (r"\ba100\b(?=.*\bpcie\b)(?=.*\b80\s*gb)", "a100-pcie-80gb"),
     (r"\ba100\b(?=.*\bpcie\b)", "a100-pcie-40gb"), (r"\ba100\b.*80\s*gb", "a100-80gb"),
     (r"\ba100\b", "a100-40gb"), (r"\brtx 3090\b", "rtx3090"), (r"\brtx 4090\b", "rtx4090"),

@@ -501,7 +501,8 @@ def _async(m: dict) -> str:
 
 
 # how the FP8 record names the GPUs of its rows
-DEVICE_NAMES = {"h100-sxm": "H100s", "h200": "H200s", "b200": "B200s", "gb200": "GB200s"}
+DEVICE_NAMES = {"h100-sxm": "H100s", "h200": "H200s", "b200": "B200s", "gb200": "GB200s",
+                "b300": "B300s", "gb300": "GB300s"}
 # and the sources of its TransformerEngine rows (validation/published_scaling.csv, fp8
 # delayed or current: te.Linear layers outside Megatron-Core)
 TE_SOURCES = {"llm-foundry-mpt-fp8": "MosaicML's runs with TransformerEngine 0.10's te.Linear "
