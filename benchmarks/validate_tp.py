@@ -1552,24 +1552,30 @@ GPT_OSS_ROWS = (
 )
 # what each row recomputes (Megatron-Core's --recompute-modules) unless it says otherwise
 GPT_OSS_RECOMPUTE = "layernorm,moe_act"
+# The B300 row's all-to-alls cross the network, whose NICs the table does not give: the DGX
+# B300's ConnectX-8s run 800 Gb/s (its headline run), but a cluster may run them at 400 Gb/s,
+# the B200 rows' rate; what the row comes out at on such NICs is saved beside it
+GPT_OSS_NIC_ALTERNATIVE = {"b300": "nvlink5-b300,ib-ndr"}
 GPT_OSS_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-moe.json"
 
 
 def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: int,
-                 attention: float | None, recompute: str | None = GPT_OSS_RECOMPUTE
-                 ) -> list[str]:
+                 attention: float | None, recompute: str | None = GPT_OSS_RECOMPUTE,
+                 interconnect: str | None = None) -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's gpt-oss-120b rows (``GPT_OSS_ROWS``), as
     its perf recipe runs it: BF16 with FP32 master weights and optimizer state, gradients in
     Megatron-Core's BF16 buckets (``GPT_OSS_ROWS``), the distributed optimizer, TE's
     fused kernels and cross-entropy, ``recompute`` the modules recomputed (None: none; the
     norms and the experts' activation for most rows), ``attention`` the fused attention's
-    share (None: the preset's)."""
+    share (None: the preset's), ``interconnect`` the --interconnect (None: the system's,
+    ``BRIDGE_INTERCONNECT``)."""
     replicas = gpus // pp
     return (["analyze", "gpt-oss-120b", "--device", device, "--train", "--dtype", "bf16",
              "--precision", "fsdp", "--optimizer", "adamw", "--tp-impl", "te", "--loss",
              "fused", "--batch-size", str(micro), "--grad-accum",
              str(batch // replicas // micro), "--gpus", str(gpus), "--ep", str(ep),
-             "--interconnect", BRIDGE_INTERCONNECT[device], "--distributed-optimizer",
+             "--interconnect", interconnect or BRIDGE_INTERCONNECT[device],
+             "--distributed-optimizer",
              "--reduce-dtype", "bf16",
              "--bucket-cap-mb", f"{megatron_bucket_mib(replicas):.1f}", "--top", "1"]
             + (["--activation-checkpointing", "modules", "--recompute-modules", recompute]
@@ -1613,13 +1619,23 @@ def megatron_bridge_moe(out: Path) -> None:
                              "exposed_comm_s": here["exposed_comm_s"],
                              "straggler_s": here["straggler_s"],
                              "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30}
+            if device in GPT_OSS_NIC_ALTERNATIVE and row["alltoall_over"] == "network":
+                here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, None, recompute,
+                                             GPT_OSS_NIC_ALTERNATIVE[device]), tmp)
+                tokens = here["per_gpu_samples_per_s"] * 4096
+                row["at_400g_nics"] = {
+                    "interconnect": GPT_OSS_NIC_ALTERNATIVE[device],
+                    "predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
+                    "alltoall_exposed_s": here["communication"]["expert_parallel"]["exposed_s"]}
             rows.append(row)
             head = row["mcore"]
             print(f"{label:40s} measured {rate:,} tokens/s a GPU; predicted "
                   f"{head['predicted_tokens_per_s_per_gpu']:,.0f} ({head['ratio']:.2f}x"
                   + (f"; {row['preset']['ratio']:.2f}-{row['cudnn']['ratio']:.2f}x over the "
                      "attention shares" if "cudnn" in row else "") + f"); all-to-alls "
-                  f"{head['alltoall_exposed_s']:.2f} s of a {head['step_s']:.2f} s step")
+                  f"{head['alltoall_exposed_s']:.2f} s of a {head['step_s']:.2f} s step"
+                  + (f"; on 400 Gb/s NICs {row['at_400g_nics']['ratio']:.2f}x"
+                     if "at_400g_nics" in row else ""))
     save_result(out, "validate-tp-megatron-bridge-moe",
                 {"source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md "
                            "(25.11, 26.02 and 26.04.01 NeMo containers), configs from "
