@@ -1060,6 +1060,18 @@ BRIDGE_FP8 = (
     # the same dense FP8 peak as the GB200's, at 1,400 W instead of 1,200 W
     ("8B, 8 GB300s, MBS 4, GBS 128", "llama3-8b", 8, 1, 1, 1, 1, None, 4,
      [("25.11", 37556, 1933)], "gb300", 4, "ddp"),
+    # DGX-GB300 and DGX-GB200, 256 GPUs (26.02-26.06), held out: the 405B's V2 configs (the
+    # same from v0.3.0 to v0.4.2, LLAMA31_405B_PRETRAIN_CONFIG_GB{3,2}00_FP8_CS_V2): TP 4, CP 1,
+    # 4 virtual stages, micro-batch 1, on PP 8 (GB300) or PP 16 (GB200), the embedding and the
+    # loss counted as a block each in the split (account_for_embedding/loss_in_pipeline_split:
+    # 128 over 8 stages leaves 15 blocks on the ends, over 16 stages 7); 26.02.01's GB300 row
+    # ran TP 2 CP 2 and is left out
+    ("405B, 256 GB300s, GBS 1,536", "llama3-405b", 256, 4, 8, 4, 1, 15, 192,
+     [("26.02", 988, 2495), ("26.04", 1036, 2615), ("26.04.01", 1024, 2617),
+      ("26.06", 1048, 2646)], "gb300", 1, "ddp"),
+    ("405B, 256 GB200s, GBS 1,536", "llama3-405b", 256, 4, 16, 4, 1, 7, 384,
+     [("26.02", 793, 2004), ("26.02.01", 818, 2063), ("26.04", 842, 2126),
+      ("26.04.01", 864, 2144), ("26.06", 843, 2129)], "gb200", 1, "ddp"),
 )
 # each device's interconnect (DGX H100 and DGX B200: NVLink inside, eight 400 Gb/s NDR NICs
 # between) and attention shares; the B200 rows run at the preset's shares (no 2025 reading of
