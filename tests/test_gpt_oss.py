@@ -309,6 +309,39 @@ def test_the_expert_parallel_record_reads_the_gpt_oss_rows():
     assert "stay on NVLink" not in text and "(B200s 1.20x)" in text
 
 
+def test_the_expert_parallel_record_sets_apart_unknown_nics_and_pairs_gb300_with_gb200():
+    """A row saved with its rate on 400 Gb/s NICs (the B300's, whose NICs its table does not
+    give) is named on its own, outside the ranges; a GB300 row and a GB200 row of the same
+    configuration give the GB300's measured and predicted speed-up over the GB200."""
+    from dlperf.hardware.track_record import build_expert_parallel, describe_expert_parallel
+
+    mixtral = {"rows": [{"virtual": 1, "attention": 0.304, "ratio": 0.9}]}
+    same = {"ep": 64, "micro_batch": 4, "global_batch": 1280, "container": "26.02"}
+    bridge = {"rows": [
+        {**same, "device": "gb200", "mcore": {"ratio": 1.63}, "alltoall_over": "nvlink",
+         "measured_tokens_per_s_per_gpu": 15784},
+        {**same, "device": "gb300", "mcore": {"ratio": 1.37}, "alltoall_over": "nvlink",
+         "measured_tokens_per_s_per_gpu": 19412},
+        {**same, "device": "b200", "mcore": {"ratio": 1.24}, "alltoall_over": "network",
+         "measured_tokens_per_s_per_gpu": 8047},
+        {**same, "device": "b300", "mcore": {"ratio": 1.77}, "alltoall_over": "network",
+         "measured_tokens_per_s_per_gpu": 8359, "at_400g_nics": {"ratio": 1.21}}]}
+    g = build_expert_parallel(mixtral, bridge)["gpt_oss"]
+    assert g["unknown_nics"] == [{"device": "b300", "ratio": 1.77, "ratio_400g": 1.21}]
+    assert (g["ratio_low"], g["ratio_high"]) == (1.24, 1.63) and "b300" not in g["by_device"]
+    text = describe_expert_parallel({"expert_parallel": {"source": "x", "ratio_1f1b": 0.9,
+                                                         "ratio_interleaved": 0.9,
+                                                         "ratio_low": 0.9, "ratio_high": 0.9,
+                                                         "gpt_oss": g}})
+    assert ("the B300s' row, whose all-to-alls cross NICs the table does not give, 1.77x on "
+            "the 800 Gb/s of their datasheet and 1.21x on 400 Gb/s") in text
+    # measured 19,412 / 15,784 = 1.230; predicted (19,412 x 1.37) / (15,784 x 1.63) = 26,594 /
+    # 25,728 = 1.034; so a GB300 rate reads 1.230 / 1.034 = 1.19x pessimistic beside a GB200's
+    assert ("GB300s ran 1.23x as fast as GB200s on the same configuration (1 pair) where "
+            "dlperf predicts 1.03x") in text
+    assert "up to 1.19x pessimistic beside a GB200's" in text
+
+
 def test_the_attention_flags_build_the_config(tmp_path, capsys):
     import json
 

@@ -439,7 +439,12 @@ PRESETS: dict[str, DeviceSpec] = {s.name: s for s in (
                 "PFLOPS and FP8 720 with sparsity, about 20 TB of HBM3e at 576 TB/s): the "
                 "GB200's dense FP8/BF16 peaks at 1,400 W instead of 1,200 W, with the B300's "
                 "288 GB, exponential units and reduced INT8. Its NVLink joins all 72 GPUs: a "
-                "scale-out puts 72 in a node (--interconnect auto: nvlink5-nvl72)."),
+                "scale-out puts 72 in a node (--interconnect auto: nvlink5-nvl72).",
+          caveat="Megatron-Bridge's published GB300 runs went about a fifth faster than the "
+                 "GB200's on the same work, where the two datasheets give the same dense "
+                 "FP8/BF16 peaks and bandwidth, so this preset predicts them alike: the figures "
+                 "are in the record printed under --fp8 and --ep predictions; for a number to "
+                 "bet on, run `dlperf probe` on the GPU and pass --device PROFILE.json."),
 )}
 
 ALIASES = {"v100": "v100-sxm2", "a100": "a100-80gb", "h100": "h100-sxm", "h200-sxm": "h200",

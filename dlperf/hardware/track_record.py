@@ -104,8 +104,8 @@ def describe(spec, config, record: dict | None = None) -> tuple[str, bool] | Non
         return None
     entry = (load() if record is None else record).get(spec.name)
     if not entry:
-        text = (f"No published training run on {spec.display_name} has been checked against "
-                "dlperf yet: read this prediction as the datasheet's, unvalidated.")
+        text = (f"No published training run on {spec.display_name} is in dlperf's per-GPU "
+                "record yet: read this prediction as the datasheet's, unvalidated.")
         return (text + (f" {spec.caveat}" if spec.caveat else ""), bool(spec.caveat))
     cls = workload_class(config)
     parts, warn = [], False
@@ -521,8 +521,8 @@ def build_fp8(result: dict, scaling: dict | None = None) -> dict:
     te_rows = [r for r in (scaling or {}).get("rows", []) if r.get("fp8") in TE_RECIPES]
     te_pairs = [p for p in (scaling or {}).get("float8_pairs", [])
                 if p.get("recipe") in TE_RECIPES]
-    return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s, DGX B200s and "
-                      "GB200s in FP8 with current scaling (NeMo 25.11-26.06)",
+    return {"source": "Megatron-Bridge's Llama 3 pre-training on DGX H100s, DGX B200s, GB200s "
+                      "and GB300s in FP8 with current scaling (NeMo 25.11-26.06)",
             "te_linear": {"rows": [{"id": r["id"], "model": r["model"], "recipe": r["fp8"],
                                     "source": r["source"], "device": r["device"],
                                     "gpus": r["gpus"], "measured": r["measured_per_gpu"],
@@ -568,7 +568,8 @@ def describe_fp8(record: dict | None = None) -> str | None:
                f"kernel at cuDNN's own speed (--efficiency attention={share}): the newer the "
                "stack, the faster its attention, and the more of an FP8 step it is"
                if cudnn and share else "")
-            + f". dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
+            + f". {_ultra_against_gb200(f['rows'], 'model')}"
+            f"dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
             f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "
             "it against.")
     for source in sorted({r["source"] for r in te["rows"]}):
@@ -661,6 +662,30 @@ def describe_float8(record: dict | None = None, recipe: str = "tensorwise") -> s
         text += (" (dlperf charges the rowwise recipe's GEMM kernels, PyTorch's rowwise "
                  "CUTLASS kernel and cuBLAS without fast accumulation, at cuBLAS's FP8 rate)")
     return text + "."
+
+
+# what a pair of rows shares, as _ultra_against_gb200 names it
+_WORK = {"model": "model", "config": "configuration"}
+
+
+def _ultra_against_gb200(rows: list[dict], key: str) -> str:
+    """A sentence on the GB300s' rates against the GB200s' where the record has both for the
+    same ``key`` (a model, a configuration): measured and predicted, each the GB300's over the
+    GB200's (the presets' peaks are the same), or "" where it has no such pair. ``rows``: the
+    record's rows, with their device, "measured" rate and "ratio" (predicted / measured)."""
+    by = {(r[key], r["device"]): r for r in rows if r.get("device") in ("gb200", "gb300")}
+    pairs = [(by[(k, "gb300")], by[(k, "gb200")]) for k, d in by if d == "gb300"
+             and (k, "gb200") in by]
+    if not pairs:
+        return ""
+    measured = [u["measured"] / b["measured"] for u, b in pairs]
+    predicted = [u["measured"] * u["ratio"] / (b["measured"] * b["ratio"]) for u, b in pairs]
+    return (f"GB300s ran {_span(measured)}x as fast as GB200s on the same "
+            f"{_WORK.get(key, key)} ({_count(len(pairs), 'pair')}) where dlperf "
+            f"predicts {_span(predicted)}x: their datasheets give both the same dense FP8 and "
+            "BF16 peaks and 8 TB/s (the GB300 runs at 1,400 W against 1,200), so read a GB300 "
+            f"rate as up to {max(m / p for m, p in zip(measured, predicted)):.2f}x pessimistic "
+            "beside a GB200's. ")
 
 
 def _count(n: int, noun: str) -> str:
@@ -933,8 +958,12 @@ def build_expert_parallel(result: dict, bridge: dict | None = None) -> dict:
              "ratio_low": min(r["ratio"] for r in rows),
              "ratio_high": max(r["ratio"] for r in rows)}
     if bridge is not None:
-        ratios, over = {}, {}
+        ratios, over, unknown = {}, {}, []
         for r in bridge["rows"]:
+            if "at_400g_nics" in r:  # a network whose NICs the table does not give
+                unknown.append({"device": r["device"], "ratio": r["mcore"]["ratio"],
+                                "ratio_400g": r["at_400g_nics"]["ratio"]})
+                continue
             ratios.setdefault(r["device"], []).append(r["mcore"]["ratio"])
             over.setdefault(r.get("alltoall_over", "network"), []).append(r["mcore"]["ratio"])
         containers = sorted({r["container"] for r in bridge["rows"] if "container" in r},
@@ -943,6 +972,12 @@ def build_expert_parallel(result: dict, bridge: dict | None = None) -> dict:
             "source": "Megatron-Bridge's gpt-oss-120b (128 experts, top 4) on 64 GPUs"
                       + (f" (NeMo {containers[0]} to {containers[-1]})" if containers else ""),
             "runs": len(bridge["rows"]),
+            "unknown_nics": unknown,
+            # each row's configuration, rate and ratio, for the GB300s against the GB200s
+            "rows": [{"config": f"EP {r['ep']}, micro-batch {r['micro_batch']}, global batch "
+                                f"{r['global_batch']}", "device": r["device"],
+                      "measured": r["measured_tokens_per_s_per_gpu"],
+                      "ratio": r["mcore"]["ratio"]} for r in bridge["rows"] if "ep" in r],
             "by_device": {d: {"low": min(v), "high": max(v)} for d, v in ratios.items()},
             # the rows whose all-to-alls stay on NVLink and those that cross the network
             "by_alltoall": {k: {"low": min(v), "high": max(v), "runs": len(v)}
@@ -979,11 +1014,16 @@ def describe_expert_parallel(record: dict | None = None) -> str:
              f"({_span([nvlink['low'], nvlink['high']])}x), so what is missing is the GPUs' own "
              "work, not the network's"
              if nvlink and network and nvlink["low"] > network["high"] else "")
+    unknown = "".join(
+        f"; the {DEVICE_NAMES.get(u['device'], u['device'])}' row, whose all-to-alls cross "
+        f"NICs the table does not give, {u['ratio']:.2f}x on the 800 Gb/s of their datasheet "
+        f"and {u['ratio_400g']:.2f}x on 400 Gb/s" for u in g.get("unknown_nics", []))
+    ultra = _ultra_against_gb200(g.get("rows", []), "config")
     return (f"Expert parallelism is checked against {g['runs'] + 1} published rates. "
             f"{mixtral[0].upper()}{mixtral[1:]}; {g['source']}: predicted "
             f"{g['ratio_low']:.2f}-{g['ratio_high']:.2f}x their tokens/s ({devices}), too "
-            f"fast{where}: read a rate of many small experts as up to "
-            f"{g['ratio_high']:.1f}x optimistic (not yet explained). How: {how}.")
+            f"fast{where}{unknown}: read a rate of many small experts as up to "
+            f"{g['ratio_high']:.1f}x optimistic (not yet explained). {ultra}How: {how}.")
 
 
 def describe_tensor_parallel(record: dict | None = None) -> str | None:
