@@ -1571,18 +1571,17 @@ GPT_OSS_NIC_ALTERNATIVE = {"b300": "nvlink5-b300,ib-ndr"}
 GPT_OSS_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-moe.json"
 
 
-def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: int,
-                 attention: float | None, recompute: str | None = GPT_OSS_RECOMPUTE,
-                 interconnect: str | None = None) -> list[str]:
-    """`dlperf analyze` for one of Megatron-Bridge's gpt-oss-120b rows (``GPT_OSS_ROWS``), as
-    its perf recipe runs it: BF16 with FP32 master weights and optimizer state, gradients in
-    Megatron-Core's BF16 buckets (``GPT_OSS_ROWS``), the distributed optimizer, TE's
-    fused kernels and cross-entropy, ``recompute`` the modules recomputed (None: none; the
-    norms and the experts' activation for most rows), ``attention`` the fused attention's
-    share (None: the preset's), ``interconnect`` the --interconnect (None: the system's,
-    ``BRIDGE_INTERCONNECT``)."""
+def bridge_moe_args(model: str, device: str, gpus: int, pp: int, ep: int, micro: int,
+                    batch: int, attention: float | None, recompute: str | None = None,
+                    interconnect: str | None = None) -> list[str]:
+    """`dlperf analyze` for one of Megatron-Bridge's mixture-of-experts rows, as its perf
+    recipes run them: BF16 with FP32 master weights and optimizer state, gradients in
+    Megatron-Core's BF16 buckets (grad_reduce_in_fp32 off), the distributed optimizer, TE's
+    fused kernels and cross-entropy, 4,096 tokens, ``recompute`` the modules recomputed
+    (None: none), ``attention`` the fused attention's share (None: the preset's),
+    ``interconnect`` the --interconnect (None: the system's, ``BRIDGE_INTERCONNECT``)."""
     replicas = gpus // pp
-    return (["analyze", "gpt-oss-120b", "--device", device, "--train", "--dtype", "bf16",
+    return (["analyze", model, "--device", device, "--train", "--dtype", "bf16",
              "--precision", "fsdp", "--optimizer", "adamw", "--tp-impl", "te", "--loss",
              "fused", "--batch-size", str(micro), "--grad-accum",
              str(batch // replicas // micro), "--gpus", str(gpus), "--ep", str(ep),
@@ -1594,6 +1593,16 @@ def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: in
                if recompute else [])
             + (["--pp", str(pp)] if pp > 1 else [])
             + (["--efficiency", f"attention={attention}"] if attention is not None else []))
+
+
+def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: int,
+                 attention: float | None, recompute: str | None = GPT_OSS_RECOMPUTE,
+                 interconnect: str | None = None) -> list[str]:
+    """`dlperf analyze` for one of Megatron-Bridge's gpt-oss-120b rows (``GPT_OSS_ROWS``):
+    ``bridge_moe_args``, recomputing the norms and the experts' activation unless
+    ``recompute`` says otherwise."""
+    return bridge_moe_args("gpt-oss-120b", device, gpus, pp, ep, micro, batch, attention,
+                           recompute, interconnect)
 
 
 def megatron_bridge_moe(out: Path) -> None:
@@ -1660,6 +1669,96 @@ def megatron_bridge_moe(out: Path) -> None:
     print(f"Wrote {out}")
 
 
+# Megatron-Bridge's Qwen3-30B-A3B on two DGX H100s in FP8, held out (no parameter was fitted
+# to it): docs/performance-summary-archive.md's 26.04, 26.04.01 and 26.06 tables (Qwen3_30B_
+# a3B, DGX-H100: 16 GPUs, FP8, GBS 1,024, MBS 1, TP 1 PP 1 EP 16), whose config is the same
+# from v0.4.0 to v0.5.1 (scripts/performance/configs/qwen/qwen3_workload_base_configs.py,
+# QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1: EP 16, moe_a2a_overlap off, HybridEP's flex
+# dispatcher, no CUDA graphs; qwen3_llm_pretrain.py: FP8 with current scaling on every block,
+# first_last_layers_bf16 off, no recomputation, grad_reduce_in_fp32 off, the router forced to
+# balance; recipes/qwen/qwen3_moe.py: TE's fused cross-entropy, the distributed optimizer).
+# The 26.02.01 row (PP 2, 12 virtual stages, EP 8, DeepEP with the all-to-all overlapped,
+# 9,058 tokens/s) and the 25.09-26.02 ones run the overlap and are left out; the Blackwell
+# rows are MXFP8 and the 235B's H100 rows tensor parallel beside EP, neither modelled.
+# (label, preset, device, GPUs, PP, EP, micro-batch, global batch, dispatcher,
+#  [(container, tokens/s a GPU, model TFLOP/s a GPU)])
+QWEN3_ROWS = (
+    ("Qwen3-30B-A3B FP8, 16 H100s, EP 16, GBS 1,024", "qwen3-30b-a3b", "h100-sxm", 16, 1, 16,
+     1, 1024, "hybridep", [("26.04", 8901, 205), ("26.04.01", 8960, 206), ("26.06", 8826, 203)]),
+)
+QWEN3_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-qwen3.json"
+
+
+def qwen3_args(row: tuple, attention: float | None, fp8: bool = True,
+               dispatcher: str | None = None) -> list[str]:
+    """`dlperf analyze` for one of ``QWEN3_ROWS``: ``bridge_moe_args`` with FP8 current
+    scaling (TE's, on the experts' grouped GEMMs too) unless ``fp8`` is off, and the row's
+    dispatcher unless ``dispatcher`` names another."""
+    _, model, device, gpus, pp, ep, micro, batch, own, _ = row
+    return (bridge_moe_args(model, device, gpus, pp, ep, micro, batch, attention)
+            + ["--ep-dispatcher", dispatcher or own] + (["--fp8", "current"] if fp8 else []))
+
+
+def megatron_bridge_qwen3(out: Path) -> None:
+    """Each Qwen3 row's tokens/s a GPU, predicted over measured (each container's rate and
+    their median): in FP8 at the three attention shares of ``megatron_bridge_fp8`` (the
+    headline Megatron-Core's), and at the headline share with the plain all-to-all dispatcher
+    (what the node's deduplication is worth) and in BF16 (the gain FP8 is predicted to
+    give)."""
+    import statistics
+
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in tqdm(QWEN3_ROWS, desc="megatron-bridge qwen3", unit="row"):
+            label, model, device, gpus, pp, ep, micro, batch, dispatcher, published = row
+            rate = statistics.median(r[1] for r in published)
+            result = {"row": label, "model": model, "device": device, "gpus": gpus, "pp": pp,
+                      "ep": ep, "micro_batch": micro, "global_batch": batch,
+                      "dispatcher": dispatcher,
+                      "published": [{"container": c, "tokens_per_s_per_gpu": t,
+                                     "model_tflops": f} for c, t, f in published],
+                      "measured_tokens_per_s_per_gpu": rate}
+            runs = {name: qwen3_args(row, share) for name, share in BRIDGE_ATTENTION.items()}
+            runs["alltoall"] = qwen3_args(row, BRIDGE_ATTENTION["mcore"], dispatcher="alltoall")
+            runs["bf16"] = qwen3_args(row, BRIDGE_ATTENTION["mcore"], fp8=False)
+            for name, args in runs.items():
+                here = _analyze(args, tmp)
+                tokens = here["per_gpu_samples_per_s"] * 4096
+                comm = here["communication"]
+                result[name] = {
+                    "predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
+                    "ratios_by_container": {c: tokens / t for c, t, _ in published},
+                    "step_s": here["step_s"], "limited_by": here["limited_by"],
+                    "alltoall_each_s": comm["expert_parallel"]["alltoall_s"],
+                    "alltoall_exposed_s": comm["expert_parallel"]["exposed_s"],
+                    "exposed_comm_s": here["exposed_comm_s"],
+                    "straggler_s": here["straggler_s"],
+                    "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30}
+            result["predicted_fp8_gain"] = (result["mcore"]["predicted_tokens_per_s_per_gpu"]
+                                            / result["bf16"]["predicted_tokens_per_s_per_gpu"])
+            rows.append(result)
+            head = result["mcore"]
+            print(f"{label}: measured {rate:,} tokens/s a GPU (median of {len(published)}); "
+                  f"predicted {head['predicted_tokens_per_s_per_gpu']:,.0f} "
+                  f"({head['ratio']:.2f}x; {result['preset']['ratio']:.2f}-"
+                  f"{result['cudnn']['ratio']:.2f}x over the attention shares); all-to-alls "
+                  f"{head['alltoall_exposed_s']:.2f} s of a {head['step_s']:.2f} s step; with "
+                  f"the plain all-to-all {result['alltoall']['ratio']:.2f}x; FP8 predicted "
+                  f"{result['predicted_fp8_gain']:.2f}x BF16")
+    save_result(out, "validate-tp-megatron-bridge-qwen3",
+                {"source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md "
+                           "(26.04, 26.04.01 and 26.06 NeMo containers), configs from "
+                           "scripts/performance/configs/qwen/ at v0.4.0-v0.5.1",
+                 "rows": [list(r) for r in QWEN3_ROWS], "attention": BRIDGE_ATTENTION,
+                 "args": [qwen3_args(r, BRIDGE_ATTENTION["mcore"]) for r in QWEN3_ROWS]},
+                {"rows": rows})
+    print(f"Wrote {out}")
+
+
 SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_OUT),
            "megatron-2022": (megatron2022, MEGATRON22_OUT),
            "narayanan-2021": (narayanan2021, NARAYANAN_OUT),
@@ -1669,7 +1768,8 @@ SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_
            "torchtitan-async-tp": (torchtitan_async_tp, ASYNC_TP_OUT),
            "megatron-deepspeed": (megatron_deepspeed, MEGATRON_DEEPSPEED_OUT),
            "megatron-moe": (megatron_moe, MOE_OUT),
-           "megatron-bridge-moe": (megatron_bridge_moe, GPT_OSS_OUT)}
+           "megatron-bridge-moe": (megatron_bridge_moe, GPT_OSS_OUT),
+           "megatron-bridge-qwen3": (megatron_bridge_qwen3, QWEN3_OUT)}
 
 
 def main(argv: list[str]) -> int:

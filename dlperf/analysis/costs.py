@@ -305,11 +305,13 @@ def _matmul_cost(r: OpRecord) -> Cost:
     if op in ("mm", "_int_mm", "_scaled_mm"):
         a, b = ins[0], ins[1]
         shape = GemmShape(b.shape[1], a.shape[0], a.shape[1])
-    elif op == "fp8_gemm":  # models/fp8.py: op(a) op(b), each transposed where its flag says
+    elif op == "fp8_gemm":  # models/fp8.py: op(a) op(b), each transposed where its flag says,
+        # on matrices or on a grouped layer's G of them ([G, M, K]: a batched GEMM)
         a, b = ins[0], ins[1]
         trans_a, trans_b = r.args[4], r.args[5]
-        m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
-        shape = GemmShape(b.shape[0] if trans_b else b.shape[1], m, k)
+        m, k = (a.shape[-1], a.shape[-2]) if trans_a else (a.shape[-2], a.shape[-1])
+        shape = GemmShape(b.shape[-2] if trans_b else b.shape[-1], m, k,
+                          *a.shape[:-2])
     elif op == "addmm":
         a, b = ins[1], ins[2]
         shape = GemmShape(b.shape[1], a.shape[0], a.shape[1])

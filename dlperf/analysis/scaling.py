@@ -1096,6 +1096,44 @@ def alltoall_s(nbytes: float, gpus: int, gpus_per_node: int, node, network) -> f
     return max(t_node, t_net)
 
 
+# How a mixture of experts' tokens reach their experts' ranks (ScaleConfig.ep_dispatcher):
+# "alltoall", every copy sent to its expert's rank (Megatron-Core's alltoall dispatcher,
+# torchtitan's); "deepep" and "hybridep", each token sent over the network once to each other
+# node holding one of its experts and fanned out there over NVLink (DeepSeek's DeepEP and
+# NVIDIA's HybridEP: Megatron-Core's flex dispatcher, --moe-flex-dispatcher-backend), timed
+# alike (``node_deduplicated_alltoall_s``)
+EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+
+
+def node_deduplicated_alltoall_s(nbytes: float, gpus: int, gpus_per_node: int, node, network,
+                                 experts: int, top_k: int) -> float:
+    """One dispatch (or combine) of DeepEP's or HybridEP's over ``gpus`` expert-parallel
+    ranks, ``gpus_per_node`` of them in each node, each rank holding ``nbytes`` of token
+    copies (``top_k`` a token, to ``experts`` experts spread evenly over the ranks). A token
+    crosses the network once for each other node that holds one or more of its experts (the
+    kernels send it to that node's GPU on the sender's rail, which forwards it over NVLink to
+    the GPUs of its experts; the combine sums a node's copies there before sending them back:
+    DeepEP's README, "internode" kernels; arXiv 2412.19437, section 3.2.2), where the plain
+    all-to-all sends each copy (``alltoall_s``). With the router's choices spread evenly (the
+    published runs force the balance), a node holds none of a token's ``top_k`` experts with
+    probability C(E - e, k) / C(E, k), e its experts, so each token leaves its node for
+    (nodes - 1) x (1 - that) nodes; every copy bound for another GPU of the destination node
+    crosses NVLink once, (n - 1) / n of nbytes for n GPUs in a node. The two run side by side
+    (the kernels pipeline their chunks): the slower, each at its link's bus bandwidth plus one
+    latency. Inside one node it is the plain all-to-all. Not modelled: the SMs the kernels hold
+    while they run (HybridEP's default 16) beside other work; the dispatch is exposed anyway."""
+    inside = min(gpus, gpus_per_node)
+    nodes = -(-gpus // inside)
+    if nodes == 1 or nbytes <= 0:
+        return alltoall_s(nbytes, gpus, gpus_per_node, node, network)
+    here = experts * inside // gpus  # the experts of one node
+    miss = math.comb(experts - here, top_k) / math.comb(experts, top_k)
+    t_net = (nbytes / top_k * (nodes - 1) * (1 - miss) / network.bus_bandwidth
+             + network.latency_s)
+    t_node = nbytes * (inside - 1) / inside / node.bus_bandwidth + node.latency_s
+    return max(t_node, t_net)
+
+
 def expert_parallel_s(predictions, ep: int, nbytes: float, alltoall) -> dict:
     """What expert parallelism over ``ep`` ranks adds to one micro-batch of a stage
     (models/gpt.py ``MoE``): each mixture-of-experts layer in the ``predictions`` (a stage's)
@@ -1245,6 +1283,10 @@ class ScaleConfig:
     ep: int = 1
     ep_bytes: int = 0
     expert_params: frozenset = frozenset()
+    # how the tokens reach their experts (EP_DISPATCHERS), and the routing the node-
+    # deduplicating dispatchers need: (experts, top_k) of the model
+    ep_dispatcher: str = "alltoall"
+    ep_routing: tuple = ()
 
     def __post_init__(self):
         self.algorithms, self.protocols  # parsed (and checked) once, then kept
@@ -1346,6 +1388,12 @@ class ScaleConfig:
         if self.ep > 1 and self.ep_bytes <= 0:
             raise DlperfError(f"--ep {self.ep} needs the bytes of a rank's token copies "
                               "(ep_bytes) to time the all-to-alls")
+        if self.ep_dispatcher not in EP_DISPATCHERS:
+            raise DlperfError(f"--ep-dispatcher {self.ep_dispatcher!r}: choose one of "
+                              f"{', '.join(EP_DISPATCHERS)}")
+        if self.ep_dispatcher != "alltoall" and len(self.ep_routing) != 2:
+            raise DlperfError(f"--ep-dispatcher {self.ep_dispatcher} needs the model's experts "
+                              "and top-k (ep_routing) to count the nodes a token reaches")
         if self.ep > 1 and (self.strategy != "ddp" or self.kvstore is not None
                             or self.deepspeed_bf16):
             raise DlperfError(f"--ep {self.ep} is modelled with --strategy ddp (Megatron-Core's "
@@ -1759,11 +1807,16 @@ def scale_out(analysis, params: list[tuple[str, int]], cfg: ScaleConfig, node, n
         # the expert-parallel ranks of a tensor- and context-parallel position: adjacent,
         # so in one node while they fit in it
         per_node = min(cfg.ep, max(1, cfg.gpus_per_node // (tp * cp)))
-        d = expert_parallel_s(analysis.predictions, cfg.ep, cfg.ep_bytes,
-                              lambda nbytes: alltoall_s(nbytes, cfg.ep, per_node, node,
-                                                        network))
+        if cfg.ep_dispatcher == "alltoall":
+            def alltoall(nbytes):
+                return alltoall_s(nbytes, cfg.ep, per_node, node, network)
+        else:
+            def alltoall(nbytes):
+                return node_deduplicated_alltoall_s(nbytes, cfg.ep, per_node, node, network,
+                                                    *cfg.ep_routing)
+        d = expert_parallel_s(analysis.predictions, cfg.ep, cfg.ep_bytes, alltoall)
         d.update(busy_s=accum * d["busy_s"], exposed_s=accum * d["exposed_s"],
-                 in_node=cfg.ep <= per_node)
+                 in_node=cfg.ep <= per_node, dispatcher=cfg.ep_dispatcher)
         comm["expert_parallel"] = d
         exposed += d["exposed_s"]
     comm["optimizer_s"] = optimizer_s

@@ -369,8 +369,8 @@ def add_parser(sub) -> None:
                         "`dlperf bench data` measures it on a machine)")
     g = a.add_argument_group("gpt and its presets (gpt2 .. gpt2-xl, mpt-125m .. mpt-70b, "
                              "llama2-7b .. llama3-405b, mixtral-8x7b, mixtral-8x22b, "
-                             "gpt-oss-20b, gpt-oss-120b): each flag overrides the preset's "
-                             "value")
+                             "gpt-oss-20b, gpt-oss-120b, qwen3-30b-a3b, qwen3-235b-a22b): "
+                             "each flag overrides the preset's value")
     g.add_argument("--layers", type=positive_int, default=None, help="decoder blocks [gpt: 12]")
     g.add_argument("--d-model", type=positive_int, default=None,
                    help="hidden size, a multiple of --heads [gpt: 768]")
@@ -389,6 +389,9 @@ def add_parser(sub) -> None:
     g.add_argument("--attention-sinks", action="store_true",
                    help="a learned logit per head in every softmax's denominator (gpt-oss's; "
                         "Megatron's softmax_type learnable): one fused kernel [gpt-oss-*]")
+    g.add_argument("--qk-norm", action="store_true",
+                   help="each head's q and k normalised over its head size before the rotary "
+                        "embedding (Megatron's --qk-layernorm): two norms a block [qwen3-*]")
     g.add_argument("--vocab", type=positive_int, default=None,
                    help="vocabulary size (the LM head's width) [gpt: 50257]")
     g.add_argument("--seq-len", type=positive_int, default=None,
@@ -426,6 +429,13 @@ def add_parser(sub) -> None:
                    help="with --ep: the busiest rank's tokens over the balanced share (1.2: "
                         "20%% more than its share); its experts and all-to-alls set the step "
                         "[1: a balanced router]")
+    g.add_argument("--ep-dispatcher", choices=("alltoall", "deepep", "hybridep"),
+                   default="alltoall",
+                   help="with --ep: how tokens reach their experts' GPUs: alltoall = every copy "
+                        "sent to its expert's GPU (Megatron's alltoall dispatcher, "
+                        "torchtitan's); deepep, hybridep = each token sent over the network once "
+                        "to each other node holding one of its experts, then over NVLink "
+                        "(Megatron's flex dispatcher) [alltoall]")
     g.add_argument("--dropout", type=float, default=None, metavar="P",
                    help="GPT-2's and Megatron's dropouts in training (after the embeddings, on "
                         "the attention probabilities, on each block's two outputs), each a "
@@ -474,11 +484,13 @@ def _gpt_config(args):
              "expert_hidden": args.expert_hidden, "ep": args.ep,
              "expert_load": args.expert_load, "head_size": args.head_dim,
              "window": args.sliding_window, "full_every": args.full_attention_every,
-             "sinks": True if args.attention_sinks else None}
+             "sinks": True if args.attention_sinks else None,
+             "qk_norm": True if args.qk_norm else None}
     if args.model not in PRESETS:
         prefix = {"sequence_parallel": "no-", "tie_embeddings": "un"}
         named = {"head_size": "head-dim", "window": "sliding-window",
-                 "full_every": "full-attention-every", "sinks": "attention-sinks"}
+                 "full_every": "full-attention-every", "sinks": "attention-sinks",
+                 "qk_norm": "qk-norm"}
         given = [f"--{named.get(k) or prefix.get(k, '') + k.replace('_', '-')}"
                  for k, v in flags.items() if v is not None]
         if given:
@@ -588,6 +600,9 @@ def run(args) -> int:
     if args.ep is not None and args.ep > 1 and args.gpus is None:
         raise DlperfError(f"--ep {args.ep} splits the experts over GPUs: add --gpus N (a "
                           "multiple of --tp x --cp x --ep x --pp)")
+    if args.ep_dispatcher != "alltoall" and not (args.ep is not None and args.ep > 1):
+        raise DlperfError(f"--ep-dispatcher {args.ep_dispatcher} picks how expert-parallel "
+                          "ranks exchange tokens: add --ep N (N > 1), or drop it")
     if args.ep is not None and args.ep > 1 and args.measure:
         raise DlperfError("--measure times the whole model on this machine's GPU; --ep "
                           "predicts one expert-parallel rank: drop one of them")
@@ -933,7 +948,9 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
     ep_bytes = (gpt.expert_rows(tokens) * gpt.d_model * act_bytes
                 if gpt is not None and gpt.ep > 1 else 0)
     return {"tp_collectives": collectives, "cp_kv_bytes": kv_bytes,
-            "cp_layers": blocks if args.cp > 1 else 0, "ep_bytes": ep_bytes}
+            "cp_layers": blocks if args.cp > 1 else 0, "ep_bytes": ep_bytes,
+            "ep_dispatcher": args.ep_dispatcher,
+            "ep_routing": (gpt.experts, gpt.top_k) if gpt is not None and gpt.experts else ()}
 
 
 def _pipeline_stage(args, model, costs, uncounted, cfg, spec, seconds, memory, layout):

@@ -71,30 +71,35 @@ ALIGN = 16
 
 
 def _amax_impl(x: Tensor) -> Tensor:
-    return x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+    """|x|'s maximum over each matrix: a scalar for x [M, K], one an expert for a grouped
+    layer's x [G, M, K] (TE's GroupedLinear gives every expert its own quantizer)."""
+    if not x.numel():
+        return x.new_zeros(x.shape[:-2], dtype=torch.float32)
+    return x.detach().abs().amax(dim=(-2, -1)).float()
 
 
 def _quantize_impl(x: Tensor, amax: Tensor | None, e5m2: bool, rowwise: bool,
                    columnwise: bool) -> tuple[Tensor, Tensor, Tensor]:
     """x [M, K] -> (FP8 data [M, K] or empty, its transpose [K, M] or empty, the inverse scale
-    the GEMM multiplies back by). Without ``amax`` (the delayed recipe) the kernel takes this
+    the GEMM multiplies back by); a grouped layer's x [G, M, K] likewise, each of its G
+    matrices scaled by its own amax (inverse scales [G]). Without ``amax`` (the delayed recipe) the kernel takes this
     tensor's amax itself, as a stand-in for the history's."""
     fmt = E5M2 if e5m2 else E4M3
     top = _MAX[fmt]
     a = _amax_impl(x) if amax is None else amax.float()
     scale = torch.where(a > 0, top / a, torch.ones_like(a))
-    q = (x.float() * scale).clamp(-top, top).to(fmt)
+    q = (x.float() * scale[..., None, None]).clamp(-top, top).to(fmt)
     empty = x.new_empty((0,), dtype=fmt)
-    return (q if rowwise else empty, q.t().contiguous() if columnwise else empty,
+    return (q if rowwise else empty, q.transpose(-2, -1).contiguous() if columnwise else empty,
             scale.reciprocal())
 
 
 def _quantize_fake(x, amax, e5m2, rowwise, columnwise):
     fmt = E5M2 if e5m2 else E4M3
-    m, k = x.shape
-    return (x.new_empty((m, k) if rowwise else (0,), dtype=fmt),
-            x.new_empty((k, m) if columnwise else (0,), dtype=fmt),
-            x.new_empty((), dtype=torch.float32))
+    *lead, m, k = x.shape
+    return (x.new_empty((*lead, m, k) if rowwise else (0,), dtype=fmt),
+            x.new_empty((*lead, k, m) if columnwise else (0,), dtype=fmt),
+            x.new_empty(lead, dtype=torch.float32))
 
 
 def _register(name: str, fn, fake):
@@ -104,31 +109,36 @@ def _register(name: str, fn, fake):
 
 
 def _transpose_fn(data: Tensor) -> Tensor:
-    return data.t().contiguous()
+    return data.transpose(-2, -1).contiguous()
 
 
 def _amax_fake(x):
-    return x.new_empty((), dtype=torch.float32)
+    return x.new_empty(x.shape[:-2], dtype=torch.float32)
 
 
 def _transpose_fake(data):
-    return data.new_empty((data.shape[1], data.shape[0]))
+    return data.new_empty((*data.shape[:-2], data.shape[-1], data.shape[-2]))
 
 
 def _gemm_fn(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, trans_a: bool,
-             trans_b: bool, out_dtype: torch.dtype) -> Tensor:
-    """op(a) op(b) in FP8 with any operand layout (Blackwell's FP8 GEMMs; Hopper's take only
-    the TN form ``torch._scaled_mm`` does): op(t) is t transposed where asked."""
-    a = a.t() if trans_a else a
-    b = b.t() if trans_b else b
+             trans_b: bool, out_dtype: torch.dtype, bias: Tensor | None = None) -> Tensor:
+    """op(a) op(b) (+ bias) in FP8 with any operand layout (Blackwell's FP8 GEMMs; Hopper's
+    take only the TN form ``torch._scaled_mm`` does): op(t) is t transposed where asked. On
+    [G, M, K] and [G, K, N] operands, G GEMMs, each with its own scales [G] (a grouped layer's:
+    TE's grouped GEMM), computed here as the exact product of the dequantized operands."""
+    a = a.transpose(-2, -1) if trans_a else a
+    b = b.transpose(-2, -1) if trans_b else b
+    if a.dim() == 3:
+        y = torch.bmm(a.float() * scale_a[:, None, None], b.float() * scale_b[:, None, None])
+        return (y if bias is None else y + bias.float()).to(out_dtype)
     return torch._scaled_mm(a.contiguous(), b.t().contiguous().t(), scale_a, scale_b,
-                            out_dtype=out_dtype)
+                            bias=bias, out_dtype=out_dtype)
 
 
-def _gemm_fake(a, b, scale_a, scale_b, trans_a, trans_b, out_dtype):
-    m = a.shape[1] if trans_a else a.shape[0]
-    n = b.shape[0] if trans_b else b.shape[1]
-    return a.new_empty((m, n), dtype=out_dtype)
+def _gemm_fake(a, b, scale_a, scale_b, trans_a, trans_b, out_dtype, bias=None):
+    m = a.shape[-1] if trans_a else a.shape[-2]
+    n = b.shape[-2] if trans_b else b.shape[-1]
+    return a.new_empty((*a.shape[:-2], m, n), dtype=out_dtype)
 
 
 _amax = _register("fp8_amax", _amax_impl, _amax_fake)
@@ -260,6 +270,74 @@ class Fp8Linear(nn.Linear):
                                   cast or self.cast(x), self.scatter)
 
 
+def group_cast(h: Tensor, recipe: str, tn_only: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """A grouped layer's input h [G, R, K] (each local expert's rows) quantized for its FP8
+    GEMMs, each expert's rows scaled by their own amax: (row-wise data, column-wise data or
+    empty, inverse scales [G]). One cast for all G experts (TE's ``split_quantize``, one
+    multi-tensor kernel), shared where two layers read h (the SwiGLU experts' w1 and w3:
+    Megatron's ``linear_fc1``, one GroupedLinear)."""
+    return _cast(h.detach(), recipe, False, True, tn_only)
+
+
+class _Fp8GroupedFn(torch.autograd.Function):
+    """Each local expert's rows times its weight, h [G, R, K] @ w [G, K, N] (+ b [G, 1, N]),
+    with FP8 GEMMs as TransformerEngine's GroupedLinear runs a mixture of experts' layers under
+    Megatron-Core (transformer_engine/pytorch/module/grouped_linear.py; Megatron's
+    TEGroupedMLP), on ``cast`` (h's ``group_cast``):
+
+    * forward: the input cast once for all the experts (row-wise, and on TN GPUs column-wise),
+      each expert's weight quantized (module state cached for the step's micro-batches, as a
+      dense layer's), one grouped FP8 GEMM;
+    * backward: the output gradient cast in E5M2 (row-wise, and column-wise on TN GPUs), a
+      grouped data-gradient and a grouped weight-gradient GEMM;
+    * kept: the input's column-wise FP8 copy (TN GPUs) or its row-wise data (any layout).
+
+    The grouped GEMM is one op of G GEMMs here (costs.py charges it as a batched GEMM, as it
+    does the BF16 experts' ``bmm``); on Hopper TE runs it as G cuBLAS GEMMs over a few streams.
+    A bias is added in the GEMM (TE's epilogue) and its gradient summed beside the cast
+    (gpt-oss's experts; a separate reduction here, where TE fuses it)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, recipe: str, tn_only: bool, cast):
+        hq, ht, sh = cast
+        wq, wt, sw = _cast(weight, recipe, False, True, tn_only, weight=True)
+        y = _gemm(hq, wq, sh, sw, False, False, h.dtype, bias)  # [G, R, N]
+        ctx.save_for_backward(ht if tn_only else hq, sh)
+        ctx.weight_fp8 = (wt if tn_only else wq, sw)  # module state, as Fp8Linear's
+        ctx.recipe, ctx.tn_only, ctx.has_bias = recipe, tn_only, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        keep, sh = ctx.saved_tensors
+        w, sw = ctx.weight_fp8  # W's column-wise copy [G, N, K] on TN GPUs, else W [G, K, N]
+        gq, gt, sg = _cast(grad.contiguous(), ctx.recipe, True, True, ctx.tn_only)
+        if ctx.tn_only:  # Hopper: each GEMM on the transposed copies the casts wrote
+            dh = _gemm(gq, w, sg, sw, False, False, grad.dtype)  # [G, R, K]
+            dw = _gemm(keep, gt, sh, sg, False, True, grad.dtype)  # [G, K, N]
+        else:  # Blackwell: G W^T and H^T G from the row-wise data
+            dh = _gemm(gq, w, sg, sw, False, True, grad.dtype)
+            dw = _gemm(keep, gq, sh, sg, True, False, grad.dtype)
+        db = grad.sum(1, keepdim=True) if ctx.has_bias else None
+        return dh, dw, db, None, None, None
+
+
+def grouped_fp8(h: Tensor, weight: Tensor, bias: Tensor | None, recipe: str, tn_only: bool,
+                cast=None) -> Tensor:
+    """h [G, R, K] @ weight [G, K, N] (+ bias [G, 1, N]) in FP8 (``_Fp8GroupedFn``), on h's
+    ``group_cast`` when other layers read h too. TransformerEngine's sizes: K and N multiples
+    of 16 (``ALIGN``), and each expert's rows too (Megatron pads them: ``GPTConfig.
+    expert_rows``)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"FP8 recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    if any(n % ALIGN for n in (*h.shape[1:], weight.shape[-1])):
+        raise ValueError(f"a grouped FP8 layer needs its rows and sizes to be multiples of "
+                         f"{ALIGN} (TransformerEngine refuses others), got {h.shape[1]} rows "
+                         f"of {weight.shape[1]} x {weight.shape[2]}")
+    return _Fp8GroupedFn.apply(h, weight, bias, recipe, tn_only,
+                               cast or group_cast(h, recipe, tn_only))
+
+
 def shared_cast(layer: nn.Module, x: Tensor):
     """x's cast for the group of layers that ``layer`` starts: None unless it is an FP8 layer
     (this module's, or torchao's of models/float8.py: each has a ``cast`` method)."""
@@ -275,6 +353,10 @@ def call(layer: nn.Module, x: Tensor, cast) -> Tensor:
 def fp8_weight_bytes(model: nn.Module) -> int:
     """Bytes of the FP8 weight copies TE keeps through a step, one byte an element: row-wise
     and column-wise on TN GPUs, row-wise only where FP8 GEMMs take any layout, for every FP8
-    layer (its weight shared with no other layer)."""
-    return sum((2 if m.tn_only else 1) * m.weight.numel() for m in model.modules()
-               if isinstance(m, Fp8Linear))
+    layer (its weight shared with no other layer) and every grouped FP8 layer's experts (a
+    module's ``fp8_weights()``: models/gpt.py's MoE)."""
+    dense = sum((2 if m.tn_only else 1) * m.weight.numel() for m in model.modules()
+                if isinstance(m, Fp8Linear))
+    grouped = sum((2 if m.tn_only else 1) * sum(w.numel() for w in m.fp8_weights())
+                  for m in model.modules() if callable(getattr(m, "fp8_weights", None)))
+    return dense + grouped

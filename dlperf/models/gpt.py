@@ -88,8 +88,9 @@ from torch.nn import functional as F
 
 from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
 from dlperf.models.float8 import Float8Cast, Float8GradCast, Float8Linear, scatter_float8
+from dlperf.models.fp8 import ALIGN as FP8_ALIGN
 from dlperf.models.fp8 import RECIPES as FP8_RECIPES
-from dlperf.models.fp8 import Fp8Linear, call, shared_cast
+from dlperf.models.fp8 import Fp8Linear, call, group_cast, grouped_fp8, shared_cast
 from dlperf.models.banded import banded_attention
 from dlperf.models.fused import ClampedQuickGeGLU, FusedRMSNorm, FusedSwiGLU, fused_rope
 
@@ -183,6 +184,10 @@ class GPTConfig:
     # [-7, 7], gate x sigmoid(1.702 gate) x (up + 1); Megatron-Core's quick_gelu with
     # activation_func_clamp_value 7 and glu_linear_offset 1, fused with its bias)
     glu: str = "silu"
+    # each head's q and k normalised over its head size before the rotary embedding, with the
+    # model's norm (Qwen3's; Megatron-Core's --qk-layernorm): two norms of head-size weights a
+    # block, each one kernel under ``fused_kernels``
+    qk_norm: bool = False
 
     def __post_init__(self):
         for name in ("layers", "d_model", "heads", "vocab", "seq_len", "mlp_ratio"):
@@ -263,10 +268,19 @@ class GPTConfig:
             if self.ep < 1 or self.experts % self.ep:
                 raise ValueError(f"expert parallel over {self.ep} GPUs splits the "
                                  f"{self.experts} experts: give a size that divides them")
-            if self.tp > 1 or self.fp8 is not None:
+            if self.tp > 1:
                 raise ValueError("a mixture of experts is modelled without tensor parallelism "
-                                 "and FP8 (expert tensor parallelism and FP8 grouped GEMMs are "
-                                 "not): drop --tp or --fp8")
+                                 "(expert tensor parallelism is not): drop --tp")
+            if self.fp8 in FLOAT8_RECIPES:
+                raise ValueError("a mixture of experts in FP8 is modelled as TransformerEngine "
+                                 "runs its grouped GEMMs (Megatron-Core's), not torchao's: use "
+                                 "--fp8 delayed or current with --tp-impl te")
+            if self.fp8 is not None and (self.d_model % FP8_ALIGN
+                                         or self.expert_ffn % FP8_ALIGN):
+                raise ValueError(f"FP8 experts need d_model ({self.d_model}) and the expert "
+                                 f"hidden size ({self.expert_ffn}) to be multiples of "
+                                 f"{FP8_ALIGN} (TransformerEngine's FP8 GEMMs): change them or "
+                                 "drop --fp8")
             if not (self.expert_load >= 1.0 and self.expert_load < float("inf")):
                 raise ValueError(f"expert load is the busiest rank's tokens over the balanced "
                                  f"share, 1 or more, got {self.expert_load}")
@@ -348,9 +362,13 @@ class GPTConfig:
     def expert_rows(self, tokens: int) -> int:
         """Rows the busiest expert-parallel rank's experts run for a micro-batch of ``tokens``
         on each rank: ``top_k`` x tokens (every rank's tokens' assignments to its experts,
-        balanced) x ``expert_load``, in equal groups per local expert (``MoE``)."""
-        return math.ceil(tokens * self.top_k * self.expert_load
-                         / self.local_experts) * self.local_experts
+        balanced) x ``expert_load``, in equal groups per local expert (``MoE``); in FP8 each
+        group padded to a multiple of 16 rows, as TransformerEngine's FP8 GEMMs need
+        (Megatron-Core's TEGroupedMLP pads each expert's tokens, ``Fp8Padding``)."""
+        group = math.ceil(tokens * self.top_k * self.expert_load / self.local_experts)
+        if self.fp8 is not None:
+            group = -(-group // FP8_ALIGN) * FP8_ALIGN
+        return group * self.local_experts
 
     @property
     def local_heads(self) -> int:
@@ -379,10 +397,12 @@ class RMSNorm(nn.Module):
         return y.type_as(x) * self.weight
 
 
-def _norm(cfg: "GPTConfig") -> nn.Module:
+def _norm(cfg: "GPTConfig", dim: int | None = None) -> nn.Module:
+    """The model's norm over ``dim`` features (None: the residual stream's, d_model)."""
+    dim = dim or cfg.d_model
     if cfg.norm == "rmsnorm":
-        return (FusedRMSNorm if cfg.fused_kernels else RMSNorm)(cfg.d_model, cfg.norm_eps)
-    return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        return (FusedRMSNorm if cfg.fused_kernels else RMSNorm)(dim, cfg.norm_eps)
+    return nn.LayerNorm(dim, bias=cfg.bias)
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -620,9 +640,10 @@ class Attention(nn.Module):
 
 
 class GQAttention(nn.Module):
-    """Llama's attention: q, k, v projections (k and v with kv_heads heads), rotary positions
-    on q and k, k and v repeated to the query heads (a copy, as ``repeat_kv``; not under
-    ``fused_kernels`` with SDPA, whose kernel reads them per group), causal SDPA."""
+    """Llama's attention: q, k, v projections (k and v with kv_heads heads), under
+    ``qk_norm`` each head's q and k normalised (Qwen3's), rotary positions on q and k, k and v
+    repeated to the query heads (a copy, as ``repeat_kv``; not under ``fused_kernels`` with
+    SDPA, whose kernel reads them per group), causal SDPA."""
 
     def __init__(self, cfg: GPTConfig, window: int = 0):
         super().__init__()
@@ -634,6 +655,9 @@ class GQAttention(nn.Module):
         self.wk = _column(cfg, cfg.d_model, self.kv_heads * self.head_dim, cfg.bias)
         self.wv = _column(cfg, cfg.d_model, self.kv_heads * self.head_dim, cfg.bias)
         self.wo = _row(cfg, self.heads * self.head_dim, cfg.d_model, cfg.bias)
+        # (Megatron-Core's q_layernorm and k_layernorm: one norm over each head's features)
+        self.q_norm, self.k_norm = ((_norm(cfg, self.head_dim), _norm(cfg, self.head_dim))
+                                    if cfg.qk_norm else (None, None))
 
     def forward(self, x: torch.Tensor, rope=None, mask=None, cast=None,
                 grad_cast=None) -> torch.Tensor:
@@ -645,6 +669,8 @@ class GQAttention(nn.Module):
         q = q.view(b, t, self.heads, self.head_dim)
         k = call(self.wk, x, cast).view(b, t, self.kv_heads, self.head_dim)
         v = call(self.wv, x, cast).view(b, t, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and self.cfg.fused_kernels:
             q, k = fused_rope(q, *rope), fused_rope(k, *rope)
         elif rope is not None:
@@ -819,7 +845,12 @@ class MoE(nn.Module):
     times them (analysis/scaling.py, ``expert_parallel_s``). The groups are the balanced
     shapes, not the router's choices (a grouped GEMM's time follows its rows, not which
     token is in which group), so this module is for analysis, like the tensor-parallel one:
-    it runs and has gradients, but a token's copy need not reach the expert it chose."""
+    it runs and has gradients, but a token's copy need not reach the expert it chose.
+
+    Under ``cfg.fp8`` "delayed" or "current" the experts' GEMMs run in FP8 as
+    TransformerEngine's GroupedLinear runs them (models/fp8.py, ``grouped_fp8``): the permuted
+    rows cast once for w1 and w3, the activation cast for w2, each expert's weights cast once
+    a step; the router stays in BF16 (Megatron-Core's router is a plain linear layer)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -842,6 +873,24 @@ class MoE(nn.Module):
         # (Megatron-Core's experts on TransformerEngine fuse the gated activation as its dense
         # MLP does: --bias-swiglu-fusion, its default)
         self.act = _activation(cfg)
+        self.fp8 = cfg.fp8 if cfg.fp8 in FP8_RECIPES else None
+        self.tn_only = cfg.fp8_tn_only
+
+    def fp8_weights(self) -> list[torch.Tensor]:
+        """The expert weights TE keeps FP8 copies of through a step (none in BF16):
+        models/fp8.py ``fp8_weight_bytes``."""
+        return [w for w in (self.w1, self.w3, self.w2) if w is not None] if self.fp8 else []
+
+    def _gemm(self, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+              cast=None) -> torch.Tensor:
+        """One grouped layer: in FP8 (on h's shared ``cast`` if given) or in h's dtype."""
+        if self.fp8 is None:
+            return _grouped(h, w, b)
+        # (then a view, no kernel: the capture gives an autograd node to the module of the
+        # next torch call, and an autograd Function's apply is none, so without it the
+        # GEMMs' backward would be named after the activation that reads their output)
+        y = grouped_fp8(h, w, b, self.fp8, self.tn_only, cast)
+        return y.view(y.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
@@ -858,12 +907,15 @@ class MoE(nn.Module):
         if rows != n * k:  # the busiest rank's share (or groups rounded up): padded rows
             h = F.pad(h, (0, 0, 0, rows - n * k))
         h = h.view(self.local, rows // self.local, -1)
-        a = _grouped(h, self.w1, self.b1)
+        # (FP8: h cast once for w1 and w3, Megatron's linear_fc1)
+        cast = group_cast(h, self.fp8, self.tn_only) if self.fp8 and self.swiglu else None
+        a = self._gemm(h, self.w1, self.b1, cast)
         if getattr(self.act, "gated", False):
-            a = self.act(a, _grouped(h, self.w3, self.b3))
+            a = self.act(a, self._gemm(h, self.w3, self.b3, cast))
         else:
-            a = self.act(a) * _grouped(h, self.w3, self.b3) if self.swiglu else self.act(a)
-        out = _grouped(a, self.w2, self.b2).reshape(rows, -1)[:n * k]
+            a = (self.act(a) * self._gemm(h, self.w3, self.b3, cast) if self.swiglu
+                 else self.act(a))
+        out = self._gemm(a, self.w2, self.b2).reshape(rows, -1)[:n * k]
         out = out * weights.flatten().index_select(0, order).unsqueeze(-1).to(out.dtype)
         # unpermute: each copy added into its token
         return out.new_zeros(n, out.shape[-1]).index_add(0, source, out).view(x.shape)
@@ -903,12 +955,13 @@ class Block(nn.Module):
         self.float8_gather = cfg.float8_gather  # torchao's float8 styles: ``_shard_cast``
         self.ln1 = _norm(cfg)
         window = cfg.block_window(index)  # (block ``index`` of the model, from 0)
-        self.attn = (GQAttention(cfg, window) if cfg.positions == "rope" or cfg.groups > 1
+        self.attn = (GQAttention(cfg, window)
+                     if cfg.positions == "rope" or cfg.groups > 1 or cfg.qk_norm
                      else Attention(cfg, window))
         self.ln2 = _norm(cfg)
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.moe = MoE(cfg) if cfg.experts else None
-        if self.moe is not None:  # (tensor parallelism and FP8 are refused with experts)
+        if self.moe is not None:  # (tensor parallelism is refused with experts)
             return
         self.swiglu = cfg.mlp == "swiglu"
         hidden = (cfg.ffn_hidden if self.swiglu else cfg.mlp_ratio * cfg.d_model) // cfg.tp
@@ -1082,6 +1135,23 @@ def _gpt_oss(layers, experts):
                      sinks=True, glu="clamped-quick-gelu")
 
 
+def _qwen3_moe(layers, d_model, heads, ffn_hidden, expert_hidden):
+    """Alibaba's Qwen3 mixtures of experts (arXiv 2505.09388, Table 2; the released
+    config.json, as Megatron-Bridge's Qwen3MoEModelProvider and the Megatron-LM arguments
+    of slime's scripts/models/qwen3-*.sh give it): blocks of ``d_model`` with ``heads`` query
+    heads of 128 and 4 K/V heads, q and k RMS-normalised per head (--qk-layernorm), no
+    biases, rotary positions (theta 1,000,000), RMSNorm (eps 1e-6), untied output layer,
+    vocabulary 151,936; every block's MLP is 128 SwiGLU experts of ``expert_hidden`` units, 8
+    a token, the router's top-8 weights renormalised (norm_topk_prob); ``ffn_hidden`` is the
+    config's dense intermediate size, which no block uses. 4,096 tokens, the sequence
+    Megatron-Bridge's performance recipes train it on."""
+    return GPTConfig(layers=layers, d_model=d_model, heads=heads, kv_heads=4, head_size=128,
+                     vocab=151936, seq_len=4096, bias=False, tie_embeddings=False,
+                     norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", ffn_hidden=ffn_hidden,
+                     positions="rope", rope_theta=1e6, experts=128, top_k=8,
+                     expert_hidden=expert_hidden, qk_norm=True)
+
+
 def _gpt2(layers, d_model, heads):
     return GPTConfig(layers=layers, d_model=d_model, heads=heads, vocab=50257, seq_len=1024,
                      bias=True)
@@ -1111,6 +1181,8 @@ PRESETS = {
     "mixtral-8x7b": _mixtral(32, 4096, 32, 32000, 1.3),
     "mixtral-8x22b": _mixtral(56, 6144, 48, 32768, None),
     "gpt-oss-20b": _gpt_oss(24, 32), "gpt-oss-120b": _gpt_oss(36, 128),
+    "qwen3-30b-a3b": _qwen3_moe(48, 2048, 32, 6144, 768),
+    "qwen3-235b-a22b": _qwen3_moe(94, 4096, 64, 12288, 1536),
 }
 
 

@@ -1,0 +1,240 @@
+"""Qwen3's mixtures of experts (models/gpt.py presets, --qk-norm), a mixture of experts in FP8
+(models/fp8.py ``grouped_fp8``: TransformerEngine's grouped GEMMs) and the node-deduplicating
+dispatchers (analysis/scaling.py ``node_deduplicated_alltoall_s``: DeepEP, HybridEP)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from dlperf.analysis.api import AnalysisConfig, capture_costs
+from dlperf.analysis.scaling import alltoall_s, node_deduplicated_alltoall_s
+from dlperf.hardware.interconnect import PRESETS
+from dlperf.models import fp8
+from dlperf.models.gpt import GPT, GPTConfig, gpt_config
+
+
+def test_qwen3_presets_have_the_released_parameter_counts():
+    # Qwen3-30B-A3B (the model card: 30.5B, 3.3B activated): embedding and untied output
+    # layer 2 x 151,936 x 2,048 = 622,329,856; a block: q 2,048 x 4,096 (32 heads of 128),
+    # k and v 2,048 x 512 each, o 4,096 x 2,048 = 18,874,368; q and k norms 2 x 128; two
+    # norms 2 x 2,048; router 2,048 x 128 = 262,144; 128 experts of 3 x 2,048 x 768 =
+    # 603,979,776; 623,120,640 a block, x 48 = 29,909,790,720; + 622,329,856 + the final
+    # norm's 2,048 = 30,532,122,624
+    with torch.device("meta"):
+        small = GPT(gpt_config("qwen3-30b-a3b"))
+    assert sum(p.numel() for p in small.parameters()) == 30_532_122_624
+    # activated: 8 of the 128 experts, 8 x 4,718,592 = 37,748,736 a block: 56,889,600 a
+    # block, x 48 + 622,331,904 = 3,353,032,704 (3.3B)
+    assert 48 * (18_874_368 + 256 + 4_096 + 262_144 + 8 * 3 * 2048 * 768) + 622_331_904 \
+        == 3_353_032_704
+    # Qwen3-235B-A22B (235B, 22B activated): embeddings 2 x 151,936 x 4,096 =
+    # 1,244,659,712; a block: q 4,096 x 8,192 and o back, k and v 4,096 x 512 each =
+    # 71,303,168; norms 256 + 8,192; router 524,288; 128 experts of 3 x 4,096 x 1,536 =
+    # 2,415,919,104; 2,487,755,008 a block, x 94 = 233,848,970,752; + 1,244,659,712 + 4,096
+    with torch.device("meta"):
+        large = GPT(gpt_config("qwen3-235b-a22b"))
+    assert sum(p.numel() for p in large.parameters()) == 235_093_634_560
+    cfg = large.cfg
+    assert (cfg.qk_norm, cfg.experts, cfg.top_k, cfg.kv_heads, cfg.head_dim) == (
+        True, 128, 8, 4, 128)
+
+
+def _tiny(**kw) -> GPTConfig:
+    return GPTConfig(**{**dict(layers=2, d_model=64, heads=4, kv_heads=2, head_size=32,
+                               vocab=96, seq_len=16, norm="rmsnorm", mlp="swiglu",
+                               ffn_hidden=128, positions="rope", tie_embeddings=False,
+                               qk_norm=True), **kw})
+
+
+def test_qk_norm_normalises_each_heads_q_and_k_before_the_rotary_embedding():
+    # against float64 by hand: q = x Wq^T per head, divided by its RMS over the head's 32
+    # features (plus the eps, 1e-5) and scaled by the norm's weight (1 here): each head's q
+    # has a mean square of 1 at every position, to the eps
+    torch.manual_seed(0)
+    model = GPT(_tiny()).double()
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.q_norm.weight.fill_(1.0)
+        attn.k_norm.weight.uniform_(0.5, 1.5)
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda m, i, o: seen.update(q_in=i[0], q=o))
+    model(torch.randint(0, 96, (2, 16)))
+    q_in, q = seen["q_in"], seen["q"]
+    assert q.shape == (2, 16, 4, 32)
+    ref = q_in / torch.sqrt(q_in.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert torch.allclose(q, ref, atol=1e-12)
+    assert torch.allclose(q.pow(2).mean(-1), torch.ones(2, 16, 4, dtype=torch.float64),
+                          atol=1e-3)
+    # two norms of head-size weights a block, none without the flag
+    names = [n for n, _ in model.named_parameters() if "_norm" in n]
+    assert names == ["blocks.0.attn.q_norm.weight", "blocks.0.attn.k_norm.weight",
+                     "blocks.1.attn.q_norm.weight", "blocks.1.attn.k_norm.weight"]
+    assert not [n for n, _ in GPT(_tiny(qk_norm=False)).named_parameters() if "_norm" in n]
+
+
+def _dequantized(x: torch.Tensor, fmt) -> torch.Tensor:
+    """Each expert's matrix x[g] cast with its own per-tensor scale, back in float64."""
+    top = 448.0 if fmt is torch.float8_e4m3fn else 57344.0
+    scale = top / x.abs().amax(dim=(-2, -1), keepdim=True).double()
+    return (x.double() * scale).clamp(-top, top).float().to(fmt).double() / scale
+
+
+@pytest.mark.parametrize("tn_only", (True, False))
+@pytest.mark.parametrize("recipe", fp8.RECIPES)
+def test_the_grouped_fp8_layer_is_each_expert_s_product_of_quantized_operands(recipe,
+                                                                              tn_only):
+    # 3 experts, 16 rows of 32 into 48 each, the experts' scales their own (one expert's
+    # values 100x another's would flush the small one to zero under one shared scale):
+    # forward and both gradients against float64 products of the dequantized operands
+    torch.manual_seed(0)
+    h = (torch.randn(3, 16, 32) * torch.tensor([1.0, 100.0, 0.01])[:, None, None])
+    h.requires_grad_(True)
+    w = torch.randn(3, 32, 48, requires_grad=True)
+    b = torch.randn(3, 1, 48, requires_grad=True)
+    y = fp8.grouped_fp8(h, w, b, recipe, tn_only)
+    hd, wd = (_dequantized(t.detach(), torch.float8_e4m3fn) for t in (h, w))
+    assert y.shape == (3, 16, 48)
+    assert torch.allclose(y.double(), hd @ wd + b.detach().double(), rtol=1e-5, atol=1e-4)
+    g = torch.randn(3, 16, 48)
+    y.backward(g)
+    gd = _dequantized(g, torch.float8_e5m2)
+    assert torch.allclose(h.grad.double(), gd @ wd.transpose(1, 2), rtol=1e-5, atol=1e-4)
+    assert torch.allclose(w.grad.double(), hd.transpose(1, 2) @ gd, rtol=1e-5, atol=1e-3)
+    assert torch.allclose(b.grad, g.sum(1, keepdim=True))
+    # the small expert kept its precision: a few percent of its exact product
+    exact = h.detach()[2].double() @ w.detach()[2].double()
+    assert (y[2].double() - b.detach()[2].double() - exact).norm() / exact.norm() < 0.1
+    with pytest.raises(ValueError, match="multiples of 16"):
+        fp8.grouped_fp8(torch.randn(3, 12, 32), w, None, recipe, tn_only)
+
+
+def _moe(fp8_recipe=None, tn_only=True, **kw) -> GPTConfig:
+    return _tiny(**{**dict(qk_norm=False, experts=4, top_k=2, expert_hidden=64, tp_impl="te",
+                           fp8=fp8_recipe, fp8_tn_only=tn_only), **kw})
+
+
+def _costs(cfg: GPTConfig, batch: int = 2):
+    with torch.device("meta"):
+        model = GPT(cfg)
+    # (BF16 weights and activations, FP32 master weights: Megatron-Core's, --precision fsdp)
+    acfg = AnalysisConfig(model="gpt", input_shape=(batch, cfg.seq_len), dtype="bf16",
+                          precision="fsdp", train=True, device="h100-sxm", tokens=True,
+                          optimizer="adamw")
+    costs, uncounted, _, _ = capture_costs(model, acfg, torch.long)
+    assert not uncounted
+    return model, [c for c in costs if c.module_type == "MoE"]
+
+
+@pytest.mark.parametrize("tn_only", (True, False))
+@pytest.mark.parametrize("recipe", fp8.RECIPES)
+def test_the_fp8_experts_kernels_by_hand(recipe, tn_only):
+    # A block's experts, 2 blocks: forward, 2 input casts (the permuted rows once for w1 and
+    # w3, Megatron's linear_fc1; the activation for w2), 3 weight casts, 3 grouped FP8 GEMMs;
+    # backward, 3 gradient casts, 3 data- and 3 weight-gradient grouped GEMMs; the current
+    # recipe an amax before each cast; no transposes (the casts write them on TN GPUs).
+    # 2 sequences of 16 tokens, top-2 of 4 experts: 64 copies, 16 rows an expert; each GEMM
+    # 2 x 64 x 64 x 64 = 524,288 FLOPs, 9 a block: 9,437,184 for two blocks, as many as the
+    # BF16 experts' batched GEMMs, now in FP8
+    _, costs = _costs(_moe(recipe, tn_only))
+    count = Counter((c.op, c.phase) for c in costs if c.op.startswith("fp8"))
+    blocks = 2
+    expected = {("fp8_quantize", "forward"): 2 * blocks,
+                ("fp8_weight_quantize", "forward"): 3 * blocks,
+                ("fp8_gemm", "forward"): 3 * blocks, ("fp8_quantize", "dgrad"): 3 * blocks,
+                ("fp8_gemm", "dgrad"): 3 * blocks, ("fp8_gemm", "wgrad"): 3 * blocks}
+    if recipe == "current":
+        expected.update({("fp8_amax", "forward"): 2 * blocks,
+                         ("fp8_weight_amax", "forward"): 3 * blocks,
+                         ("fp8_amax", "dgrad"): 3 * blocks})
+    assert dict(count) == expected
+    gemms = [c for c in costs if c.op == "fp8_gemm"]
+    assert all(c.dtype == "fp8" and c.gemm.batch == 4 for c in gemms)
+    assert sum(c.flops for c in gemms) == 9_437_184
+    _, bf16 = _costs(_moe())
+    assert sum(c.flops for c in bf16 if c.op == "bmm") == 9_437_184
+    # the cast of the permuted rows, 64 rows of 64: BF16 in, one FP8 byte out per copy
+    # written (row-wise, and column-wise on TN GPUs), the 4 experts' FP32 inverse scales out
+    # and, under the current recipe, their amaxes in
+    cast = next(c for c in costs if c.op == "fp8_quantize" and c.phase == "forward")
+    assert cast.bytes == (64 * 64 * 2 + 64 * 64 * (2 if tn_only else 1)
+                          + 4 * 4 * (2 if recipe == "current" else 1))
+
+
+def test_fp8_experts_pad_their_rows_and_hold_their_weight_copies():
+    # 20 tokens top-2 over 4 experts: 10 rows an expert, padded to 16 in FP8 (Megatron's
+    # Fp8Padding, TE's multiple of 16); as many as they are in BF16
+    assert _moe("current").expert_rows(20) == 64
+    assert _moe().expert_rows(20) == 40
+    # TE's FP8 copies of the experts' weights: 2 blocks x 3 x 4 x 64 x 64 = 98,304 elements,
+    # both layouts on TN GPUs (2 bytes), the row-wise one elsewhere; plus the attention's four
+    # layers (q 64 x 128, k and v 64 x 64, o 128 x 64: 24,576 a block, 49,152) alike
+    model = GPT(_moe("delayed"))
+    assert fp8.fp8_weight_bytes(model) == 2 * (98_304 + 49_152)
+    assert fp8.fp8_weight_bytes(GPT(_moe("delayed", tn_only=False))) == 98_304 + 49_152
+    assert fp8.fp8_weight_bytes(GPT(_moe())) == 0
+
+
+def test_what_fp8_experts_refuse():
+    with pytest.raises(ValueError, match="not torchao's"):
+        _tiny(qk_norm=False, experts=4, top_k=2, fp8="tensorwise")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        _moe("current", expert_hidden=72)
+
+
+def test_the_node_deduplicated_dispatch_by_hand():
+    node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
+    nbytes = 4096 * 8 * 2048 * 2  # a rank's 4,096 tokens, 8 copies each of 2,048 in BF16
+    # Qwen3-30B-A3B over 2 nodes of 8 (EP 16, 64 experts a node): a token misses the other
+    # node with probability C(64, 8) / C(128, 8) = 0.0031, so crosses the network 0.9969
+    # times, 1/8 of nbytes, where the plain all-to-all sends half its copies (4 of 8);
+    # NVLink carries 7/8 of every copy, the slower of the two: the NIC's
+    miss = math.comb(64, 8) / math.comb(128, 8)
+    assert miss == pytest.approx(0.0031, abs=1e-4)
+    t_net = nbytes / 8 * (1 - miss) / net.bus_bandwidth + net.latency_s
+    t_node = nbytes * 7 / 8 / node.bus_bandwidth + node.latency_s
+    t = node_deduplicated_alltoall_s(nbytes, 16, 8, node, net, 128, 8)
+    assert t == pytest.approx(max(t_net, t_node))
+    plain = alltoall_s(nbytes, 16, 8, node, net)
+    assert plain / t == pytest.approx((nbytes / 2 / net.bus_bandwidth + net.latency_s)
+                                      / t_net)
+    assert 3.5 < plain / t < 4.1  # about the 4 copies a token sends the other node
+    # top-1: nothing to deduplicate, the network's share is the plain all-to-all's (half)
+    one = node_deduplicated_alltoall_s(nbytes, 16, 8, node, net, 128, 1)
+    assert one == pytest.approx(alltoall_s(nbytes, 16, 8, node, net))
+    # inside one node the dispatchers are the plain all-to-all
+    assert node_deduplicated_alltoall_s(nbytes, 8, 8, node, net, 128, 8) == alltoall_s(
+        nbytes, 8, 8, node, net)
+
+
+def _analyze_args(*extra: str) -> list[str]:
+    return ["analyze", "qwen3-30b-a3b", "--layers", "2", "--device", "h100-sxm", "--train",
+            "--dtype", "bf16", "--precision", "fsdp", "--tp-impl", "te", "--batch-size", "1",
+            "--gpus", "16",
+            "--ep", "16", "--interconnect", "nvlink4-h100,ib-ndr", "--top", "1", *extra]
+
+
+def test_cli_qwen3_in_fp8_with_hybridep_across_two_nodes(tmp_path, capsys):
+    from dlperf.cli import main
+
+    times = {}
+    for dispatcher in ("alltoall", "hybridep"):
+        path = tmp_path / f"{dispatcher}.json"
+        assert main(_analyze_args("--fp8", "current", "--ep-dispatcher", dispatcher,
+                                  "--json", str(path))) == 0
+        ep = json.loads(path.read_text())["scale_out"]["at_requested_scale"][
+            "communication"]["expert_parallel"]
+        assert ep["dispatcher"] == dispatcher and ep["moe_layers"] == 2
+        times[dispatcher] = ep["alltoall_s"]
+    # the NIC's share: 4 copies of a token's 8 go to the other node, 1 when deduplicated
+    assert 3.5 < times["alltoall"] / times["hybridep"] < 4.1
+    capsys.readouterr()
+    assert main(["analyze", "qwen3-30b-a3b", "--layers", "2", "--ep-dispatcher",
+                 "hybridep"]) == 2
+    assert "--ep-dispatcher hybridep" in capsys.readouterr().err
+    assert main(["analyze", "resnet18", "--qk-norm"]) == 2
+    assert "--qk-norm" in capsys.readouterr().err
