@@ -64,10 +64,12 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
         record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"], scaling["results"])
     moe = results / "tp-megatron-moe.json"  # benchmarks/validate_tp.py
     bridge_moe = results / "tp-megatron-bridge-moe.json"  # benchmarks/validate_tp.py
+    qwen3 = results / "tp-megatron-bridge-qwen3.json"  # benchmarks/validate_tp.py
     if moe.exists():
         record["expert_parallel"] = build_expert_parallel(
             json.loads(moe.read_text())["results"],
-            json.loads(bridge_moe.read_text())["results"] if bridge_moe.exists() else None)
+            json.loads(bridge_moe.read_text())["results"] if bridge_moe.exists() else None,
+            json.loads(qwen3.read_text())["results"] if qwen3.exists() else None)
     memory = results / "validation-memory.json"  # benchmarks/validate_memory.py
     if memory.exists():
         record["memory"] = build_memory(json.loads(memory.read_text())["results"])

@@ -230,9 +230,11 @@ def test_analyze_ep_prints_and_saves_the_expert_parallel_scale_out(tmp_path, cap
             "experts") in text
     assert "expert-parallel all-to-alls (tokens to their experts and back) 8 of" in text
     assert "the experts' gradients reduced over 2 replicas" in text
-    # (the shipped record: Mixtral's figure and Megatron-Bridge's eight gpt-oss-120b rates,
-    # the B200s' at EP 8 the furthest off, the B300s' on NICs the table does not give apart)
-    assert "Expert parallelism is checked against 9 published rates" in text
+    # (the shipped record: Mixtral's figure, Megatron-Bridge's eight gpt-oss-120b rates, the
+    # B200s' at EP 8 the furthest off, the B300s' on NICs the table does not give apart, and
+    # its Qwen3-30B-A3B in FP8 across two nodes)
+    assert "Expert parallelism is checked against 10 published rates" in text
+    assert "Qwen3-30B-A3B FP8, 16 H100s, EP 16" in text
     assert "as up to 1.7x optimistic" in text
     report = " ".join(page.read_text().split())
     assert "8-way expert parallel, 8 all-to-alls a micro-batch" in report

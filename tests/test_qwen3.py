@@ -238,3 +238,26 @@ def test_cli_qwen3_in_fp8_with_hybridep_across_two_nodes(tmp_path, capsys):
     assert "--ep-dispatcher hybridep" in capsys.readouterr().err
     assert main(["analyze", "resnet18", "--qk-norm"]) == 2
     assert "--qk-norm" in capsys.readouterr().err
+
+
+def test_the_expert_parallel_record_reads_the_saved_qwen3_row():
+    # benchmarks/results/tp-megatron-bridge-qwen3.json: the median of the three releases'
+    # rates (8,826, 8,901, 8,960) is 8,901; the record's ratio is the headline prediction
+    # over it, its range the three attention shares', and the plain all-to-all's apart
+    from pathlib import Path
+
+    from dlperf.hardware.track_record import describe_expert_parallel, load_scale_out
+
+    saved = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/"
+                        "tp-megatron-bridge-qwen3.json").read_text())["results"]["rows"][0]
+    assert saved["measured_tokens_per_s_per_gpu"] == 8901
+    record = load_scale_out()["expert_parallel"]["qwen3"][0]
+    head = saved["mcore"]["predicted_tokens_per_s_per_gpu"]
+    assert record["ratio"] == pytest.approx(head / 8901)
+    assert record["ratio_low"] <= record["ratio"] <= record["ratio_high"]
+    # the node's deduplication is what keeps the row from being predicted network-bound: the
+    # plain all-to-all's four crossings a token make it slower than measured
+    assert record["ratio_alltoall"] < 1 < record["ratio"]
+    text = describe_expert_parallel()
+    assert f"predicted {record['ratio']:.2f}x ({record['ratio_low']:.2f}-" in text
+    assert f"{record['ratio_alltoall']:.2f}x were each copy of a token sent" in text

@@ -942,13 +942,17 @@ def describe_context_parallel(record: dict | None = None) -> str:
             "--efficiency attention=F.")
 
 
-def build_expert_parallel(result: dict, bridge: dict | None = None) -> dict:
+def build_expert_parallel(result: dict, bridge: dict | None = None,
+                          qwen3: dict | None = None) -> dict:
     """The scale-out record's expert-parallel entry from validate_tp.py's
     tp-megatron-moe.json (its "results"): Megatron-Core's Mixtral 8x7B, predicted over the
     README's TFLOPS in each reading of its pipeline schedule, at the attention share chosen
-    for Megatron-Core's 2024 stack (the file's first share) and over all three; and from
+    for Megatron-Core's 2024 stack (the file's first share) and over all three; from
     tp-megatron-bridge-moe.json (``bridge``) Megatron-Bridge's gpt-oss-120b rows, each at its
-    headline attention share ("mcore"), by device."""
+    headline attention share ("mcore"), by device; and from tp-megatron-bridge-qwen3.json
+    (``qwen3``) its Qwen3 rows in FP8, each against the median of its releases' rates, at the
+    headline share and over the three, and with the plain all-to-all in place of its
+    dispatcher."""
     rows = result["rows"]
     chosen = rows[0]["attention"]
     at = {r["virtual"]: r["ratio"] for r in rows if r["attention"] == chosen}
@@ -984,6 +988,14 @@ def build_expert_parallel(result: dict, bridge: dict | None = None) -> dict:
                             for k, v in over.items()},
             "ratio_low": min(min(v) for v in ratios.values()),
             "ratio_high": max(max(v) for v in ratios.values())}
+    if qwen3 is not None:
+        entry["qwen3"] = [{
+            "row": r["row"], "device": r["device"], "dispatcher": r["dispatcher"],
+            "releases": len(r["published"]), "measured": r["measured_tokens_per_s_per_gpu"],
+            "ratio": r["mcore"]["ratio"],
+            "ratio_low": min(r[k]["ratio"] for k in ("preset", "mcore", "cudnn")),
+            "ratio_high": max(r[k]["ratio"] for k in ("preset", "mcore", "cudnn")),
+            "ratio_alltoall": r["alltoall"]["ratio"]} for r in qwen3["rows"]]
     return entry
 
 
@@ -993,9 +1005,11 @@ def describe_expert_parallel(record: dict | None = None) -> str:
     checked it."""
     record = load_scale_out() if record is None else record
     how = ("its all-to-alls are timed at the interconnect's all-reduce bus bandwidth (inside "
-           "the node, and the rank's own NIC for the share that leaves it), every one exposed, "
-           "on a router's balanced load unless --expert-load says otherwise; the experts' "
-           "batched GEMMs take the GEMM share of the dense layers")
+           "the node, and the rank's own NIC for the share that leaves it; under "
+           "--ep-dispatcher deepep or hybridep each token crosses the network once for each "
+           "other node holding one of its experts), every one exposed, on a router's balanced "
+           "load unless --expert-load says otherwise; the experts' batched GEMMs take the GEMM "
+           "share of the dense layers")
     m = record.get("expert_parallel")
     if m is None:
         return f"Expert parallelism is not yet checked against a published run: {how}."
@@ -1019,10 +1033,17 @@ def describe_expert_parallel(record: dict | None = None) -> str:
         f"NICs the table does not give, {u['ratio']:.2f}x on the 800 Gb/s of their datasheet "
         f"and {u['ratio_400g']:.2f}x on 400 Gb/s" for u in g.get("unknown_nics", []))
     ultra = _ultra_against_gb200(g.get("rows", []), "config")
-    return (f"Expert parallelism is checked against {g['runs'] + 1} published rates. "
-            f"{mixtral[0].upper()}{mixtral[1:]}; {g['source']}: predicted "
+    qwen3 = m.get("qwen3", [])
+    fp8 = "".join(
+        f"; Megatron-Bridge's {q['row']} ({q['dispatcher']}, the median of {q['releases']} "
+        f"releases' rates): predicted {q['ratio']:.2f}x ({q['ratio_low']:.2f}-"
+        f"{q['ratio_high']:.2f}x over the attention kernel's plausible speeds), and "
+        f"{q['ratio_alltoall']:.2f}x were each copy of a token sent across the network as the "
+        "plain all-to-all sends it" for q in qwen3)
+    return (f"Expert parallelism is checked against {g['runs'] + 1 + len(qwen3)} published "
+            f"rates. {mixtral[0].upper()}{mixtral[1:]}; {g['source']}: predicted "
             f"{g['ratio_low']:.2f}-{g['ratio_high']:.2f}x their tokens/s ({devices}), too "
-            f"fast{where}{unknown}: read a rate of many small experts as up to "
+            f"fast{where}{unknown}{fp8}: read a rate of many small experts as up to "
             f"{g['ratio_high']:.1f}x optimistic (not yet explained). {ultra}How: {how}.")
 
 
