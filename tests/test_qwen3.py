@@ -230,6 +230,9 @@ def test_cli_qwen3_in_fp8_with_hybridep_across_two_nodes(tmp_path, capsys):
             "communication"]["expert_parallel"]
         assert ep["dispatcher"] == dispatcher and ep["moe_layers"] == 2
         times[dispatcher] = ep["alltoall_s"]
+        said = " ".join(capsys.readouterr().out.split())
+        assert ("hybridep's: a token over the network once a node" in said) == (
+            dispatcher == "hybridep")
     # the NIC's share: 4 copies of a token's 8 go to the other node, 1 when deduplicated
     assert 3.5 < times["alltoall"] / times["hybridep"] < 4.1
     capsys.readouterr()

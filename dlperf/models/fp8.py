@@ -82,8 +82,8 @@ def _quantize_impl(x: Tensor, amax: Tensor | None, e5m2: bool, rowwise: bool,
                    columnwise: bool) -> tuple[Tensor, Tensor, Tensor]:
     """x [M, K] -> (FP8 data [M, K] or empty, its transpose [K, M] or empty, the inverse scale
     the GEMM multiplies back by); a grouped layer's x [G, M, K] likewise, each of its G
-    matrices scaled by its own amax (inverse scales [G]). Without ``amax`` (the delayed recipe) the kernel takes this
-    tensor's amax itself, as a stand-in for the history's."""
+    matrices scaled by its own amax (inverse scales [G]). Without ``amax`` (the delayed
+    recipe) the kernel takes this tensor's amax itself, as a stand-in for the history's."""
     fmt = E5M2 if e5m2 else E4M3
     top = _MAX[fmt]
     a = _amax_impl(x) if amax is None else amax.float()
