@@ -1605,6 +1605,21 @@ def gpt_oss_args(device: str, gpus: int, pp: int, ep: int, micro: int, batch: in
                            recompute, interconnect)
 
 
+def _moe_reading(here: dict, rate: float) -> dict:
+    """One mixture-of-experts prediction (``_analyze``'s scale) against the measured ``rate``
+    (tokens/s a GPU, 4,096-token sequences): the rate and ratio, the step and where its
+    all-to-alls, bubble, exposed communication and wait went, and the memory a GPU."""
+    tokens = here["per_gpu_samples_per_s"] * 4096
+    comm = here["communication"]
+    return {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
+            "step_s": here["step_s"], "limited_by": here["limited_by"],
+            "alltoall_exposed_s": comm["expert_parallel"]["exposed_s"],
+            "alltoall_each_s": comm["expert_parallel"]["alltoall_s"],
+            "bubble_s": (comm.get("pipeline") or {}).get("bubble_s", 0.0),
+            "exposed_comm_s": here["exposed_comm_s"], "straggler_s": here["straggler_s"],
+            "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30}
+
+
 def megatron_bridge_moe(out: Path) -> None:
     """Each gpt-oss-120b row's tokens/s a GPU, predicted over measured: on H100s at the three
     attention shares of ``megatron_bridge_fp8`` (the headline Megatron-Core's), on B200s at
@@ -1628,18 +1643,8 @@ def megatron_bridge_moe(out: Path) -> None:
                    # whether the all-to-alls leave the NVLink domain (EP ranks are adjacent)
                    "alltoall_over": "nvlink" if ep <= node.gpus else "network"}
             for name, share in shares.items():
-                here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, share,
-                                             recompute), tmp)
-                tokens = here["per_gpu_samples_per_s"] * 4096
-                comm = here["communication"]
-                row[name] = {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
-                             "step_s": here["step_s"], "limited_by": here["limited_by"],
-                             "alltoall_exposed_s": comm["expert_parallel"]["exposed_s"],
-                             "alltoall_each_s": comm["expert_parallel"]["alltoall_s"],
-                             "bubble_s": (comm.get("pipeline") or {}).get("bubble_s", 0.0),
-                             "exposed_comm_s": here["exposed_comm_s"],
-                             "straggler_s": here["straggler_s"],
-                             "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30}
+                row[name] = _moe_reading(_analyze(gpt_oss_args(
+                    device, gpus, pp, ep, micro, batch, share, recompute), tmp), rate)
             if device in GPT_OSS_NIC_ALTERNATIVE and row["alltoall_over"] == "network":
                 here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, None, recompute,
                                              GPT_OSS_NIC_ALTERNATIVE[device]), tmp)
@@ -1726,18 +1731,10 @@ def megatron_bridge_qwen3(out: Path) -> None:
             runs["alltoall"] = qwen3_args(row, BRIDGE_ATTENTION["mcore"], dispatcher="alltoall")
             runs["bf16"] = qwen3_args(row, BRIDGE_ATTENTION["mcore"], fp8=False)
             for name, args in runs.items():
-                here = _analyze(args, tmp)
-                tokens = here["per_gpu_samples_per_s"] * 4096
-                comm = here["communication"]
-                result[name] = {
-                    "predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
-                    "ratios_by_container": {c: tokens / t for c, t, _ in published},
-                    "step_s": here["step_s"], "limited_by": here["limited_by"],
-                    "alltoall_each_s": comm["expert_parallel"]["alltoall_s"],
-                    "alltoall_exposed_s": comm["expert_parallel"]["exposed_s"],
-                    "exposed_comm_s": here["exposed_comm_s"],
-                    "straggler_s": here["straggler_s"],
-                    "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30}
+                reading = _moe_reading(_analyze(args, tmp), rate)
+                tokens = reading["predicted_tokens_per_s_per_gpu"]
+                result[name] = {**reading, "ratios_by_container": {c: tokens / t
+                                                                   for c, t, _ in published}}
             result["predicted_fp8_gain"] = (result["mcore"]["predicted_tokens_per_s_per_gpu"]
                                             / result["bf16"]["predicted_tokens_per_s_per_gpu"])
             rows.append(result)
