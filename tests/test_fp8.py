@@ -84,7 +84,7 @@ def test_layer_sizes_and_stack_are_checked():
     with pytest.raises(ValueError, match="multiples of 16"):
         fp8.Fp8Linear(24, 48, False, "current")
     with pytest.raises(ValueError, match="recipe"):
-        fp8.Fp8Linear(32, 48, False, "mxfp8")
+        fp8.Fp8Linear(32, 48, False, "nvfp4")
     with pytest.raises(ValueError, match="tp_impl must be 'te'"):
         GPTConfig(layers=1, d_model=64, heads=4, fp8="current")
 
@@ -304,7 +304,7 @@ def test_cli_fp8_recast_weights_casts_them_in_every_micro_batch(capsys, tmp_path
         moved[bool(flags)] = json.loads(out.read_text())["totals"]["bytes"]
     assert moved[True] - moved[False] == pytest.approx(3 / 4 * 6291456, abs=64)
     code, _, err = run_cli(LLAMA + ["--fp8", "tensorwise", "--fp8-recast-weights"], capsys)
-    assert code == 2 and "needs --fp8 delayed or current" in err
+    assert code == 2 and "needs --fp8 delayed, current or mxfp8" in err
 
 
 def test_the_record_says_what_fp8_was_checked_against():

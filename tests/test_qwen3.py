@@ -189,16 +189,20 @@ def test_what_fp8_experts_refuse():
 def test_the_node_deduplicated_dispatch_by_hand():
     node, net = PRESETS["nvlink4-h100"], PRESETS["ib-ndr"]
     nbytes = 4096 * 8 * 2048 * 2  # a rank's 4,096 tokens, 8 copies each of 2,048 in BF16
-    # Qwen3-30B-A3B over 2 nodes of 8 (EP 16, 64 experts a node): a token misses the other
-    # node with probability C(64, 8) / C(128, 8) = 0.0031, so crosses the network 0.9969
-    # times, 1/8 of nbytes, where the plain all-to-all sends half its copies (4 of 8);
-    # NVLink carries 7/8 of every copy, the slower of the two: the NIC's
+    # Qwen3-30B-A3B over 2 nodes of 8 (EP 16, 64 experts a node, 8 a GPU): a token misses
+    # the other node with probability C(64, 8) / C(128, 8) = 0.0031, so crosses the network
+    # 0.9969 times, 1/8 of nbytes, where the plain all-to-all sends half its copies (4 of 8);
+    # a GPU holds none of its experts with probability C(120, 8) / C(128, 8) = 0.588, so it
+    # reaches 16 x 0.412 = 6.6 GPUs, 7/8 of them over NVLink (the plain all-to-all: 7/8 of 8
+    # copies); the slower of the two links: the NIC's
     miss = math.comb(64, 8) / math.comb(128, 8)
     assert miss == pytest.approx(0.0031, abs=1e-4)
+    gpu_miss = math.comb(120, 8) / math.comb(128, 8)
+    assert gpu_miss == pytest.approx(0.588, abs=1e-3)
     t_net = nbytes / 8 * (1 - miss) / net.bus_bandwidth + net.latency_s
-    t_node = nbytes * 7 / 8 / node.bus_bandwidth + node.latency_s
+    t_node = nbytes / 8 * 16 * (1 - gpu_miss) * 7 / 8 / node.bus_bandwidth + node.latency_s
     t = node_deduplicated_alltoall_s(nbytes, 16, 8, node, net, 128, 8)
-    assert t == pytest.approx(max(t_net, t_node))
+    assert t_net > t_node and t == pytest.approx(t_net)
     plain = alltoall_s(nbytes, 16, 8, node, net)
     assert plain / t == pytest.approx((nbytes / 2 / net.bus_bandwidth + net.latency_s)
                                       / t_net)
@@ -206,9 +210,19 @@ def test_the_node_deduplicated_dispatch_by_hand():
     # top-1: nothing to deduplicate, the network's share is the plain all-to-all's (half)
     one = node_deduplicated_alltoall_s(nbytes, 16, 8, node, net, 128, 1)
     assert one == pytest.approx(alltoall_s(nbytes, 16, 8, node, net))
-    # inside one node the dispatchers are the plain all-to-all
-    assert node_deduplicated_alltoall_s(nbytes, 8, 8, node, net, 128, 8) == alltoall_s(
-        nbytes, 8, 8, node, net)
+    # inside one node (EP 8, 16 experts a GPU): a GPU holds none of a token's 8 with
+    # probability C(112, 8) / C(128, 8) = 0.333, so the token reaches 7 x 0.667 = 4.67 other
+    # GPUs where the plain all-to-all sends 7 of its 8 copies: 2/3 of its time
+    gpu_miss = math.comb(112, 8) / math.comb(128, 8)
+    assert gpu_miss == pytest.approx(0.333, abs=1e-3)
+    inside = node_deduplicated_alltoall_s(nbytes, 8, 8, node, net, 128, 8)
+    assert inside == pytest.approx(nbytes / 8 * 7 * (1 - gpu_miss) / node.bus_bandwidth
+                                   + node.latency_s)
+    # (each plus one latency)
+    assert inside / alltoall_s(nbytes, 8, 8, node, net) == pytest.approx(0.667, abs=5e-3)
+    # one expert a GPU (Mixtral's 8 over EP 8, top 2): the plain all-to-all
+    assert node_deduplicated_alltoall_s(nbytes, 8, 8, node, net, 8, 2) == pytest.approx(
+        alltoall_s(nbytes, 8, 8, node, net))
 
 
 def _analyze_args(*extra: str) -> list[str]:
@@ -231,7 +245,7 @@ def test_cli_qwen3_in_fp8_with_hybridep_across_two_nodes(tmp_path, capsys):
         assert ep["dispatcher"] == dispatcher and ep["moe_layers"] == 2
         times[dispatcher] = ep["alltoall_s"]
         said = " ".join(capsys.readouterr().out.split())
-        assert ("hybridep's: a token over the network once a node" in said) == (
+        assert ("hybridep's: a token once to each GPU and node of its experts" in said) == (
             dispatcher == "hybridep")
     # the NIC's share: 4 copies of a token's 8 go to the other node, 1 when deduplicated
     assert 3.5 < times["alltoall"] / times["hybridep"] < 4.1

@@ -24,6 +24,7 @@ from dlperf.dtypes import MIXED, autocast_dtype
 from dlperf.errors import DlperfError
 from dlperf.hardware.efficiency import DEFAULT_ATTENTION_KERNEL, efficiency_for
 from dlperf.hardware.specs import DeviceSpec, get_device
+from dlperf.models.fp8 import MX_WEIGHT_OPS
 from dlperf.models.fp8 import WEIGHT_OPS as FP8_WEIGHT_OPS
 from dlperf.models.fp8 import fp8_weight_bytes
 from dlperf.models.losses import DEFAULT_LOSS, LOSSES
@@ -410,7 +411,7 @@ def capture_costs(model: torch.nn.Module, config: AnalysisConfig,
         raise DlperfError(f"fp8_weight_reuse {config.fp8_weight_reuse}: the micro-batches "
                           "sharing one FP8 copy of the weights, at least 1")
     if config.fp8_weight_reuse > 1:
-        costs = spread_costs(costs, FP8_WEIGHT_OPS, config.fp8_weight_reuse)
+        costs = spread_costs(costs, FP8_WEIGHT_OPS + MX_WEIGHT_OPS, config.fp8_weight_reuse)
     if (config.fp8_weight_amax_share, config.fp8_weight_cast_share) != (1.0, 1.0):
         amax_op, cast_op = FP8_WEIGHT_OPS
         costs = share_costs(share_costs(costs, (amax_op,), config.fp8_weight_amax_share),

@@ -78,6 +78,10 @@ MEMORY_OPS_FLOPS_PER_ELEMENT = {
     # (row-wise, column-wise or both); the transpose of FP8 data moves bytes only
     "fp8_amax": 2, "fp8_weight_amax": 2, "fp8_quantize": 2, "fp8_weight_quantize": 2,
     "fp8_transpose": 0,
+    # MXFP8's (models/fp8.py): each block's amax and power-of-two scale beside the cast, |x|,
+    # a max, a multiply and a conversion an element for each copy written (the kernel writes
+    # the row-wise and the column-wise copy from one read)
+    "fp8_mx_quantize": 4, "fp8_mx_weight_quantize": 4,
     # softmax family: max, subtract, exp, sum, divide
     "_softmax": 5, "_log_softmax": 5, "_safe_softmax": 5, "_softmax_backward_data": 3,
     "_log_softmax_backward_data": 3,
@@ -113,7 +117,7 @@ POOL_OPS = frozenset({"max_pool2d_with_indices", "max_pool2d", "avg_pool2d", "ma
 
 GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot",
                       "convolution", "convolution_backward", "_int_mm", "_scaled_mm",
-                      "fp8_gemm"})
+                      "fp8_gemm", "fp8_mx_gemm"})
 
 
 @dataclass(frozen=True)
@@ -312,6 +316,10 @@ def _matmul_cost(r: OpRecord) -> Cost:
         m, k = (a.shape[-1], a.shape[-2]) if trans_a else (a.shape[-2], a.shape[-1])
         shape = GemmShape(b.shape[-2] if trans_b else b.shape[-1], m, k,
                           *a.shape[:-2])
+    elif op == "fp8_mx_gemm":  # models/fp8.py: a [.., M, K] times b [.., N, K] transposed
+        # (the operands' E8M0 scales are inputs 1 and 3: their bytes are read too)
+        a, b = ins[0], ins[2]
+        shape = GemmShape(b.shape[-2], a.shape[-2], a.shape[-1], *a.shape[:-2])
     elif op == "addmm":
         a, b = ins[1], ins[2]
         shape = GemmShape(b.shape[1], a.shape[0], a.shape[1])

@@ -219,7 +219,7 @@ def render_scaling(here: dict, curve: list[dict], node, network, console,
            + (f"beside the attention kernels, {seconds(cp['exposed_s'])} exposed; "
               if cp["comm"] == "p2p" else "none hidden; ") if cp else "")
         + (f"expert-parallel all-to-alls (tokens to their experts and back"
-           + (f"; {ep['dispatcher']}'s: a token over the network once a node"
+           + (f"; {ep['dispatcher']}'s: a token once to each GPU and node of its experts"
               if ep.get("dispatcher", "alltoall") != "alltoall" else "") + ") "
            f"{ep['alltoalls_per_micro_batch']:,} of {gib(ep['bytes_each'])} per micro-batch, "
            f"{seconds(ep['exposed_s'])} a step, none hidden"

@@ -1098,8 +1098,8 @@ def alltoall_s(nbytes: float, gpus: int, gpus_per_node: int, node, network) -> f
 
 # How a mixture of experts' tokens reach their experts' ranks (ScaleConfig.ep_dispatcher):
 # "alltoall", every copy sent to its expert's rank (Megatron-Core's alltoall dispatcher,
-# torchtitan's); "deepep" and "hybridep", each token sent over the network once to each other
-# node holding one of its experts and fanned out there over NVLink (DeepSeek's DeepEP and
+# torchtitan's); "deepep" and "hybridep", each token sent once to each GPU holding one of its
+# experts, over the network once to each other node holding one (DeepSeek's DeepEP and
 # NVIDIA's HybridEP: Megatron-Core's flex dispatcher, --moe-flex-dispatcher-backend), timed
 # alike (``node_deduplicated_alltoall_s``)
 EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -1109,28 +1109,37 @@ def node_deduplicated_alltoall_s(nbytes: float, gpus: int, gpus_per_node: int, n
                                  experts: int, top_k: int) -> float:
     """One dispatch (or combine) of DeepEP's or HybridEP's over ``gpus`` expert-parallel
     ranks, ``gpus_per_node`` of them in each node, each rank holding ``nbytes`` of token
-    copies (``top_k`` a token, to ``experts`` experts spread evenly over the ranks). A token
-    crosses the network once for each other node that holds one or more of its experts (the
-    kernels send it to that node's GPU on the sender's rail, which forwards it over NVLink to
-    the GPUs of its experts; the combine sums a node's copies there before sending them back:
-    DeepEP's README, "internode" kernels; arXiv 2412.19437, section 3.2.2), where the plain
-    all-to-all sends each copy (``alltoall_s``). With the router's choices spread evenly (the
-    published runs force the balance), a node holds none of a token's ``top_k`` experts with
-    probability C(E - e, k) / C(E, k), e its experts, so each token leaves its node for
-    (nodes - 1) x (1 - that) nodes; every copy bound for another GPU of the destination node
-    crosses NVLink once, (n - 1) / n of nbytes for n GPUs in a node. The two run side by side
-    (the kernels pipeline their chunks): the slower, each at its link's bus bandwidth plus one
-    latency. Inside one node it is the plain all-to-all. Not modelled: the SMs the kernels hold
-    while they run (HybridEP's default 16) beside other work; the dispatch is exposed anyway."""
+    copies (``top_k`` a token, to ``experts`` experts spread evenly over the ranks). The
+    kernels move a token, not its copies: once to each GPU that holds one or more of its
+    experts (DeepEP's ``get_dispatch_layout``: ``is_token_in_rank``, a token x rank map; the
+    receiving GPU feeds it to each of its experts there, and the combine sums a GPU's copies
+    before sending them back), and across the network once to each other node that holds
+    one (the kernels send it to that node's GPU on the sender's rail, which forwards it over
+    NVLink: DeepEP's README, "internode" kernels; arXiv 2412.19437, section 3.2.2), where the
+    plain all-to-all sends each copy (``alltoall_s``). With the router's choices spread evenly
+    (the published runs force the balance), a group of e experts holds none of a token's k
+    with probability C(E - e, k) / C(E, k): a token leaves its node for (nodes - 1) x (1 - that)
+    nodes (e a node's experts), and reaches gpus x (1 - that) GPUs (e a GPU's), (n - 1) / n of
+    them over NVLink for n GPUs in a node (all but the one it came in on, or started from).
+    The two links run side by side (the kernels pipeline their chunks): the slower, each at
+    its bus bandwidth plus one latency. With one expert a GPU this is the plain all-to-all.
+    Not modelled: the SMs the kernels hold while they run (HybridEP's default 16) beside other
+    work; the dispatch is exposed anyway."""
     inside = min(gpus, gpus_per_node)
     nodes = -(-gpus // inside)
-    if nodes == 1 or nbytes <= 0:
+    if nbytes <= 0:
         return alltoall_s(nbytes, gpus, gpus_per_node, node, network)
-    here = experts * inside // gpus  # the experts of one node
-    miss = math.comb(experts - here, top_k) / math.comb(experts, top_k)
-    t_net = (nbytes / top_k * (nodes - 1) * (1 - miss) / network.bus_bandwidth
+    token = nbytes / top_k  # one copy of each of the rank's tokens
+
+    def reached(group: int) -> float:  # 1 - P(a group of ``group`` experts holds none)
+        return 1 - math.comb(experts - group, top_k) / math.comb(experts, top_k)
+
+    t_node = (token * gpus * reached(experts // gpus) * (inside - 1) / inside
+              / node.bus_bandwidth + node.latency_s)
+    if nodes == 1:
+        return t_node
+    t_net = (token * (nodes - 1) * reached(experts * inside // gpus) / network.bus_bandwidth
              + network.latency_s)
-    t_node = nbytes * (inside - 1) / inside / node.bus_bandwidth + node.latency_s
     return max(t_node, t_net)
 
 

@@ -208,7 +208,8 @@ def add_parser(sub) -> None:
                         "collectives and the output projections' backward ones chunked beside "
                         "their GEMMs too; with --tp 1, TransformerEngine's layers and "
                         "Megatron-Core's fused kernels without tensor parallelism [torch]")
-    s.add_argument("--fp8", choices=("delayed", "current", "tensorwise", "rowwise"), default=None,
+    s.add_argument("--fp8", choices=("delayed", "current", "mxfp8", "tensorwise", "rowwise"),
+                   default=None,
                    help="the blocks' linear layers in FP8 on Hopper and later. delayed, "
                         "current: as TransformerEngine runs them (needs --tp-impl te): E4M3 "
                         "forward, E5M2 gradients, "
@@ -217,6 +218,10 @@ def add_parser(sub) -> None:
                         "FP8-CS); each input, weight and gradient cast to FP8 and its "
                         "transpose, the weights once a step (the step's --grad-accum "
                         "micro-batches reuse them), the tensor-parallel all-gathers in FP8. "
+                        "mxfp8: TransformerEngine's MXFP8 block scaling on Blackwell "
+                        "(Megatron-Bridge's FP8-MX; --tp 1): E4M3 throughout, a power-of-two "
+                        "scale for each 32 elements; each input, weight and gradient cast "
+                        "once into a row-wise and a column-wise copy, the block-scaled GEMMs. "
                         "tensorwise: as torchao's float8 training runs them (torchtitan's "
                         "float8 converter; no --tp): dynamic per-tensor scales, each cast an "
                         "amax pass and a cast pass, the FP8 copies the GEMMs' layouts need. "
@@ -631,7 +636,7 @@ def run(args) -> int:
     if args.pp_overlap_p2p and args.pp_virtual == 1:
         raise DlperfError("--pp-overlap-p2p overlaps the interleaved schedule's transfers "
                           "(Megatron-Core overlaps none in 1F1B): add --pp-virtual V (V > 1)")
-    if args.fp8 in ("delayed", "current") and args.tp_impl != "te":
+    if args.fp8 in ("delayed", "current", "mxfp8") and args.tp_impl != "te":
         raise DlperfError(f"--fp8 {args.fp8} runs TransformerEngine's FP8 layers "
                           "(Megatron-Core's stack): add --tp-impl te, or use --fp8 tensorwise "
                           "(torchao's float8 layers, as torchtitan runs them)")
@@ -640,9 +645,9 @@ def run(args) -> int:
         raise DlperfError(f"--fp8 {args.fp8} (torchao's float8 layers) runs on PyTorch's "
                           "tensor parallelism: use --tp-impl torch or torch-async, or --fp8 "
                           "delayed or current with --tp-impl te")
-    if args.fp8_recast_weights and args.fp8 not in ("delayed", "current"):
+    if args.fp8_recast_weights and args.fp8 not in ("delayed", "current", "mxfp8"):
         raise DlperfError("--fp8-recast-weights is TransformerEngine's weight cast per "
-                          "micro-batch: it needs --fp8 delayed or current (torchao's float8 "
+                          "micro-batch: it needs --fp8 delayed, current or mxfp8 (torchao's float8 "
                           "layers cast their weights in every micro-batch already)")
     if args.fp8_all_gather and (args.fp8 != "tensorwise"
                                 or args.strategy not in ("fsdp", "hsdp") or not args.gpus):
@@ -678,6 +683,11 @@ def run(args) -> int:
         # nvte_is_non_tn_fp8_gemm_supported): the capture (one for every --device) makes the
         # transposes or not; of the presets, the b200, gb200, b300 and gb300 are of the first kind
         kinds = {generation(s.name) < 3 for s in specs}
+        if args.fp8 == "mxfp8" and True in kinds:
+            older = ", ".join(s.name for s in specs if generation(s.name) < 3)
+            raise DlperfError(f"--fp8 mxfp8: {older} has no block-scaled FP8 Tensor Cores "
+                              "(MXFP8 is datacenter Blackwell's here: "
+                              "b200, b300, gb200, gb300); use --fp8 current or delayed there")
         if len(kinds) > 1:
             raise DlperfError("--fp8 --device: compare Blackwell GPUs with Blackwell GPUs and "
                               "Hopper or Ada GPUs with each other (their FP8 GEMMs take "
@@ -701,7 +711,8 @@ def run(args) -> int:
                          fp8=args.fp8,
                          # TE casts the weights in a step's first micro-batch only, when
                          # told which one that is (is_first_microbatch: Megatron-Core)
-                         fp8_weight_reuse=(args.grad_accum if args.fp8 in ("delayed", "current")
+                         fp8_weight_reuse=(args.grad_accum if args.fp8 in ("delayed", "current",
+                                                                           "mxfp8")
                                            and not args.fp8_recast_weights else 1),
                          **_float8_gather_shares(args),
                          attention_kernel=attention_kernel(spec),

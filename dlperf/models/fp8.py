@@ -1,4 +1,5 @@
-"""FP8 linear layers as TransformerEngine runs them on Hopper (per-tensor scaling), for a
+"""FP8 linear layers as TransformerEngine runs them (per-tensor scaling, and MXFP8 block
+scaling on Blackwell), for a
 decoder under Megatron-Core (models/gpt.py, ``GPTConfig.fp8``; ``dlperf analyze --fp8``).
 
 Why hand-written: PyTorch has the FP8 GEMM (``torch._scaled_mm``, which the capture records
@@ -39,6 +40,14 @@ On datacenter Blackwell (sm 10.x: B200, B300, GB200; ``tn_only=False``: TE's
 operand layout: the casts write the row-wise data only, no transposes are
 made, the gradient GEMMs read the row-wise data (``fp8_gemm``), and a weight has one FP8 copy.
 
+Under MXFP8 block scaling (``mxfp8``: TE's ``MXFP8BlockScaling``, Megatron-Bridge's "FP8-MX",
+datacenter Blackwell only) every tensor is E4M3 with a power-of-two (E8M0) scale for each 32
+elements along one dimension. A GEMM needs each operand blocked along the dimension it
+reduces, so a tensor read by both a forward-or-data-gradient GEMM and a weight-gradient GEMM
+is cast once into two copies, row-wise and column-wise (``_mx_quantize``, one kernel, no amax
+pass), and a weight keeps both (``_MxLinearFn``, ``_MxGroupedFn``); sizes and each expert's
+rows are multiples of 32 (``align``). Tensor parallelism under MXFP8 is not modelled.
+
 Not modelled: a delayed recipe's norm that writes FP8 itself (TE fuses the cast into the
 RMSNorm/LayerNorm kernel before a ``LayerNormLinear``; here the norm writes BF16 and the layer
 casts it: one extra read and write of the norm's output, under 1% of a Llama step), and the
@@ -54,7 +63,11 @@ from torch import Tensor, nn
 
 from dlperf.models.fused import NAMESPACE
 
-RECIPES = ("delayed", "current")
+RECIPES = ("delayed", "current")  # per-tensor scaling
+# block scaling (``MXFP8BlockScaling``; Megatron's --fp8-recipe mxfp8, Megatron-Bridge's
+# "FP8-MX"): ``_MxLinearFn`` and ``_MxGroupedFn`` below
+MX_RECIPES = ("mxfp8",)
+TE_RECIPES = RECIPES + MX_RECIPES
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _MAX = {E4M3: 448.0, E5M2: 57344.0}  # the largest finite value of each format
 
@@ -65,9 +78,19 @@ _MAX = {E4M3: 448.0, E5M2: 57344.0}  # the largest finite value of each format
 # other micro-batches), so ``api.capture_costs`` spreads them over
 # ``AnalysisConfig.fp8_weight_reuse`` micro-batches.
 WEIGHT_OPS = ("fp8_weight_amax", "fp8_weight_quantize")
+MX_WEIGHT_OPS = ("fp8_mx_weight_quantize",)
 # what TransformerEngine requires an FP8 layer's sizes to be multiples of
-# (``assert_dim_for_fp8_exec``): 16 elements, 16 bytes of FP8, the guide's alignment rule
+# (``assert_dim_for_fp8_exec``): 16 elements, 16 bytes of FP8, the guide's alignment rule;
+# under MXFP8 a block of scaling, 32 (both dimensions: the column-wise copy is scaled in
+# blocks down the columns); ``align`` gives a recipe's
 ALIGN = 16
+MX_BLOCK = 32  # elements sharing one E8M0 scale (OCP Microscaling Formats v1.0, MXFP8)
+
+
+def align(recipe: str | None) -> int:
+    """The multiple an FP8 layer's sizes (and a grouped layer's rows) must be under
+    ``recipe``: 32 for MXFP8 (one block of scaling), else 16."""
+    return MX_BLOCK if recipe in MX_RECIPES else ALIGN
 
 
 def _amax_impl(x: Tensor) -> Tensor:
@@ -147,6 +170,70 @@ _transpose = _register("fp8_transpose", _transpose_fn, _transpose_fake)
 _weight_amax = _register("fp8_weight_amax", _amax_impl, _amax_fake)
 _weight_quantize = _register("fp8_weight_quantize", _quantize_impl, _quantize_fake)
 _gemm = _register("fp8_gemm", _gemm_fn, _gemm_fake)
+
+
+def _mx_blocks(t: Tensor) -> tuple[Tensor, Tensor]:
+    """t [..., M, K] in MXFP8, scaled in blocks of 32 along K: (E4M3 data [..., M, K], E8M0
+    scales [..., M, K / 32] as uint8, the exponent biased by 127). Each block's scale is the
+    power of two that brings its amax within E4M3's 448, rounded up so nothing saturates
+    (TransformerEngine's ``float_to_e8m0`` of amax / 448)."""
+    *lead, m, k = t.shape
+    blocks = t.float().reshape(*lead, m, k // MX_BLOCK, MX_BLOCK)
+    amax = blocks.abs().amax(-1)
+    e = torch.where(amax > 0, torch.ceil(torch.log2(amax / _MAX[E4M3])),
+                    torch.full_like(amax, -127.0)).clamp(-127, 127)
+    q = (blocks / torch.exp2(e)[..., None]).clamp(-_MAX[E4M3], _MAX[E4M3]).to(E4M3)
+    return q.reshape(*lead, m, k), (e + 127).to(torch.uint8)
+
+
+def _mx_dequantized(data: Tensor, scale: Tensor) -> Tensor:
+    """The values MXFP8 ``data`` [..., M, K] with ``scale`` [..., M, K / 32] stand for."""
+    return data.float() * torch.exp2(scale.float() - 127).repeat_interleave(MX_BLOCK, -1)
+
+
+def _mx_quantize_impl(x: Tensor, rowwise: bool, columnwise: bool
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """x [..., M, K] -> (row-wise data [..., M, K] and scales [..., M, K/32], column-wise data
+    and scales), each pair empty where not asked: one kernel reading x once (TE's MXFP8
+    quantize; no amax pass, the kernel takes each block's amax itself). The column-wise copy
+    is scaled in blocks of 32 down each column, so it is not a transpose of the row-wise one:
+    the weight-gradient GEMMs, which reduce over the rows, need it. TE writes it in x's own
+    layout; here it is stored transposed, [..., K, M] with scales [..., K, M/32], so that
+    every MXFP8 operand is blocked along its last dimension (the same bytes)."""
+    empty = x.new_empty((0,), dtype=E4M3), x.new_empty((0,), dtype=torch.uint8)
+    row = _mx_blocks(x) if rowwise else empty
+    col = _mx_blocks(x.transpose(-2, -1)) if columnwise else empty
+    return (*row, *col)
+
+
+def _mx_quantize_fake(x, rowwise, columnwise):
+    *lead, m, k = x.shape
+    e8m0 = torch.uint8
+
+    def pair(rows, cols, on):
+        return ((x.new_empty((*lead, rows, cols), dtype=E4M3),
+                 x.new_empty((*lead, rows, cols // MX_BLOCK), dtype=e8m0)) if on
+                else (x.new_empty((0,), dtype=E4M3), x.new_empty((0,), dtype=e8m0)))
+    return (*pair(m, k, rowwise), *pair(k, m, columnwise))
+
+
+def _mx_gemm_fn(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, out_dtype: torch.dtype,
+                bias: Tensor | None = None) -> Tensor:
+    """a [..., M, K] times b [..., N, K] transposed (+ bias): [..., M, N], both operands
+    MXFP8 blocked along K, the dimension the GEMM reduces (Blackwell's block-scaled Tensor
+    Core GEMM, which applies each block's scale as it accumulates in FP32); computed here as
+    the exact product of the dequantized operands."""
+    y = _mx_dequantized(a, scale_a) @ _mx_dequantized(b, scale_b).transpose(-2, -1)
+    return (y if bias is None else y + bias.float()).to(out_dtype)
+
+
+def _mx_gemm_fake(a, scale_a, b, scale_b, out_dtype, bias=None):
+    return a.new_empty((*a.shape[:-1], b.shape[-2]), dtype=out_dtype)
+
+
+_mx_quantize = _register("fp8_mx_quantize", _mx_quantize_impl, _mx_quantize_fake)
+_mx_weight_quantize = _register("fp8_mx_weight_quantize", _mx_quantize_impl, _mx_quantize_fake)
+_mx_gemm = _register("fp8_mx_gemm", _mx_gemm_fn, _mx_gemm_fake)
 
 
 def _cast(x: Tensor, recipe: str, e5m2: bool, rowwise: bool, columnwise: bool,
@@ -252,30 +339,92 @@ class Fp8Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, recipe: str,
                  gather: int = 1, scatter: int = 1, tn_only: bool = True):
-        if recipe not in RECIPES:
-            raise ValueError(f"FP8 recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
-        if in_features % ALIGN or out_features % ALIGN:
-            raise ValueError(f"an FP8 linear layer needs its sizes to be multiples of {ALIGN} "
-                             f"(TransformerEngine refuses others), got {in_features} x "
-                             f"{out_features}")
+        if recipe not in TE_RECIPES:
+            raise ValueError(f"FP8 recipe must be one of {', '.join(TE_RECIPES)}, got "
+                             f"{recipe!r}")
+        if in_features % align(recipe) or out_features % align(recipe):
+            raise ValueError(f"an FP8 linear layer needs its sizes to be multiples of "
+                             f"{align(recipe)} (TransformerEngine refuses others), got "
+                             f"{in_features} x {out_features}")
+        if recipe in MX_RECIPES and (gather > 1 or scatter > 1 or tn_only):
+            raise ValueError("MXFP8 layers are modelled on Blackwell (tn_only False) without "
+                             "sequence parallelism (gather and scatter 1)")
         super().__init__(in_features, out_features, bias=bias)
         self.recipe, self.gather, self.scatter = recipe, gather, scatter
         self.tn_only = tn_only
 
-    def cast(self, x: Tensor) -> SharedCast:
+    def cast(self, x: Tensor):
+        if self.recipe in MX_RECIPES:
+            return MxCast(x)
         return SharedCast(x, self.recipe, self.gather, self.tn_only)
 
-    def forward(self, x: Tensor, cast: SharedCast | None = None) -> Tensor:
+    def forward(self, x: Tensor, cast=None) -> Tensor:
+        if self.recipe in MX_RECIPES:
+            return _MxLinearFn.apply(x, self.weight, self.bias, cast or self.cast(x))
         return _Fp8LinearFn.apply(x, self.weight, self.bias, self.recipe,
                                   cast or self.cast(x), self.scatter)
 
 
-def group_cast(h: Tensor, recipe: str, tn_only: bool) -> tuple[Tensor, Tensor, Tensor]:
+class MxCast:
+    """One input's MXFP8 cast, shared as ``SharedCast`` is by the layers that read it: one
+    kernel writing the row-wise copy the forward GEMMs read (``total``) and the column-wise
+    one the weight-gradient GEMMs read (``keep``, kept for the backward), each with its
+    scales."""
+
+    def __init__(self, x: Tensor):
+        x2 = x.detach().reshape(-1, x.shape[-1])  # (the layers' Function carries x's gradient)
+        row, row_scale, col, col_scale = _mx_quantize(x2, True, True)
+        self.total, self.keep, self.shape = (row, row_scale), (col, col_scale), x.shape
+
+
+class _MxLinearFn(torch.autograd.Function):
+    """y = x Wᵀ (+ b) as TransformerEngine runs a linear layer under ``MXFP8BlockScaling`` on
+    Blackwell (transformer_engine/common/recipe: every tensor in E4M3, gradients too, each
+    block of 32 elements with its own power-of-two scale, E8M0; the GEMMs are Blackwell's
+    block-scaled ones, which take each operand blocked along the dimension they reduce):
+
+    * forward: the input cast once, row-wise and column-wise (``MxCast``), the weight the same
+      (once a step: module state, as the per-tensor recipes'), one GEMM on the row-wise copies;
+    * backward: the output gradient cast both ways in one kernel; the data gradient from its
+      row-wise copy and the weight's column-wise one, the weight gradient from the two
+      column-wise copies (gradient's and input's);
+    * kept: the input's column-wise copy and its scales (1 + 1/32 bytes an element), and the
+      weight's two copies (``fp8_weight_bytes``).
+
+    Against the per-tensor recipes on the same GPU: no amax pass (the cast takes each block's
+    amax itself), but every cast writes two copies, and a weight keeps two (per-tensor FP8 on
+    Blackwell writes and keeps one: its GEMMs read the row-wise data either way round)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, cast: MxCast):
+        w_row, w_row_scale, w_col, w_col_scale = _mx_weight_quantize(weight, True, True)
+        y = _mx_gemm(*cast.total, w_row, w_row_scale, x.dtype, bias)  # [M', N]
+        ctx.save_for_backward(*cast.keep)
+        ctx.weight_fp8 = (w_col, w_col_scale)  # W blocked down its columns, stored [K, N]
+        ctx.shape, ctx.has_bias = cast.shape, bias is not None
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_col, x_col_scale = ctx.saved_tensors
+        w_col, w_col_scale = ctx.weight_fp8
+        g2 = grad.reshape(-1, grad.shape[-1])
+        g_row, g_row_scale, g_col, g_col_scale = _mx_quantize(g2.contiguous(), True, True)
+        dx = _mx_gemm(g_row, g_row_scale, w_col, w_col_scale, grad.dtype)  # [M', K]
+        dw = _mx_gemm(g_col, g_col_scale, x_col, x_col_scale, grad.dtype)  # [N, K]
+        db = g2.sum(0) if ctx.has_bias else None
+        return dx.reshape(ctx.shape), dw, db, None
+
+
+def group_cast(h: Tensor, recipe: str, tn_only: bool) -> tuple[Tensor, ...]:
     """A grouped layer's input h [G, R, K] (each local expert's rows) quantized for its FP8
     GEMMs, each expert's rows scaled by their own amax: (row-wise data, column-wise data or
-    empty, inverse scales [G]). One cast for all G experts (TE's ``split_quantize``, one
-    multi-tensor kernel), shared where two layers read h (the SwiGLU experts' w1 and w3:
-    Megatron's ``linear_fc1``, one GroupedLinear)."""
+    empty, inverse scales [G]); under MXFP8 by blocks (``_mx_quantize``: row-wise data and
+    scales, column-wise data and scales). One cast for all G experts (TE's
+    ``split_quantize``, one multi-tensor kernel), shared where two layers read h (the SwiGLU
+    experts' w1 and w3: Megatron's ``linear_fc1``, one GroupedLinear)."""
+    if recipe in MX_RECIPES:
+        return _mx_quantize(h.detach(), True, True)
     return _cast(h.detach(), recipe, False, True, tn_only)
 
 
@@ -322,18 +471,55 @@ class _Fp8GroupedFn(torch.autograd.Function):
         return dh, dw, db, None, None, None
 
 
+class _MxGroupedFn(torch.autograd.Function):
+    """``_Fp8GroupedFn`` under MXFP8 (``_MxLinearFn``'s casts and GEMMs, per expert): h's
+    cast both ways once for the experts, each expert's weight cast both ways once a step,
+    the gradient cast both ways; the data gradient from the gradient's row-wise and the
+    weight's column-wise copies, the weight gradient from the two column-wise ones; kept:
+    h's column-wise copy. Each expert's rows are a multiple of 32 (Megatron pads them:
+    ``get_fp8_align_size``, 32 for MXFP8)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, cast):
+        h_row, h_row_scale, h_col, h_col_scale = cast
+        # W [G, K, N] blocked along K for the forward ([G, N, K]) and along N for the data
+        # gradient ([G, K, N])
+        w_row, w_row_scale, w_col, w_col_scale = _mx_weight_quantize(
+            weight.transpose(-2, -1), True, True)
+        y = _mx_gemm(h_row, h_row_scale, w_row, w_row_scale, h.dtype, bias)  # [G, R, N]
+        ctx.save_for_backward(h_col, h_col_scale)
+        ctx.weight_fp8 = (w_col, w_col_scale)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        h_col, h_col_scale = ctx.saved_tensors
+        w_col, w_col_scale = ctx.weight_fp8
+        g_row, g_row_scale, g_col, g_col_scale = _mx_quantize(grad.contiguous(), True, True)
+        dh = _mx_gemm(g_row, g_row_scale, w_col, w_col_scale, grad.dtype)  # [G, R, K]
+        dw = _mx_gemm(h_col, h_col_scale, g_col, g_col_scale, grad.dtype)  # [G, K, N]
+        db = grad.sum(1, keepdim=True) if ctx.has_bias else None
+        return dh, dw, db, None
+
+
 def grouped_fp8(h: Tensor, weight: Tensor, bias: Tensor | None, recipe: str, tn_only: bool,
                 cast=None) -> Tensor:
     """h [G, R, K] @ weight [G, K, N] (+ bias [G, 1, N]) in FP8 (``_Fp8GroupedFn``), on h's
     ``group_cast`` when other layers read h too. TransformerEngine's sizes: K and N multiples
     of 16 (``ALIGN``), and each expert's rows too (Megatron pads them: ``GPTConfig.
     expert_rows``)."""
-    if recipe not in RECIPES:
-        raise ValueError(f"FP8 recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
-    if any(n % ALIGN for n in (*h.shape[1:], weight.shape[-1])):
+    if recipe not in TE_RECIPES:
+        raise ValueError(f"FP8 recipe must be one of {', '.join(TE_RECIPES)}, got "
+                         f"{recipe!r}")
+    if any(n % align(recipe) for n in (*h.shape[1:], weight.shape[-1])):
         raise ValueError(f"a grouped FP8 layer needs its rows and sizes to be multiples of "
-                         f"{ALIGN} (TransformerEngine refuses others), got {h.shape[1]} rows "
-                         f"of {weight.shape[1]} x {weight.shape[2]}")
+                         f"{align(recipe)} (TransformerEngine refuses others), got "
+                         f"{h.shape[1]} rows of {weight.shape[1]} x {weight.shape[2]}")
+    if recipe in MX_RECIPES:
+        if tn_only:
+            raise ValueError("MXFP8 grouped layers are modelled on Blackwell (tn_only False)")
+        return _MxGroupedFn.apply(h, weight, bias, cast or group_cast(h, recipe, tn_only))
     return _Fp8GroupedFn.apply(h, weight, bias, recipe, tn_only,
                                cast or group_cast(h, recipe, tn_only))
 
@@ -352,11 +538,15 @@ def call(layer: nn.Module, x: Tensor, cast) -> Tensor:
 
 def fp8_weight_bytes(model: nn.Module) -> int:
     """Bytes of the FP8 weight copies TE keeps through a step, one byte an element: row-wise
-    and column-wise on TN GPUs, row-wise only where FP8 GEMMs take any layout, for every FP8
-    layer (its weight shared with no other layer) and every grouped FP8 layer's experts (a
-    module's ``fp8_weights()``: models/gpt.py's MoE)."""
-    dense = sum((2 if m.tn_only else 1) * m.weight.numel() for m in model.modules()
+    and column-wise on TN GPUs, row-wise only where FP8 GEMMs take any layout, both with a
+    scale byte for each 32 elements under MXFP8, for every FP8 layer (its weight shared with
+    no other layer) and every grouped FP8 layer's experts (a module's ``fp8_weights()``:
+    models/gpt.py's MoE)."""
+    def per_element(recipe: str, tn_only: bool) -> float:
+        return 2 * (1 + 1 / MX_BLOCK) if recipe in MX_RECIPES else 2 if tn_only else 1
+
+    dense = sum(per_element(m.recipe, m.tn_only) * m.weight.numel() for m in model.modules()
                 if isinstance(m, Fp8Linear))
-    grouped = sum((2 if m.tn_only else 1) * sum(w.numel() for w in m.fp8_weights())
+    grouped = sum(per_element(m.fp8, m.tn_only) * sum(w.numel() for w in m.fp8_weights())
                   for m in model.modules() if callable(getattr(m, "fp8_weights", None)))
-    return dense + grouped
+    return round(dense + grouped)

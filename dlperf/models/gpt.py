@@ -88,8 +88,9 @@ from torch.nn import functional as F
 
 from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
 from dlperf.models.float8 import Float8Cast, Float8GradCast, Float8Linear, scatter_float8
-from dlperf.models.fp8 import ALIGN as FP8_ALIGN
-from dlperf.models.fp8 import RECIPES as FP8_RECIPES
+from dlperf.models.fp8 import MX_RECIPES
+from dlperf.models.fp8 import TE_RECIPES as FP8_RECIPES
+from dlperf.models.fp8 import align as fp8_align
 from dlperf.models.fp8 import Fp8Linear, call, group_cast, grouped_fp8, shared_cast
 from dlperf.models.banded import banded_attention
 from dlperf.models.fused import ClampedQuickGeGLU, FusedRMSNorm, FusedSwiGLU, fused_rope
@@ -144,7 +145,8 @@ class GPTConfig:
     cp: int = 1
     cp_comm: str = "p2p"
     # the blocks' linear layers in FP8 as TransformerEngine runs them (models/fp8.py): None
-    # (BF16/FP16 GEMMs), "delayed" or "current" scaling; the output layer stays in the model's
+    # (BF16/FP16 GEMMs), "delayed" or "current" (per-tensor) or "mxfp8" (block) scaling, the
+    # last on Blackwell only (``fp8_tn_only`` False); the output layer stays in the model's
     # dtype (Megatron-Core's is not a TE layer). Needs tp_impl "te". Or as torchao runs them
     # (models/float8.py, torchtitan's float8 converter): "tensorwise" or "rowwise", with
     # tp_impl "torch" or "torch-async" (PyTorch's tensor parallelism, torchtitan's).
@@ -226,8 +228,12 @@ class GPTConfig:
             raise ValueError(f"GPT fp8 must be one of "
                              f"{', '.join(FP8_RECIPES + FLOAT8_RECIPES)}, got {self.fp8!r}")
         if self.fp8 in FP8_RECIPES and self.tp_impl != "te":
-            raise ValueError("FP8 layers with delayed or current scaling are "
+            raise ValueError("FP8 layers with delayed, current or MXFP8 scaling are "
                              "TransformerEngine's: tp_impl must be 'te'")
+        if self.fp8 in MX_RECIPES and self.tp > 1:
+            raise ValueError("MXFP8 under tensor (sequence) parallelism is not modelled (TE "
+                             "gathers both of its copies): use --tp 1 with --fp8 mxfp8, or "
+                             "--fp8 current")
         if self.fp8 in FLOAT8_RECIPES and self.tp_impl not in ("torch", "torch-async"):
             raise ValueError("torchao's float8 layers run on PyTorch's tensor parallelism: "
                              "tp_impl 'torch' or 'torch-async'")
@@ -275,12 +281,12 @@ class GPTConfig:
                 raise ValueError("a mixture of experts in FP8 is modelled as TransformerEngine "
                                  "runs its grouped GEMMs (Megatron-Core's), not torchao's: use "
                                  "--fp8 delayed or current with --tp-impl te")
-            if self.fp8 is not None and (self.d_model % FP8_ALIGN
-                                         or self.expert_ffn % FP8_ALIGN):
+            if self.fp8 is not None and (self.d_model % fp8_align(self.fp8)
+                                         or self.expert_ffn % fp8_align(self.fp8)):
                 raise ValueError(f"FP8 experts need d_model ({self.d_model}) and the expert "
                                  f"hidden size ({self.expert_ffn}) to be multiples of "
-                                 f"{FP8_ALIGN} (TransformerEngine's FP8 GEMMs): change them or "
-                                 "drop --fp8")
+                                 f"{fp8_align(self.fp8)} (TransformerEngine's FP8 GEMMs): "
+                                 "change them or drop --fp8")
             if not (self.expert_load >= 1.0 and self.expert_load < float("inf")):
                 raise ValueError(f"expert load is the busiest rank's tokens over the balanced "
                                  f"share, 1 or more, got {self.expert_load}")
@@ -363,11 +369,12 @@ class GPTConfig:
         """Rows the busiest expert-parallel rank's experts run for a micro-batch of ``tokens``
         on each rank: ``top_k`` x tokens (every rank's tokens' assignments to its experts,
         balanced) x ``expert_load``, in equal groups per local expert (``MoE``); in FP8 each
-        group padded to a multiple of 16 rows, as TransformerEngine's FP8 GEMMs need
-        (Megatron-Core's TEGroupedMLP pads each expert's tokens, ``Fp8Padding``)."""
+        group padded to a multiple of 16 rows (32 under MXFP8), as TransformerEngine's FP8
+        GEMMs need (Megatron-Core's TEGroupedMLP pads each expert's tokens, ``Fp8Padding``,
+        to ``get_fp8_align_size``)."""
         group = math.ceil(tokens * self.top_k * self.expert_load / self.local_experts)
         if self.fp8 is not None:
-            group = -(-group // FP8_ALIGN) * FP8_ALIGN
+            group = -(-group // fp8_align(self.fp8)) * fp8_align(self.fp8)
         return group * self.local_experts
 
     @property
@@ -847,7 +854,7 @@ class MoE(nn.Module):
     token is in which group), so this module is for analysis, like the tensor-parallel one:
     it runs and has gradients, but a token's copy need not reach the expert it chose.
 
-    Under ``cfg.fp8`` "delayed" or "current" the experts' GEMMs run in FP8 as
+    Under ``cfg.fp8`` "delayed", "current" or "mxfp8" the experts' GEMMs run in FP8 as
     TransformerEngine's GroupedLinear runs them (models/fp8.py, ``grouped_fp8``): the permuted
     rows cast once for w1 and w3, the activation cast for w2, each expert's weights cast once
     a step; the router stays in BF16 (Megatron-Core's router is a plain linear layer)."""
