@@ -98,7 +98,9 @@ def test_a_te_block_runs_one_kernel_for_each_fused_layer():
         model="gpt", input_shape=(1, 32), dtype="bf16", train=True, device="h100-sxm",
         tokens=True, optimizer="adamw"), torch.long)
     assert not any(op.startswith("te_") for op in uncounted)
-    assert {c.op for c in costs if c.op.startswith("te_")} == set(fused.OPS)
+    # (the mixture of experts' ops, moe_* and te_weighted_*: tests/test_qwen3.py)
+    assert {c.op for c in costs if c.op.startswith("te_")} == {
+        op for op in fused.OPS if not op.startswith(("moe_", "te_weighted_"))}
     assert all(c.kind == "memory" for c in costs if c.op.startswith("te_"))
     assert memory_class_of("te_rms_norm") == "norm"
     assert memory_class_of("te_swiglu") == "transcendental"

@@ -150,7 +150,9 @@ def test_a_windowed_block_s_attention_costs_its_tiles():
         attention[backward[0].module].flops * 5 / 2)
     # the gated activation one kernel a pass under TransformerEngine's kernels, and op by
     # op under PyTorch's
-    assert sum(c.op == "te_clamped_geglu" for c in costs) == 4
+    # (the experts' activation weighted by the router inside it: Megatron-Core's
+    # weighted_bias_quick_geglu_impl)
+    assert sum(c.op == "te_weighted_clamped_geglu" for c in costs) == 4
     _, plain, _, _ = _analysis(_tiny())
     assert not any(c.op.startswith("te_clamped") for c in plain)
     assert sum(c.op == "sigmoid" for c in plain) == 4
@@ -202,7 +204,8 @@ def test_megatron_s_recompute_modules_replay_the_norms_and_the_experts_activatio
     costs, _, _, memory = run("modules:layernorm,moe_act")
     replayed = [c for c in costs if c.phase == "recompute"]
     # each of the 4 blocks runs its two norms and its experts' activation again, nothing else
-    assert sorted(c.op for c in replayed) == ["te_clamped_geglu"] * 4 + ["te_rms_norm"] * 8
+    assert sorted(c.op for c in replayed) == ["te_rms_norm"] * 8 + [
+        "te_weighted_clamped_geglu"] * 4
     # and keeps less (the model in BF16, as Megatron runs it): the norms' outputs (2 x 512
     # tokens x 96 x 2 B = 196,608 B a block) and their FP32 1/rms (2 x 512 x 4 B = 4,096 B),
     # the activation's output (512 x 2 copies x 64 x 2 B = 131,072 B); one block's of them

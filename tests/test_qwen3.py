@@ -118,7 +118,7 @@ def _moe(fp8_recipe=None, tn_only=True, **kw) -> GPTConfig:
                            fp8=fp8_recipe, fp8_tn_only=tn_only), **kw})
 
 
-def _costs(cfg: GPTConfig, batch: int = 2):
+def _costs(cfg: GPTConfig, batch: int = 2, types=("MoE",)):
     with torch.device("meta"):
         model = GPT(cfg)
     # (BF16 weights and activations, FP32 master weights: Megatron-Core's, --precision fsdp)
@@ -127,30 +127,31 @@ def _costs(cfg: GPTConfig, batch: int = 2):
                           optimizer="adamw")
     costs, uncounted, _, _ = capture_costs(model, acfg, torch.long)
     assert not uncounted
-    return model, [c for c in costs if c.module_type == "MoE"]
+    return model, [c for c in costs if c.module_type in types]
 
 
 @pytest.mark.parametrize("tn_only", (True, False))
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
 def test_the_fp8_experts_kernels_by_hand(recipe, tn_only):
-    # A block's experts, 2 blocks: forward, 2 input casts (the permuted rows once for w1 and
-    # w3, Megatron's linear_fc1; the activation for w2), 3 weight casts, 3 grouped FP8 GEMMs;
-    # backward, 3 gradient casts, 3 data- and 3 weight-gradient grouped GEMMs; the current
-    # recipe an amax before each cast; no transposes (the casts write them on TN GPUs).
-    # 2 sequences of 16 tokens, top-2 of 4 experts: 64 copies, 16 rows an expert; each GEMM
-    # 2 x 64 x 64 x 64 = 524,288 FLOPs, 9 a block: 9,437,184 for two blocks, as many as the
-    # BF16 experts' batched GEMMs, now in FP8
+    # A block's experts, 2 blocks: forward, 2 input casts (the permuted rows, once for w1
+    # and w3, which Megatron's linear_fc1 runs as one GEMM; the activation for w2), 2 weight
+    # casts (fc1's and w2's), 2 grouped FP8 GEMMs; backward, 2 gradient casts, 2 data- and 2
+    # weight-gradient grouped GEMMs; the current recipe an amax before each cast; no
+    # transposes (the casts write them on TN GPUs). 2 sequences of 16 tokens, top-2 of 4
+    # experts: 64 copies, 16 rows an expert; fc1 2 x 64 x 128 x 64 = 1,048,576 FLOPs, w2
+    # 524,288, 3 times each a block: 9,437,184 for two blocks, as many as the BF16 experts'
+    # batched GEMMs, now in FP8
     _, costs = _costs(_moe(recipe, tn_only))
     count = Counter((c.op, c.phase) for c in costs if c.op.startswith("fp8"))
     blocks = 2
     expected = {("fp8_quantize", "forward"): 2 * blocks,
-                ("fp8_weight_quantize", "forward"): 3 * blocks,
-                ("fp8_gemm", "forward"): 3 * blocks, ("fp8_quantize", "dgrad"): 3 * blocks,
-                ("fp8_gemm", "dgrad"): 3 * blocks, ("fp8_gemm", "wgrad"): 3 * blocks}
+                ("fp8_weight_quantize", "forward"): 2 * blocks,
+                ("fp8_gemm", "forward"): 2 * blocks, ("fp8_quantize", "dgrad"): 2 * blocks,
+                ("fp8_gemm", "dgrad"): 2 * blocks, ("fp8_gemm", "wgrad"): 2 * blocks}
     if recipe == "current":
         expected.update({("fp8_amax", "forward"): 2 * blocks,
-                         ("fp8_weight_amax", "forward"): 3 * blocks,
-                         ("fp8_amax", "dgrad"): 3 * blocks})
+                         ("fp8_weight_amax", "forward"): 2 * blocks,
+                         ("fp8_amax", "dgrad"): 2 * blocks})
     assert dict(count) == expected
     gemms = [c for c in costs if c.op == "fp8_gemm"]
     assert all(c.dtype == "fp8" and c.gemm.batch == 4 for c in gemms)
@@ -278,3 +279,80 @@ def test_the_expert_parallel_record_reads_the_saved_qwen3_row():
     text = describe_expert_parallel()
     assert f"predicted {record['ratio']:.2f}x ({record['ratio_low']:.2f}-" in text
     assert f"{record['ratio_alltoall']:.2f}x were each copy of a token sent" in text
+
+
+@pytest.mark.parametrize("glu", ("silu", "clamped-quick-gelu"))
+def test_the_fused_routing_computes_the_op_by_op_mixture(glu):
+    # Megatron-Core's path under TE (one permute kernel, w1 and w3 as one GEMM, the router's
+    # weight inside the activation, one unpermute) against the op-by-op one in float64, the
+    # same weights: the same output and the same gradients of the input and every weight
+    from dlperf.models.gpt import MoE
+
+    torch.manual_seed(0)
+    extra = dict(bias=True, glu=glu) if glu != "silu" else {}
+    fused = MoE(_moe(**extra)).double()
+    plain = MoE(_moe(tp_impl="torch", **extra)).double()
+    assert fused.fused and not plain.fused and fused.w3 is None
+    assert fused.w1.shape == (4, 64, 128) and plain.w1.shape == (4, 64, 64)
+    with torch.no_grad():
+        plain.router.load_state_dict(fused.router.state_dict())
+        plain.w1.copy_(fused.w1[..., :64])
+        plain.w3.copy_(fused.w1[..., 64:])
+        plain.w2.copy_(fused.w2)
+        if glu != "silu":
+            plain.b1.copy_(fused.b1[..., :64])
+            plain.b3.copy_(fused.b1[..., 64:])
+            plain.b2.copy_(fused.b2)
+    x = torch.randn(2, 16, 64, dtype=torch.float64)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    ys = [m(t) for m, t in zip((fused, plain), xs)]
+    assert torch.allclose(ys[0], ys[1], atol=1e-12)
+    g = torch.randn_like(ys[0])
+    for y in ys:
+        y.backward(g)
+    assert torch.allclose(xs[0].grad, xs[1].grad, atol=1e-12)
+    assert torch.allclose(fused.w1.grad, torch.cat((plain.w1.grad, plain.w3.grad), -1),
+                          atol=1e-12)
+    assert torch.allclose(fused.w2.grad, plain.w2.grad, atol=1e-12)
+    assert torch.allclose(fused.router.weight.grad, plain.router.weight.grad, atol=1e-12)
+
+
+def test_the_fused_routing_kernels_and_what_it_keeps_by_hand():
+    # 2 sequences of 16 tokens, top-2 of 4 experts: 64 copies of d 64, 16 rows an expert,
+    # hidden 64. Forward: one permute (64 x 64 rows out), one fc1 GEMM [4, 16, 64] x
+    # [4, 64, 128], one weighted SwiGLU, one w2 GEMM, one unpermute (32 tokens out); backward:
+    # the unpermute's backward is a permute and the permute's an unpermute, one kernel each,
+    # the activation's one; no multiply, index_add or slice over the copies
+    _, costs = _costs(_moe(), types=("MoE", "WeightedGLU"))
+    blocks = 2
+    count = Counter((c.op, c.phase) for c in costs)
+    assert count[("moe_permute", "forward")] == count[("moe_unpermute", "forward")] == blocks
+    assert count[("moe_permute", "dgrad")] == count[("moe_unpermute", "dgrad")] == blocks
+    assert count[("te_weighted_swiglu", "forward")] == blocks
+    assert count[("te_weighted_swiglu_backward", "dgrad")] == blocks
+    assert count[("bmm", "forward")] == 2 * blocks
+    # nothing else touches the copies (64 x 64 in BF16, 8 KiB): the other kernels are the
+    # router's, on 32 x 4 logits and the 64 copies' weights (the weights' gather into
+    # expert order, its backward, the renormalisation's)
+    big = {c.op for c in costs if c.bytes >= 64 * 64 * 2}
+    assert big == {"moe_permute", "moe_unpermute", "te_weighted_swiglu",
+                   "te_weighted_swiglu_backward", "bmm"}
+    assert count[("index_select", "forward")] == blocks
+    permute = next(c for c in costs if c.op == "moe_permute" and c.phase == "forward")
+    # reads 32 tokens x 64 in BF16 and 64 indices, writes 64 copies x 64
+    assert permute.bytes == 32 * 64 * 2 + 64 * 8 + 64 * 64 * 2
+    # kept a block (BF16): the fc1 GEMM's input, the 64 permuted copies (8,192 B); the
+    # activation's input, fc1's output 64 x 128 (16,384 B), and the copies' weights in FP32
+    # (256 B); w2's input, the activation 64 x 64 (8,192 B); the indices (512 B, the permute
+    # and unpermute share them)
+    with torch.device("meta"):
+        model = GPT(_moe())
+    from dlperf.analysis.api import _meta_forward, _meta_inputs
+    from dlperf.analysis.capture import capture
+    forward, params = _meta_forward(model, False, torch.bfloat16)
+    cap = capture(model, _meta_inputs((2, 16), torch.long, False), train=True,
+                  autocast_dtype=None, forward=forward, params=params)
+    kept = cap.saved_by_module
+    assert kept["blocks.0.moe.act"] == 64 * 128 * 2 + 64 * 4
+    assert kept["blocks.0.moe"] >= 64 * 64 * 2 * 2 + 64 * 8
+    assert kept["blocks.0.moe"] - (64 * 64 * 2 * 2 + 64 * 8) < 64 * 64 * 2 // 2

@@ -73,6 +73,12 @@ MEMORY_OPS_FLOPS_PER_ELEMENT = {
     # gpt-oss's gated activation (models/fused.py): two clamps, a scale, sigmoid, two
     # multiplies and the offset; the backward's two masked derivatives
     "te_clamped_geglu": 7, "te_clamped_geglu_backward": 12,
+    # a mixture of experts' weighted gated activations (models/fused.py), one multiply more
+    # each way and the weights' gradient (a sum over the row); the fused permute moves rows,
+    # the unpermute adds each token's copies
+    "te_weighted_swiglu": 6, "te_weighted_swiglu_backward": 11,
+    "te_weighted_clamped_geglu": 8, "te_weighted_clamped_geglu_backward": 15,
+    "moe_permute": 0, "moe_unpermute": 1,
     # TransformerEngine's FP8 casts (models/fp8.py): the amax, |x| and a max an element; the
     # cast (-transpose), a scale multiply and a conversion an element, whatever it writes
     # (row-wise, column-wise or both); the transpose of FP8 data moves bytes only

@@ -50,7 +50,9 @@ def _wide(x: Tensor) -> Tensor:
 # the op names the capture records (func._overloadpacket.__name__): analysis/costs.py charges
 # each as one memory-bound kernel
 OPS = ("te_rms_norm", "te_rms_norm_backward", "te_swiglu", "te_swiglu_backward", "te_rope",
-       "te_rope_backward")
+       "te_rope_backward", "te_weighted_swiglu", "te_weighted_swiglu_backward",
+       "te_weighted_clamped_geglu", "te_weighted_clamped_geglu_backward", "moe_permute",
+       "moe_unpermute")
 # gpt-oss's: the clamp on gate and up, and quick GELU's sigmoid slope
 GLU_LIMIT, QUICK_GELU_SLOPE = 7.0, 1.702
 
@@ -131,12 +133,16 @@ def _gated_grad(backward):
 _swiglu.register_fake(_gated_fake)
 
 
+def _swiglu_grads(g: Tensor, gf: Tensor, uf: Tensor) -> tuple[Tensor, Tensor]:
+    """silu(gate) x up's gradients of gate and up (wide tensors in, wide out)."""
+    s = torch.sigmoid(gf)
+    return g * uf * s * (1 + gf * (1 - s)), g * gf * s
+
+
 @torch.library.custom_op(f"{NAMESPACE}::te_swiglu_backward", mutates_args=())
 def _swiglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    gf, uf, g = _wide(gate), _wide(up), _wide(grad)
-    s = torch.sigmoid(gf)
-    silu = gf * s
-    return (g * uf * s * (1 + gf * (1 - s))).to(gate.dtype), (g * silu).to(up.dtype)
+    dg, du = _swiglu_grads(_wide(grad), _wide(gate), _wide(up))
+    return dg.to(gate.dtype), du.to(up.dtype)
 
 
 _swiglu_backward.register_fake(_gated_backward_fake)
@@ -165,17 +171,21 @@ def _clamped_geglu(gate: Tensor, up: Tensor) -> Tensor:
 _clamped_geglu.register_fake(_gated_fake)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::te_clamped_geglu_backward", mutates_args=())
-def _clamped_geglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    # (the clamps pass the gradient where the input is inside their bounds, ends included)
-    gf, uf, g = _wide(gate), _wide(up), _wide(grad)
+def _clamped_geglu_grads(g: Tensor, gf: Tensor, uf: Tensor) -> tuple[Tensor, Tensor]:
+    """gpt-oss's gated activation's gradients of gate and up (wide in, wide out); the clamps
+    pass the gradient where the input is inside their bounds, ends included."""
     c = gf.clamp(max=GLU_LIMIT)
     s = torch.sigmoid(QUICK_GELU_SLOPE * c)
     act = c * s
     dact = (s + QUICK_GELU_SLOPE * act * (1 - s)) * (gf <= GLU_LIMIT)
     u = uf.clamp(-GLU_LIMIT, GLU_LIMIT)
-    dup = g * act * (uf.abs() <= GLU_LIMIT)
-    return (g * (u + 1) * dact).to(gate.dtype), dup.to(up.dtype)
+    return g * (u + 1) * dact, g * act * (uf.abs() <= GLU_LIMIT)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::te_clamped_geglu_backward", mutates_args=())
+def _clamped_geglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    dg, du = _clamped_geglu_grads(_wide(grad), _wide(gate), _wide(up))
+    return dg.to(gate.dtype), du.to(up.dtype)
 
 
 _clamped_geglu_backward.register_fake(_gated_backward_fake)
@@ -227,6 +237,116 @@ def _rope_grad(ctx, grad):
 _rope.register_autograd(_rope_grad, setup_context=_rope_setup)
 
 
+def _halves(a: Tensor) -> tuple[Tensor, Tensor]:
+    """A fused first expert GEMM's output [..., 2F] as (gate, up): Megatron's linear_fc1
+    writes them side by side."""
+    return a.chunk(2, dim=-1)
+
+
+def _weighted_glu(name: str, act, grads):
+    """The op pair ``te_weighted_<name>`` (a [..., 2F], probs [...]) -> act(gate, up) x probs,
+    and its backward (grad, a, probs) -> (grad of a [..., 2F], grad of probs): Megatron-Core's
+    weighted gated activation (megatron/core/transformer/moe/experts.py, TEGroupedMLP's
+    ``bias_act_func``: ``weighted_bias_swiglu_impl``, ``weighted_bias_quick_geglu_impl``),
+    which applies each token copy's router weight inside the activation, so no separate pass
+    over the experts' outputs does. It keeps its input and the weights."""
+    def forward_impl(a: Tensor, probs: Tensor) -> Tensor:
+        gate, up = _halves(_wide(a))
+        return (act(gate, up) * _wide(probs).unsqueeze(-1)).to(a.dtype)
+
+    def forward_fake(a, probs):
+        return a.new_empty((*a.shape[:-1], a.shape[-1] // 2))
+
+    def backward_impl(grad: Tensor, a: Tensor, probs: Tensor) -> tuple[Tensor, Tensor]:
+        gate, up = _halves(_wide(a))
+        g, p = _wide(grad), _wide(probs).unsqueeze(-1)
+        dg, du = grads(g * p, gate, up)
+        return (torch.cat((dg, du), -1).to(a.dtype),
+                (g * act(gate, up)).sum(-1).to(probs.dtype))
+
+    def backward_fake(grad, a, probs):
+        return a.new_empty(a.shape), probs.new_empty(probs.shape)
+
+    op = torch.library.custom_op(f"{NAMESPACE}::te_weighted_{name}", forward_impl,
+                                 mutates_args=())
+    op.register_fake(forward_fake)
+    back = torch.library.custom_op(f"{NAMESPACE}::te_weighted_{name}_backward", backward_impl,
+                                   mutates_args=())
+    back.register_fake(backward_fake)
+
+    def grad_fn(ctx, grad):
+        a, probs = ctx.saved_tensors
+        return back(grad, a, probs)
+
+    op.register_autograd(grad_fn, setup_context=_swiglu_setup)
+    return op
+
+
+def _silu_glu(gate: Tensor, up: Tensor) -> Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+WEIGHTED_GLUS = {"silu": _weighted_glu("swiglu", _silu_glu, _swiglu_grads),
+                 "clamped-quick-gelu": _weighted_glu("clamped_geglu", clamped_quick_geglu,
+                                                     _clamped_geglu_grads)}
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_permute", mutates_args=())
+def _permute(x: Tensor, source: Tensor, rows: int) -> Tensor:
+    out = x.new_zeros((rows, x.shape[-1]))
+    out[:source.numel()] = x.index_select(0, source)
+    return out
+
+
+@_permute.register_fake
+def _(x, source, rows):
+    return x.new_empty((rows, x.shape[-1]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_unpermute", mutates_args=())
+def _unpermute(y: Tensor, source: Tensor, tokens: int) -> Tensor:
+    return y.new_zeros((tokens, y.shape[-1])).index_add(0, source, y[:source.numel()])
+
+
+@_unpermute.register_fake
+def _(y, source, tokens):
+    return y.new_empty((tokens, y.shape[-1]))
+
+
+def _index_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+    ctx.rows = inputs[0].shape[0]
+
+
+def _permute_grad(ctx, grad):
+    (source,) = ctx.saved_tensors
+    return _unpermute(grad, source, ctx.rows), None, None
+
+
+def _unpermute_grad(ctx, grad):
+    (source,) = ctx.saved_tensors
+    return _permute(grad, source, ctx.rows), None, None
+
+
+_permute.register_autograd(_permute_grad, setup_context=_index_setup)
+_unpermute.register_autograd(_unpermute_grad, setup_context=_index_setup)
+
+
+def moe_permute(x: Tensor, source: Tensor, rows: int) -> Tensor:
+    """x's rows gathered into expert order (row i is x[source[i]]), zero rows after them up
+    to ``rows``: TransformerEngine's fused permute (``moe_permute_with_probs``; the padded
+    form, ``fused_permute_and_pad_with_probs``), one kernel; its backward is the unpermute."""
+    return _permute(x, source, rows)
+
+
+def moe_unpermute(y: Tensor, source: Tensor, tokens: int) -> Tensor:
+    """Each token's copies (y's first ``source.numel()`` rows; row i belongs to token
+    source[i]) summed back into ``tokens`` rows: TE's fused unpermute, one kernel (the router
+    weights were applied in the activation: ``_weighted_glu``); its backward is the
+    permute."""
+    return _unpermute(y, source, tokens)
+
+
 class FusedRMSNorm(nn.Module):
     """RMSNorm as one kernel (``te_rms_norm`` above): the same parameter as gpt.RMSNorm's."""
 
@@ -247,6 +367,21 @@ class FusedSwiGLU(nn.Module):
 
     def forward(self, gate: Tensor, up: Tensor) -> Tensor:
         return _swiglu(gate, up)
+
+
+class WeightedGLU(nn.Module):
+    """A mixture of experts' gated activation with the router's weights applied inside it,
+    on the fused first GEMM's output [..., 2F] (``_weighted_glu``): ``glu`` "silu" (SwiGLU)
+    or "clamped-quick-gelu" (gpt-oss's)."""
+
+    weighted = True  # called with (a, probs)
+
+    def __init__(self, glu: str):
+        super().__init__()
+        self.op = WEIGHTED_GLUS[glu]
+
+    def forward(self, a: Tensor, probs: Tensor) -> Tensor:
+        return self.op(a, probs)
 
 
 class ClampedQuickGeGLU(nn.Module):

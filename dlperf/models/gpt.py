@@ -93,7 +93,8 @@ from dlperf.models.fp8 import TE_RECIPES as FP8_RECIPES
 from dlperf.models.fp8 import align as fp8_align
 from dlperf.models.fp8 import Fp8Linear, call, group_cast, grouped_fp8, shared_cast
 from dlperf.models.banded import banded_attention
-from dlperf.models.fused import ClampedQuickGeGLU, FusedRMSNorm, FusedSwiGLU, fused_rope
+from dlperf.models.fused import (ClampedQuickGeGLU, FusedRMSNorm, FusedSwiGLU, WeightedGLU,
+                                 fused_rope, moe_permute, moe_unpermute)
 
 
 # How context parallelism moves K and V (GPTConfig.cp_comm): "p2p", TransformerEngine's ring
@@ -854,6 +855,14 @@ class MoE(nn.Module):
     token is in which group), so this module is for analysis, like the tensor-parallel one:
     it runs and has gradients, but a token's copy need not reach the expert it chose.
 
+    Under ``cfg.fused_kernels`` (Megatron-Core on TransformerEngine) gated experts run as
+    Megatron-Core's TEGroupedMLP with --moe-permute-fusion does: the permute one kernel
+    (models/fused.py ``moe_permute``), w1 and w3 one grouped GEMM (``linear_fc1``: ``w1``
+    holds both, [local, d, 2 x hidden], gate then up; ``w3`` is None), the router's weight of
+    each copy applied inside the activation (``WeightedGLU``), the unpermute one kernel that
+    sums each token's copies (``moe_unpermute``); nothing else is kept than the GEMMs' and the
+    activation's inputs. Otherwise the routing runs op by op as above.
+
     Under ``cfg.fp8`` "delayed", "current" or "mxfp8" the experts' GEMMs run in FP8 as
     TransformerEngine's GroupedLinear runs them (models/fp8.py, ``grouped_fp8``): the permuted
     rows cast once for w1 and w3, the activation cast for w2, each expert's weights cast once
@@ -866,20 +875,23 @@ class MoE(nn.Module):
         self.cfg = cfg
         d, hidden = cfg.d_model, cfg.expert_ffn
         self.router = nn.Linear(d, cfg.experts, bias=cfg.bias)  # whole on every rank
+        # Megatron-Core's fused path (see the class docstring): gate and up in one GEMM
+        self.fused = cfg.fused_kernels and self.swiglu
         # [experts, in, out]: the grouped GEMM's weights (Megatron's TEGroupedMLP), and with
         # ``bias`` each expert's biases [experts, 1, out] (gpt-oss's)
-        self.w1 = nn.Parameter(torch.empty(self.local, d, hidden))
-        self.w3 = nn.Parameter(torch.empty(self.local, d, hidden)) if self.swiglu else None
+        self.w1 = nn.Parameter(torch.empty(self.local, d, 2 * hidden if self.fused else hidden))
+        self.w3 = (nn.Parameter(torch.empty(self.local, d, hidden))
+                   if self.swiglu and not self.fused else None)
         self.w2 = nn.Parameter(torch.empty(self.local, hidden, d))
         for w in (self.w1, self.w3, self.w2):
             if w is not None:
                 nn.init.normal_(w, std=0.02)
         self.b1, self.b3, self.b2 = (
-            (nn.Parameter(torch.zeros(self.local, 1, n)) if cfg.bias and w is not None
-             else None) for n, w in ((hidden, self.w1), (hidden, self.w3), (d, self.w2)))
+            (nn.Parameter(torch.zeros(self.local, 1, w.shape[-1])) if cfg.bias and w is not None
+             else None) for w in (self.w1, self.w3, self.w2))
         # (Megatron-Core's experts on TransformerEngine fuse the gated activation as its dense
-        # MLP does: --bias-swiglu-fusion, its default)
-        self.act = _activation(cfg)
+        # MLP does: --bias-swiglu-fusion, its default; with the router's weights in it)
+        self.act = WeightedGLU(cfg.glu) if self.fused else _activation(cfg)
         self.fp8 = cfg.fp8 if cfg.fp8 in FP8_RECIPES else None
         self.tn_only = cfg.fp8_tn_only
 
@@ -909,8 +921,11 @@ class MoE(nn.Module):
         weights = weights / weights.sum(-1, keepdim=True)
         order = chosen.flatten().argsort()  # the token copies in expert order
         source = order // k  # each copy's token
-        h = tokens.index_select(0, source)  # permute
         rows = self.cfg.expert_rows(n)
+        if self.fused:
+            return self._fused(tokens, source, weights.flatten().index_select(0, order),
+                               rows).view(x.shape)
+        h = tokens.index_select(0, source)  # permute
         if rows != n * k:  # the busiest rank's share (or groups rounded up): padded rows
             h = F.pad(h, (0, 0, 0, rows - n * k))
         h = h.view(self.local, rows // self.local, -1)
@@ -926,6 +941,17 @@ class MoE(nn.Module):
         out = out * weights.flatten().index_select(0, order).unsqueeze(-1).to(out.dtype)
         # unpermute: each copy added into its token
         return out.new_zeros(n, out.shape[-1]).index_add(0, source, out).view(x.shape)
+
+    def _fused(self, tokens: torch.Tensor, source: torch.Tensor, probs: torch.Tensor,
+               rows: int) -> torch.Tensor:
+        """Megatron-Core's fused routing (the class docstring): ``probs`` each copy's router
+        weight in expert order, ``rows`` the copies padded as ``expert_rows`` says."""
+        h = moe_permute(tokens, source, rows).view(self.local, rows // self.local, -1)
+        if rows != probs.numel():  # (padded rows: weight 0)
+            probs = F.pad(probs, (0, rows - probs.numel()))
+        a = self.act(self._gemm(h, self.w1, self.b1), probs.view(self.local, -1))
+        out = self._gemm(a, self.w2, self.b2).reshape(rows, -1)
+        return moe_unpermute(out, source, tokens.shape[0])
 
 
 def _grouped(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
