@@ -1683,25 +1683,44 @@ def megatron_bridge_moe(out: Path) -> None:
 # first_last_layers_bf16 off, no recomputation, grad_reduce_in_fp32 off, the router forced to
 # balance; recipes/qwen/qwen3_moe.py: TE's fused cross-entropy, the distributed optimizer).
 # The 26.02.01 row (PP 2, 12 virtual stages, EP 8, DeepEP with the all-to-all overlapped,
-# 9,058 tokens/s) and the 25.09-26.02 ones run the overlap and are left out; the Blackwell
-# rows are MXFP8 and the 235B's H100 rows tensor parallel beside EP, neither modelled.
+# 9,058 tokens/s) and the 25.09-26.02 ones run the overlap and are left out; the 235B's H100
+# rows run tensor parallelism beside EP, not modelled.
+# The Blackwell rows, in MXFP8 on one node of 8 (EP 8, GBS 512, HybridEP, TP 1 PP 1): the
+# 26.02.01, 26.04 and 26.04.01 tables, whose configs are the same from v0.3.1 to v0.4.2
+# (QWEN3_30B_A3B_PRETRAIN_CONFIG_{GB300,GB200,B300,B200}_FP8_MX_V1: micro-batch 8 on the
+# Blackwell Ultra parts, 4 on the others; TE's CUDA graphs of the router and the dispatch's
+# preprocessing, and on the B200 of the attention, not modelled; everything else as the H100
+# row). 26.06's run a fused grouped MLP (cuteDSL), full-iteration CUDA graphs, the all-to-all
+# overlapped and FP8 attention: left out, as is 26.02's B200 row (micro-batch 1).
 # (label, preset, device, GPUs, PP, EP, micro-batch, global batch, dispatcher,
 #  [(container, tokens/s a GPU, model TFLOP/s a GPU)])
 QWEN3_ROWS = (
     ("Qwen3-30B-A3B FP8, 16 H100s, EP 16, GBS 1,024", "qwen3-30b-a3b", "h100-sxm", 16, 1, 16,
      1, 1024, "hybridep", [("26.04", 8901, 205), ("26.04.01", 8960, 206), ("26.06", 8826, 203)]),
+    ("Qwen3-30B-A3B MXFP8, 8 GB300s, EP 8, MBS 8", "qwen3-30b-a3b", "gb300", 8, 1, 8, 8, 512,
+     "hybridep", [("26.02.01", 30411, 700), ("26.04", 31470, 724), ("26.04.01", 31744, 729)]),
+    ("Qwen3-30B-A3B MXFP8, 8 GB200s, EP 8, MBS 4", "qwen3-30b-a3b", "gb200", 8, 1, 8, 4, 512,
+     "hybridep", [("26.02.01", 26373, 607), ("26.04", 26032, 599), ("26.04.01", 26112, 599)]),
+    ("Qwen3-30B-A3B MXFP8, 8 B300s, EP 8, MBS 8", "qwen3-30b-a3b", "b300", 8, 1, 8, 8, 512,
+     "hybridep", [("26.02.01", 29454, 678), ("26.04", 30553, 703), ("26.04.01", 30720, 704)]),
+    ("Qwen3-30B-A3B MXFP8, 8 B200s, EP 8, MBS 4", "qwen3-30b-a3b", "b200", 8, 1, 8, 4, 512,
+     "hybridep", [("26.02.01", 26695, 614), ("26.04", 26859, 618), ("26.04.01", 27136, 619)]),
 )
+# each system's FP8 recipe in those tables: FP8 with current scaling on Hopper, MXFP8 on
+# Blackwell
+QWEN3_RECIPE = {"h100-sxm": "current"}
 QWEN3_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-qwen3.json"
 
 
 def qwen3_args(row: tuple, attention: float | None, fp8: bool = True,
-               dispatcher: str | None = None) -> list[str]:
-    """`dlperf analyze` for one of ``QWEN3_ROWS``: ``bridge_moe_args`` with FP8 current
-    scaling (TE's, on the experts' grouped GEMMs too) unless ``fp8`` is off, and the row's
-    dispatcher unless ``dispatcher`` names another."""
+               dispatcher: str | None = None, recipe: str | None = None) -> list[str]:
+    """`dlperf analyze` for one of ``QWEN3_ROWS``: ``bridge_moe_args`` in the system's FP8
+    recipe (``QWEN3_RECIPE``, or ``recipe``; TE's, on the experts' grouped GEMMs too) unless
+    ``fp8`` is off, and the row's dispatcher unless ``dispatcher`` names another."""
     _, model, device, gpus, pp, ep, micro, batch, own, _ = row
+    recipe = recipe or QWEN3_RECIPE.get(device, "mxfp8")
     return (bridge_moe_args(model, device, gpus, pp, ep, micro, batch, attention)
-            + ["--ep-dispatcher", dispatcher or own] + (["--fp8", "current"] if fp8 else []))
+            + ["--ep-dispatcher", dispatcher or own] + (["--fp8", recipe] if fp8 else []))
 
 
 def megatron_bridge_qwen3(out: Path) -> None:
@@ -1727,9 +1746,13 @@ def megatron_bridge_qwen3(out: Path) -> None:
                       "published": [{"container": c, "tokens_per_s_per_gpu": t,
                                      "model_tflops": f} for c, t, f in published],
                       "measured_tokens_per_s_per_gpu": rate}
-            runs = {name: qwen3_args(row, share) for name, share in BRIDGE_ATTENTION.items()}
-            runs["alltoall"] = qwen3_args(row, BRIDGE_ATTENTION["mcore"], dispatcher="alltoall")
-            runs["bf16"] = qwen3_args(row, BRIDGE_ATTENTION["mcore"], fp8=False)
+            shares = BRIDGE_ATTENTION if device == "h100-sxm" else BRIDGE_ATTENTION_B200
+            head = shares["mcore"]
+            runs = {name: qwen3_args(row, share) for name, share in shares.items()}
+            runs["alltoall"] = qwen3_args(row, head, dispatcher="alltoall")
+            runs["bf16"] = qwen3_args(row, head, fp8=False)
+            if device != "h100-sxm":  # MXFP8 against per-tensor FP8 on the same GPUs
+                runs["fp8_current"] = qwen3_args(row, head, recipe="current")
             for name, args in runs.items():
                 reading = _moe_reading(_analyze(args, tmp), rate)
                 tokens = reading["predicted_tokens_per_s_per_gpu"]
@@ -1741,17 +1764,19 @@ def megatron_bridge_qwen3(out: Path) -> None:
             head = result["mcore"]
             print(f"{label}: measured {rate:,} tokens/s a GPU (median of {len(published)}); "
                   f"predicted {head['predicted_tokens_per_s_per_gpu']:,.0f} "
-                  f"({head['ratio']:.2f}x; {result['preset']['ratio']:.2f}-"
-                  f"{result['cudnn']['ratio']:.2f}x over the attention shares); all-to-alls "
+                  f"({head['ratio']:.2f}x"
+                  + (f"; {result['preset']['ratio']:.2f}-{result['cudnn']['ratio']:.2f}x over "
+                     "the attention shares" if "cudnn" in result else "") + f"); all-to-alls "
                   f"{head['alltoall_exposed_s']:.2f} s of a {head['step_s']:.2f} s step; with "
                   f"the plain all-to-all {result['alltoall']['ratio']:.2f}x; FP8 predicted "
                   f"{result['predicted_fp8_gain']:.2f}x BF16")
     save_result(out, "validate-tp-megatron-bridge-qwen3",
                 {"source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md "
-                           "(26.04, 26.04.01 and 26.06 NeMo containers), configs from "
-                           "scripts/performance/configs/qwen/ at v0.4.0-v0.5.1",
+                           "(26.02.01, 26.04, 26.04.01 and 26.06 NeMo containers), configs "
+                           "from scripts/performance/configs/qwen/ at v0.3.1-v0.5.1",
                  "rows": [list(r) for r in QWEN3_ROWS], "attention": BRIDGE_ATTENTION,
-                 "args": [qwen3_args(r, BRIDGE_ATTENTION["mcore"]) for r in QWEN3_ROWS]},
+                 "args": [qwen3_args(r, BRIDGE_ATTENTION["mcore"] if r[2] == "h100-sxm" else None)
+                          for r in QWEN3_ROWS]},
                 {"rows": rows})
     print(f"Wrote {out}")
 
