@@ -232,10 +232,11 @@ def test_analyze_ep_prints_and_saves_the_expert_parallel_scale_out(tmp_path, cap
     assert "the experts' gradients reduced over 2 replicas" in text
     # (the shipped record: Mixtral's figure, Megatron-Bridge's eight gpt-oss-120b rates, the
     # B200s' at EP 8 the furthest off, the B300s' on NICs the table does not give apart, and
-    # its Qwen3-30B-A3B in FP8 across two nodes)
-    assert "Expert parallelism is checked against 10 published rates" in text
+    # its Qwen3-30B-A3B in FP8 across two nodes and in MXFP8 on four Blackwell nodes of 8)
+    assert "Expert parallelism is checked against 14 published rates" in text
     assert "Qwen3-30B-A3B FP8, 16 H100s, EP 16" in text
-    assert "as up to 1.7x optimistic" in text
+    assert "Qwen3-30B-A3B in MXFP8 on one node of 8" in text
+    assert "as up to 1.8x optimistic" in text
     report = " ".join(page.read_text().split())
     assert "8-way expert parallel, 8 all-to-alls a micro-batch" in report
     data = json.loads(path.read_text())

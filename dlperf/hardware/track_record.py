@@ -993,9 +993,12 @@ def build_expert_parallel(result: dict, bridge: dict | None = None,
             "row": r["row"], "device": r["device"], "dispatcher": r["dispatcher"],
             "releases": len(r["published"]), "measured": r["measured_tokens_per_s_per_gpu"],
             "ratio": r["mcore"]["ratio"],
-            "ratio_low": min(r[k]["ratio"] for k in ("preset", "mcore", "cudnn")),
-            "ratio_high": max(r[k]["ratio"] for k in ("preset", "mcore", "cudnn")),
-            "ratio_alltoall": r["alltoall"]["ratio"]} for r in qwen3["rows"]]
+            "ratio_low": min(r[k]["ratio"] for k in ("preset", "mcore", "cudnn") if k in r),
+            "ratio_high": max(r[k]["ratio"] for k in ("preset", "mcore", "cudnn") if k in r),
+            "ratio_alltoall": r["alltoall"]["ratio"],
+            # (Blackwell's rows: MXFP8, with per-tensor FP8 on the same GPUs beside it)
+            "ratio_fp8_current": (r.get("fp8_current") or {}).get("ratio")}
+            for r in qwen3["rows"]]
     return entry
 
 
@@ -1006,8 +1009,9 @@ def describe_expert_parallel(record: dict | None = None) -> str:
     record = load_scale_out() if record is None else record
     how = ("its all-to-alls are timed at the interconnect's all-reduce bus bandwidth (inside "
            "the node, and the rank's own NIC for the share that leaves it; under "
-           "--ep-dispatcher deepep or hybridep each token crosses the network once for each "
-           "other node holding one of its experts), every one exposed, on a router's balanced "
+           "--ep-dispatcher deepep or hybridep each token goes once to each GPU, and across "
+           "the network once to each other node, holding one of its experts), every one "
+           "exposed, on a router's balanced "
            "load unless --expert-load says otherwise; the experts' batched GEMMs take the GEMM "
            "share of the dense layers")
     m = record.get("expert_parallel")
@@ -1038,8 +1042,15 @@ def describe_expert_parallel(record: dict | None = None) -> str:
         f"; Megatron-Bridge's {q['row']} ({q['dispatcher']}, the median of {q['releases']} "
         f"releases' rates): predicted {q['ratio']:.2f}x ({q['ratio_low']:.2f}-"
         f"{q['ratio_high']:.2f}x over the attention kernel's plausible speeds), and "
-        f"{q['ratio_alltoall']:.2f}x were each copy of a token sent across the network as the "
-        "plain all-to-all sends it" for q in qwen3)
+        f"{q['ratio_alltoall']:.2f}x were each copy of a token sent as the plain all-to-all "
+        "sends it" for q in qwen3 if q["ratio_fp8_current"] is None)
+    mx = [q for q in qwen3 if q["ratio_fp8_current"] is not None]
+    if mx:
+        fp8 += (f"; its Qwen3-30B-A3B in MXFP8 on one node of 8 (EP 8, HybridEP, the median "
+                f"of 3 releases each): predicted "
+                + ", ".join(f"{q['ratio']:.2f}x on {DEVICE_NAMES.get(q['device'], q['device'])}"
+                            for q in mx)
+                + f" ({_span([q['ratio_fp8_current'] for q in mx])}x in per-tensor FP8)")
     return (f"Expert parallelism is checked against {g['runs'] + 1 + len(qwen3)} published "
             f"rates. {mixtral[0].upper()}{mixtral[1:]}; {g['source']}: predicted "
             f"{g['ratio_low']:.2f}-{g['ratio_high']:.2f}x their tokens/s ({devices}), too "
