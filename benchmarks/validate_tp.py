@@ -1747,12 +1747,12 @@ def megatron_bridge_qwen3(out: Path) -> None:
                                      "model_tflops": f} for c, t, f in published],
                       "measured_tokens_per_s_per_gpu": rate}
             shares = BRIDGE_ATTENTION if device == "h100-sxm" else BRIDGE_ATTENTION_B200
-            head = shares["mcore"]
+            headline = shares["mcore"]
             runs = {name: qwen3_args(row, share) for name, share in shares.items()}
-            runs["alltoall"] = qwen3_args(row, head, dispatcher="alltoall")
-            runs["bf16"] = qwen3_args(row, head, fp8=False)
+            runs["alltoall"] = qwen3_args(row, headline, dispatcher="alltoall")
+            runs["bf16"] = qwen3_args(row, headline, fp8=False)
             if device != "h100-sxm":  # MXFP8 against per-tensor FP8 on the same GPUs
-                runs["fp8_current"] = qwen3_args(row, head, recipe="current")
+                runs["fp8_current"] = qwen3_args(row, headline, recipe="current")
             for name, args in runs.items():
                 reading = _moe_reading(_analyze(args, tmp), rate)
                 tokens = reading["predicted_tokens_per_s_per_gpu"]

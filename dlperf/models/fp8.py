@@ -421,8 +421,7 @@ def group_cast(h: Tensor, recipe: str, tn_only: bool) -> tuple[Tensor, ...]:
     GEMMs, each expert's rows scaled by their own amax: (row-wise data, column-wise data or
     empty, inverse scales [G]); under MXFP8 by blocks (``_mx_quantize``: row-wise data and
     scales, column-wise data and scales). One cast for all G experts (TE's
-    ``split_quantize``, one multi-tensor kernel), shared where two layers read h (the SwiGLU
-    experts' w1 and w3: Megatron's ``linear_fc1``, one GroupedLinear)."""
+    ``split_quantize``, one multi-tensor kernel)."""
     if recipe in MX_RECIPES:
         return _mx_quantize(h.detach(), True, True)
     return _cast(h.detach(), recipe, False, True, tn_only)
@@ -503,12 +502,12 @@ class _MxGroupedFn(torch.autograd.Function):
         return dh, dw, db, None
 
 
-def grouped_fp8(h: Tensor, weight: Tensor, bias: Tensor | None, recipe: str, tn_only: bool,
-                cast=None) -> Tensor:
-    """h [G, R, K] @ weight [G, K, N] (+ bias [G, 1, N]) in FP8 (``_Fp8GroupedFn``), on h's
-    ``group_cast`` when other layers read h too. TransformerEngine's sizes: K and N multiples
-    of 16 (``ALIGN``), and each expert's rows too (Megatron pads them: ``GPTConfig.
-    expert_rows``)."""
+def grouped_fp8(h: Tensor, weight: Tensor, bias: Tensor | None, recipe: str,
+                tn_only: bool) -> Tensor:
+    """h [G, R, K] @ weight [G, K, N] (+ bias [G, 1, N]) in FP8 (``_Fp8GroupedFn``, or
+    ``_MxGroupedFn`` under MXFP8), on h's ``group_cast``. TransformerEngine's sizes: K and N
+    multiples of ``align(recipe)``, and each expert's rows too (Megatron pads them:
+    ``GPTConfig.expert_rows``)."""
     if recipe not in TE_RECIPES:
         raise ValueError(f"FP8 recipe must be one of {', '.join(TE_RECIPES)}, got "
                          f"{recipe!r}")
@@ -519,9 +518,8 @@ def grouped_fp8(h: Tensor, weight: Tensor, bias: Tensor | None, recipe: str, tn_
     if recipe in MX_RECIPES:
         if tn_only:
             raise ValueError("MXFP8 grouped layers are modelled on Blackwell (tn_only False)")
-        return _MxGroupedFn.apply(h, weight, bias, cast or group_cast(h, recipe, tn_only))
-    return _Fp8GroupedFn.apply(h, weight, bias, recipe, tn_only,
-                               cast or group_cast(h, recipe, tn_only))
+        return _MxGroupedFn.apply(h, weight, bias, group_cast(h, recipe, tn_only))
+    return _Fp8GroupedFn.apply(h, weight, bias, recipe, tn_only, group_cast(h, recipe, tn_only))
 
 
 def shared_cast(layer: nn.Module, x: Tensor):

@@ -91,7 +91,7 @@ from dlperf.models.float8 import Float8Cast, Float8GradCast, Float8Linear, scatt
 from dlperf.models.fp8 import MX_RECIPES
 from dlperf.models.fp8 import TE_RECIPES as FP8_RECIPES
 from dlperf.models.fp8 import align as fp8_align
-from dlperf.models.fp8 import Fp8Linear, call, group_cast, grouped_fp8, shared_cast
+from dlperf.models.fp8 import Fp8Linear, call, grouped_fp8, shared_cast
 from dlperf.models.banded import banded_attention
 from dlperf.models.fused import (ClampedQuickGeGLU, FusedRMSNorm, FusedSwiGLU, WeightedGLU,
                                  fused_rope, moe_permute, moe_unpermute)
@@ -865,8 +865,8 @@ class MoE(nn.Module):
 
     Under ``cfg.fp8`` "delayed", "current" or "mxfp8" the experts' GEMMs run in FP8 as
     TransformerEngine's GroupedLinear runs them (models/fp8.py, ``grouped_fp8``): the permuted
-    rows cast once for w1 and w3, the activation cast for w2, each expert's weights cast once
-    a step; the router stays in BF16 (Megatron-Core's router is a plain linear layer)."""
+    rows cast once for the fused w1 and w3, the activation cast for w2, each expert's weights
+    cast once a step; the router stays in BF16 (Megatron-Core's router is a plain linear layer)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -900,15 +900,14 @@ class MoE(nn.Module):
         models/fp8.py ``fp8_weight_bytes``."""
         return [w for w in (self.w1, self.w3, self.w2) if w is not None] if self.fp8 else []
 
-    def _gemm(self, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-              cast=None) -> torch.Tensor:
-        """One grouped layer: in FP8 (on h's shared ``cast`` if given) or in h's dtype."""
+    def _gemm(self, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """One grouped layer: in FP8 or in h's dtype."""
         if self.fp8 is None:
             return _grouped(h, w, b)
         # (then a view, no kernel: the capture gives an autograd node to the module of the
         # next torch call, and an autograd Function's apply is none, so without it the
         # GEMMs' backward would be named after the activation that reads their output)
-        y = grouped_fp8(h, w, b, self.fp8, self.tn_only, cast)
+        y = grouped_fp8(h, w, b, self.fp8, self.tn_only)
         return y.view(y.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -929,13 +928,12 @@ class MoE(nn.Module):
         if rows != n * k:  # the busiest rank's share (or groups rounded up): padded rows
             h = F.pad(h, (0, 0, 0, rows - n * k))
         h = h.view(self.local, rows // self.local, -1)
-        # (FP8: h cast once for w1 and w3, Megatron's linear_fc1)
-        cast = group_cast(h, self.fp8, self.tn_only) if self.fp8 and self.swiglu else None
-        a = self._gemm(h, self.w1, self.b1, cast)
+        # (FP8 needs TE's layers, whose gated experts take the fused path: none reach here)
+        a = self._gemm(h, self.w1, self.b1)
         if getattr(self.act, "gated", False):
-            a = self.act(a, self._gemm(h, self.w3, self.b3, cast))
+            a = self.act(a, self._gemm(h, self.w3, self.b3))
         else:
-            a = (self.act(a) * self._gemm(h, self.w3, self.b3, cast) if self.swiglu
+            a = (self.act(a) * self._gemm(h, self.w3, self.b3) if self.swiglu
                  else self.act(a))
         out = self._gemm(a, self.w2, self.b2).reshape(rows, -1)[:n * k]
         out = out * weights.flatten().index_select(0, order).unsqueeze(-1).to(out.dtype)
