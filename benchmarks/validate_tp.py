@@ -1,7 +1,9 @@
 """Tensor parallelism against published runs: ``dlperf analyze --tp`` on the GPUs, model and
 stack of each (issue #14; the scaling table, validation/published_scaling.csv, has no
-tensor-parallel column). Nine sources, each compared where its stack's own error cancels
-as far as it is common to the runs compared (those with pipeline stages also check --pp):
+tensor-parallel column). Thirteen sources (``SOURCES``; the mixture-of-experts ones,
+megatron-moe, megatron-bridge-moe and megatron-bridge-qwen3, are described beside their
+rows), each compared where its stack's own error cancels as far as it is common to the runs
+compared (those with pipeline stages also check --pp):
 
 ``kempnerforge`` (-> results/tp-kempnerforge-h200.json, ~5 minutes).
 Source: KempnerInstitute/KempnerForge, benchmarks/mfu_scaling/mfu_scaling_2026-04-05.md and
@@ -145,6 +147,14 @@ published), their FP8 GEMMs of any layout (no transposes: models/fp8.py): 8B on 
 parallel with the distributed optimizer (FSDP 0), micro-batch 2, 8 micro-batches (30,624);
 405B on 128 GPUs, TP 4 x PP 8 x 8 virtual x CP 2 (data parallel over 2), 32 micro-batches
 (661).
+
+``megatron-bridge-mxfp8`` (-> results/tp-megatron-bridge-mxfp8.json, ~1 minute).
+Held out (no parameter was fitted to it). Source: the same tables' Llama 3 70B and Llama 3.1
+405B rows in MXFP8 ("FP8-MX": TransformerEngine's MXFP8BlockScaling, --fp8 mxfp8) on GB300s
+and GB200s, 26.02 to 26.06 (``BRIDGE_MXFP8`` gives each row, its containers and its config):
+70B on 64 GPUs at TP 1 (GB300) or TP 2 (GB200) x PP 4 x 5 virtual stages, 405B on 256 at TP 2
+x PP 8 x CP 2 (GB300) or TP 4 x PP 16 (GB200). Each row is also run with per-tensor current
+scaling and in BF16 on the same layout (no published run of these layouts in those precisions).
 
 ``torchtitan-async-tp`` (-> results/tp-torchtitan-async.json, ~1 minute).
 Source: pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (the PyTorch
@@ -1091,9 +1101,10 @@ BRIDGE_ATTENTION_B200 = {"mcore": None}  # the headline: the preset's own shares
 def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
                 ends: int | str | None, micro_batches: int, fp8: bool,
                 attention: float | None, device: str = "h100-sxm", micro: int = 1,
-                strategy: str = "ddp") -> list[str]:
+                strategy: str = "ddp", recipe: str = "current") -> list[str]:
     """`dlperf analyze` for one of Megatron-Bridge's H100 rows (``BRIDGE_FP8``), in FP8 with
-    current scaling or, for the predicted gain, in BF16; its gradients reduced in BF16, as
+    current scaling (or ``recipe``: ``BRIDGE_MXFP8``'s mxfp8) or, for the predicted gain, in
+    BF16; its gradients reduced in BF16, as
     every release's performance config for Llama sets it (grad_reduce_in_fp32 off in
     scripts/performance/configs/llama3/ at v0.2.0, llama/ from v0.3.0 to v0.5.1)."""
     sharded = ["--strategy", "fsdp"] if strategy == "fsdp" else [
@@ -1112,7 +1123,7 @@ def bridge_args(model: str, gpus: int, tp: int, pp: int, virtual: int, cp: int,
             + (["--pp-layout", ends] if isinstance(ends, str) else
                ["--pp-first-layers", str(ends), "--pp-last-layers", str(ends)] if ends else [])
             + (["--cp", str(cp)] if cp > 1 else [])
-            + (["--fp8", "current"] if fp8 else []))
+            + (["--fp8", recipe] if fp8 else []))
 
 
 def megatron_bridge_fp8(out: Path) -> None:
@@ -1197,6 +1208,90 @@ def megatron_bridge_fp8(out: Path) -> None:
                  "args_8b_b200": bridge_args(*BRIDGE_FP8[5][1:9], True, None,
                                              *BRIDGE_FP8[5][10:])},
                 {"rows": rows, "cudnn_attention": BRIDGE_ATTENTION["cudnn"]})
+    print(f"Wrote {out}")
+
+
+# Megatron-Bridge's Llama 3 rows in MXFP8 (TE's MXFP8BlockScaling, "FP8-MX") on GB300s and
+# GB200s, held out (no parameter was fitted to them): docs/performance-summary.md and
+# -archive.md's 26.02 to 26.06 tables, whose V2 configs are the same from v0.3.0 to v0.5.0
+# (scripts/performance/configs/llama/: LLAMA3_70B_PRETRAIN_CONFIG_GB{3,2}00_FP8_MX_V2, GBS 256,
+# TP 1 (GB300) or 2 (GB200), PP 4, 5 virtual stages, an even split (the 70B recipe's layout
+# None); LLAMA31_405B_PRETRAIN_CONFIG_GB300_FP8_MX_V2, TP 2 PP 8 CP 2, 4 virtual stages, and
+# _GB200_FP8_MX_V2, TP 4 PP 16, 8 virtual stages, GBS 1,536, the embedding and the loss a
+# block each in the split (15 blocks on the end stages of 8, 7 of 16, as ``BRIDGE_FP8``'s
+# 405B rows); micro-batch 1, TE's tensor-parallel overlap, no CUDA graphs, no recomputation).
+# 26.02.01's 70B GB300 row (micro-batch 2, no virtual stages) is not its release's config
+# and is left out. (label, model, GPUs, TP, PP, virtual stages, CP, end-stage blocks or
+# None, micro-batches a step per replica, [(container, tokens/s a GPU, model TFLOP/s a GPU)],
+# device)
+BRIDGE_MXFP8 = (
+    ("70B MXFP8, 64 GB300s, TP 1 PP 4", "llama3-70b", 64, 1, 4, 5, 1, None, 16,
+     [("26.02", 4596, 2064), ("26.04", 4742, 2131), ("26.04.01", 4864, 2186)], "gb300"),
+    ("70B MXFP8, 64 GB200s, TP 2 PP 4", "llama3-70b", 64, 2, 4, 5, 1, None, 32,
+     [("26.02", 3613, 1623), ("26.02.01", 3837, 1724), ("26.04", 3828, 1721),
+      ("26.04.01", 3712, 1664)], "gb200"),
+    ("405B MXFP8, 256 GB300s, TP 2 PP 8 CP 2", "llama3-405b", 256, 2, 8, 4, 2, 15, 192,
+     [("26.02", 931, 2349), ("26.02.01", 949, 2394), ("26.04", 968, 2443),
+      ("26.04.01", 960, 2453), ("26.06", 952, 2403)], "gb300"),
+    ("405B MXFP8, 256 GB200s, TP 4 PP 16", "llama3-405b", 256, 4, 16, 8, 1, 7, 384,
+     [("26.02", 786, 1983), ("26.02.01", 775, 1957), ("26.04", 793, 2002),
+      ("26.04.01", 800, 1994), ("26.06", 783, 1976)], "gb200"),
+)
+BRIDGE_MXFP8_OUT = ROOT / "benchmarks/results/tp-megatron-bridge-mxfp8.json"
+
+
+def megatron_bridge_mxfp8(out: Path) -> None:
+    """Each ``BRIDGE_MXFP8`` row's tokens/s a GPU predicted in MXFP8 (the headline), and on
+    the same layout with per-tensor current scaling and in BF16, against the published rates
+    (each container's, and their median), with the tensor-parallel time left exposed, the
+    pipeline's bubble and the memory a GPU."""
+    import statistics
+
+    from tqdm import tqdm
+
+    from dlperf.provenance import save_result
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for (label, model, gpus, tp, pp, virtual, cp, ends, micro, measured,
+             device) in tqdm(BRIDGE_MXFP8, desc="megatron-bridge mxfp8", unit="row"):
+            rate = statistics.median(m[1] for m in measured)
+            row = {"row": label, "device": device, "model": model, "gpus": gpus, "tp": tp,
+                   "pp": pp, "virtual": virtual, "cp": cp, "micro_batches": micro,
+                   "measured": [{"container": c, "tokens_per_s_per_gpu": t,
+                                 "model_tflops_per_gpu": f} for c, t, f in measured],
+                   "measured_tokens_per_s_per_gpu": rate}
+            for key, fp8, recipe in (("mxfp8", True, "mxfp8"), ("fp8_current", True, "current"),
+                                     ("bf16", False, "current")):
+                here = _analyze(bridge_args(model, gpus, tp, pp, virtual, cp, ends, micro, fp8,
+                                            None, device, 1, "ddp", recipe), tmp)
+                tokens = here["per_gpu_samples_per_s"] * 8192  # (samples: sequences)
+                comm = here["communication"]
+                row[key] = {"predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
+                            "step_s": here["step_s"],
+                            "tp_exposed_s": (comm.get("tensor_parallel") or {}).get(
+                                "exposed_s", 0.0),
+                            "bubble_s": (comm.get("pipeline") or {}).get("bubble_s", 0.0),
+                            "exposed_comm_s": here["exposed_comm_s"],
+                            "memory_gib": here["memory_per_gpu"]["total_bytes"] / 2**30}
+            row["predicted_mx_over_current"] = (row["mxfp8"]["predicted_tokens_per_s_per_gpu"]
+                                                / row["fp8_current"][
+                                                    "predicted_tokens_per_s_per_gpu"])
+            rows.append(row)
+            print(f"{label:40s} measured {rate:,.0f} tokens/s a GPU "
+                  f"({min(m[1] for m in measured):,}-{max(m[1] for m in measured):,}); "
+                  f"MXFP8 predicted {row['mxfp8']['predicted_tokens_per_s_per_gpu']:,.0f} "
+                  f"({row['mxfp8']['ratio']:.2f}x; per-tensor FP8 "
+                  f"{row['fp8_current']['ratio']:.2f}x, BF16 {row['bf16']['ratio']:.2f}x); "
+                  f"{row['mxfp8']['memory_gib']:.0f} GiB a GPU")
+    save_result(out, "validate-tp-megatron-bridge-mxfp8",
+                {"source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md and "
+                           "performance-summary-archive.md (NeMo 26.02-26.06 containers), "
+                           "configs from scripts/performance/configs/llama/ at v0.3.0-v0.5.0",
+                 "rows": [list(r) for r in BRIDGE_MXFP8],
+                 "args": [bridge_args(*r[1:9], True, None, r[10], 1, "ddp", "mxfp8")
+                          for r in BRIDGE_MXFP8]},
+                {"rows": rows})
     print(f"Wrote {out}")
 
 
@@ -1787,6 +1882,7 @@ SOURCES = {"kempnerforge": (kempnerforge, OUT), "megatron": (megatron, MEGATRON_
            "megatron-core-2024": (megatron_core_2024, MCORE24_OUT),
            "llama3-405b": (llama3_405b, LLAMA3_OUT),
            "megatron-bridge-fp8": (megatron_bridge_fp8, BRIDGE_OUT),
+           "megatron-bridge-mxfp8": (megatron_bridge_mxfp8, BRIDGE_MXFP8_OUT),
            "torchtitan-async-tp": (torchtitan_async_tp, ASYNC_TP_OUT),
            "megatron-deepspeed": (megatron_deepspeed, MEGATRON_DEEPSPEED_OUT),
            "megatron-moe": (megatron_moe, MOE_OUT),

@@ -15,6 +15,7 @@ from test_fp8 import _capture, _counts, _llama
 
 from dlperf.analysis.api import AnalysisConfig, capture_costs, predict_on
 from dlperf.analysis.roofline import MX_GEMM_SHARE
+from dlperf.analysis.scaling import tensor_parallel_collectives
 from dlperf.hardware.specs import get_device
 from dlperf.models import fp8
 from dlperf.models.gpt import GPT, GPTConfig
@@ -176,8 +177,6 @@ def test_the_experts_pad_to_32_rows():
     assert cur.expert_rows(96) == 4 * 48
     with pytest.raises(ValueError, match="multiples of 32"):
         GPTConfig(**{**base, "expert_hidden": 48}, fp8="mxfp8")
-    with pytest.raises(ValueError, match="tensor"):
-        GPTConfig(**{**base, "experts": 0}, fp8="mxfp8", tp=2)
     model = GPT(mx)
     assert model(torch.randint(0, 96, (3, 32))).shape == (3, 32, 96)
     # the FP8 copies: q, k, v, o (64 x 64, 32 x 64, 32 x 64, 64 x 64) and 4 experts' w1, w3
@@ -200,5 +199,79 @@ def test_cli_mxfp8(tmp_path, capsys):
     assert main([*args, "--device", "h100-sxm"]) == 2
     err = capsys.readouterr().err
     assert "--fp8 mxfp8" in err and "h100-sxm" in err and len(err.strip().splitlines()) == 1
-    assert main([*args, "--device", "b200", "--tp", "2", "--gpus", "2"]) == 2
-    assert "MXFP8" in capsys.readouterr().err
+    # under tensor parallelism: the same GEMMs, the all-gathers at 33/32 bytes an element
+    path = tmp_path / "mx-tp.json"
+    assert main([*args, "--device", "b200", "--tp", "2", "--gpus", "2", "--json", str(path),
+                 "--top", "1"]) == 0
+    result = json.loads(path.read_text())
+    ops = Counter(layer["op"] for layer in result["layers"])
+    assert ops["fp8_mx_gemm"] == 3 * 7 * 2 and "fp8_transpose" not in ops
+
+
+def test_the_sequence_parallel_forms_gather_and_scatter_the_tokens():
+    # column: this rank's 32 tokens of each sequence cast both ways, the row-wise copy gathered
+    # from 2 ranks (64 rows) for the GEMM; the shard's column-wise copy kept and gathered again
+    # for the weight gradient; the input gradient reduce-scattered back to 32. Row: 64 tokens
+    # in, 32 out, the gradient's 32 cast both ways and both copies gathered back to 64 (the
+    # collectives are allocations: shapes only)
+    col = fp8.Fp8Linear(64, 96, False, "mxfp8", gather=2, tn_only=False)
+    x = torch.randn(3, 32, 64, requires_grad=True)
+    y = col(x)
+    assert y.shape == (3, 64, 96)
+    cast = col.cast(x)
+    assert cast.total[0].shape == (192, 64) and cast.total[1].shape == (192, 2)
+    assert cast.keep[0].shape == (64, 96) and cast.keep[1].shape == (64, 3)
+    assert [t.shape for t in cast.wgrad_operand()] == [(64, 192), (64, 6)]
+    y.sum().backward()
+    assert x.grad.shape == x.shape and col.weight.grad.shape == (96, 64)
+    row = fp8.Fp8Linear(64, 96, False, "mxfp8", scatter=2, tn_only=False)
+    x = torch.randn(3, 64, 64, requires_grad=True)
+    y = row(x)
+    assert y.shape == (3, 32, 96)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and row.weight.grad.shape == (96, 64)
+    with pytest.raises(ValueError, match="Blackwell"):
+        fp8.Fp8Linear(64, 96, False, "mxfp8", gather=2)
+
+
+def test_a_tensor_parallel_block_runs_the_same_kernels_and_keeps_its_shards():
+    # tp 2 (sequence parallel), 4 KV heads (k and v 64 x 64, 32 a rank: MXFP8 needs 32s):
+    # the same kernels as one GPU's (no transposes: the copies are already blocked the way
+    # each GEMM reduces). M = 6 x 32 = 192 tokens, 96 a rank (TE's MXFP8 casts take rows in
+    # 32s). Kept: the column groups (qkv, fc1) the column-wise copy of their shard of the
+    # tokens, 64 features x 96 tokens + 64 x 3 scales = 6,336 bytes; the row layers their
+    # whole input's, split over the features: wo 32 x 192 + 32 x 6 = 6,336, out 64 x 192 +
+    # 64 x 6 = 12,672
+    def llama(tp):
+        return GPTConfig(layers=2, d_model=64, heads=4, kv_heads=4, vocab=96, seq_len=32,
+                         tie_embeddings=False, norm="rmsnorm", mlp="swiglu", ffn_hidden=128,
+                         positions="rope", tp=tp, tp_impl="te", fp8="mxfp8",
+                         fp8_tn_only=False)
+    one = _counts(_capture(llama(1), batch=6))
+    cfg = llama(2)
+    assert _counts(_capture(cfg, batch=6)) == one
+    kept = _capture(cfg, batch=6).saved_by_module
+    for module in ("blocks.0.attn.wq", "blocks.0.fc"):
+        assert kept[module] == 64 * 96 + 64 * 3
+    assert kept["blocks.0.attn.wo"] == 32 * 192 + 32 * 6
+    assert kept["blocks.0.out"] == 64 * 192 + 64 * 6
+
+
+def test_tensor_parallel_all_gathers_in_mxfp8_by_hand():
+    # 10 blocks, 4,096 tokens of width 1,024: 8 MiB a collective in BF16; an MXFP8 copy is
+    # 4 MiB of data and 128 KiB of scales (one byte a 32). The blocks' 20 forward gathers and
+    # 20 re-gathers move one copy, their 20 row-gradient gathers two; the output layer's,
+    # the embedding's and every reduce-scatter stay BF16
+    bf16, mx = 4096 * 1024 * 2, 4096 * 1024 + 4096 * 1024 // 32
+    got = tensor_parallel_collectives(10, 4096, 1024, 2, False, impl="te", fp8=True,
+                                      mxfp8=True)
+    assert got == (("allgather", 2, bf16, None), ("reducescatter", 1, bf16, None),
+                   ("allgather", 20, mx, "fprop"), ("reducescatter", 20, bf16, "row-fprop"),
+                   ("allgather", 20, 2 * mx, "row-dgrad"), ("allgather", 20, mx, "dgrad"),
+                   ("allgather", 1, bf16, "dgrad"), ("reducescatter", 21, bf16, "wgrad"))
+    per_tensor = tensor_parallel_collectives(10, 4096, 1024, 2, False, impl="te", fp8=True)
+    moved = sum(n * b for _, n, b, _ in got) - sum(n * b for _, n, b, _ in per_tensor)
+    # against per-tensor FP8: 60 gathers of 1/32 more, 20 of a second copy
+    assert moved == 60 * (mx - 4096 * 1024) + 20 * mx
+    with pytest.raises(ValueError, match="needs fp8"):
+        tensor_parallel_collectives(10, 4096, 1024, 2, False, impl="te", mxfp8=True)

@@ -805,7 +805,8 @@ REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_bytes: int,
                                 recompute: bool, sequence_parallel: bool = True,
                                 impl: str = "torch", fp8: bool = False,
-                                recompute_every: int = 1, float8: str | None = None
+                                recompute_every: int = 1, float8: str | None = None,
+                                mxfp8: bool = False
                                 ) -> tuple[tuple[str, int, int, str | None], ...]:
     """The collectives one micro-batch of ``tokens`` (batch x sequence) makes among the
     tensor-parallel ranks of a decoder of ``layers`` blocks (see the module docstring): (kind,
@@ -827,7 +828,10 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     dtype; under ``fp8`` (TransformerEngine's FP8 layers, ``impl`` "te" only; models/fp8.py)
     the blocks' layers all-gather FP8 data, 1 byte an element (their inputs, and the
     row-parallel layers' output gradients), while the reduce-scatters and the output layer's
-    and embedding's collectives stay in the activations' dtype. So do torchao's float8 layers
+    and embedding's collectives stay in the activations' dtype; under ``mxfp8`` (``fp8``
+    with TE's MXFP8 block scaling) each gathered copy carries a scale byte for each 32
+    elements, and a row-parallel layer gathers its output gradient's two copies, row- and
+    column-wise (models/fp8.py, ``MxCast`` and ``_MxLinearFn``). So do torchao's float8 layers
     under ``float8`` "tensorwise" (``impl`` "torch" or "torch-async" with sequence parallelism:
     models/float8.py, torchao's float8 tensor-parallel styles); under "rowwise" they gather in
     the activations' dtype and cast after the gather, so under "torch-async" no matmul reads
@@ -838,6 +842,8 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
                          f"{', '.join(TP_IMPLS)}")
     if fp8 and impl != "te":
         raise ValueError("FP8 layers are TransformerEngine's: impl must be 'te'")
+    if mxfp8 and not fp8:
+        raise ValueError("MXFP8 is one of TransformerEngine's FP8 recipes: mxfp8 needs fp8")
     if float8 is not None and (float8 not in ("tensorwise", "rowwise")
                                or impl not in ("torch", "torch-async")):
         raise ValueError(f"torchao's float8 recipe {float8!r} (tensorwise or rowwise) runs on "
@@ -845,6 +851,10 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
     nbytes = tokens * d_model * act_bytes
     # what the blocks' layers gather (TransformerEngine's or torchao's tensorwise: FP8)
     gathered = tokens * d_model * (1 if fp8 or float8 == "tensorwise" else act_bytes)
+    # an MXFP8 copy with its E8M0 scales (d_model: a multiple of 32 under MXFP8); the
+    # row-parallel layers' output gradient gathered both ways
+    gathered += gathered // 32 if mxfp8 else 0
+    gradient = 2 * gathered if mxfp8 else gathered
     regions = 2 * layers + 1  # the split regions' column-parallel layers, the output layer's
     # (a checkpoint of every n-th block replays the collectives of those blocks only)
     again = 2 * (layers // recompute_every) if recompute else 0
@@ -863,7 +873,7 @@ def tensor_parallel_collectives(layers: int, tokens: int, d_model: int, act_byte
             ("reducescatter", 2 * layers, nbytes, "row-fprop"),  # pipelined after proj, FC2
             ("allgather", again, gathered, "recompute"),
             ("reducescatter", again, nbytes, "row-recompute"),
-            ("allgather", 2 * layers, gathered, "row-dgrad"),  # ring beside proj's, FC2's dgrad
+            ("allgather", 2 * layers, gradient, "row-dgrad"),  # ring beside proj's, FC2's dgrad
             # bulk: the input again, beside dgrad (the output layer's in the activations' dtype)
             *((("allgather", 2 * layers, gathered, "dgrad"), ("allgather", 1, nbytes, "dgrad"))
               if fp8 else (("allgather", regions, nbytes, "dgrad"),)),

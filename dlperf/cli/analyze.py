@@ -929,6 +929,7 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
     pipeline stages), in the activations' dtype."""
     from dlperf.analysis.scaling import float8_tp_reductions, tensor_parallel_collectives
     from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
+    from dlperf.models.fp8 import MX_RECIPES
     from dlperf.models.gpt import column_parallel_regions, row_parallel_regions
 
     act_bytes = ELEMENT_BYTES[args.dtype]
@@ -941,7 +942,8 @@ def _stage_exchanges(args, gpt, tokens: int, blocks: int | None) -> dict:
         blocks, tokens, gpt.d_model, act_bytes, recompute=recompute,
         recompute_every=args.checkpoint_every or 1,
         sequence_parallel=gpt.sequence_parallel, impl=gpt.tp_impl,
-        fp8=gpt.fp8 is not None and float8 is None, float8=float8)
+        fp8=gpt.fp8 is not None and float8 is None, float8=float8,
+        mxfp8=gpt.fp8 in MX_RECIPES)
     if args.tp > 1 and float8 is not None:
         # torchao's casts of tensors split over the ranks: their amaxes all-reduced; a block's
         # column- and row-parallel layers as the model builds them (its first two regions)

@@ -46,7 +46,10 @@ elements along one dimension. A GEMM needs each operand blocked along the dimens
 reduces, so a tensor read by both a forward-or-data-gradient GEMM and a weight-gradient GEMM
 is cast once into two copies, row-wise and column-wise (``_mx_quantize``, one kernel, no amax
 pass), and a weight keeps both (``_MxLinearFn``, ``_MxGroupedFn``); sizes and each expert's
-rows are multiples of 32 (``align``). Tensor parallelism under MXFP8 is not modelled.
+rows are multiples of 32 (``align``). Under sequence parallelism TE gathers MXFP8 copies
+with their scales: a column-parallel layer's row-wise input in the forward and its
+column-wise input again in the backward, a row-parallel layer's gradient both ways
+(``MxCast``, ``_MxLinearFn``; analysis/scaling.py times them at 1 + 1/32 bytes an element).
 
 Not modelled: a delayed recipe's norm that writes FP8 itself (TE fuses the cast into the
 RMSNorm/LayerNorm kernel before a ``LayerNormLinear``; here the norm writes BF16 and the layer
@@ -249,6 +252,19 @@ def _stand_in(t: Tensor, rows: int) -> Tensor:
     return t.new_empty((rows, *t.shape[1:]))
 
 
+def _mx_stand_in(pair: tuple[Tensor, Tensor], ranks: int, tokens_last: bool = False
+                 ) -> tuple[Tensor, Tensor]:
+    """An MXFP8 copy (data, scales) all-gathered along the tokens over ``ranks``: allocated,
+    no kernel. The tokens are the first dimension of a row-wise copy [M, K] (scales
+    [M, K/32]) and the last of a column-wise one, stored transposed [K, M] (scales [K, M/32]);
+    TE gathers the data and the scales, 1 + 1/32 bytes an element (``_all_gather_mxfp8``)."""
+    if ranks == 1:
+        return pair
+    if tokens_last:
+        return tuple(t.new_empty((*t.shape[:-1], t.shape[-1] * ranks)) for t in pair)
+    return tuple(_stand_in(t, t.shape[0] * ranks) for t in pair)
+
+
 class SharedCast:
     """One input's FP8 cast, shared by the layers that read that input (Llama's q, k and v
     projections; SwiGLU's two input layers): Megatron-Core runs each group as one TE layer
@@ -346,21 +362,21 @@ class Fp8Linear(nn.Linear):
             raise ValueError(f"an FP8 linear layer needs its sizes to be multiples of "
                              f"{align(recipe)} (TransformerEngine refuses others), got "
                              f"{in_features} x {out_features}")
-        if recipe in MX_RECIPES and (gather > 1 or scatter > 1 or tn_only):
-            raise ValueError("MXFP8 layers are modelled on Blackwell (tn_only False) without "
-                             "sequence parallelism (gather and scatter 1)")
+        if recipe in MX_RECIPES and tn_only:
+            raise ValueError("MXFP8 layers are modelled on Blackwell (tn_only False)")
         super().__init__(in_features, out_features, bias=bias)
         self.recipe, self.gather, self.scatter = recipe, gather, scatter
         self.tn_only = tn_only
 
     def cast(self, x: Tensor):
         if self.recipe in MX_RECIPES:
-            return MxCast(x)
+            return MxCast(x, self.gather)
         return SharedCast(x, self.recipe, self.gather, self.tn_only)
 
     def forward(self, x: Tensor, cast=None) -> Tensor:
         if self.recipe in MX_RECIPES:
-            return _MxLinearFn.apply(x, self.weight, self.bias, cast or self.cast(x))
+            return _MxLinearFn.apply(x, self.weight, self.bias, cast or self.cast(x),
+                                     self.scatter)
         return _Fp8LinearFn.apply(x, self.weight, self.bias, self.recipe,
                                   cast or self.cast(x), self.scatter)
 
@@ -369,12 +385,31 @@ class MxCast:
     """One input's MXFP8 cast, shared as ``SharedCast`` is by the layers that read it: one
     kernel writing the row-wise copy the forward GEMMs read (``total``) and the column-wise
     one the weight-gradient GEMMs read (``keep``, kept for the backward), each with its
-    scales."""
+    scales.
 
-    def __init__(self, x: Tensor):
+    Under sequence parallelism (``gather`` > 1: a column-parallel layer's input, this rank's
+    share of the tokens) TE 2.x casts the shard both ways, all-gathers the row-wise copy only
+    for the forward GEMMs, keeps the shard's column-wise copy, and in the backward all-gathers
+    that column-wise copy for the weight-gradient GEMMs (``wgrad_operand``; module/linear.py
+    and layernorm_linear.py: an MXFP8 quantizer is not ``supports_only_rowwise_all_gather``,
+    so the saved input keeps its column-wise usage and the backward gathers that). No
+    transpose anywhere: the copies are already blocked the way each GEMM reduces."""
+
+    def __init__(self, x: Tensor, gather: int = 1):
         x2 = x.detach().reshape(-1, x.shape[-1])  # (the layers' Function carries x's gradient)
         row, row_scale, col, col_scale = _mx_quantize(x2, True, True)
-        self.total, self.keep, self.shape = (row, row_scale), (col, col_scale), x.shape
+        self.total = _mx_stand_in((row, row_scale), gather)
+        self.keep, self.shape, self.gather = (col, col_scale), x.shape, gather
+        self._gathered = None
+
+    def wgrad_operand(self) -> tuple[Tensor, Tensor]:
+        """The column-wise copy the weight-gradient GEMMs read: the shard's, all-gathered
+        once for the group under sequence parallelism."""
+        if self.gather == 1:
+            return self.keep
+        if self._gathered is None:
+            self._gathered = _mx_stand_in(self.keep, self.gather, tokens_last=True)
+        return self._gathered
 
 
 class _MxLinearFn(torch.autograd.Function):
@@ -391,29 +426,45 @@ class _MxLinearFn(torch.autograd.Function):
     * kept: the input's column-wise copy and its scales (1 + 1/32 bytes an element), and the
       weight's two copies (``fp8_weight_bytes``).
 
+    Under sequence parallelism a column-parallel layer's input is gathered as ``MxCast``
+    says, its input gradient reduce-scattered in BF16; a row-parallel layer (``scatter`` > 1)
+    reduce-scatters its BF16 output and, in the backward, casts its shard of the output
+    gradient both ways and all-gathers both copies, 2 (1 + 1/32) bytes an element (TE sets
+    the gradient's quantizer to both usages before ``grad_output_preprocess`` gathers it).
+
     Against the per-tensor recipes on the same GPU: no amax pass (the cast takes each block's
     amax itself), but every cast writes two copies, and a weight keeps two (per-tensor FP8 on
     Blackwell writes and keeps one: its GEMMs read the row-wise data either way round)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, cast: MxCast):
+    def forward(ctx, x, weight, bias, cast: MxCast, scatter: int = 1):
         w_row, w_row_scale, w_col, w_col_scale = _mx_weight_quantize(weight, True, True)
         y = _mx_gemm(*cast.total, w_row, w_row_scale, x.dtype, bias)  # [M', N]
+        if scatter > 1:
+            y = _stand_in(y, y.shape[0] // scatter)  # its reduce-scatter
         ctx.save_for_backward(*cast.keep)
         ctx.weight_fp8 = (w_col, w_col_scale)  # W blocked down its columns, stored [K, N]
-        ctx.shape, ctx.has_bias = cast.shape, bias is not None
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+        ctx.cast, ctx.scatter, ctx.has_bias = cast, scatter, bias is not None
+        lead = x.shape[:-1]
+        rows = lead[-1] * cast.gather // scatter
+        return y.reshape(*lead[:-1], rows, y.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
-        x_col, x_col_scale = ctx.saved_tensors
         w_col, w_col_scale = ctx.weight_fp8
+        cast, scatter = ctx.cast, ctx.scatter
         g2 = grad.reshape(-1, grad.shape[-1])
         g_row, g_row_scale, g_col, g_col_scale = _mx_quantize(g2.contiguous(), True, True)
+        # a row-parallel layer's gradient: this rank's tokens, both copies all-gathered
+        g_row, g_row_scale = _mx_stand_in((g_row, g_row_scale), scatter)
+        g_col, g_col_scale = _mx_stand_in((g_col, g_col_scale), scatter, tokens_last=True)
+        x_col, x_col_scale = cast.wgrad_operand()
         dx = _mx_gemm(g_row, g_row_scale, w_col, w_col_scale, grad.dtype)  # [M', K]
         dw = _mx_gemm(g_col, g_col_scale, x_col, x_col_scale, grad.dtype)  # [N, K]
+        if cast.gather > 1:
+            dx = _stand_in(dx, dx.shape[0] // cast.gather)  # its reduce-scatter
         db = g2.sum(0) if ctx.has_bias else None
-        return dx.reshape(ctx.shape), dw, db, None
+        return dx.reshape(cast.shape), dw, db, None, None
 
 
 def group_cast(h: Tensor, recipe: str, tn_only: bool) -> tuple[Tensor, ...]:

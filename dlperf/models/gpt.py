@@ -231,10 +231,6 @@ class GPTConfig:
         if self.fp8 in FP8_RECIPES and self.tp_impl != "te":
             raise ValueError("FP8 layers with delayed, current or MXFP8 scaling are "
                              "TransformerEngine's: tp_impl must be 'te'")
-        if self.fp8 in MX_RECIPES and self.tp > 1:
-            raise ValueError("MXFP8 under tensor (sequence) parallelism is not modelled (TE "
-                             "gathers both of its copies): use --tp 1 with --fp8 mxfp8, or "
-                             "--fp8 current")
         if self.fp8 in FLOAT8_RECIPES and self.tp_impl not in ("torch", "torch-async"):
             raise ValueError("torchao's float8 layers run on PyTorch's tensor parallelism: "
                              "tp_impl 'torch' or 'torch-async'")
