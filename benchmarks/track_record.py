@@ -60,8 +60,11 @@ def scale_out_record_from_results(results: Path = RESULTS) -> dict:
     async_tp = results / "tp-torchtitan-async.json"  # benchmarks/validate_tp.py
     deepspeed = results / "tp-megatron-deepspeed.json"  # benchmarks/validate_tp.py
     fp8 = results / "tp-megatron-bridge-fp8.json"  # benchmarks/validate_tp.py
+    mxfp8 = results / "tp-megatron-bridge-mxfp8.json"  # benchmarks/validate_tp.py
     if fp8.exists():
-        record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"], scaling["results"])
+        record["fp8"] = build_fp8(json.loads(fp8.read_text())["results"], scaling["results"],
+                                  json.loads(mxfp8.read_text())["results"]
+                                  if mxfp8.exists() else None)
     moe = results / "tp-megatron-moe.json"  # benchmarks/validate_tp.py
     bridge_moe = results / "tp-megatron-bridge-moe.json"  # benchmarks/validate_tp.py
     qwen3 = results / "tp-megatron-bridge-qwen3.json"  # benchmarks/validate_tp.py

@@ -275,3 +275,32 @@ def test_tensor_parallel_all_gathers_in_mxfp8_by_hand():
     assert moved == 60 * (mx - 4096 * 1024) + 20 * mx
     with pytest.raises(ValueError, match="needs fp8"):
         tensor_parallel_collectives(10, 4096, 1024, 2, False, impl="te", mxfp8=True)
+
+
+def test_the_record_says_what_mxfp8_was_checked_against():
+    import pathlib
+
+    from dlperf.hardware.track_record import build_fp8, describe_fp8, load_scale_out
+
+    def row(device, tp, ratio, current):
+        return {"row": f"r-{device}-{tp}", "model": "m", "gpus": 64, "device": device,
+                "tp": tp, "measured_tokens_per_s_per_gpu": 1000.0,
+                "measured": [{"container": "26.02"}], "mxfp8": {"ratio": ratio},
+                "fp8_current": {"ratio": current}, "predicted_mx_over_current": ratio / current}
+
+    dense = {"rows": [{"row": "d", "model": "d", "gpus": 8, "device": "b200",
+                       "measured_tokens_per_s_per_gpu": 1.0, "measured": [{"container": "x"}],
+                       "fp8_mcore": {"ratio": 1.0}, "predicted_fp8_gain": 1.2}]}
+    mx = {"rows": [row("gb300", 1, 0.9, 0.92), row("gb200", 2, 1.1, 1.12),
+                   row("gb200", 4, 1.2, 1.25)]}
+    text = describe_fp8({"fp8": build_fp8(dense, None, mx)})
+    # per device, GB300s first; 1.1 / 1.12 = 0.98, 1.2 / 1.25 = 0.96, 0.9 / 0.92 = 0.98
+    assert ("at tensor parallelism 1-4: dlperf predicted GB300s 0.90x; GB200s 1.10-1.20x the "
+            "measured rate (3 rows; per-tensor FP8 on the same layouts 0.92-1.25x), and MXFP8 "
+            "0.96-0.98x as fast as per-tensor FP8 there") in text
+    assert "MXFP8" not in describe_fp8({"fp8": build_fp8(dense)})
+    # the shipped record holds the saved validation's rows
+    saved = json.loads((pathlib.Path(__file__).resolve().parents[1] / "benchmarks/results/"
+                        "tp-megatron-bridge-mxfp8.json").read_text())["results"]["rows"]
+    assert [r["ratio"] for r in load_scale_out()["fp8"]["mxfp8"]["rows"]] == [
+        r["mxfp8"]["ratio"] for r in saved]

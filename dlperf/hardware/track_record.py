@@ -509,13 +509,15 @@ TE_SOURCES = {"llm-foundry-mpt-fp8": "MosaicML's runs with TransformerEngine 0.1
                                      "layers (delayed scaling, Composer, 2023)"}
 
 
-def build_fp8(result: dict, scaling: dict | None = None) -> dict:
+def build_fp8(result: dict, scaling: dict | None = None, mxfp8: dict | None = None) -> dict:
     """The scale-out record's entry on FP8 training (``analyze --fp8``), from validate_tp.py's
     tp-megatron-bridge-fp8.json: each published row's measured rate and dlperf's FP8
     prediction over it (cuDNN's attention as read for Megatron-Core), and the FP8 gain over
     BF16 dlperf predicts for the same configuration; with ``scaling`` (validate_scaling.py's
     results), its TransformerEngine rows (``fp8`` delayed or current: MosaicML's te.Linear
-    runs) and their FP8 / BF16 pairs, measured and predicted."""
+    runs) and their FP8 / BF16 pairs, measured and predicted; with ``mxfp8``
+    (tp-megatron-bridge-mxfp8.json), the MXFP8 rows: measured, predicted over it, and the
+    same layout's per-tensor prediction over it."""
     from dlperf.models.fp8 import RECIPES as TE_RECIPES
 
     te_rows = [r for r in (scaling or {}).get("rows", []) if r.get("fp8") in TE_RECIPES]
@@ -539,7 +541,18 @@ def build_fp8(result: dict, scaling: dict | None = None) -> dict:
                       "ratio": r["fp8_mcore"]["ratio"],
                       "ratio_cudnn": (r.get("fp8_cudnn") or {}).get("ratio"),
                       "predicted_gain": r["predicted_fp8_gain"]} for r in result["rows"]],
-            "cudnn_attention": result.get("cudnn_attention")}
+            "cudnn_attention": result.get("cudnn_attention"),
+            **({"mxfp8": {
+                "source": "Megatron-Bridge's Llama 3 70B and Llama 3.1 405B pre-training in "
+                          "MXFP8 on GB300s and GB200s (NeMo 26.02-26.06)",
+                "rows": [{"row": r["row"], "model": r["model"], "gpus": r["gpus"],
+                          "device": r["device"], "tp": r["tp"],
+                          "measured": r["measured_tokens_per_s_per_gpu"],
+                          "containers": [m["container"] for m in r["measured"]],
+                          "ratio": r["mxfp8"]["ratio"],
+                          "ratio_current": r["fp8_current"]["ratio"],
+                          "predicted_over_current": r["predicted_mx_over_current"]}
+                         for r in mxfp8["rows"]]}} if mxfp8 else {})}
 
 
 def describe_fp8(record: dict | None = None) -> str | None:
@@ -572,6 +585,19 @@ def describe_fp8(record: dict | None = None) -> str | None:
             f"dlperf's FP8 gain over BF16 for those runs, {min(gains):.2f}-"
             f"{max(gains):.2f}x, has no published BF16 run of the same configuration to check "
             "it against.")
+    mx = f.get("mxfp8")
+    if mx and mx["rows"]:
+        devices = sorted({r["device"] for r in mx["rows"]}, reverse=True)
+        per_device = "; ".join(
+            f"{DEVICE_NAMES.get(d, d)} {_span([r['ratio'] for r in mx['rows'] if r['device'] == d])}x"
+            for d in devices)
+        tps = sorted({r["tp"] for r in mx["rows"]})
+        text += (f" MXFP8 (--fp8 mxfp8), held out: {mx['source']}, at tensor parallelism "
+                 f"{_span_int(tps)}: dlperf predicted {per_device} the measured rate "
+                 f"({_count(len(mx['rows']), 'row')}; per-tensor FP8 on the same layouts "
+                 f"{_span([r['ratio_current'] for r in mx['rows']])}x), and MXFP8 "
+                 f"{_span([r['predicted_over_current'] for r in mx['rows']])}x as fast as "
+                 "per-tensor FP8 there, which no published pair checks.")
     for source in sorted({r["source"] for r in te["rows"]}):
         rows = [r for r in te["rows"] if r["source"] == source]
         pairs = [p for p in te["pairs"]
@@ -686,6 +712,11 @@ def _ultra_against_gb200(rows: list[dict], key: str) -> str:
             "BF16 peaks and 8 TB/s (the GB300 runs at 1,400 W against 1,200), so read a GB300 "
             f"rate as up to {max(m / p for m, p in zip(measured, predicted)):.2f}x pessimistic "
             "beside a GB200's. ")
+
+
+def _span_int(values: list[int]) -> str:
+    """'2' for one value, '1-4' for a range."""
+    return str(min(values)) if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 
 def _count(n: int, noun: str) -> str:
