@@ -1741,13 +1741,11 @@ def megatron_bridge_moe(out: Path) -> None:
                 row[name] = _moe_reading(_analyze(gpt_oss_args(
                     device, gpus, pp, ep, micro, batch, share, recompute), tmp), rate)
             if device in GPT_OSS_NIC_ALTERNATIVE and row["alltoall_over"] == "network":
-                here = _analyze(gpt_oss_args(device, gpus, pp, ep, micro, batch, None, recompute,
-                                             GPT_OSS_NIC_ALTERNATIVE[device]), tmp)
-                tokens = here["per_gpu_samples_per_s"] * 4096
                 row["at_400g_nics"] = {
                     "interconnect": GPT_OSS_NIC_ALTERNATIVE[device],
-                    "predicted_tokens_per_s_per_gpu": tokens, "ratio": tokens / rate,
-                    "alltoall_exposed_s": here["communication"]["expert_parallel"]["exposed_s"]}
+                    **_moe_reading(_analyze(gpt_oss_args(
+                        device, gpus, pp, ep, micro, batch, None, recompute,
+                        GPT_OSS_NIC_ALTERNATIVE[device]), tmp), rate)}
             rows.append(row)
             head = row["mcore"]
             print(f"{label:40s} measured {rate:,} tokens/s a GPU; predicted "
