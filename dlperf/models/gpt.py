@@ -88,7 +88,6 @@ from torch.nn import functional as F
 
 from dlperf.models.float8 import RECIPES as FLOAT8_RECIPES
 from dlperf.models.float8 import Float8Cast, Float8GradCast, Float8Linear, scatter_float8
-from dlperf.models.fp8 import MX_RECIPES
 from dlperf.models.fp8 import TE_RECIPES as FP8_RECIPES
 from dlperf.models.fp8 import align as fp8_align
 from dlperf.models.fp8 import Fp8Linear, call, grouped_fp8, shared_cast
