@@ -252,6 +252,16 @@ def _stand_in(t: Tensor, rows: int) -> Tensor:
     return t.new_empty((rows, *t.shape[1:]))
 
 
+def _rank_output(y: Tensor, x: Tensor, gather: int, scatter: int) -> Tensor:
+    """A layer's output y [M', N] (M' the tokens its GEMM ran: x's times ``gather``) as this
+    rank holds it: reduce-scattered over ``scatter`` ranks (a row-parallel layer's; an
+    allocation), in x's leading shape with its tokens times gather / scatter."""
+    if scatter > 1:
+        y = _stand_in(y, y.shape[0] // scatter)
+    lead = x.shape[:-1]
+    return y.reshape(*lead[:-1], lead[-1] * gather // scatter, y.shape[-1])
+
+
 def _mx_stand_in(pair: tuple[Tensor, Tensor], ranks: int, tokens_last: bool = False
                  ) -> tuple[Tensor, Tensor]:
     """An MXFP8 copy (data, scales) all-gathered along the tokens over ``ranks``: allocated,
@@ -307,16 +317,12 @@ class _Fp8LinearFn(torch.autograd.Function):
         wq, wq_t, sw = _cast(weight, recipe, False, True, cast.tn_only, weight=True)
         y = torch._scaled_mm(cast.total, wq.t(), cast.scale_inv, sw, bias=bias,
                              out_dtype=x.dtype)  # [M', N]
-        if scatter > 1:
-            y = _stand_in(y, y.shape[0] // scatter)
         ctx.save_for_backward(cast.keep, cast.scale_inv)
         # TE's cached FP8 weight: module state (api.memory_footprint), not an activation
         ctx.weight_fp8 = (wq_t if cast.tn_only else wq, sw)
         ctx.recipe, ctx.cast, ctx.scatter = recipe, cast, scatter
         ctx.has_bias = bias is not None
-        lead = x.shape[:-1]
-        rows = lead[-1] * cast.gather // scatter
-        return y.reshape(*lead[:-1], rows, y.shape[-1])
+        return _rank_output(y, x, cast.gather, scatter)
 
     @staticmethod
     def backward(ctx, grad):
@@ -440,14 +446,10 @@ class _MxLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, cast: MxCast, scatter: int = 1):
         w_row, w_row_scale, w_col, w_col_scale = _mx_weight_quantize(weight, True, True)
         y = _mx_gemm(*cast.total, w_row, w_row_scale, x.dtype, bias)  # [M', N]
-        if scatter > 1:
-            y = _stand_in(y, y.shape[0] // scatter)  # its reduce-scatter
         ctx.save_for_backward(*cast.keep)
         ctx.weight_fp8 = (w_col, w_col_scale)  # W blocked down its columns, stored [K, N]
         ctx.cast, ctx.scatter, ctx.has_bias = cast, scatter, bias is not None
-        lead = x.shape[:-1]
-        rows = lead[-1] * cast.gather // scatter
-        return y.reshape(*lead[:-1], rows, y.shape[-1])
+        return _rank_output(y, x, cast.gather, scatter)
 
     @staticmethod
     def backward(ctx, grad):
